@@ -1,0 +1,125 @@
+"""The KV store: write K and V rows of a batch into one layer's buffers at given slots.
+
+Semantics follow the store kernels that serving engines use (SGLANG_FACTS section 2):
+
+* the host checks that K, V and the index tensor have the same length and raises
+  :class:`KVLengthMismatch` with the kernel's kind of message before anything is written;
+* the *skip index* (0 for SGLang's reserved slot, -1 for vLLM's padding) is skipped outright;
+  ``skip_index=None`` means no skip, so writes to slot 0 land in the reserved slot (absorbed);
+* an index outside ``[0, rows)`` never reaches memory: it is skipped and counted in ``err``
+  (``err[0]`` the count, ``err[1]`` the first offending position in the batch), so the device
+  context survives and the checker can report ``out_of_range``;
+* fp8 pools (uint8 storage) divide K and V by their scales, cast to float8_e4m3fn and store the bytes.
+
+Two implementations share this contract: ``torch`` (index assignment, runs anywhere) and ``triton``
+(one launch for K and V; on CPU under ``TRITON_INTERPRET=1``). ``err`` is a device tensor so that
+the GPU path never has to synchronise per write; the caller reads it once per step.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+#: Sentinel stored in err[1] while no out-of-range index was seen.
+NO_POSITION = 2**62
+
+STORE_IMPLS = ("torch", "triton")
+
+
+class KVLengthMismatch(ValueError):
+    """Raised before launch when K, V and the index tensor disagree in length."""
+
+
+def new_error_buffer(device: torch.device | str, layers: int = 1) -> torch.Tensor:
+    """An int64 ``[layers, 2]`` buffer of (out-of-range count, first offending position)."""
+    err = torch.zeros((layers, 2), dtype=torch.int64, device=device)
+    err[:, 1] = NO_POSITION
+    return err
+
+
+def check_lengths(loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The host-side check of the real store kernel, with its kind of message."""
+    n = k.shape[0]
+    if v.shape[0] != n:
+        raise KVLengthMismatch(f"Size mismatch: expected value rows {n} but got {v.shape[0]}")
+    if loc.shape[0] != n:
+        raise KVLengthMismatch(
+            f"Size mismatch: expected out_loc of length {n} (rows of key) but got {loc.shape[0]}"
+        )
+
+
+def _to_storage(x: torch.Tensor, cache: torch.Tensor, scale: Optional[float]) -> torch.Tensor:
+    if cache.dtype == torch.uint8:
+        if scale is not None and scale != 1.0:
+            x = x / scale
+        return x.to(torch.float8_e4m3fn).view(torch.uint8)
+    return x.to(cache.dtype)
+
+
+def store_kv_torch(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    skip_index: Optional[int],
+    err: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+) -> None:
+    """Index assignment, ``cache[loc] = rows``, with the store contract above."""
+    check_lengths(loc, k, v)
+    if loc.shape[0] == 0:
+        return
+    rows = k_cache.shape[0]
+    loc = loc.to(torch.int64)
+    in_range = (loc >= 0) & (loc < rows)
+    if skip_index is not None:
+        valid = in_range & (loc != skip_index)
+        bad = ~in_range & (loc != skip_index)
+    else:
+        valid = in_range
+        bad = ~in_range
+    if bool(bad.any()):
+        pos = torch.nonzero(bad).flatten()
+        err[0] += pos.numel()
+        err[1] = torch.minimum(err[1], pos[0])
+        idx = loc[valid]
+        k_cache[idx] = _to_storage(k[valid], k_cache, k_scale)
+        v_cache[idx] = _to_storage(v[valid], v_cache, v_scale)
+        return
+    if skip_index is not None and bool((loc == skip_index).any()):
+        idx = loc[valid]
+        k_cache[idx] = _to_storage(k[valid], k_cache, k_scale)
+        v_cache[idx] = _to_storage(v[valid], v_cache, v_scale)
+        return
+    k_cache[loc] = _to_storage(k, k_cache, k_scale)
+    v_cache[loc] = _to_storage(v, v_cache, v_scale)
+
+
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    skip_index: Optional[int],
+    err: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    impl: str = "torch",
+) -> None:
+    """Dispatch to the chosen implementation (``torch`` or ``triton``)."""
+    if impl == "torch":
+        store_kv_torch(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
+                       k_scale=k_scale, v_scale=v_scale)
+    elif impl == "triton":
+        from .triton_store import store_kv_triton
+
+        store_kv_triton(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
+                        k_scale=k_scale, v_scale=v_scale)
+    else:
+        raise ValueError(f"unknown store impl {impl!r}; choose one of {', '.join(STORE_IMPLS)}")
