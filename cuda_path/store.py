@@ -21,14 +21,15 @@ from typing import Optional
 
 import torch
 
+from simulator.pool import KVLengthMismatch
+
+__all__ = ["KVLengthMismatch", "NO_POSITION", "STORE_IMPLS", "new_error_buffer", "check_lengths", "store_kv",
+           "store_kv_torch"]
+
 #: Sentinel stored in err[1] while no out-of-range index was seen.
 NO_POSITION = 2**62
 
 STORE_IMPLS = ("torch", "triton")
-
-
-class KVLengthMismatch(ValueError):
-    """Raised before launch when K, V and the index tensor disagree in length."""
 
 
 def new_error_buffer(device: torch.device | str, layers: int = 1) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""The pool under test: per sub-pool and layer, K and V buffers written through the real store.
+
+Geometry is real by default (``[rows, heads, head_dim]`` per layer, V with its own head_dim) or
+compact (one head of ``compact_width`` lanes), which keeps a CPU run of a large pool within memory
+while exercising the same store code. Buffers of one kind are one allocation ``[layers, rows, ...]``
+so that the checker reads the tag lanes of every layer at a set of slots in one gather.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane
+from simulator.models import Model
+
+from .store import STORE_IMPLS, new_error_buffer, store_kv
+
+GEOMETRIES = ("real", "compact")
+COMPACT_WIDTH = 16
+
+_STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.uint8}
+
+
+class TaggedKVPool:
+    """Implements :class:`simulator.pool.PoolWriter` with torch tensors on any device."""
+
+    def __init__(self, model: Model, full_rows: int, swa_rows: int, *, device: torch.device | str = "cpu",
+                 geometry: str = "real", store_impl: str = "torch", skip_index: Optional[int] = 0,
+                 k_scale: float = 1.0, v_scale: float = 1.0):
+        if geometry not in GEOMETRIES:
+            raise ValueError(f"geometry {geometry!r} (allowed: {', '.join(GEOMETRIES)})")
+        if store_impl not in STORE_IMPLS:
+            raise ValueError(f"store_impl {store_impl!r} (allowed: {', '.join(STORE_IMPLS)})")
+        self.device = torch.device(device)
+        self.model = model
+        self.geometry = geometry
+        self.store_impl = store_impl
+        self.skip_index = skip_index
+        self.fp8 = model.kv_dtype == "fp8_e4m3"
+        self.k_scale = k_scale if self.fp8 else 1.0
+        self.v_scale = v_scale if self.fp8 else 1.0
+        self.row_dtype = row_dtype(model.kv_dtype)
+        storage = _STORAGE[model.kv_dtype]
+        self._rows = {"full": full_rows, "swa": swa_rows}
+        self.k: dict[str, torch.Tensor] = {}
+        self.v: dict[str, torch.Tensor] = {}
+        self.err: dict[str, torch.Tensor] = {}
+        self.shape: dict[str, tuple[int, int, int]] = {}
+        for kind in ("full", "swa"):
+            layers = model.count(kind)
+            g = model.geometry(kind)
+            if geometry == "compact":
+                heads, kd, vd = 1, COMPACT_WIDTH, COMPACT_WIDTH
+            else:
+                heads, kd, vd = g.heads, g.head_dim, g.v_head_dim
+            if heads * min(kd, vd) < MIN_ROW_WIDTH:
+                raise ValueError(f"{kind} rows of {heads}x{min(kd, vd)} lanes cannot carry a tag "
+                                 f"(need {MIN_ROW_WIDTH}); use geometry='compact'")
+            self.shape[kind] = (heads, kd, vd)
+            rows = self._rows[kind]
+            self.k[kind] = torch.zeros((layers, rows, heads, kd), dtype=storage, device=self.device)
+            self.v[kind] = torch.zeros((layers, rows, heads, vd), dtype=storage, device=self.device)
+            self.err[kind] = new_error_buffer(self.device, max(layers, 1))
+
+    def rows(self, kind: str) -> int:
+        return self._rows[kind]
+
+    def bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for d in (self.k, self.v) for t in d.values())
+
+    def make_rows(self, tags: torch.Tensor, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        heads, kd, vd = self.shape[kind]
+        tags = tags.to(self.device)
+        k = encode_rows(tags, layer, heads, kd, self.row_dtype, self.k_scale)
+        v = k if vd == kd and self.k_scale == self.v_scale else encode_rows(tags, layer, heads, vd, self.row_dtype,
+                                                                               self.v_scale)
+        return k, v
+
+    def restamp(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
+        set_layer_lane(k, layer, self.k_scale)
+        if v is not k:
+            set_layer_lane(v, layer, self.v_scale)
+
+    def store(self, kind: str, index: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        store_kv(self.k[kind][index], self.v[kind][index], loc, k, v, skip_index=self.skip_index,
+                 err=self.err[kind][index], k_scale=self.k_scale if self.fp8 else None,
+                 v_scale=self.v_scale if self.fp8 else None, impl=self.store_impl)
+
+    def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        layers = self.k[kind].shape[0]
+        # slice the tag lanes first, so the gather moves TAG_LANES lanes per row, not whole rows
+        k = self.k[kind].view(layers, self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
+        v = self.v[kind].view(layers, self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
+        return decode_tags(k, self.fp8), decode_tags(v, self.fp8)
+
+    def take_out_of_range(self, kind: str) -> torch.Tensor:
+        err = self.err[kind]
+        out = err.to("cpu", copy=True)
+        if bool(out[:, 0].any()):
+            err.copy_(new_error_buffer(self.device, err.shape[0]))
+        return out

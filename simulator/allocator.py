@@ -1,0 +1,191 @@
+"""The hybrid SWA allocator: a full and an SWA sub-pool, and the ``full_to_swa`` mapping.
+
+Modelled on SGLANG_FACTS section 1. Every token takes one full slot *and* one SWA slot; the caller
+gets the full slots (``out_cache_loc``) and the mapping records ``full_to_swa[full] = swa``. Tokens
+that fall out of the window lose their SWA slot (the mapping entry goes back to 0) while keeping the
+full one. Page 0 (slot 0 when page_size is 1) is reserved in both pools and never handed out.
+
+With page_size P a request's tokens fill pages in order; a new page is taken in both pools at once,
+and a full slot and its SWA slot share their offset inside the page. Free lists are fixed-size
+stacks, so allocation and freeing cost O(tokens), never O(pool).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class OutOfSlots(RuntimeError):
+    """The pool has fewer free pages than asked for (the scheduler should have prevented this)."""
+
+
+class _PageStack:
+    """Free pages 1..num_pages as a stack; page 0 is the reserved page."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        # popped from the end: hand out low pages first, like a fresh free list
+        self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
+        self._top = num_pages
+        self._live = np.zeros(num_pages + 1, dtype=bool)
+
+    @property
+    def free(self) -> int:
+        return self._top
+
+    def pop(self, k: int) -> np.ndarray:
+        if k > self._top:
+            raise OutOfSlots(f"asked for {k} pages, {self._top} free")
+        pages = self._stack[self._top - k:self._top][::-1].copy()
+        self._top -= k
+        self._live[pages] = True
+        return pages
+
+    def push(self, pages: np.ndarray) -> None:
+        if pages.size == 0:
+            return
+        if not self._live[pages].all() or np.unique(pages).size != pages.size:
+            raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
+        self._live[pages] = False
+        k = pages.size
+        self._stack[self._top:self._top + k] = pages[::-1]
+        self._top += k
+
+
+@dataclass(slots=True)
+class RequestSlots:
+    """The slots of one request's tokens, by position."""
+
+    capacity: int
+    full: np.ndarray = field(init=False)
+    swa: np.ndarray = field(init=False)
+    length: int = 0
+    swa_evicted: int = 0       # positions [0, swa_evicted) have had their SWA slot freed
+
+    def __post_init__(self) -> None:
+        self.full = np.zeros(self.capacity, dtype=np.int64)
+        self.swa = np.zeros(self.capacity, dtype=np.int64)
+
+
+class HybridAllocator:
+    def __init__(self, full_size: int, swa_size: int, page_size: int = 1):
+        if full_size % page_size or swa_size % page_size:
+            raise ValueError("pool sizes must be multiples of page_size")
+        self.full_size, self.swa_size, self.page_size = full_size, swa_size, page_size
+        self._full = _PageStack(full_size // page_size)
+        self._swa = _PageStack(swa_size // page_size)
+        # 0 = no SWA slot; the last entry is the -1 sentinel (a -1 index translates to -1)
+        self.full_to_swa = np.zeros(full_size + page_size + 1, dtype=np.int64)
+        self.full_to_swa[-1] = -1
+
+    # rows of the K/V buffers: slots 0 .. size + page_size - 1
+    @property
+    def full_rows(self) -> int:
+        return self.full_size + self.page_size
+
+    @property
+    def swa_rows(self) -> int:
+        return self.swa_size + self.page_size
+
+    @property
+    def full_used(self) -> int:
+        return (self._full.num_pages - self._full.free) * self.page_size
+
+    @property
+    def swa_used(self) -> int:
+        return (self._swa.num_pages - self._swa.free) * self.page_size
+
+    @property
+    def full_free(self) -> int:
+        return self._full.free * self.page_size
+
+    @property
+    def swa_free(self) -> int:
+        return self._swa.free * self.page_size
+
+    def pages_needed(self, slots: RequestSlots, n: int) -> int:
+        """New pages (in each pool) that extending by n tokens takes."""
+        p = self.page_size
+        room = (-slots.length) % p
+        return -(-max(0, n - room) // p)
+
+    def extend(self, slots: RequestSlots, n: int) -> np.ndarray:
+        """Allocate n more tokens for a request; returns their full slots (out_cache_loc rows)."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if slots.length + n > slots.capacity:
+            raise ValueError(f"request grows to {slots.length + n} tokens, past its capacity {slots.capacity}")
+        p = self.page_size
+        start = slots.length
+        k = self.pages_needed(slots, n)
+        if k > self._full.free or k > self._swa.free:
+            raise OutOfSlots(f"need {k} pages; full pool has {self._full.free}, SWA pool {self._swa.free}")
+        room = min(n, (-start) % p)
+        if room:
+            last_f, last_s = slots.full[start - 1], slots.swa[start - 1]
+            if last_s == 0:
+                raise RuntimeError("the SWA page of a request's last token was evicted")
+            step = np.arange(1, room + 1, dtype=np.int64)
+            slots.full[start:start + room] = last_f + step
+            slots.swa[start:start + room] = last_s + step
+        if k:
+            fp, sp = self._full.pop(k), self._swa.pop(k)
+            offs = np.arange(p, dtype=np.int64)
+            f_new = (fp[:, None] * p + offs).ravel()[: n - room]
+            s_new = (sp[:, None] * p + offs).ravel()[: n - room]
+            slots.full[start + room:start + n] = f_new
+            slots.swa[start + room:start + n] = s_new
+        slots.length = start + n
+        new_full = slots.full[start:start + n]
+        self.full_to_swa[new_full] = slots.swa[start:start + n]
+        return new_full.copy()
+
+    def evict_swa(self, slots: RequestSlots, end: int) -> int:
+        """Free the SWA slots of positions [swa_evicted, end), end rounded down to a page; returns count."""
+        p = self.page_size
+        end = min(end, slots.length)
+        end -= end % p
+        if end <= slots.swa_evicted:
+            return 0
+        begin = slots.swa_evicted
+        self._swa.push(slots.swa[begin:end:p] // p)
+        self.full_to_swa[slots.full[begin:end]] = 0
+        slots.swa[begin:end] = 0
+        slots.swa_evicted = end
+        return end - begin
+
+    def free(self, slots: RequestSlots) -> None:
+        """Free every slot of a finished request, in both pools."""
+        p, n = self.page_size, slots.length
+        if n == 0:
+            return
+        first_page_pos = slots.swa_evicted - slots.swa_evicted % p
+        live_swa = slots.swa[first_page_pos:n:p]
+        self._swa.push(live_swa[live_swa > 0] // p)
+        self.full_to_swa[slots.full[:n]] = 0
+        self._full.push(slots.full[0:n:p] // p)
+        slots.swa[:n] = 0
+        slots.length = 0
+        slots.swa_evicted = 0
+
+    def check_invariants(self, requests: list[RequestSlots]) -> None:
+        """Assert the allocator's invariants against the live requests (used by tests)."""
+        full_seen: set[int] = set()
+        swa_seen: set[int] = set()
+        for r in requests:
+            full = r.full[: r.length].tolist()
+            swa = r.swa[r.swa_evicted: r.length].tolist()
+            assert 0 not in full and all(s >= self.page_size for s in full), "reserved page handed out"
+            assert all(s >= self.page_size for s in swa), "reserved SWA page handed out"
+            assert not full_seen.intersection(full), "full slot live twice"
+            assert not swa_seen.intersection(swa), "SWA slot live twice"
+            full_seen.update(full)
+            swa_seen.update(swa)
+            m = self.full_to_swa[r.full[: r.length]]
+            assert (m[: r.swa_evicted] == 0).all(), "evicted token still mapped"
+            assert (m[r.swa_evicted:] == r.swa[r.swa_evicted: r.length]).all(), "mapping disagrees"
+        assert self.full_to_swa[-1] == -1 and self.full_to_swa[0] == 0
+        assert len(full_seen) <= self.full_used and self.full_used <= self.full_size
+        mapped = np.count_nonzero(self.full_to_swa[:-1])
+        assert mapped == len(swa_seen), f"{mapped} mapped entries for {len(swa_seen)} live SWA slots"

@@ -1,0 +1,34 @@
+"""The reference pool (the oracle): which token should own each slot, from first principles.
+
+It never looks at designs, backends or the pool under test. It applies each step's truth (tokens and
+the slots the allocator gave them, slots freed before the step) to an expected tag per slot of each
+sub-pool, plus whether the slot is live. Every layer of a kind expects the same contents, so one array
+per sub-pool serves all layers: small enough for large pools on a CPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .batch import BatchTruth
+
+
+class ReferencePool:
+    def __init__(self, full_rows: int, swa_rows: int):
+        self.expected = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
+        self.live = {"full": np.zeros(full_rows, dtype=bool), "swa": np.zeros(swa_rows, dtype=bool)}
+        self.evicted = np.zeros(swa_rows, dtype=bool)   # SWA slots whose last owner was evicted (not finished)
+
+    def apply(self, truth: BatchTruth) -> None:
+        """Frees first (they happened while the step was scheduled), then the step's writes."""
+        self.live["full"][truth.freed_full] = False
+        self.live["swa"][truth.freed_swa] = False
+        self.evicted[truth.freed_swa] = False
+        self.evicted[truth.evicted_swa] = True
+        self.expected["full"][truth.full_slots] = truth.tags
+        self.live["full"][truth.full_slots] = True
+        self.expected["swa"][truth.swa_slots] = truth.tags
+        self.live["swa"][truth.swa_slots] = True
+        self.evicted[truth.swa_slots] = False
+
+    def slots_of(self, kind: str, truth: BatchTruth) -> np.ndarray:
+        return truth.full_slots if kind == "full" else truth.swa_slots

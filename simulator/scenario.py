@@ -1,0 +1,410 @@
+"""Scenario files: TOML in, a validated, frozen :class:`Scenario` out.
+
+Every bad input is reported as :class:`ScenarioError` naming the file, the dotted field and, where
+the field takes a closed set of values, the values allowed. Unknown keys are errors too, since a
+misspelt key silently ignored would run a different experiment than the one the user wrote.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from .models import KV_DTYPES, PRESETS, KVGeometry, Model, parse_pattern
+from .padding import default_decode_capture_sizes, default_piecewise_capture_sizes
+
+BACKENDS: tuple[str, ...] = (
+    "flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa",
+)
+ARRIVALS = ("all_at_once", "poisson")
+DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """A length distribution: fixed, uniform [min, max], lognormal clipped to [min, max], or choice."""
+
+    dist: str
+    value: int = 0
+    min: int = 1
+    max: int = 1
+    mean: float = 0.0
+    sigma: float = 1.0
+    values: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    def sample(self, rng, n: int):
+        import numpy as np
+
+        if self.dist == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.dist == "uniform":
+            return rng.integers(self.min, self.max + 1, size=n, dtype=np.int64)
+        if self.dist == "lognormal":
+            x = rng.lognormal(self.mean, self.sigma, size=n)
+            return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+        p = np.asarray(self.weights, dtype=float) if self.weights else None
+        if p is not None:
+            p = p / p.sum()
+        return rng.choice(np.asarray(self.values, dtype=np.int64), size=n, p=p)
+
+    def to_toml(self) -> dict[str, Any]:
+        if self.dist == "fixed":
+            return {"dist": "fixed", "value": self.value}
+        if self.dist == "uniform":
+            return {"dist": "uniform", "min": self.min, "max": self.max}
+        if self.dist == "lognormal":
+            return {"dist": "lognormal", "mean": self.mean, "sigma": self.sigma, "min": self.min, "max": self.max}
+        d: dict[str, Any] = {"dist": "choice", "values": list(self.values)}
+        if self.weights:
+            d["weights"] = list(self.weights)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    arrival_step: int
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    full_size: int
+    swa_ratio: float = 0.8
+    page_size: int = 1
+
+    @property
+    def swa_size(self) -> int:
+        size = int(self.full_size * self.swa_ratio)
+        return size - size % self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    requests: int = 0
+    arrival: str = "all_at_once"
+    rate: float = 1.0                          # poisson: mean arrivals per step
+    prompt_len: Distribution = Distribution("fixed", value=128)
+    output_len: Distribution = Distribution("fixed", value=16)
+    explicit: tuple[RequestSpec, ...] = ()     # when given, replaces the generated requests
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    chunked_prefill_size: int = 8192
+    max_running_requests: int = 1024
+    mixed_chunk: bool = False
+    dp_size: int = 1
+    dp_other_tokens: Distribution = Distribution("uniform", min=0, max=512)
+    piecewise_cuda_graph: bool = False
+    piecewise_capture_sizes: tuple[int, ...] = field(default_factory=default_piecewise_capture_sizes)
+    piecewise_shrink: bool = True
+    cuda_graph: bool = True
+    cuda_graph_bs: tuple[int, ...] = field(default_factory=default_decode_capture_sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    seed: int
+    design: str
+    backends: tuple[str, ...]
+    model: Model
+    pool: PoolConfig
+    workload: WorkloadConfig
+    engine: EngineConfig
+    source: str = "<inline>"
+    raw: str = ""                              # the file's text, for the scenario hash
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.raw.encode()).hexdigest()[:16]
+
+    def with_overrides(self, *, design: Optional[str] = None, backends: Optional[tuple[str, ...]] = None,
+                       seed: Optional[int] = None) -> "Scenario":
+        return replace(
+            self,
+            design=design if design is not None else self.design,
+            backends=backends if backends is not None else self.backends,
+            seed=seed if seed is not None else self.seed,
+        )
+
+
+# --------------------------------------------------------------------------- field readers
+
+class _Table:
+    """A TOML table being validated: typed reads that name the field, and a check for unknown keys."""
+
+    def __init__(self, data: dict[str, Any], path: str, source: str):
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{source}: [{path}] must be a table, got {type(data).__name__}")
+        self.data, self.path, self.source = data, path, source
+        self.seen: set[str] = set()
+
+    def where(self, key: str) -> str:
+        return f"{self.source}: {self.path + '.' if self.path else ''}{key}"
+
+    def fail(self, key: str, msg: str) -> ScenarioError:
+        return ScenarioError(f"{self.where(key)}: {msg}")
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ..., *, allowed=None,
+            minimum=None, maximum=None) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            if default is ...:
+                raise self.fail(key, "is required" + (f" (allowed: {', '.join(map(str, allowed))})" if allowed else ""))
+            return default
+        value = self.data[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(value, bool) and bool not in kinds:
+            raise self.fail(key, f"must be {_kind_names(kinds)}, got a boolean")
+        if not isinstance(value, kinds):
+            raise self.fail(key, f"must be {_kind_names(kinds)}, got {type(value).__name__} {value!r}")
+        if allowed is not None and value not in allowed:
+            raise self.fail(key, f"{value!r} is not allowed (allowed: {', '.join(map(str, allowed))})")
+        if minimum is not None and value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value!r}")
+        if maximum is not None and value > maximum:
+            raise self.fail(key, f"must be <= {maximum}, got {value!r}")
+        return value
+
+    def table(self, key: str, required: bool = False) -> Optional["_Table"]:
+        self.seen.add(key)
+        if key not in self.data:
+            if required:
+                raise self.fail(key, "table is required")
+            return None
+        return _Table(self.data[key], f"{self.path + '.' if self.path else ''}{key}", self.source)
+
+    def int_list(self, key: str, default: Any = ..., minimum: int = 0) -> tuple[int, ...]:
+        value = self.get(key, list, default)
+        if value is default and default is not ...:
+            return default
+        out = []
+        for i, v in enumerate(value):
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise self.fail(f"{key}[{i}]", f"must be an integer >= {minimum}, got {v!r}")
+            out.append(v)
+        return tuple(out)
+
+    def done(self) -> None:
+        unknown = sorted(set(self.data) - self.seen)
+        if unknown:
+            raise self.fail(unknown[0], f"unknown key (known keys here: {', '.join(sorted(self.seen))})")
+
+
+def _kind_names(kinds: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+             list: "a list", dict: "a table"}
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _distribution(t: _Table, key: str, default: Distribution, minimum: int = 0) -> Distribution:
+    if not t.has(key):
+        t.seen.add(key)
+        return default
+    raw = t.data[key]
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        t.seen.add(key)
+        if raw < minimum:
+            raise t.fail(key, f"must be >= {minimum}, got {raw}")
+        return Distribution("fixed", value=raw)
+    d = t.table(key)
+    assert d is not None
+    kind = d.get("dist", str, allowed=DISTRIBUTIONS)
+    if kind == "fixed":
+        out = Distribution("fixed", value=d.get("value", int, minimum=minimum))
+    elif kind == "uniform":
+        lo = d.get("min", int, minimum=minimum)
+        hi = d.get("max", int, minimum=lo)
+        out = Distribution("uniform", min=lo, max=hi)
+    elif kind == "lognormal":
+        lo = d.get("min", int, minimum, minimum=minimum)
+        hi = d.get("max", int, minimum=max(lo, 1))
+        out = Distribution("lognormal", mean=d.get("mean", float), sigma=d.get("sigma", float, minimum=0.0),
+                           min=lo, max=hi)
+    else:
+        values = d.int_list("values", minimum=minimum)
+        if not values:
+            raise d.fail("values", "must not be empty")
+        weights = tuple(float(w) for w in d.get("weights", list, []))
+        if weights and len(weights) != len(values):
+            raise d.fail("weights", f"must have one weight per value ({len(values)}), got {len(weights)}")
+        if weights and (min(weights) < 0 or sum(weights) <= 0):
+            raise d.fail("weights", "must be non-negative with a positive sum")
+        out = Distribution("choice", values=values, weights=weights)
+    d.done()
+    return out
+
+
+def _geometry(t: Optional[_Table], base: KVGeometry) -> KVGeometry:
+    if t is None:
+        return base
+    heads = t.get("heads", int, base.heads, minimum=1)
+    head_dim = t.get("head_dim", int, base.head_dim, minimum=1)
+    v_head_dim = t.get("v_head_dim", int, head_dim if t.has("head_dim") else base.v_head_dim, minimum=1)
+    t.done()
+    return KVGeometry(heads, head_dim, v_head_dim)
+
+
+def _model(t: _Table) -> Model:
+    preset = t.get("preset", str, None, allowed=tuple(PRESETS))
+    if preset is not None:
+        base = PRESETS[preset]
+    else:
+        if not t.has("layers"):
+            t.seen.add("preset")
+            raise t.fail("preset", f"give a preset (allowed: {', '.join(PRESETS)}) or an explicit 'layers' pattern")
+        base = Model(name="custom", layer_kinds=(), window=0, full=KVGeometry(8, 128, 128), swa=KVGeometry(8, 128, 128))
+    kinds = base.layer_kinds
+    if t.has("layers"):
+        try:
+            kinds = parse_pattern(t.get("layers", str))
+        except ValueError as e:
+            raise t.fail("layers", str(e)) from None
+        if not kinds:
+            raise t.fail("layers", "must hold at least one layer")
+    num_layers = t.get("num_layers", int, None, minimum=1)
+    if num_layers is not None:
+        if num_layers > len(kinds):
+            raise t.fail("num_layers", f"must be <= the pattern's {len(kinds)} layers, got {num_layers}")
+        kinds = kinds[:num_layers]
+    window = t.get("window", int, base.window if preset else ..., minimum=1)
+    name = t.get("name", str, base.name)
+    kv_dtype = t.get("kv_dtype", str, base.kv_dtype, allowed=KV_DTYPES)
+    full = _geometry(t.table("full"), base.full)
+    swa = _geometry(t.table("swa"), base.swa)
+    t.done()
+    return Model(name=name, layer_kinds=kinds, window=window, full=full, swa=swa, kv_dtype=kv_dtype,
+                 unverified=base.unverified)
+
+
+def _pool(t: _Table) -> PoolConfig:
+    page_size = t.get("page_size", int, 1, minimum=1)
+    full_size = t.get("full_size", int, minimum=page_size * 2)
+    if full_size % page_size:
+        raise t.fail("full_size", f"must be a multiple of page_size {page_size}, got {full_size}")
+    ratio = t.get("swa_ratio", float, 0.8, minimum=0.0, maximum=1.0)
+    cfg = PoolConfig(full_size=full_size, swa_ratio=ratio, page_size=page_size)
+    if cfg.swa_size < page_size:
+        raise t.fail("swa_ratio", f"leaves an SWA pool of {cfg.swa_size} slots, smaller than one page ({page_size})")
+    t.done()
+    return cfg
+
+
+def _workload(t: _Table) -> WorkloadConfig:
+    explicit = []
+    t.seen.add("request")
+    raw_requests = t.data.get("request", [])
+    if not isinstance(raw_requests, list):
+        raise t.fail("request", "must be an array of tables ([[workload.request]])")
+    for i, r in enumerate(raw_requests):
+        rt = _Table(r, f"{t.path}.request[{i}]", t.source)
+        explicit.append(RequestSpec(
+            arrival_step=rt.get("arrival_step", int, 0, minimum=0),
+            prompt_len=rt.get("prompt_len", int, minimum=1),
+            output_len=rt.get("output_len", int, minimum=0),
+        ))
+        rt.done()
+    requests = t.get("requests", int, len(explicit), minimum=0 if explicit else 1)
+    if explicit and t.has("requests") and requests != len(explicit):
+        raise t.fail("requests", f"is {requests} but {len(explicit)} [[workload.request]] tables are given")
+    cfg = WorkloadConfig(
+        requests=requests,
+        arrival=t.get("arrival", str, "all_at_once", allowed=ARRIVALS),
+        rate=t.get("rate", float, 1.0, minimum=1e-9),
+        prompt_len=_distribution(t, "prompt_len", WorkloadConfig.prompt_len, minimum=1),
+        output_len=_distribution(t, "output_len", WorkloadConfig.output_len, minimum=0),
+        explicit=tuple(explicit),
+    )
+    t.get("seed", int, 0)  # accepted for symmetry; the scenario seed drives everything
+    t.done()
+    return cfg
+
+
+def _sorted_unique(t: _Table, key: str, values: tuple[int, ...]) -> tuple[int, ...]:
+    if not values:
+        raise t.fail(key, "must not be empty")
+    if list(values) != sorted(set(values)):
+        raise t.fail(key, "must be strictly increasing")
+    return values
+
+
+def _engine(t: _Table) -> EngineConfig:
+    d = EngineConfig()
+    pcg_max = t.get("piecewise_max_tokens", int, 4096, minimum=4)
+    cfg = EngineConfig(
+        chunked_prefill_size=t.get("chunked_prefill_size", int, d.chunked_prefill_size, minimum=1),
+        max_running_requests=t.get("max_running_requests", int, d.max_running_requests, minimum=1),
+        mixed_chunk=t.get("mixed_chunk", bool, d.mixed_chunk),
+        dp_size=t.get("dp_size", int, d.dp_size, minimum=1),
+        dp_other_tokens=_distribution(t, "dp_other_tokens", d.dp_other_tokens, minimum=0),
+        piecewise_cuda_graph=t.get("piecewise_cuda_graph", bool, d.piecewise_cuda_graph),
+        piecewise_capture_sizes=_sorted_unique(
+            t, "piecewise_capture_sizes",
+            t.int_list("piecewise_capture_sizes", default_piecewise_capture_sizes(pcg_max), minimum=1)),
+        piecewise_shrink=t.get("piecewise_shrink", bool, d.piecewise_shrink),
+        cuda_graph=t.get("cuda_graph", bool, d.cuda_graph),
+        cuda_graph_bs=_sorted_unique(
+            t, "cuda_graph_bs",
+            t.int_list("cuda_graph_bs", default_decode_capture_sizes(t.get("cuda_graph_max_bs", int, 256, minimum=1)),
+                       minimum=1)),
+    )
+    t.done()
+    return cfg
+
+
+def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
+    """Parse and validate scenario TOML text; ``source`` names the file in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    top = _Table(data, "", source)
+    name = top.get("name", str, Path(source).stem)
+    description = top.get("description", str, "")
+    seed = top.get("seed", int, 0, minimum=0)
+    design = top.get("design", str, "sglang-post-29460")
+    backends = top.get("backends", list, list(BACKENDS))
+    for i, b in enumerate(backends):
+        if b not in BACKENDS:
+            raise top.fail(f"backends[{i}]", f"{b!r} is not a modelled backend (allowed: {', '.join(BACKENDS)})")
+    if not backends:
+        raise top.fail("backends", f"must name at least one backend (allowed: {', '.join(BACKENDS)})")
+    if len(set(backends)) != len(backends):
+        raise top.fail("backends", "names a backend twice")
+    model = _model(top.table("model", required=True))
+    pool = _pool(top.table("pool", required=True))
+    workload = _workload(top.table("workload", required=True))
+    engine_t = top.table("engine")
+    engine = _engine(engine_t) if engine_t else EngineConfig()
+    top.done()
+    return Scenario(name=name, description=description, seed=seed, design=design, backends=tuple(backends),
+                    model=model, pool=pool, workload=workload, engine=engine, source=source, raw=text)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read scenario file: {e.strerror}") from None
+    return parse_scenario(text, str(p))
