@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane
+from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
 from simulator.models import Model
 
 from .store import STORE_IMPLS, new_error_buffer, store_kv
@@ -87,12 +87,28 @@ class TaggedKVPool:
                  err=self.err[kind][index], k_scale=self.k_scale if self.fp8 else None,
                  v_scale=self.v_scale if self.fp8 else None, impl=self.store_impl)
 
-    def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        layers = self.k[kind].shape[0]
+    def _lanes(self, buf: torch.Tensor, kind: str, slots: torch.Tensor) -> torch.Tensor:
         # slice the tag lanes first, so the gather moves TAG_LANES lanes per row, not whole rows
-        k = self.k[kind].view(layers, self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
-        v = self.v[kind].view(layers, self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
-        return decode_tags(k, self.fp8), decode_tags(v, self.fp8)
+        return buf.view(buf.shape[0], self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
+
+    def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
+                   layers: Optional[list[int]] = None) -> torch.Tensor:
+        """``[layers, len(slots)]`` bool: where K or V tag lanes differ from the expected tags' bits.
+
+        Compares raw bits as int64 words (16 lane bytes -> two words), never decoding rows.
+        """
+        want = tag_lanes(expected, self.k[kind].dtype).contiguous().view(torch.int64)
+        out = None
+        for buf in (self.k[kind], self.v[kind]):
+            src = buf if layers is None else buf[layers]
+            got = self._lanes(src, kind, slots).contiguous().view(torch.int64)
+            d = (got != want).any(dim=-1)
+            out = d if out is None else out | d
+        return out
+
+    def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (decode_tags(self._lanes(self.k[kind], kind, slots), self.fp8),
+                decode_tags(self._lanes(self.v[kind], kind, slots), self.fp8))
 
     def take_out_of_range(self, kind: str) -> torch.Tensor:
         err = self.err[kind]

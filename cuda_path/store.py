@@ -55,7 +55,7 @@ def _to_storage(x: torch.Tensor, cache: torch.Tensor, scale: Optional[float]) ->
         if scale is not None and scale != 1.0:
             x = x / scale
         return x.to(torch.float8_e4m3fn).view(torch.uint8)
-    return x.to(cache.dtype)
+    return x if x.dtype == cache.dtype else x.to(cache.dtype)
 
 
 def store_kv_torch(
@@ -70,34 +70,30 @@ def store_kv_torch(
     k_scale: Optional[float] = None,
     v_scale: Optional[float] = None,
 ) -> None:
-    """Index assignment, ``cache[loc] = rows``, with the store contract above."""
+    """Index assignment, ``cache[loc] = rows``, with the store contract above.
+
+    One min/max reduction decides the common case (every index in range, none to skip) so that it
+    costs a single ``index_copy_`` per buffer; only batches with padding or bad indices build masks.
+    """
     check_lengths(loc, k, v)
     if loc.shape[0] == 0:
         return
     rows = k_cache.shape[0]
-    loc = loc.to(torch.int64)
-    in_range = (loc >= 0) & (loc < rows)
-    if skip_index is not None:
-        valid = in_range & (loc != skip_index)
-        bad = ~in_range & (loc != skip_index)
-    else:
-        valid = in_range
-        bad = ~in_range
-    if bool(bad.any()):
+    if loc.dtype != torch.int64:
+        loc = loc.to(torch.int64)
+    lo, hi = (int(x) for x in torch.aminmax(loc))
+    clean = lo >= 0 and hi < rows and (skip_index is None or not (lo <= skip_index <= hi))
+    if not clean:
+        in_range = (loc >= 0) & (loc < rows)
+        keep = in_range if skip_index is None else in_range & (loc != skip_index)
+        bad = ~in_range if skip_index is None else ~in_range & (loc != skip_index)
         pos = torch.nonzero(bad).flatten()
-        err[0] += pos.numel()
-        err[1] = torch.minimum(err[1], pos[0])
-        idx = loc[valid]
-        k_cache[idx] = _to_storage(k[valid], k_cache, k_scale)
-        v_cache[idx] = _to_storage(v[valid], v_cache, v_scale)
-        return
-    if skip_index is not None and bool((loc == skip_index).any()):
-        idx = loc[valid]
-        k_cache[idx] = _to_storage(k[valid], k_cache, k_scale)
-        v_cache[idx] = _to_storage(v[valid], v_cache, v_scale)
-        return
-    k_cache[loc] = _to_storage(k, k_cache, k_scale)
-    v_cache[loc] = _to_storage(v, v_cache, v_scale)
+        if pos.numel():
+            err[0] += pos.numel()
+            err[1] = torch.minimum(err[1], pos[0])
+        loc, k, v = loc[keep], k[keep], v[keep]
+    k_cache.index_copy_(0, loc, _to_storage(k, k_cache, k_scale))
+    v_cache.index_copy_(0, loc, _to_storage(v, v_cache, v_scale))
 
 
 def store_kv(

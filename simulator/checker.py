@@ -129,17 +129,22 @@ class Checker:
         if cand.size == 0:
             return
         idx = [w.index for w in ok_layers]
+        all_layers = len(idx) == len(writes) and idx == list(range(len(idx)))
         cand_t = torch.from_numpy(cand).to(pool.device)
-        ktags, vtags = pool.read_tags(kind, cand_t)
-        ktags, vtags = ktags[idx], vtags[idx]
-        exp = torch.from_numpy(self.reference.expected[kind][cand]).to(pool.device)
-        diff = (ktags != exp) | (vtags != exp)
+        exp_np = self.reference.expected[kind][cand]
+        diff = pool.mismatches(kind, cand_t, torch.from_numpy(exp_np).to(pool.device),
+                               None if all_layers else idx)
         if not bool(diff.any()):
             return
         li, ci = (x.cpu().numpy() for x in torch.nonzero(diff, as_tuple=True))
-        kt = ktags[li, ci].cpu().numpy()
-        vt = vtags[li, ci].cpu().numpy()
-        observed = np.where(kt != exp.cpu().numpy()[ci], kt, vt)
+        # decode only the columns that differ
+        cols = np.unique(ci)
+        ktags, vtags = pool.read_tags(kind, torch.from_numpy(cand[cols]).to(pool.device))
+        col_of = np.searchsorted(cols, ci)
+        rows_i = np.asarray(idx)[li]
+        kt = ktags.cpu().numpy()[rows_i, col_of]
+        vt = vtags.cpu().numpy()[rows_i, col_of]
+        observed = np.where(kt != exp_np[ci], kt, vt)
 
         live = self.reference.live[kind]
         evicted = self.reference.evicted if kind == "swa" else None

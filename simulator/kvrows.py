@@ -58,13 +58,22 @@ def decode_tags(rows: torch.Tensor, fp8: bool = False) -> torch.Tensor:
     if fp8:
         lanes = lanes.view(torch.float8_e4m3fn)
     vals = lanes.to(torch.float32)
-    nib = torch.round(vals).to(torch.int64) - 1
-    ok = ((nib >= 0) & (nib <= 15) & (vals == torch.round(vals))).all(dim=-1)
-    code = (nib.clamp(0, 15) << _SHIFTS.to(rows.device)).sum(dim=-1)
-    tags = code - 2
-    empty = (vals == 0).all(dim=-1)
+    nib = vals.to(torch.int64) - 1        # exact for valid lanes (integers 1..16)
+    ok = ((nib >= 0) & (nib <= 15) & (vals == (nib + 1))).all(dim=-1)
+    tags = (nib.clamp_(0, 15) << _SHIFTS.to(rows.device)).sum(dim=-1) - 2
     tags = torch.where(ok, tags, torch.full_like(tags, INVALID_TAG))
-    return torch.where(empty, torch.zeros_like(tags), tags)
+    return torch.where((vals == 0).all(dim=-1), torch.zeros_like(tags), tags)
+
+
+def tag_lanes(tags: torch.Tensor, storage: torch.dtype) -> torch.Tensor:
+    """The exact stored bits of the tag lanes for ``tags`` (0 -> a zeroed row), ``[n, TAG_LANES]`` in the
+    pool's storage dtype: comparing these bits is how the checker avoids decoding every row it reads."""
+    code = tags.to(torch.int64) + 2
+    vals = (((code[:, None] >> _SHIFTS.to(tags.device)) & 0xF) + 1).to(torch.float32)
+    vals[tags == 0] = 0.0
+    if storage == torch.uint8:
+        return vals.to(torch.float8_e4m3fn).view(torch.uint8)
+    return vals.to(storage)
 
 
 def pad_tags(real: torch.Tensor, total: int) -> torch.Tensor:

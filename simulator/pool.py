@@ -30,6 +30,11 @@ class PoolWriter(Protocol):
     def store(self, kind: str, index: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write rows at ``loc`` in layer ``index`` of sub-pool ``kind``; raises KVLengthMismatch."""
 
+    def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
+                   layers: list[int] | None = None) -> torch.Tensor:
+        """``[layers, len(slots)]`` bool, True where the K or V row at a slot does not carry the expected
+        tag (0 expects a zeroed row). The fast path of the checker: no decoding, no host transfer."""
+
     def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Tags ``[layers_of_kind, len(slots)]`` read back from the K and the V buffers."""
 

@@ -72,6 +72,11 @@ class Distribution:
         return d
 
 
+DEFAULT_PROMPT_LEN = Distribution("fixed", value=128)
+DEFAULT_OUTPUT_LEN = Distribution("fixed", value=16)
+DEFAULT_DP_OTHER_TOKENS = Distribution("uniform", min=0, max=512)
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     arrival_step: int
@@ -96,8 +101,8 @@ class WorkloadConfig:
     requests: int = 0
     arrival: str = "all_at_once"
     rate: float = 1.0                          # poisson: mean arrivals per step
-    prompt_len: Distribution = Distribution("fixed", value=128)
-    output_len: Distribution = Distribution("fixed", value=16)
+    prompt_len: Distribution = DEFAULT_PROMPT_LEN
+    output_len: Distribution = DEFAULT_OUTPUT_LEN
     explicit: tuple[RequestSpec, ...] = ()     # when given, replaces the generated requests
 
 
@@ -107,7 +112,7 @@ class EngineConfig:
     max_running_requests: int = 1024
     mixed_chunk: bool = False
     dp_size: int = 1
-    dp_other_tokens: Distribution = Distribution("uniform", min=0, max=512)
+    dp_other_tokens: Distribution = DEFAULT_DP_OTHER_TOKENS
     piecewise_cuda_graph: bool = False
     piecewise_capture_sizes: tuple[int, ...] = field(default_factory=default_piecewise_capture_sizes)
     piecewise_shrink: bool = True
@@ -331,11 +336,10 @@ def _workload(t: _Table) -> WorkloadConfig:
         requests=requests,
         arrival=t.get("arrival", str, "all_at_once", allowed=ARRIVALS),
         rate=t.get("rate", float, 1.0, minimum=1e-9),
-        prompt_len=_distribution(t, "prompt_len", WorkloadConfig.prompt_len, minimum=1),
-        output_len=_distribution(t, "output_len", WorkloadConfig.output_len, minimum=0),
+        prompt_len=_distribution(t, "prompt_len", DEFAULT_PROMPT_LEN, minimum=1),
+        output_len=_distribution(t, "output_len", DEFAULT_OUTPUT_LEN, minimum=0),
         explicit=tuple(explicit),
     )
-    t.get("seed", int, 0)  # accepted for symmetry; the scenario seed drives everything
     t.done()
     return cfg
 

@@ -1,0 +1,138 @@
+"""The ``slotscope`` command.
+
+Exit codes: 0 clean, 1 findings (or a failed expectation), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from simulator.designs import BUILTIN_DESIGNS, DesignError
+from simulator.scenario import BACKENDS, ScenarioError
+
+from . import __version__
+from .pipeline import UsageError
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+
+_EPILOG = """\
+examples:
+  slotscope run scenarios/b1-pcg-dp-padding.toml --out out/b1
+  slotscope run scenarios/b1-pcg-dp-padding.toml --design sglang-post-29460 --out out/b1-fixed
+  slotscope run scenarios/smoke.toml --design my_fix.py:MyDesign --backends flashinfer,trtllm_mha
+  slotscope compare out/b1 out/b1-fixed -o out/b1-compare.html
+  slotscope analyze out/b1/trace.otlp.jsonl
+
+exit codes: 0 clean, 1 findings, 2 bad input
+"""
+
+
+def _backends(text: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    if names == ("all",):
+        return BACKENDS
+    for n in names:
+        if n not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"unknown backend {n!r} (allowed: {', '.join(BACKENDS)}, or all)")
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one backend")
+    return names
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser(
+        "run", help="run a scenario through every backend and check the pools",
+        description="Run SCENARIO: the scheduler makes padded batches, each crosses every backend boundary, "
+                    "the design builds the write locations, the pool under test and the reference pool are "
+                    "compared after every step. Prints a design x backend table; writes summary.json, "
+                    "findings.jsonl, steps.jsonl, shapes.jsonl, trace.otlp.jsonl, report.html to --out.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="scenario TOML file (see scenarios/ and docs/SCENARIOS.md)")
+    p.add_argument("--design", help=f"design to test: one of {', '.join(sorted(BUILTIN_DESIGNS))}, or "
+                                    f"path/to/file.py:ClassName (default: the scenario's)")
+    p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
+    p.add_argument("--out", default=None, help="output directory (default: out/<scenario name>)")
+    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                   help="where the pool under test lives (default: cuda if available)")
+    p.add_argument("--geometry", choices=("real", "compact"),
+                   help="K/V row geometry of the pool under test (default: real on cuda, compact on cpu)")
+    p.add_argument("--store", choices=("torch", "triton"),
+                   help="store implementation (default: triton on cuda, torch on cpu)")
+    p.add_argument("--trace-level", default="anomaly", choices=("off", "step", "boundary", "anomaly"),
+                   help="span detail in trace.otlp.jsonl (default: anomaly)")
+    p.add_argument("--otlp-endpoint", help="also export spans live to this OTLP/HTTP collector "
+                                           "(OTEL_EXPORTER_OTLP_* variables are honoured)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--max-steps", type=int, help="stop after this many forward steps")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args) -> int:
+    from .pipeline import RunOptions, format_table, run_scenario
+    from .progress import Progress
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario)
+    out = args.out or str(Path("out") / scenario.name)
+    progress = None if args.quiet else Progress(scenario.name)
+    try:
+        res = run_scenario(scenario, out, RunOptions(
+            design=args.design, backends=args.backends, seed=args.seed, device=args.device,
+            geometry=args.geometry, store=args.store, trace_level=args.trace_level,
+            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, max_steps=args.max_steps,
+            progress=progress))
+    finally:
+        if progress is not None:
+            progress.close()
+    if not args.quiet:
+        print(format_table(res.summary))
+        r = res.result
+        print(f"\n{len(r.steps)} steps, {r.crossings} boundary crossings in {r.wall_s:.1f}s "
+              f"({r.crossings / max(r.wall_s, 1e-9):,.0f}/s); outputs in {out}/")
+        if (Path(out) / "report.html").exists():
+            print(f"report: {Path(out) / 'report.html'}")
+    return EXIT_FINDINGS if res.result.total_findings else EXIT_CLEAN
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotscope",
+        description="Reference simulator with instrumented tracing for the KV-cache write path of hybrid "
+                    "sliding-window models (full pool loc, SWA pool swa_loc), across eight attention backends.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"slotscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub)
+    for module in ("tracing.commands", "reports.commands", "slotscope.corpus", "slotscope.minimize"):
+        try:
+            mod = __import__(module, fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_BAD_INPUT
+    try:
+        return int(args.func(args))
+    except (ScenarioError, DesignError, UsageError) as e:
+        print(f"slotscope: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("slotscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
