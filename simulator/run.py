@@ -16,10 +16,10 @@ import torch
 from .allocator import HybridAllocator, RequestSlots
 from .backends import BACKEND_SPECS, BackendBoundary
 from .checker import Checker, LayerWrite
-from .designs import Design, DesignError
-from .kvrows import pad_tags
+from .designs import Design
+from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
-from .pool import KVLengthMismatch, PoolWriter
+from .pool import PoolWriter
 from .records import FINDING_CLASSES, Finding, RunInfo, StepRecord
 from .reference import ReferencePool
 from .scenario import Scenario
@@ -29,7 +29,6 @@ from .workload import make_requests
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
 Progress = Callable[[int, int, int], None]                      # (step, finished requests, total requests)
 
-_DTYPE_NAMES = {torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.uint8: "uint8"}
 
 
 @dataclass(slots=True)
@@ -87,8 +86,10 @@ def run_simulation(
     run_info_extra: Optional[dict] = None,
     version: str = "0",
     max_steps: Optional[int] = None,
+    executor: Optional[LayerExecutor] = None,
 ) -> RunResult:
     device = torch.device(device)
+    run_layers: LayerExecutor = executor or EagerExecutor()
     obs: RunObserver = observer or NullObserver()
     rng = np.random.default_rng(scenario.seed)
     pool_cfg = scenario.pool
@@ -148,38 +149,7 @@ def run_simulation(
         for name, boundary in backends.items():
             pool = pools[name]
             meta = boundary.init_metadata(batch, loc, mapping)
-            row_tags = None
-            writes: list[LayerWrite] = []
-            for layer in layers:
-                kind = layer.kind
-                wl = boundary.write_loc(meta, batch, layer.layer, kind)
-                if kind == "swa":
-                    if wl.swa_loc is None:
-                        raise DesignError(f"design {design.name}: SWA layer {layer.layer} got a KVWriteLoc without "
-                                          f"swa_loc at step {step} on {name} (the hybrid pool asserts it)")
-                    target = wl.swa_loc
-                else:
-                    target = wl.loc
-                kv = rows_cache.get(kind)
-                if kv is None:
-                    if row_tags is None:
-                        row_tags = pad_tags(tags, meta.rows)
-                    kv = pool.make_rows(row_tags, layer.layer, kind)
-                    rows_cache[kind] = kv
-                else:
-                    pool.restamp(kv[0], kv[1], layer.layer)
-                t0 = now()
-                try:
-                    pool.store(kind, layer.index, target, kv[0], kv[1])
-                    err = None
-                except KVLengthMismatch as e:
-                    err = str(e)
-                t1 = now()
-                swa = wl.swa_loc
-                obs.on_boundary(step, name, layer.layer, int(wl.loc.shape[0]),
-                                -1 if swa is None else int(swa.shape[0]), _DTYPE_NAMES.get(wl.loc.dtype, str(wl.loc.dtype)),
-                                "" if swa is None else _DTYPE_NAMES.get(swa.dtype, str(swa.dtype)), t0, t1, err)
-                writes.append(LayerWrite(layer.layer, kind, layer.index, None if err else target, err))
+            writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, layers, tags, obs, now, rows_cache))
             crossings += len(layers)
             st = stats[name]
             st.writes += len(layers)

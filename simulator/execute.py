@@ -1,0 +1,98 @@
+"""Executing one backend's layers for one step: the per-layer write loop.
+
+The run loop hands each (step, backend) to an executor. :class:`EagerExecutor` runs every layer in
+Python, as an engine without CUDA graphs would; cuda_path provides one that captures and replays
+the same writes in real CUDA graphs. Both report the same :class:`LayerWrite` log and the same
+boundary observations, so the checker and the tracer cannot tell them apart.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from .backends import BackendBoundary, ForwardMetadata
+from .batch import ForwardBatch
+from .checker import LayerWrite
+from .designs import DesignError, KVWriteLoc
+from .kvrows import pad_tags
+from .observe import RunObserver
+from .pool import KVLengthMismatch, PoolWriter
+from .records import LayerInfo
+
+DTYPE_NAMES = {torch.int64: "int64", torch.int32: "int32", torch.int16: "int16", torch.uint8: "uint8"}
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dt, str(dt).replace("torch.", ""))
+
+
+@dataclass(slots=True)
+class BackendStep:
+    """Everything one backend needs to run one step's layers."""
+
+    batch: ForwardBatch
+    backend: str
+    boundary: BackendBoundary
+    pool: PoolWriter
+    meta: ForwardMetadata
+    layers: tuple[LayerInfo, ...]
+    tags: torch.Tensor                 # real tokens' tags, on the device
+    observer: RunObserver
+    now: Callable[[], int]
+    rows_cache: dict = field(default_factory=dict)   # per kind: (k, v) rows shared by backends in a step
+
+
+class LayerExecutor(Protocol):
+    def run(self, s: BackendStep) -> list[LayerWrite]: ...
+
+
+def write_target(design_name: str, wl: KVWriteLoc, layer: LayerInfo, s: BackendStep) -> torch.Tensor:
+    """The hybrid pool's routing: full layers write at loc, SWA layers assert swa_loc and write there."""
+    if layer.kind == "full":
+        return wl.loc
+    if wl.swa_loc is None:
+        raise DesignError(f"design {design_name}: SWA layer {layer.layer} got a KVWriteLoc without swa_loc at "
+                          f"step {s.batch.step} on {s.backend} (the hybrid pool asserts it)")
+    return wl.swa_loc
+
+
+def rows_for(s: BackendStep, layer: LayerInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """K/V rows for a layer: made once per step and kind, re-stamped per layer."""
+    kv = s.rows_cache.get(layer.kind)
+    if kv is None or kv[0].shape[0] != s.meta.rows:
+        kv = s.pool.make_rows(pad_tags(s.tags, s.meta.rows), layer.layer, layer.kind)
+        s.rows_cache[layer.kind] = kv
+    else:
+        s.pool.restamp(kv[0], kv[1], layer.layer)
+    return kv
+
+
+def observe(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, t0: int, t1: int, err) -> None:
+    swa = wl.swa_loc
+    s.observer.on_boundary(s.batch.step, s.backend, layer.layer, int(wl.loc.shape[0]),
+                           -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
+                           "" if swa is None else dtype_name(swa.dtype), t0, t1, err)
+
+
+class EagerExecutor:
+    """Every layer's write location built and stored from Python, one layer after another."""
+
+    def run(self, s: BackendStep) -> list[LayerWrite]:
+        writes: list[LayerWrite] = []
+        design = s.boundary.design.name
+        for layer in s.layers:
+            wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
+            target = write_target(design, wl, layer, s)
+            k, v = rows_for(s, layer)
+            t0 = s.now()
+            try:
+                s.pool.store(layer.kind, layer.index, target, k, v)
+                err = None
+            except KVLengthMismatch as e:
+                err = str(e)
+            observe(s, layer, wl, t0, s.now(), err)
+            writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
+        return writes
