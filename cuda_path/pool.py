@@ -87,9 +87,22 @@ class TaggedKVPool:
                  err=self.err[kind][index], k_scale=self.k_scale if self.fp8 else None,
                  v_scale=self.v_scale if self.fp8 else None, impl=self.store_impl)
 
-    def _lanes(self, buf: torch.Tensor, kind: str, slots: torch.Tensor) -> torch.Tensor:
-        # slice the tag lanes first, so the gather moves TAG_LANES lanes per row, not whole rows
-        return buf.view(buf.shape[0], self._rows[kind], -1)[:, :, :TAG_LANES][:, slots]
+    def _tag_words(self, buf: torch.Tensor, kind: str, slots: torch.Tensor,
+                   layers: Optional[list[int]]) -> torch.Tensor:
+        """The tag lanes of ``slots`` in every (or the given) layer, as int64 words ``[L, n, words]``.
+
+        One flat gather of exactly the tag bytes: its cost depends on the slots asked for, never on
+        the pool's size (an indexed view of the lanes would make torch touch every row on the CPU).
+        """
+        n_layers, rows = buf.shape[0], self._rows[kind]
+        words = buf.view(n_layers, rows, -1).view(torch.int64)
+        per_row = words.shape[2]
+        n_words = TAG_LANES * buf.element_size() // 8
+        lay = (torch.arange(n_layers, device=buf.device) if layers is None
+               else torch.tensor(layers, dtype=torch.int64, device=buf.device))
+        base = (lay[:, None] * rows + slots.to(torch.int64)[None, :]) * per_row
+        idx = base[:, :, None] + torch.arange(n_words, device=buf.device)
+        return words.view(-1)[idx]
 
     def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
                    layers: Optional[list[int]] = None) -> torch.Tensor:
@@ -98,17 +111,14 @@ class TaggedKVPool:
         Compares raw bits as int64 words (16 lane bytes -> two words), never decoding rows.
         """
         want = tag_lanes(expected, self.k[kind].dtype).contiguous().view(torch.int64)
-        out = None
-        for buf in (self.k[kind], self.v[kind]):
-            src = buf if layers is None else buf[layers]
-            got = self._lanes(src, kind, slots).contiguous().view(torch.int64)
-            d = (got != want).any(dim=-1)
-            out = d if out is None else out | d
-        return out
+        diff = (self._tag_words(self.k[kind], kind, slots, layers) != want).any(dim=-1)
+        diff |= (self._tag_words(self.v[kind], kind, slots, layers) != want).any(dim=-1)
+        return diff
 
     def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return (decode_tags(self._lanes(self.k[kind], kind, slots), self.fp8),
-                decode_tags(self._lanes(self.v[kind], kind, slots), self.fp8))
+        storage = self.k[kind].dtype
+        return tuple(decode_tags(self._tag_words(buf, kind, slots, None).view(storage), self.fp8)
+                     for buf in (self.k[kind], self.v[kind]))
 
     def take_out_of_range(self, kind: str) -> torch.Tensor:
         err = self.err[kind]
