@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import torch
 
 from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
@@ -20,6 +21,16 @@ GEOMETRIES = ("real", "compact")
 COMPACT_WIDTH = 16
 
 _STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.uint8}
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed buffer. On the CPU, numpy's calloc maps zero pages lazily, so a large pool costs
+    nothing until slots are written (torch.zeros would touch every page up front)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    width = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(shape, dtype={1: np.uint8, 2: np.int16, 4: np.int32}[width])
+    return torch.from_numpy(raw).view(dtype)
 
 
 class TaggedKVPool:
@@ -59,8 +70,8 @@ class TaggedKVPool:
                                  f"(need {MIN_ROW_WIDTH}); use geometry='compact'")
             self.shape[kind] = (heads, kd, vd)
             rows = self._rows[kind]
-            self.k[kind] = torch.zeros((layers, rows, heads, kd), dtype=storage, device=self.device)
-            self.v[kind] = torch.zeros((layers, rows, heads, vd), dtype=storage, device=self.device)
+            self.k[kind] = _zeros((layers, rows, heads, kd), storage, self.device)
+            self.v[kind] = _zeros((layers, rows, heads, vd), storage, self.device)
             self.err[kind] = new_error_buffer(self.device, max(layers, 1))
 
     def rows(self, kind: str) -> int:
