@@ -50,6 +50,7 @@ class Checker:
         self.detailed = 0
         self.truncated = False
         self.first: dict[str, Finding] = {}   # per backend, the earliest (step, layer) finding
+        self._reserved_dev: dict[torch.device, torch.Tensor] = {}
 
     def check(self, step: int, backend: str, pool: PoolWriter, truth: BatchTruth, writes: list[LayerWrite],
               pad_slots: tuple[int, ...]) -> tuple[list[Finding], dict[str, int]]:
@@ -75,6 +76,12 @@ class Checker:
         else:
             self.truncated = True
 
+    def _reserved_on(self, device: torch.device) -> torch.Tensor:
+        t = self._reserved_dev.get(device)
+        if t is None:
+            t = self._reserved_dev[device] = torch.from_numpy(self.reserved).to(device)
+        return t
+
     def _owner(self, tag: int) -> Owner:
         return self.owner_of(int(tag))
 
@@ -96,21 +103,29 @@ class Checker:
             pool.take_out_of_range(kind)
             return
 
-        # host copies of the targets, shared between layers that used the same tensor
-        host: dict[tuple, np.ndarray] = {}
-        targets: dict[int, np.ndarray] = {}
+        # distinct target tensors (layers usually share one), still on the device
+        distinct: dict[tuple, torch.Tensor] = {}
+        target_of: dict[int, tuple] = {}
         for w in ok_layers:
             t = w.target
             key = (t.data_ptr(), t.shape[0], t.stride(0), t.dtype)
-            if key not in host:
-                host[key] = t.to("cpu").numpy().astype(np.int64, copy=False)
-            targets[w.index] = host[key]
+            distinct.setdefault(key, t)
+            target_of[w.index] = key
+        host: dict[tuple, np.ndarray] = {}
 
-        # out of range: the store skipped and counted them; name each offending position
+        def on_host(index: int) -> np.ndarray:
+            key = target_of[index]
+            if key not in host:
+                host[key] = distinct[key].to("cpu").numpy().astype(np.int64, copy=False)
+            return host[key]
+
+        # out of range: the store skipped and counted them (device error buffer); name each position
         oor = pool.take_out_of_range(kind)
         skip = pool.skip_index
         for w in ok_layers:
-            tgt = targets[w.index]
+            if int(oor[w.index, 0]) == 0:
+                continue
+            tgt = on_host(w.index)
             bad = ((tgt < 0) | (tgt >= rows)) & (tgt != skip if skip is not None else True)
             n_bad = int(np.count_nonzero(bad))
             if n_bad != int(oor[w.index, 0]):
@@ -122,28 +137,30 @@ class Checker:
                     step, backend, w.layer, kind, "out_of_range", int(tgt[pos]), self._owner(tag), None,
                     f"index {int(tgt[pos])} at position {int(pos)} is outside [0, {rows})"))
 
-        # the slots to compare: expected writes and in-range targets, minus the reserved page
-        parts = [expected_slots] + [t[(t >= 0) & (t < rows)] for t in host.values()]
-        cand = np.unique(np.concatenate(parts))
-        cand = cand[~np.isin(cand, self.reserved)]
-        if cand.size == 0:
+        # the slots to compare, on the device: expected writes and in-range targets, minus reserved slots
+        dev = pool.device
+        parts = [torch.from_numpy(expected_slots).to(dev)] + [t.to(torch.int64) for t in distinct.values()]
+        cand_t = torch.unique(torch.cat(parts))
+        keep = (cand_t >= 0) & (cand_t < rows) & ~torch.isin(cand_t, self._reserved_on(dev))
+        cand_t = cand_t[keep]
+        if cand_t.numel() == 0:
             return
         idx = [w.index for w in ok_layers]
         all_layers = len(idx) == len(writes) and idx == list(range(len(idx)))
-        cand_t = torch.from_numpy(cand).to(pool.device)
-        exp_np = self.reference.expected[kind][cand]
-        diff = pool.mismatches(kind, cand_t, torch.from_numpy(exp_np).to(pool.device),
-                               None if all_layers else idx)
+        exp_t = self.reference.expected_on[kind][cand_t]
+        diff = pool.mismatches(kind, cand_t, exp_t, None if all_layers else idx)
         if not bool(diff.any()):
             return
+        # slow path: only now do the differing entries (and the targets) cross to the host
         li, ci = (x.cpu().numpy() for x in torch.nonzero(diff, as_tuple=True))
-        # decode only the columns that differ
         cols = np.unique(ci)
-        ktags, vtags = pool.read_tags(kind, torch.from_numpy(cand[cols]).to(pool.device))
+        cand = cand_t.cpu().numpy()
+        ktags, vtags = pool.read_tags(kind, torch.from_numpy(cand[cols]).to(dev))
         col_of = np.searchsorted(cols, ci)
         rows_i = np.asarray(idx)[li]
         kt = ktags.cpu().numpy()[rows_i, col_of]
         vt = vtags.cpu().numpy()[rows_i, col_of]
+        exp_np = self.reference.expected[kind][cand]
         observed = np.where(kt != exp_np[ci], kt, vt)
 
         live = self.reference.live[kind]
@@ -163,7 +180,7 @@ class Checker:
                 j = np.searchsorted(sorted_slots, slot)
                 if j < sorted_slots.size and sorted_slots[j] == slot:
                     row = int(order[j])
-                    tgt = targets[w.index]
+                    tgt = on_host(w.index)
                     went = int(tgt[row]) if row < tgt.shape[0] else None
                     if went is not None and (went < 0 or went >= rows) and went != skip:
                         continue  # reported as out_of_range

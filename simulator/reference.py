@@ -8,13 +8,20 @@ per sub-pool serves all layers: small enough for large pools on a CPU.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .batch import BatchTruth
 
 
 class ReferencePool:
-    def __init__(self, full_rows: int, swa_rows: int):
+    """Expected owner tag and liveness per slot; ``expected_on`` mirrors the tags on the pool's device
+    so that the checker compares there (on the CPU the mirror shares memory with the host array)."""
+
+    def __init__(self, full_rows: int, swa_rows: int, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
         self.expected = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
+        self.expected_on = {k: (torch.from_numpy(v) if self.device.type == "cpu" else torch.from_numpy(v).to(self.device))
+                            for k, v in self.expected.items()}
         self.live = {"full": np.zeros(full_rows, dtype=bool), "swa": np.zeros(swa_rows, dtype=bool)}
         self.evicted = np.zeros(swa_rows, dtype=bool)   # SWA slots whose last owner was evicted (not finished)
 
@@ -29,6 +36,10 @@ class ReferencePool:
         self.expected["swa"][truth.swa_slots] = truth.tags
         self.live["swa"][truth.swa_slots] = True
         self.evicted[truth.swa_slots] = False
+        if self.device.type != "cpu" and truth.tags.size:
+            tags = torch.from_numpy(truth.tags).to(self.device)
+            self.expected_on["full"][torch.from_numpy(truth.full_slots).to(self.device)] = tags
+            self.expected_on["swa"][torch.from_numpy(truth.swa_slots).to(self.device)] = tags
 
     def slots_of(self, kind: str, truth: BatchTruth) -> np.ndarray:
         return truth.full_slots if kind == "full" else truth.swa_slots

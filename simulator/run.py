@@ -107,7 +107,7 @@ def run_simulation(
 
     requests = make_requests(scenario.workload, rng)
     scheduler = Scheduler(scenario, alloc, requests, rng, pad_value=pad_value)
-    reference = ReferencePool(alloc.full_rows, alloc.swa_rows)
+    reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
     checker = Checker(reference, scheduler.owner_of, reserved)
     layers = scenario.model.layers()
     backends = {b: BackendBoundary(BACKEND_SPECS[b], design, scenario.engine, device) for b in scenario.backends}
