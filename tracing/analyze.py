@@ -1,0 +1,587 @@
+"""Offline analysis of OTLP JSON traces: ours (divergence tables) and anyone's (span summary).
+
+Streaming and bounded: every document is folded into fixed-size tallies as it is read, so a
+trace ten times larger needs no more memory (only the number of distinct runs, backends, modes
+and span names matters, and names are capped).
+
+Which spans count. A slotscope ``slotscope.backend`` span carries the shapes of every layer of one
+(step, backend) as arrays and exists at every trace level, so the divergence and findings tables
+are built from those; ``slotscope.boundary`` spans repeat a subset of the same facts (all of them
+at level ``boundary``) and are used only for a run that has no backend spans (e.g. a trimmed file
+from another tool). That way no boundary is counted twice whatever the level.
+
+A document is applied only once it was read completely, so ``skip_bad`` never leaves half a line
+in the counts.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Optional, Union
+
+from simulator.records import FINDING_CLASSES
+
+from . import attributes as A
+from .otlp_read import BadLine, TraceFormatError, attributes, norm_id, read_documents
+from .tables import format_table
+
+__all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
+
+DIMENSIONS = ("backend", "layer_kind", "mode", "graph_path")
+EXACT_DURATIONS = 4096          # per span name; beyond this p50 comes from a log histogram
+MAX_NAMES = 10_000              # distinct foreign span names tracked; the rest fold into "(other)"
+_HIST_BASE = math.log(1.01)     # histogram buckets 1% wide: p50 within about 0.5%
+_ERROR_CODES = (2, "2", "STATUS_CODE_ERROR")
+_MAX_BAD_KEPT = 20
+_FINDING_KEYS = tuple(A.FINDINGS_PREFIX + c for c in FINDING_CLASSES)
+# Only these attributes are decoded from backend / boundary spans: the rest cost time, not answers.
+_BACKEND_KEYS = frozenset((A.LAYER_IDS, A.LAYER_KINDS, A.LOC_LENS, A.SWA_LOC_LENS, A.BACKEND,
+                           A.STEP, A.MODE, A.GRAPH, A.ERROR_LAYERS) + _FINDING_KEYS)
+_BOUNDARY_KEYS = frozenset((A.LAYER, A.LAYER_KIND, A.LOC_SHAPE, A.SWA_LOC_SHAPE, A.BACKEND,
+                            A.STEP, A.MODE, A.GRAPH) + _FINDING_KEYS)
+
+
+# -- per-name duration statistics ---------------------------------------------------------------
+class Durations:
+    """count/total/mean/max exactly; p50 exact up to EXACT_DURATIONS samples, then ~0.5%."""
+
+    __slots__ = ("count", "total", "max", "exact", "hist")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.max = 0
+        self.exact: Optional[list[int]] = []
+        self.hist: Optional[dict[int, int]] = None
+
+    def add(self, d: int) -> None:
+        self.count += 1
+        self.total += d
+        if d > self.max:
+            self.max = d
+        if self.exact is not None:
+            self.exact.append(d)
+            if len(self.exact) > EXACT_DURATIONS:
+                self.hist = {}
+                for x in self.exact:
+                    self._bucket(x)
+                self.exact = None
+        else:
+            self._bucket(d)
+
+    def _bucket(self, d: int) -> None:
+        b = -1 if d <= 0 else int(math.log(d) / _HIST_BASE)
+        self.hist[b] = self.hist.get(b, 0) + 1  # type: ignore[index]
+
+    def p50(self) -> float:
+        if self.count == 0:
+            return 0.0
+        rank = (self.count - 1) // 2        # nearest-rank lower median
+        if self.exact is not None:
+            return float(sorted(self.exact)[rank])
+        seen = 0
+        for b in sorted(self.hist):  # type: ignore[arg-type]
+            seen += self.hist[b]  # type: ignore[index]
+            if seen > rank:
+                return 0.0 if b < 0 else math.exp((b + 0.5) * _HIST_BASE)
+        return float(self.max)
+
+    def to_json(self, name: str) -> dict[str, Any]:
+        return {"name": name, "count": self.count, "total_ns": self.total,
+                "mean_ns": self.total / self.count if self.count else 0.0,
+                "p50_ns": self.p50(), "max_ns": self.max, "p50_exact": self.exact is not None}
+
+
+# -- slotscope tallies ----------------------------------------------------------------------------
+class _Tally:
+    """Divergence and findings counts from one source (backend spans or boundary spans)."""
+
+    def __init__(self) -> None:
+        # dimension -> key -> [boundaries, longer, shorter]
+        self.tables: dict[str, dict[str, list[int]]] = {d: {} for d in DIMENSIONS}
+        self.findings: dict[str, dict[str, int]] = {}
+        self.boundaries = 0
+        self.longer = 0
+        self.shorter = 0
+        self.first: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+
+    def add(self, rec: "_Crossings") -> None:
+        n, lo, sh = rec.total
+        self.boundaries += n
+        self.longer += lo
+        self.shorter += sh
+        for dim, key in (("backend", rec.backend), ("mode", rec.mode), ("graph_path", rec.graph)):
+            row = self.tables[dim].get(key)
+            if row is None:
+                row = self.tables[dim][key] = [0, 0, 0]
+            row[0] += n
+            row[1] += lo
+            row[2] += sh
+        kinds = self.tables["layer_kind"]
+        for kind, (kn, klo, ksh) in rec.by_kind.items():
+            row = kinds.get(kind)
+            if row is None:
+                row = kinds[kind] = [0, 0, 0]
+            row[0] += kn
+            row[1] += klo
+            row[2] += ksh
+        if rec.findings:
+            per = self.findings.setdefault(rec.backend, {})
+            for cls, c in rec.findings.items():
+                per[cls] = per.get(cls, 0) + c
+        if rec.first is not None and (self.first is None or rec.first[0] < self.first[0]):
+            self.first = rec.first
+
+
+@dataclass(slots=True)
+class _Crossings:
+    """What one backend or boundary span says, reduced to counts (built before applying)."""
+
+    run: tuple[str, str, str]
+    source: int                      # 0: backend span arrays, 1: boundary span
+    backend: str
+    mode: str
+    graph: str
+    total: tuple[int, int, int]
+    by_kind: dict[str, tuple[int, int, int]]
+    findings: dict[str, int]
+    first: Optional[tuple[tuple[Any, ...], dict[str, Any]]]
+    error: Optional[tuple[tuple[Any, ...], dict[str, Any]]]
+
+
+class _Run:
+    """Everything known about one slotscope run (resource scenario/design/seed)."""
+
+    def __init__(self, key: tuple[str, str, str], resource: dict[str, Any]):
+        self.key = key
+        self.resource = {k: v for k, v in resource.items()
+                         if k.startswith(A.NS) or k.startswith("service.")}
+        backends = resource.get(A.BACKENDS)
+        self.order = {b: i for i, b in enumerate(backends)} if isinstance(backends, list) else {}
+        self.spans = 0
+        self.names: dict[str, int] = {}
+        self.error_spans = 0
+        self.tallies = (_Tally(), _Tally())
+        self.has_arrays = False
+        self.first_error: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+
+    def backend_rank(self, backend: str) -> tuple[int, str]:
+        return (self.order.get(backend, len(self.order)), backend)
+
+
+def _agrees(kind: str, loc: int, swa: int) -> bool:
+    # Same rule as tracing.recorder.agrees; repeated so the analyser has no simulator-side import.
+    return kind == "full" or swa < 0 or swa == loc
+
+
+# -- the analyser ---------------------------------------------------------------------------------
+@dataclass
+class FileStats:
+    path: str
+    documents: int = 0
+    spans: int = 0
+    bad_lines: int = 0
+    other_signals: int = 0            # resourceMetrics / resourceLogs documents, ignored
+    bad: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "documents": self.documents, "spans": self.spans,
+                "bad_lines": self.bad_lines, "other_signals": self.other_signals,
+                "bad": list(self.bad)}
+
+
+class Analyzer:
+    """Feed files with :meth:`add_file`; read the result with :meth:`result`."""
+
+    def __init__(self, skip_bad: bool = False):
+        self.skip_bad = skip_bad
+        self.files: list[FileStats] = []
+        self.runs: dict[tuple[str, str, str], _Run] = {}
+        self.foreign: dict[str, Durations] = {}
+        self.foreign_spans = 0
+        self.foreign_error_spans = 0
+        self.names_folded = 0
+
+    # -- input ------------------------------------------------------------------------------
+    def add_file(self, path: Union[str, os.PathLike[str]]) -> FileStats:
+        p = os.fspath(path)
+        if os.path.isdir(p):                 # a run's output directory: its trace file
+            p = os.path.join(p, "trace.otlp.jsonl")
+        stats = FileStats(p)
+        self.files.append(stats)
+        try:
+            items = read_documents(p)
+            for item in items:
+                if isinstance(item, BadLine):
+                    self._bad(stats, item.line, item.reason)
+                    continue
+                line, doc = item
+                try:
+                    pending = self._read_document(doc)
+                except TraceFormatError:
+                    raise
+                except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+                    self._bad(stats, line, f"not an OTLP trace document: {_describe(exc)}")
+                    continue
+                if pending is None:
+                    stats.other_signals += 1
+                    continue
+                stats.documents += 1
+                stats.spans += self._apply(pending)
+        except OSError as exc:
+            raise TraceFormatError(p, 0, f"cannot read: {exc.strerror or exc}") from exc
+        return stats
+
+    def _bad(self, stats: FileStats, line: int, reason: str) -> None:
+        if not self.skip_bad:
+            raise TraceFormatError(stats.path, line, reason)
+        stats.bad_lines += 1
+        if len(stats.bad) < _MAX_BAD_KEPT:
+            stats.bad.append({"line": line, "reason": reason})
+
+    def _read_document(self, doc: Any) -> Optional[list[Any]]:
+        """Reduce one document to a list of pending records; raises on malformed structure."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"expected a JSON object, got {type(doc).__name__}")
+        rs_list = doc.get("resourceSpans")
+        if rs_list is None:
+            if "resourceMetrics" in doc or "resourceLogs" in doc or "resourceProfiles" in doc:
+                return None
+            if not doc:
+                return []
+            raise KeyError("resourceSpans")
+        if not isinstance(rs_list, list):
+            raise TypeError("resourceSpans is not a list")
+        pending: list[Any] = []
+        for rs in rs_list:
+            res_attrs = attributes((rs.get("resource") or {}).get("attributes"))
+            ours = res_attrs.get("service.name") == "slotscope" or any(
+                k.startswith(A.NS) for k in res_attrs)
+            run_key = (str(res_attrs.get(A.SCENARIO, "?")), str(res_attrs.get(A.DESIGN, "?")),
+                       str(res_attrs.get(A.SEED, "?")))
+            run = self.runs.get(run_key) if ours else None
+            scope_spans = rs.get("scopeSpans")
+            if scope_spans is None:
+                scope_spans = rs.get("instrumentationLibrarySpans") or []   # pre-1.0 producers
+            for ss in scope_spans:
+                spans = ss.get("spans") or []
+                if not isinstance(spans, list):
+                    raise TypeError("spans is not a list")
+                for span in spans:
+                    name = span.get("name", "")
+                    if not isinstance(name, str):
+                        raise TypeError("span name is not a string")
+                    if ours or name in A.SPAN_NAMES:
+                        if run is None:
+                            run = self.runs.get(run_key)
+                            if run is None:
+                                run = self.runs[run_key] = _Run(run_key, res_attrs)
+                        pending.append(self._slotscope_span(run, span, name))
+                    else:
+                        t0 = int(span.get("startTimeUnixNano") or 0)
+                        t1 = int(span.get("endTimeUnixNano") or 0)
+                        st = span.get("status")
+                        err = bool(st) and st.get("code") in _ERROR_CODES
+                        pending.append((name, t1 - t0, err))
+        return pending
+
+    def _slotscope_span(self, run: _Run, span: dict[str, Any], name: str) -> Any:
+        st = span.get("status")
+        err = bool(st) and st.get("code") in _ERROR_CODES
+        if name == A.SPAN_BACKEND:
+            return (run, name, err, self._backend_span(run, span, st if err else None))
+        if name == A.SPAN_BOUNDARY and (not run.has_arrays or err):
+            return (run, name, err, self._boundary_span(run, span, st if err else None))
+        return (run, name, err, None)
+
+    def _backend_span(self, run: _Run, span: dict[str, Any],
+                      status: Optional[dict[str, Any]]) -> Optional[_Crossings]:
+        a = attributes(span.get("attributes"), _BACKEND_KEYS)
+        layers = a.get(A.LAYER_IDS)
+        if layers is None:
+            return None
+        kinds = a.get(A.LAYER_KINDS) or ["swa"] * len(layers)
+        locs = a[A.LOC_LENS]
+        swas = a[A.SWA_LOC_LENS]
+        if not (len(layers) == len(kinds) == len(locs) == len(swas)):
+            raise ValueError(f"{A.SPAN_BACKEND} arrays differ in length "
+                             f"({len(layers)}, {len(kinds)}, {len(locs)}, {len(swas)})")
+        backend = str(a.get(A.BACKEND, "?"))
+        step = int(a.get(A.STEP, -1))
+        mode, graph = str(a.get(A.MODE, "?")), str(a.get(A.GRAPH, "?"))
+        by_kind: dict[str, list[int]] = {}
+        first = None
+        lo_all = sh_all = 0
+        for layer, kind, loc, swa in zip(layers, kinds, locs, swas):
+            row = by_kind.get(kind)
+            if row is None:
+                row = by_kind[kind] = [0, 0, 0]
+            row[0] += 1
+            if not _agrees(kind, loc, swa):
+                if swa > loc:
+                    row[1] += 1
+                    lo_all += 1
+                else:
+                    row[2] += 1
+                    sh_all += 1
+                if first is None or layer < first[0]:
+                    first = (layer, kind, loc, swa)
+        fd = self._first(run, step, backend, first, mode, graph, span)
+        error = None
+        if status is not None:
+            el = a.get(A.ERROR_LAYERS) or [-1]
+            error = ((step, run.backend_rank(backend), el[0], 1),
+                     {"step": step, "backend": backend, "layer": el[0],
+                      "message": _exception_message(span) or status.get("message", "")})
+        return _Crossings(run.key, 0, backend, mode, graph, (len(layers), lo_all, sh_all),
+                          {k: tuple(v) for k, v in by_kind.items()}, _findings(a), fd, error)
+
+    def _boundary_span(self, run: _Run, span: dict[str, Any],
+                       status: Optional[dict[str, Any]]) -> Optional[_Crossings]:
+        a = attributes(span.get("attributes"), _BOUNDARY_KEYS)
+        if A.LAYER not in a:
+            return None
+        backend = str(a.get(A.BACKEND, "?"))
+        step = int(a.get(A.STEP, -1))
+        layer = int(a[A.LAYER])
+        kind = str(a.get(A.LAYER_KIND, "swa"))
+        loc_shape = a.get(A.LOC_SHAPE) or [0]
+        swa_shape = a.get(A.SWA_LOC_SHAPE) or []
+        loc = int(loc_shape[0])
+        swa = int(swa_shape[0]) if swa_shape else -1
+        mode, graph = str(a.get(A.MODE, "?")), str(a.get(A.GRAPH, "?"))
+        lo = sh = 0
+        first = None
+        if not _agrees(kind, loc, swa):
+            if swa > loc:
+                lo = 1
+            else:
+                sh = 1
+            first = (layer, kind, loc, swa)
+        fd = self._first(run, step, backend, first, mode, graph, span)
+        error = None
+        if status is not None:
+            error = ((step, run.backend_rank(backend), layer, 0),
+                     {"step": step, "backend": backend, "layer": layer,
+                      "message": _exception_message(span) or status.get("message", "")})
+        return _Crossings(run.key, 1, backend, mode, graph, (1, lo, sh),
+                          {kind: (1, lo, sh)}, _findings(a), fd, error)
+
+    @staticmethod
+    def _first(run: _Run, step: int, backend: str, first: Optional[tuple[int, str, int, int]],
+               mode: str, graph: str, span: dict[str, Any]):
+        if first is None:
+            return None
+        layer, kind, loc, swa = first
+        key = (step, run.backend_rank(backend), layer)
+        return key, {"step": step, "backend": backend, "layer": layer, "layer_kind": kind,
+                     "loc_len": loc, "swa_loc_len": swa,
+                     "direction": "longer" if swa > loc else "shorter",
+                     "mode": mode, "graph_path": graph,
+                     "trace_id": norm_id(span.get("traceId"), 16),
+                     "span_id": norm_id(span.get("spanId"), 8)}
+
+    def _apply(self, pending: list[Any]) -> int:
+        foreign = self.foreign
+        for rec in pending:
+            if len(rec) == 3:                                   # foreign span
+                name, dur, err = rec
+                self.foreign_spans += 1
+                if err:
+                    self.foreign_error_spans += 1
+                d = foreign.get(name)
+                if d is None:
+                    if len(foreign) >= MAX_NAMES:
+                        self.names_folded += 1
+                        name = "(other)"
+                        d = foreign.get(name)
+                    if d is None:
+                        d = foreign[name] = Durations()
+                d.add(dur)
+                continue
+            run, name, err, cross = rec
+            run.spans += 1
+            run.names[name] = run.names.get(name, 0) + 1
+            if err:
+                run.error_spans += 1
+            if cross is None:
+                continue
+            if cross.source == 0:
+                run.has_arrays = True
+            run.tallies[cross.source].add(cross)
+            if cross.error is not None and (run.first_error is None
+                                            or cross.error[0] < run.first_error[0]):
+                run.first_error = cross.error
+        return len(pending)
+
+    # -- output -----------------------------------------------------------------------------
+    def result(self) -> "TraceAnalysis":
+        runs = []
+        for run in sorted(self.runs.values(), key=lambda r: r.key):
+            if not run.spans:          # created by a document that turned out malformed
+                continue
+            arrays, bounds = run.tallies
+            tally, source = ((arrays, "backend_spans") if arrays.boundaries or run.has_arrays
+                             else (bounds, "boundary_spans") if bounds.boundaries
+                             else (arrays, "none"))
+            runs.append(_run_json(run, tally, source))
+        names = sorted(self.foreign.items(), key=lambda kv: (-kv[1].total, kv[0]))
+        return TraceAnalysis(
+            files=[f.to_json() for f in self.files],
+            slotscope_runs=runs,
+            foreign={"spans": self.foreign_spans, "error_spans": self.foreign_error_spans,
+                     "names": [d.to_json(n) for n, d in names],
+                     "names_folded": self.names_folded})
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _findings(a: dict[str, Any]) -> dict[str, int]:
+    out = {}
+    for cls, key in zip(FINDING_CLASSES, _FINDING_KEYS):
+        n = a.get(key)
+        if n:
+            out[cls] = int(n)
+    return out
+
+
+def _exception_message(span: dict[str, Any]) -> str:
+    for ev in span.get("events") or ():
+        if ev.get("name") == "exception":
+            ea = attributes(ev.get("attributes"))
+            return str(ea.get("exception.message", ""))
+    return ""
+
+
+def _run_json(run: _Run, tally: _Tally, source: str) -> dict[str, Any]:
+    tables = {}
+    for dim in DIMENSIONS:
+        rows = {}
+        for key in sorted(tally.tables[dim], key=lambda k: (
+                run.backend_rank(k) if dim == "backend" else (0, k))):
+            n, lo, sh = tally.tables[dim][key]
+            rows[key] = {"boundaries": n, "agree": n - lo - sh, "longer": lo, "shorter": sh}
+        tables[dim] = rows
+    findings = {b: {c: per.get(c, 0) for c in FINDING_CLASSES if per.get(c)}
+                for b, per in sorted(tally.findings.items(), key=lambda kv: run.backend_rank(kv[0]))}
+    scenario, design, seed = run.key
+    seed_value: Any = run.resource.get(A.SEED, seed)
+    return {
+        "run": f"{scenario} / {design} / seed {seed}",
+        "scenario": scenario, "design": design, "seed": seed_value,
+        "service_version": run.resource.get("service.version"),
+        "spans": run.spans, "span_names": dict(sorted(run.names.items())),
+        "error_spans": run.error_spans, "source": source,
+        "boundaries": tally.boundaries, "diverging": tally.longer + tally.shorter,
+        "longer": tally.longer, "shorter": tally.shorter,
+        "divergence": tables,
+        "findings": findings,
+        "findings_total": sum(sum(per.values()) for per in findings.values()),
+        "first_divergence": tally.first[1] if tally.first else None,
+        "first_error": run.first_error[1] if run.first_error else None,
+    }
+
+
+@dataclass
+class TraceAnalysis:
+    """The analyser's answer: JSON for machines (:meth:`to_json`), tables for people."""
+
+    files: list[dict[str, Any]]
+    slotscope_runs: list[dict[str, Any]]
+    foreign: dict[str, Any]
+
+    @property
+    def spans(self) -> int:
+        return sum(f["spans"] for f in self.files)
+
+    @property
+    def bad_lines(self) -> int:
+        return sum(f["bad_lines"] for f in self.files)
+
+    def run(self, scenario: Optional[str] = None, design: Optional[str] = None) -> dict[str, Any]:
+        """The one run matching the filters (tests and reports use this)."""
+        found = [r for r in self.slotscope_runs
+                 if (scenario is None or r["scenario"] == scenario)
+                 and (design is None or r["design"] == design)]
+        if len(found) != 1:
+            raise LookupError(f"{len(found)} runs match scenario={scenario} design={design}")
+        return found[0]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"files": self.files, "spans": self.spans, "bad_lines": self.bad_lines,
+                "slotscope_runs": self.slotscope_runs, "foreign": self.foreign}
+
+    def render_text(self) -> str:
+        return render_text(self)
+
+
+def render_text(res: TraceAnalysis) -> str:
+    out: list[str] = []
+    out.append("Files")
+    out.append(format_table(("file", "documents", "spans", "bad lines"),
+                            [(f["path"], f["documents"], f["spans"], f["bad_lines"])
+                             for f in res.files]))
+    for f in res.files:
+        for b in f["bad"]:
+            out.append(f"  skipped {f['path']}:{b['line']}: {b['reason']}")
+    for r in res.slotscope_runs:
+        out.append("")
+        out.append(f"slotscope run: {r['run']}  (version {r['service_version']}, "
+                   f"{r['spans']} spans, {r['error_spans']} with status ERROR)")
+        out.append(f"  boundaries {r['boundaries']}, diverging {r['diverging']} "
+                   f"(swa_loc longer {r['longer']}, shorter {r['shorter']}); from {r['source']}")
+        for dim in DIMENSIONS:
+            rows = r["divergence"][dim]
+            out.append("")
+            out.append(f"  shape divergence by {dim.replace('_', ' ')}")
+            out.append(format_table((dim, "boundaries", "agree", "longer", "shorter"),
+                                    [(k, v["boundaries"], v["agree"], v["longer"], v["shorter"])
+                                     for k, v in rows.items()], indent="    "))
+        out.append("")
+        out.append(f"  findings by class ({r['findings_total']} in all)")
+        classes = [c for c in FINDING_CLASSES if any(c in per for per in r["findings"].values())]
+        if classes:
+            out.append(format_table(["backend"] + classes,
+                                    [[b] + [per.get(c, 0) for c in classes]
+                                     for b, per in r["findings"].items()], indent="    "))
+        else:
+            out.append("    none")
+        fd = r["first_divergence"]
+        out.append("")
+        if fd:
+            out.append(f"  first divergence: step {fd['step']}, backend {fd['backend']}, layer "
+                       f"{fd['layer']} ({fd['layer_kind']}): swa_loc {fd['swa_loc_len']} vs loc "
+                       f"{fd['loc_len']} ({fd['direction']}), mode {fd['mode']}, "
+                       f"graph {fd['graph_path']}")
+        else:
+            out.append("  first divergence: none")
+        fe = r["first_error"]
+        if fe:
+            out.append(f"  first error: step {fe['step']}, backend {fe['backend']}, layer "
+                       f"{fe['layer']}: {fe['message']}")
+    fo = res.foreign
+    if fo["spans"]:
+        out.append("")
+        out.append(f"Other spans: {fo['spans']} ({fo['error_spans']} with status ERROR)"
+                   + (f", {fo['names_folded']} folded into (other)" if fo["names_folded"] else ""))
+        out.append(format_table(("name", "count", "total ms", "mean ms", "p50 ms", "max ms"),
+                                [(n["name"], n["count"], n["total_ns"] / 1e6, n["mean_ns"] / 1e6,
+                                  n["p50_ns"] / 1e6, n["max_ns"] / 1e6) for n in fo["names"]]))
+    if not res.slotscope_runs and not fo["spans"]:
+        out.append("")
+        out.append("no spans found")
+    return "\n".join(out) + "\n"
+
+
+def analyze_files(paths: Iterable[Union[str, os.PathLike[str]]],
+                  skip_bad: bool = False) -> TraceAnalysis:
+    """Analyse OTLP JSON files; raises TraceFormatError (file:line) unless ``skip_bad``."""
+    an = Analyzer(skip_bad=skip_bad)
+    for p in paths:
+        an.add_file(p)
+    return an.result()
