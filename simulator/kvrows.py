@@ -17,8 +17,16 @@ from .records import PAD_TAG
 
 TAG_LANES = 8            # 8 nibbles: tags up to 2**32 - 3
 MIN_ROW_WIDTH = TAG_LANES + 1
-_SHIFTS = torch.arange(TAG_LANES, dtype=torch.int64) * 4
+_SHIFTS: dict[torch.device, torch.Tensor] = {}
 INVALID_TAG = -2         # a row whose tag lanes are not a valid encoding (corrupted)
+
+
+def _shifts(device: torch.device) -> torch.Tensor:
+    """Nibble shifts on ``device``, made once: no host-to-device copy later (CUDA-graph capture safe)."""
+    t = _SHIFTS.get(device)
+    if t is None:
+        t = _SHIFTS[device] = torch.arange(TAG_LANES, dtype=torch.int64, device=device) * 4
+    return t
 
 
 def row_dtype(kv_dtype: str) -> torch.dtype:
@@ -34,7 +42,7 @@ def encode_rows(tags: torch.Tensor, layer: int, heads: int, head_dim: int, dtype
     if width < MIN_ROW_WIDTH:
         raise ValueError(f"a K/V row needs at least {MIN_ROW_WIDTH} lanes, got heads*head_dim={width}")
     code = (tags.to(torch.int64) + 2)
-    nibbles = (code[:, None] >> _SHIFTS.to(tags.device)) & 0xF
+    nibbles = (code[:, None] >> _shifts(tags.device)) & 0xF
     rows = torch.empty((n, width), dtype=torch.float32, device=tags.device)
     rows[:, :TAG_LANES] = (nibbles + 1).to(torch.float32)
     rows[:, TAG_LANES] = float(layer + 1)
@@ -60,7 +68,7 @@ def decode_tags(rows: torch.Tensor, fp8: bool = False) -> torch.Tensor:
     vals = lanes.to(torch.float32)
     nib = vals.to(torch.int64) - 1        # exact for valid lanes (integers 1..16)
     ok = ((nib >= 0) & (nib <= 15) & (vals == (nib + 1))).all(dim=-1)
-    tags = (nib.clamp_(0, 15) << _SHIFTS.to(rows.device)).sum(dim=-1) - 2
+    tags = (nib.clamp_(0, 15) << _shifts(rows.device)).sum(dim=-1) - 2
     tags = torch.where(ok, tags, torch.full_like(tags, INVALID_TAG))
     return torch.where((vals == 0).all(dim=-1), torch.zeros_like(tags), tags)
 
@@ -69,7 +77,7 @@ def tag_lanes(tags: torch.Tensor, storage: torch.dtype) -> torch.Tensor:
     """The exact stored bits of the tag lanes for ``tags`` (0 -> a zeroed row), ``[n, TAG_LANES]`` in the
     pool's storage dtype: comparing these bits is how the checker avoids decoding every row it reads."""
     code = tags.to(torch.int64) + 2
-    vals = (((code[:, None] >> _SHIFTS.to(tags.device)) & 0xF) + 1).to(torch.float32)
+    vals = (((code[:, None] >> _shifts(tags.device)) & 0xF) + 1).to(torch.float32)
     vals[tags == 0] = 0.0
     if storage == torch.uint8:
         return vals.to(torch.float8_e4m3fn).view(torch.uint8)

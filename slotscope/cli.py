@@ -61,6 +61,8 @@ def _add_run(sub) -> None:
                    help="K/V row geometry of the pool under test (default: real on cuda, compact on cpu)")
     p.add_argument("--store", choices=("torch", "triton"),
                    help="store implementation (default: triton on cuda, torch on cpu)")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="on cuda, run every batch eagerly instead of replaying decode / piecewise CUDA graphs")
     p.add_argument("--trace-level", default="anomaly", choices=("off", "step", "boundary", "anomaly"),
                    help="span detail in trace.otlp.jsonl (default: anomaly)")
     p.add_argument("--otlp-endpoint", help="also export spans live to this OTLP/HTTP collector "
@@ -83,7 +85,7 @@ def cmd_run(args) -> int:
         res = run_scenario(scenario, out, RunOptions(
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
-            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, max_steps=args.max_steps,
+            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs, max_steps=args.max_steps,
             progress=progress))
     finally:
         if progress is not None:

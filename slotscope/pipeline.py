@@ -96,6 +96,7 @@ class RunOptions:
     trace_level: str = "anomaly"
     otlp_endpoint: Optional[str] = None
     report: bool = True
+    cuda_graphs: bool = True              # on CUDA with the Triton store: decode and piecewise graphs
     max_steps: Optional[int] = None
     progress: Optional[Callable[[int, int, int], None]] = None
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
@@ -167,10 +168,16 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             observers.append(trace.observer)
     observer: RunObserver = ObserverFanout(observers) if len(observers) > 1 else observers[0]
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
+    executor = None
+    if device.type == "cuda" and store == "triton" and opts.cuda_graphs:
+        from cuda_path.graphs import CudaGraphExecutor
+
+        executor = CudaGraphExecutor()
+    extra["cuda_graphs"] = executor is not None
     t0 = time.perf_counter()
     result = run_simulation(scenario, design, make_pool_factory(scenario, device, geometry, store), device=device,
                             observer=observer, progress=opts.progress, run_info_extra=extra, version=__version__,
-                            max_steps=opts.max_steps)
+                            max_steps=opts.max_steps, executor=executor)
     timings = {"run_s": time.perf_counter() - t0}
     summary = summary_of(scenario, design, result)
     if out is not None:
@@ -190,7 +197,7 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             "version": __version__, "commit": extra["commit"], "scenario": scenario.name,
             "scenario_path": scenario.source, "scenario_hash": scenario.hash, "design": design.name,
             "design_description": design.description, "seed": scenario.seed, "device": str(device),
-            "device_name": extra["device_name"], "geometry": geometry, "store": store,
+            "device_name": extra["device_name"], "geometry": geometry, "store": store, "cuda_graphs": extra["cuda_graphs"],
             "backends": list(scenario.backends), "layers": [[l.layer, l.kind] for l in result.info.layers],
             "model": scenario.model.name, "window": scenario.model.window,
             "description": scenario.description, "timings": timings, "python": sys.version.split()[0],
