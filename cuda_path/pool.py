@@ -122,6 +122,12 @@ class TaggedKVPool:
         Compares raw bits as int64 words (16 lane bytes -> two words), never decoding rows.
         """
         want = tag_lanes(expected, self.k[kind].dtype).contiguous().view(torch.int64)
+        if self.device.type == "cuda":
+            from .check_kernel import tag_mismatches
+
+            lay = torch.arange(self.k[kind].shape[0], device=self.device) if layers is None else \
+                torch.tensor(layers, dtype=torch.int64, device=self.device)
+            return tag_mismatches(self.k[kind], self.v[kind], self._rows[kind], slots.to(torch.int64), want, lay)
         diff = (self._tag_words(self.k[kind], kind, slots, layers) != want).any(dim=-1)
         diff |= (self._tag_words(self.v[kind], kind, slots, layers) != want).any(dim=-1)
         return diff

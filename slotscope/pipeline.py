@@ -155,6 +155,10 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
         torch.set_num_threads(1)
     geometry = opts.geometry or ("real" if device.type == "cuda" else "compact")
     store = opts.store or ("triton" if device.type == "cuda" else "torch")
+    if store == "triton" and device.type == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--store triton on cpu needs TRITON_INTERPRET=1 before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"    # the same kernel, run by Triton's interpreter
     timeline = ShapeTimeline()
     observers: list[RunObserver] = [timeline, *opts.extra_observers]
     trace = None
@@ -203,16 +207,15 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             "description": scenario.description, "timings": timings, "python": sys.version.split()[0],
             "torch": torch.__version__,
         }
+        (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
         if opts.report:
             t3 = time.perf_counter()
-            try:
-                from reports.html import write_report
-            except ModuleNotFoundError:
-                write_report = None
-            if write_report is not None:
-                write_report(out)
+            from reports.html import write_report
+
+            write_report(out)
             timings["report_s"] = time.perf_counter() - t3
-        (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
+            run_json["timings"] = timings
+            (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
     return RunOutput(result=result, summary=summary, out_dir=out, timings=timings)
 
 

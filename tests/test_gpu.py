@@ -81,3 +81,27 @@ def test_out_of_range_on_gpu_is_reported_and_context_survives():
     torch.cuda.synchronize()            # the context is alive
     kt, _ = pool.read_tags("swa", torch.tensor([3], device="cuda"))
     assert kt[0].tolist() == [5]
+
+
+def test_gpu_check_kernel_matches_the_torch_comparison():
+    from cuda_path.check_kernel import tag_mismatches
+    from simulator.kvrows import tag_lanes
+
+    sc = scenario("smoke")
+    pool = TaggedKVPool(sc.model, 4096, 2048, device="cuda", store_impl="triton")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    slots = torch.randperm(2047, device="cuda", generator=g)[:500] + 1
+    tags = torch.randint(1, 10**6, (500,), device="cuda", generator=g)
+    for layer in range(pool.k["swa"].shape[0]):
+        k, v = pool.make_rows(tags, layer, "swa")
+        pool.store("swa", layer, slots, k, v)
+    expected = tags.clone()
+    expected[::7] += 1                                      # planted differences
+    pool.v["swa"][3, slots[5]] = 0                          # a V-only difference in one layer
+    want = tag_lanes(expected, pool.k["swa"].dtype).contiguous().view(torch.int64)
+    layers = torch.tensor([0, 3, 5], device="cuda")
+    got = tag_mismatches(pool.k["swa"], pool.v["swa"], 2048, slots, want, layers)
+    ref = torch.zeros_like(got)
+    ref[:, ::7] = True
+    ref[1, 5] = True
+    assert torch.equal(got, ref)
