@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 256
+BLOCK = 128
+NUM_WARPS = 2
 
 
 @triton.jit
@@ -20,16 +21,15 @@ def _tag_mismatch_kernel(k_words, v_words, layers, slots, want, out, n, k_layer_
     li = tl.program_id(1)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
+    w = tl.arange(0, NW)[None, :]
+    m2 = m[:, None]
     layer = tl.load(layers + li).to(tl.int64)
     slot = tl.load(slots + i, mask=m, other=0).to(tl.int64)
-    k_base = layer * k_layer_stride + slot * k_row_stride
-    v_base = layer * v_layer_stride + slot * v_row_stride
-    bad = tl.zeros([BLOCK], dtype=tl.int32)
-    for w in tl.static_range(NW):
-        exp = tl.load(want + i * NW + w, mask=m, other=0)
-        kw = tl.load(k_words + k_base + w, mask=m, other=0)
-        vw = tl.load(v_words + v_base + w, mask=m, other=0)
-        bad = bad | (kw != exp).to(tl.int32) | (vw != exp).to(tl.int32)
+    # each row's tag words in one vector load (16 bytes for bf16/fp16 pools)
+    exp = tl.load(want + i[:, None] * NW + w, mask=m2, other=0)
+    kw = tl.load(k_words + (layer * k_layer_stride + slot * k_row_stride)[:, None] + w, mask=m2, other=0)
+    vw = tl.load(v_words + (layer * v_layer_stride + slot * v_row_stride)[:, None] + w, mask=m2, other=0)
+    bad = tl.max(((kw != exp) | (vw != exp)).to(tl.int32), axis=1)
     tl.store(out + li * n + i, bad.to(tl.int8), mask=m)
 
 
@@ -46,5 +46,5 @@ def tag_mismatches(k: torch.Tensor, v: torch.Tensor, rows: int, slots: torch.Ten
         return out.bool()
     grid = (triton.cdiv(n, BLOCK), layers.shape[0])
     _tag_mismatch_kernel[grid](kw, vw, layers, slots, want.contiguous(), out, n, kw.stride(0), kw.stride(1),
-                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=BLOCK, num_warps=4)
+                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=BLOCK, num_warps=NUM_WARPS)
     return out.bool()
