@@ -377,7 +377,7 @@ def main(argv=None) -> int:
             r[f"{what}_pct_sector"] = 100.0 * r["copy_best_ms"] / r[f"{what}_device_ms"]
             r[f"{what}_pct_useful"] = r[f"{what}_pct_sector"] * useful_bytes / sector_bytes
         check_rows.append(r)
-        del check_sets, copy
+        check_sets = copy = None  # free the input sets before the next size
     if any("fused_sweep" in r for r in check_rows):
         print("\n# fused tag check, launch configurations: % of copy (sector bytes), device time")
         swept = [r for r in check_rows if "fused_sweep" in r]
@@ -429,7 +429,7 @@ def main(argv=None) -> int:
             r["check_pct_of_copy"] = 100.0 * r["copy_best_ms"] / r["check_device_ms"]
             r["check_gbps"] = gbps(moved, r["check_device_ms"])
             pool_check_rows.append(r)
-            del sets, copy
+            sets = copy = None
         print("\n# checker kernel (cuda_path.check_kernel.tag_mismatches): K+V tag sectors at N slots, "
               f"device time (target >= {TARGETS['check_pct_sector_bytes']:.0f}% of copy)")
         print(f"{'N':>8} {'GB/s':>9} {'% copy':>8} {'eager us':>9}  ok")

@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 
 from simulator.checker import LayerWrite
-from simulator.execute import BackendStep, EagerExecutor, observe, write_target
+from simulator.execute import BackendStep, EagerExecutor, observe, store_layer, write_target
 from simulator.kvrows import TAG_LANES, encode_rows, pad_tags
 from simulator.pool import KVLengthMismatch
 
@@ -185,13 +185,6 @@ class CudaGraphExecutor:
             k, v = piece.k[:n], piece.v[:n]
             wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
             target = write_target(design, wl, layer, s)
-            t0 = s.now()
-            try:
-                s.pool.store(layer.kind, layer.index, target, k, v)   # eager, between pieces
-                err = None
-            except KVLengthMismatch as e:
-                err = str(e)
-            observe(s, layer, wl, t0, s.now(), err)
-            writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
+            writes.append(store_layer(s, layer, wl, target, k, v))     # eager, between pieces
         return writes
 

@@ -7,7 +7,6 @@ boundary observations, so the checker and the tracer cannot tell them apart.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -77,6 +76,19 @@ def observe(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, t0: int, t1: int, 
                            "" if swa is None else dtype_name(swa.dtype), t0, t1, err)
 
 
+def store_layer(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, target: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> LayerWrite:
+    """One layer's store, timed and observed; a length mismatch is recorded, not raised."""
+    t0 = s.now()
+    try:
+        s.pool.store(layer.kind, layer.index, target, k, v)
+        err = None
+    except KVLengthMismatch as e:
+        err = str(e)
+    observe(s, layer, wl, t0, s.now(), err)
+    return LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err)
+
+
 class EagerExecutor:
     """Every layer's write location built and stored from Python, one layer after another."""
 
@@ -87,12 +99,5 @@ class EagerExecutor:
             wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
             target = write_target(design, wl, layer, s)
             k, v = rows_for(s, layer)
-            t0 = s.now()
-            try:
-                s.pool.store(layer.kind, layer.index, target, k, v)
-                err = None
-            except KVLengthMismatch as e:
-                err = str(e)
-            observe(s, layer, wl, t0, s.now(), err)
-            writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
+            writes.append(store_layer(s, layer, wl, target, k, v))
         return writes

@@ -6,7 +6,7 @@ scenario's ``[model]`` table.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .records import LayerInfo
 

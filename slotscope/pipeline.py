@@ -24,8 +24,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from simulator.designs import Design, load_design
-from simulator.observe import NullObserver, ObserverFanout, RunObserver
-from simulator.records import FINDING_CLASSES, Finding, RunInfo, StepRecord
+from simulator.observe import ObserverFanout, RunObserver
+from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult, run_simulation
 from simulator.scenario import Scenario, load_scenario
 
