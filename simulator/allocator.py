@@ -155,6 +155,31 @@ class HybridAllocator:
         slots.swa_evicted = end
         return end - begin
 
+    def truncate(self, slots: RequestSlots, length: int) -> int:
+        """Give back the slots of positions [length, slots.length) in both pools; returns how many.
+
+        Speculative decoding allocates draft and verify tokens that the target may reject. Whole
+        pages past the page holding position ``length - 1`` go back to the free lists; the rest of
+        that page stays with the request (its mapping entries reset) and is refilled by the next
+        ``extend``. Positions past ``length`` always have their SWA slot: eviction stops short of the
+        window, which ends at the request's last token.
+        """
+        n = slots.length
+        if length >= n:
+            return 0
+        if length < slots.swa_evicted:
+            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
+        p = self.page_size
+        kept_end = -(-length // p) * p          # first position of the first page that is no longer used
+        if kept_end < n:
+            self._full.push(slots.full[kept_end:n:p] // p)
+            self._swa.push(slots.swa[kept_end:n:p] // p)
+        self.full_to_swa[slots.full[length:n]] = 0
+        slots.full[length:n] = 0
+        slots.swa[length:n] = 0
+        slots.length = length
+        return n - length
+
     def free(self, slots: RequestSlots) -> None:
         """Free every slot of a finished request, in both pools."""
         p, n = self.page_size, slots.length

@@ -5,7 +5,9 @@ the ``out_cache_loc`` it sees into ``swa_out_cache_loc`` once per forward (under
 into a static buffer that the design refreshes); each layer then builds its write location from the
 ``loc`` *it* sees (narrowed to the real token count under piecewise graphs) and the metadata's
 ``swa_loc``. Backends differed historically in one way that matters here: trtllm_mha sliced its own
-``swa_loc`` to ``len(loc)`` before the generic fix (#29457).
+``swa_loc`` to ``len(loc)`` before the generic fix (#29457). With speculative decoding each backend
+also has a draft-model instance (its own metadata and graph runners' static buffers); triton's
+EAGLE draft-extend CUDA-graph path builds no window (SWA) indices (#29858, open).
 """
 from __future__ import annotations
 
@@ -17,16 +19,20 @@ import torch
 from .batch import ForwardBatch
 from .designs import BoundaryContext, Design, KVWriteLoc
 from .scenario import BACKENDS, EngineConfig
+from .records import STATIC_GRAPHS
 
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
     name: str
     slices_swa_loc: bool = False   # sliced swa_loc itself before KVWriteLoc existed as a fix
+    # builds window (SWA) indices in the EAGLE draft-extend CUDA-graph path; triton's does not (#29858)
+    draft_extend_graph_window: bool = True
 
 
 BACKEND_SPECS: dict[str, BackendSpec] = {
-    name: BackendSpec(name, slices_swa_loc=(name == "trtllm_mha")) for name in BACKENDS
+    name: BackendSpec(name, slices_swa_loc=(name == "trtllm_mha"), draft_extend_graph_window=(name != "triton"))
+    for name in BACKENDS
 }
 
 
@@ -48,9 +54,15 @@ class BackendBoundary:
         self.engine = engine
         self.device = device
         max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
+        spec = engine.speculative
+        # rows of a graph: one per request, or num_draft_tokens per request for TARGET_VERIFY / DRAFT_EXTEND
+        self.max_rows = max_bs * (spec.num_draft_tokens if spec.enabled else 1)
         # decode-graph static buffers, allocated once like the graph runner's, reused every replay
-        self.graph_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
-        self.graph_swa_loc = torch.zeros(max_bs, dtype=design.graph_swa_dtype, device=device)
+        self.graph_loc = torch.zeros(self.max_rows, dtype=torch.int64, device=device)
+        self.graph_swa_loc = torch.zeros(self.max_rows, dtype=design.graph_swa_dtype, device=device)
+        # each graph runner has its own static buffers (the draft runners only with speculative decoding)
+        self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {"decode_graph": (self.graph_loc,
+                                                                                        self.graph_swa_loc)}
 
     @property
     def name(self) -> str:
@@ -59,15 +71,16 @@ class BackendBoundary:
     def init_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor,
                       full_to_swa: torch.Tensor) -> ForwardMetadata:
         real = batch.num_token_non_padded
-        if batch.graph == "decode_graph":
+        if batch.graph in STATIC_GRAPHS:
+            graph_loc, graph_swa_loc = self.static_buffers(batch.graph)
             padded = batch.padded_len
             n = out_cache_loc.shape[0]
-            self.graph_loc[:n].copy_(out_cache_loc)
-            self.graph_loc[n:padded].fill_(batch.pad_value)
+            graph_loc[:n].copy_(out_cache_loc)
+            graph_loc[n:padded].fill_(batch.pad_value)
             translated = self.design.translate(out_cache_loc, full_to_swa)
-            self.design.fill_graph_swa_buffer(self.graph_swa_loc, translated, padded)
-            loc = self.graph_loc[:padded]
-            return ForwardMetadata(layer_loc=loc, swa_loc=self.graph_swa_loc[:padded], rows=padded)
+            self.design.fill_graph_swa_buffer(graph_swa_loc, translated, padded)
+            loc = graph_loc[:padded]
+            return ForwardMetadata(layer_loc=loc, swa_loc=graph_swa_loc[:padded], rows=padded)
         swa = self.design.translate(out_cache_loc, full_to_swa)
         if batch.graph == "piecewise":
             if self.engine.piecewise_shrink:
@@ -80,6 +93,15 @@ class BackendBoundary:
             return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]))
         return ForwardMetadata(layer_loc=out_cache_loc, swa_loc=swa, rows=int(out_cache_loc.shape[0]))
 
+    def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loc, swa_loc) static buffers of a graph runner, allocated at its first replay, then reused."""
+        bufs = self._static.get(graph)
+        if bufs is None:
+            bufs = self._static[graph] = (
+                torch.zeros(self.max_rows, dtype=torch.int64, device=self.device),
+                torch.zeros(self.max_rows, dtype=self.design.graph_swa_dtype, device=self.device))
+        return bufs
+
     def write_loc(self, meta: ForwardMetadata, batch: ForwardBatch, layer: int, kind: str) -> KVWriteLoc:
         swa: Optional[torch.Tensor] = meta.swa_loc
         loc = meta.layer_loc
@@ -87,5 +109,6 @@ class BackendBoundary:
             swa = swa[: loc.shape[0]]
         ctx = BoundaryContext(backend=self.spec.name, backend_slices_swa_loc=self.spec.slices_swa_loc,
                               layer=layer, kind=kind, mode=batch.mode, graph=batch.graph,
-                              num_token_non_padded=batch.num_token_non_padded)
+                              num_token_non_padded=batch.num_token_non_padded,
+                              backend_draft_extend_graph_window=self.spec.draft_extend_graph_window)
         return self.design.make_write_loc(loc, swa, ctx)

@@ -14,8 +14,8 @@ import numpy as np
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
     step: int
-    mode: str                     # extend | decode | mixed (speculative modes later)
-    graph: str                    # eager | decode_graph | piecewise
+    mode: str                     # extend | decode | mixed | draft_decode | target_verify | draft_extend
+    graph: str                    # eager | decode_graph | piecewise | draft_graph | draft_extend_graph
     out_cache_loc: np.ndarray     # int64, as seen at metadata init: real rows then DP padding
     num_token_non_padded: int     # real tokens, recorded before DP padding
     padded_len: int               # rows the graph runs: capture size, or len(out_cache_loc) when eager

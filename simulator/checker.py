@@ -42,8 +42,11 @@ class LayerWrite:
 
 class Checker:
     def __init__(self, reference: ReferencePool, owner_of: Callable[[int], Owner], reserved: np.ndarray,
-                 max_detail: int = 100_000):
+                 max_detail: int = 100_000, pool_layers: Optional[dict[str, int]] = None):
         self.reference = reference
+        # layers per sub-pool of the pool under test, when it holds more than the layers written (a draft
+        # model's pool laid out like the target's); None: every layer of a kind is written every step
+        self.pool_layers = pool_layers
         self.owner_of = owner_of
         self.reserved = reserved            # slots of the reserved/padding page(s): never compared
         self.max_detail = max_detail
@@ -146,7 +149,8 @@ class Checker:
         if cand_t.numel() == 0:
             return
         idx = [w.index for w in ok_layers]
-        all_layers = len(idx) == len(writes) and idx == list(range(len(idx)))
+        all_layers = (len(idx) == len(writes) and idx == list(range(len(idx)))
+                      and (self.pool_layers is None or self.pool_layers.get(kind) == len(idx)))
         exp_t = self.reference.expected_on[kind][cand_t]
         diff = pool.mismatches(kind, cand_t, exp_t, None if all_layers else idx)
         if not bool(diff.any()):

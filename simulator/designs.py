@@ -7,7 +7,13 @@ A design decides three things that SGLang's history changed, and that a proposed
 * ``make_write_loc``: how a layer's ``KVWriteLoc`` is built from the ``loc`` the layer sees and the
   backend metadata's ``swa_loc`` (bug B1, #29460: nothing sliced a longer ``swa_loc``);
 * ``padding``: the padding convention (SGLang's reserved slot 0; vLLM's -1 with skip; a dummy
-  request's slots as in mini-sglang).
+  request's slots as in mini-sglang);
+* ``size_draft_pools``: with speculative decoding, how many slots the draft model's pools get (bug B3,
+  #17630: sized from the token count before the SWA adjustment, smaller than the target's full pool).
+
+The draft model's layers cross the same ``make_write_loc`` (``ctx.mode`` is ``draft_extend`` or
+``draft_decode`` there). The designs of the bug corpus beyond SGLang's own states live in
+:mod:`simulator.corpus_designs` and are registered here.
 
 Users write their own by subclassing :class:`Design` in a Python file and passing
 ``--design path/to/file.py:ClassName`` (see README, "Writing a design").
@@ -54,10 +60,15 @@ class BoundaryContext:
     mode: str
     graph: str
     num_token_non_padded: int
+    # the backend builds window (SWA) indices in the EAGLE draft-extend CUDA-graph path (triton: no, #29858)
+    backend_draft_extend_graph_window: bool = True
 
 
 class Design:
-    """Base design: SGLang after both fixes (#24743 and #29460). Override what your design changes."""
+    """Base design: SGLang after the corpus's fixes (#24743, #29460, #17630, and the open #29858).
+
+    Override what your design changes.
+    """
 
     name: str = "design"
     description: str = ""
@@ -81,12 +92,29 @@ class Design:
             swa_loc = swa_loc[: loc.shape[0]]
         return KVWriteLoc(loc, swa_loc)
 
+    def size_draft_pools(self, target_full: int, target_swa: int, draft_full: int, draft_swa: int) -> tuple[int, int]:
+        """Speculative decoding: slots of the draft's (full, SWA) pools, given the target's and the configured.
+
+        The draft shares the target's allocator, so it writes at the target's indices: since #17630
+        its pools are at least as large as the target's.
+        """
+        return max(draft_full, target_full), max(draft_swa, target_swa)
+
 
 class SGLangPost29460(Design):
     name = "sglang-post-29460"
     description = ("KVWriteLoc.__post_init__ keeps the first len(loc) entries of swa_loc when lengths differ "
                    "(#29460); decode graph SWA buffer zeroed past the real batch (#24743). A shorter swa_loc "
-                   "passes through unchanged: the fix's gap.")
+                   "passes through unchanged: the fix's gap. With speculative decoding on a hybrid SWA draft, "
+                   "triton's EAGLE draft-extend CUDA graph has no window indices (B4, #29858 open).")
+
+    def make_write_loc(self, loc, swa_loc, ctx):
+        if (ctx.kind == "swa" and ctx.mode == "draft_extend" and ctx.graph == "draft_extend_graph"
+                and not ctx.backend_draft_extend_graph_window):
+            # B4: no window indices were built for this graph; the draft's SWA layers address the SWA pool
+            # with full-pool indices (slotscope sees at the write what the real kernels read)
+            return KVWriteLoc(loc, loc)
+        return super().make_write_loc(loc, swa_loc, ctx)
 
 
 class SGLangPre29460(Design):
@@ -117,6 +145,9 @@ def register(cls: type[Design]) -> type[Design]:
     """Add a design class to the built-in table (used by the corpus of extra designs)."""
     BUILTIN_DESIGNS[cls.name] = cls
     return cls
+
+
+from . import corpus_designs as _corpus_designs  # noqa: E402  (registers the corpus's designs)
 
 
 def load_design(spec: str) -> Design:

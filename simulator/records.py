@@ -25,8 +25,16 @@ LAYER_KINDS: tuple[str, ...] = ("full", "swa")
 #: Forward modes a ForwardBatch can have.
 FORWARD_MODES: tuple[str, ...] = ("extend", "decode", "mixed", "draft_extend", "draft_decode", "target_verify")
 
-#: Graph paths: how a batch runs (eagerly, replaying a decode CUDA graph, or piecewise graphs).
-GRAPH_PATHS: tuple[str, ...] = ("eager", "decode_graph", "piecewise")
+#: Graph paths: how a batch runs (eagerly, replaying a decode CUDA graph, or piecewise graphs; with
+#: speculative decoding also the draft model's own graph runners for DRAFT_DECODE and DRAFT_EXTEND;
+#: TARGET_VERIFY replays the decode graph runner).
+GRAPH_PATHS: tuple[str, ...] = ("eager", "decode_graph", "piecewise", "draft_graph", "draft_extend_graph")
+
+#: Forward modes run by the speculative draft model (its own layers and pools).
+DRAFT_MODES: tuple[str, ...] = ("draft_extend", "draft_decode")
+
+#: Graph paths that replay a graph over static location buffers, refreshed at metadata init.
+STATIC_GRAPHS: tuple[str, ...] = ("decode_graph", "draft_graph", "draft_extend_graph")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,7 @@ class LayerInfo:
     layer: int
     kind: str        # "full" | "swa"
     index: int       # index inside its sub-pool
+    draft: bool = False   # a layer of the speculative draft model (its own pools); ids follow the target's
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,19 @@ class ReferencePool:
 
     def apply(self, truth: BatchTruth) -> None:
         """Frees first (they happened while the step was scheduled), then the step's writes."""
+        self.apply_frees(truth)
+        self.apply_writes(truth)
+
+    def apply_frees(self, truth: BatchTruth) -> None:
+        """The slots freed before the step. With speculative decoding the draft's reference takes every
+        step's frees too: target and draft share one allocator, so a freed index is free in both."""
         self.live["full"][truth.freed_full] = False
         self.live["swa"][truth.freed_swa] = False
         self.evicted[truth.freed_swa] = False
         self.evicted[truth.evicted_swa] = True
+
+    def apply_writes(self, truth: BatchTruth) -> None:
+        """The step's tokens, in the slots the allocator gave them (only the model that runs the step)."""
         self.expected["full"][truth.full_slots] = truth.tags
         self.live["full"][truth.full_slots] = True
         self.expected["swa"][truth.swa_slots] = truth.tags

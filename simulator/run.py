@@ -15,15 +15,16 @@ import torch
 
 from .allocator import HybridAllocator, RequestSlots
 from .backends import BACKEND_SPECS, BackendBoundary
-from .checker import Checker, LayerWrite
+from .checker import Checker
 from .designs import Design
 from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
 from .pool import PoolWriter
-from .records import FINDING_CLASSES, Finding, RunInfo, StepRecord
+from .records import DRAFT_MODES, FINDING_CLASSES, Finding, RunInfo, StepRecord
 from .reference import ReferencePool
 from .scenario import Scenario
 from .scheduler import Scheduler
+from .speculative import DraftPoolFactory, ModelSide, build_draft_side
 from .workload import make_requests
 
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
@@ -87,6 +88,7 @@ def run_simulation(
     version: str = "0",
     max_steps: Optional[int] = None,
     executor: Optional[LayerExecutor] = None,
+    make_draft_pool: Optional[DraftPoolFactory] = None,
 ) -> RunResult:
     device = torch.device(device)
     run_layers: LayerExecutor = executor or EagerExecutor()
@@ -106,13 +108,20 @@ def run_simulation(
         pad_slots = (pad_value, int(dummy.swa[0]))
 
     requests = make_requests(scenario.workload, rng)
-    scheduler = Scheduler(scenario, alloc, requests, rng, pad_value=pad_value)
+    scheduler = Scheduler(scenario, alloc, requests, rng, pad_value=pad_value,
+                          pad_to_capture=design.padding == "dummy")
     reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
     checker = Checker(reference, scheduler.owner_of, reserved)
     layers = scenario.model.layers()
     backends = {b: BackendBoundary(BACKEND_SPECS[b], design, scenario.engine, device) for b in scenario.backends}
     pools = {b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends}
     stats = {b: BackendStats() for b in scenario.backends}
+    target = ModelSide(layers, backends, pools, reference, checker, alloc.full_size, alloc.swa_size)
+    draft: Optional[ModelSide] = None
+    if scenario.engine.speculative.enabled:
+        draft = build_draft_side(scenario, design, alloc, make_pool, make_draft_pool, skip_index,
+                                 scheduler.owner_of, reserved, device)
+    sides = (target,) if draft is None else (target, draft)
 
     if device.type == "cpu":
         mapping = torch.from_numpy(alloc.full_to_swa)      # shares memory: always current
@@ -121,7 +130,8 @@ def run_simulation(
 
     info = RunInfo(
         scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
-        seed=scenario.seed, backends=tuple(scenario.backends), layers=layers, device=str(device), version=version,
+        seed=scenario.seed, backends=tuple(scenario.backends), layers=tuple(li for m in sides for li in m.layers),
+        device=str(device), version=version,
         extra=dict(run_info_extra or {}),
     )
     obs.on_run_start(info)
@@ -138,7 +148,10 @@ def run_simulation(
         if max_steps is not None and n_step >= max_steps:
             break
         t_step = now()
-        reference.apply(truth)
+        side = draft if draft is not None and batch.mode in DRAFT_MODES else target
+        for m in sides:
+            m.reference.apply_frees(truth)
+        side.reference.apply_writes(truth)
         if device.type != "cpu" and truth.mapping_changed.size:
             ch = torch.from_numpy(truth.mapping_changed).to(device)
             mapping[ch] = torch.from_numpy(alloc.full_to_swa[truth.mapping_changed]).to(device)
@@ -146,19 +159,20 @@ def run_simulation(
         tags = torch.from_numpy(truth.tags).to(device)
         rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         step = batch.step
-        for name, boundary in backends.items():
-            pool = pools[name]
+        for name, boundary in side.boundaries.items():
+            pool = side.pools[name]
             meta = boundary.init_metadata(batch, loc, mapping)
-            writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, layers, tags, obs, now, rows_cache))
-            crossings += len(layers)
+            writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, obs, now,
+                                                rows_cache))
+            crossings += len(side.layers)
             st = stats[name]
-            st.writes += len(layers)
-            fs, counts = checker.check(step, name, pool, truth, writes, pad_slots)
+            st.writes += len(side.layers)
+            fs, counts = side.checker.check(step, name, pool, truth, writes, pad_slots)
             if any(counts.values()):
                 for c, n in counts.items():
                     st.findings[c] += n
                 if st.first_finding is None:
-                    st.first_finding = checker.first.get(name)
+                    st.first_finding = side.checker.first.get(name)
                 findings.extend(fs)
                 obs.on_findings(fs)
         rec = StepRecord(
@@ -173,5 +187,5 @@ def run_simulation(
             progress(step, scheduler.finished_count, scheduler.total_requests)
     obs.on_run_end()
     return RunResult(info=info, backends=stats, findings=findings, steps=steps,
-                     findings_truncated=checker.truncated, crossings=crossings,
+                     findings_truncated=any(m.checker.truncated for m in sides), crossings=crossings,
                      wall_s=time.perf_counter() - wall0)

@@ -18,12 +18,14 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from .models import KV_DTYPES, PRESETS, KVGeometry, Model, parse_pattern
-from .padding import default_decode_capture_sizes, default_piecewise_capture_sizes
+from .padding import (default_decode_capture_sizes, default_piecewise_capture_sizes,
+                      speculative_decode_capture_sizes)
 
 BACKENDS: tuple[str, ...] = (
     "flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa",
 )
 ARRIVALS = ("all_at_once", "poisson")
+SPEC_ALGORITHMS = ("eagle",)
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
 
 
@@ -107,6 +109,40 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """EAGLE-style speculative decoding (chain drafting, topk 1) with a draft model that has its own pools.
+
+    The draft shares the target's allocator (SGLang's draft worker shares its token-to-KV allocator): its
+    full layers are addressed by ``out_cache_loc``, its SWA layers by ``full_to_swa[out_cache_loc]``. So
+    its pools must hold at least as many slots as the target's; B3 (#17630) is a draft pool sized smaller.
+    """
+
+    enabled: bool = False
+    algorithm: str = "eagle"
+    num_draft_tokens: int = 4                 # tokens verified per request per round (num_steps + 1)
+    accept_rate: float = 0.7                  # chance each drafted token is accepted; the chain stops at a reject
+    draft_layers: tuple[str, ...] = ("full",)
+    draft_full_size: Optional[int] = None     # None: the target's pool.full_size
+    draft_swa_ratio: Optional[float] = None   # None: the target's pool.swa_ratio
+
+    @property
+    def num_steps(self) -> int:
+        """Draft decode forwards per round (EAGLE's speculative_num_steps, topk 1)."""
+        return self.num_draft_tokens - 1
+
+    def draft_pool(self, target: "PoolConfig") -> "PoolConfig":
+        """The draft's pool sizes as configured (a design may enlarge them: see Design.size_draft_pools)."""
+        return PoolConfig(
+            full_size=self.draft_full_size if self.draft_full_size is not None else target.full_size,
+            swa_ratio=self.draft_swa_ratio if self.draft_swa_ratio is not None else target.swa_ratio,
+            page_size=target.page_size,
+        )
+
+
+NO_SPECULATIVE = SpeculativeConfig()
+
+
+@dataclass(frozen=True, slots=True)
 class EngineConfig:
     chunked_prefill_size: int = 8192
     max_running_requests: int = 1024
@@ -118,6 +154,7 @@ class EngineConfig:
     piecewise_shrink: bool = True
     cuda_graph: bool = True
     cuda_graph_bs: tuple[int, ...] = field(default_factory=default_decode_capture_sizes)
+    speculative: SpeculativeConfig = NO_SPECULATIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,9 +389,40 @@ def _sorted_unique(t: _Table, key: str, values: tuple[int, ...]) -> tuple[int, .
     return values
 
 
-def _engine(t: _Table) -> EngineConfig:
+def _speculative(t: _Table, pool: PoolConfig) -> SpeculativeConfig:
+    enabled = t.get("enabled", bool, True)
+    algorithm = t.get("algorithm", str, "eagle", allowed=SPEC_ALGORITHMS)
+    num_draft_tokens = t.get("num_draft_tokens", int, 4, minimum=2, maximum=64)
+    accept_rate = t.get("accept_rate", float, 0.7, minimum=0.0, maximum=1.0)
+    try:
+        draft_layers = parse_pattern(t.get("draft_layers", str, "F"))
+    except ValueError as e:
+        raise t.fail("draft_layers", str(e)) from None
+    if not draft_layers:
+        raise t.fail("draft_layers", "must hold at least one layer (an EAGLE draft has one: \"F\")")
+    page = pool.page_size
+    draft_full = t.get("draft_full_size", int, None, minimum=page * 2)
+    if draft_full is not None and draft_full % page:
+        raise t.fail("draft_full_size", f"must be a multiple of pool.page_size {page}, got {draft_full}")
+    ratio = t.get("draft_swa_ratio", float, None, minimum=0.0, maximum=1.0)
+    cfg = SpeculativeConfig(enabled=enabled, algorithm=algorithm, num_draft_tokens=num_draft_tokens,
+                            accept_rate=accept_rate, draft_layers=draft_layers, draft_full_size=draft_full,
+                            draft_swa_ratio=ratio)
+    if "swa" in draft_layers and cfg.draft_pool(pool).swa_size < page:
+        key = "draft_swa_ratio" if ratio is not None else "draft_full_size"
+        raise t.fail(key, f"leaves the draft an SWA pool of {cfg.draft_pool(pool).swa_size} slots, smaller than "
+                          f"one page ({page})")
+    t.done()
+    return cfg
+
+
+def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
     d = EngineConfig()
+    spec_t = t.table("speculative")
+    spec = _speculative(spec_t, pool) if spec_t is not None else NO_SPECULATIVE
     pcg_max = t.get("piecewise_max_tokens", int, 4096, minimum=4)
+    # with speculative decoding SGLang captures its decode graphs at the speculative batch sizes
+    bs_sizes = speculative_decode_capture_sizes if spec.enabled else default_decode_capture_sizes
     cfg = EngineConfig(
         chunked_prefill_size=t.get("chunked_prefill_size", int, d.chunked_prefill_size, minimum=1),
         max_running_requests=t.get("max_running_requests", int, d.max_running_requests, minimum=1),
@@ -369,9 +437,12 @@ def _engine(t: _Table) -> EngineConfig:
         cuda_graph=t.get("cuda_graph", bool, d.cuda_graph),
         cuda_graph_bs=_sorted_unique(
             t, "cuda_graph_bs",
-            t.int_list("cuda_graph_bs", default_decode_capture_sizes(t.get("cuda_graph_max_bs", int, 256, minimum=1)),
-                       minimum=1)),
+            t.int_list("cuda_graph_bs", bs_sizes(t.get("cuda_graph_max_bs", int, 256, minimum=1)), minimum=1)),
+        speculative=spec,
     )
+    if spec.enabled and cfg.mixed_chunk:
+        raise t.fail("mixed_chunk", "cannot be true with speculative decoding (SGLang turns mixed chunked "
+                                    "prefill off under speculative decoding)")
     t.done()
     return cfg
 
@@ -399,7 +470,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     pool = _pool(top.table("pool", required=True))
     workload = _workload(top.table("workload", required=True))
     engine_t = top.table("engine")
-    engine = _engine(engine_t) if engine_t else EngineConfig()
+    engine = _engine(engine_t, pool) if engine_t else EngineConfig()
     top.done()
     return Scenario(name=name, description=description, seed=seed, design=design, backends=tuple(backends),
                     model=model, pool=pool, workload=workload, engine=engine, source=source, raw=text)

@@ -9,6 +9,16 @@ and a bound on its SWA-pool need, so allocation never fails mid-request.
 Per step it yields a :class:`ForwardBatch` (what backends see) and a :class:`BatchTruth` (what the
 oracle knows). Padding is applied as the engine does: DP-attention padding first (to the largest
 token count over the DP ranks, pad value in ``out_cache_loc``), then the graph's capture size.
+
+With speculative decoding (EAGLE, chain drafting) a prefill batch is followed by the draft model's
+DRAFT_EXTEND over the same tokens, and every decode round is ``num_steps`` DRAFT_DECODE forwards (one
+token per request each, in slots given back after the round's drafting), one TARGET_VERIFY forward
+(``num_draft_tokens`` tokens per request), then a DRAFT_EXTEND forward over the tokens the target
+accepted; the rejected ones give their slots back. Decode-like speculative forwards pad to the
+speculative capture sizes: TARGET_VERIFY replays the decode graph runner, DRAFT_DECODE and
+DRAFT_EXTEND the draft's own graph runners (graph paths ``draft_graph``, ``draft_extend_graph``).
+Every forward is generated lazily: the allocator's state (and so ``full_to_swa``) is the one the
+forward runs under when the run loop receives it.
 """
 from __future__ import annotations
 
@@ -22,7 +32,7 @@ import numpy as np
 from .allocator import HybridAllocator, RequestSlots
 from .batch import BatchTruth, ForwardBatch
 from .padding import smallest_capture
-from .records import Owner
+from .records import STATIC_GRAPHS, Owner
 from .scenario import RequestSpec, Scenario, ScenarioError
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -54,11 +64,18 @@ class Request:
 
 class Scheduler:
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
-                 rng: np.random.Generator, pad_value: int = 0):
+                 rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False):
         self.sc = scenario
         self.alloc = allocator
         self.rng = rng
         self.pad_value = pad_value
+        # a dummy-request convention (mini-sglang) pads the batch itself up to the capture size, so the
+        # graph's static buffers are written in full at every replay
+        self.pad_to_capture = pad_to_capture
+        spec = scenario.engine.speculative
+        self.spec = spec if spec.enabled else None
+        # room a request needs past its last token: the verify tokens of its last round
+        self._extra = spec.num_draft_tokens if self.spec else 0
         self.window = scenario.model.window
         self.page = allocator.page_size
         self.pending: deque[RequestSpec] = deque(requests)
@@ -68,8 +85,8 @@ class Scheduler:
         self.finished_count = 0
         self._next_rid = 0
         self._next_tag = 1
-        self._full_reserved = 0
-        self._swa_reserved = 0
+        self._full_reserved = allocator.full_used     # pages already taken (a dummy request's)
+        self._swa_reserved = allocator.swa_used
         self._freed_full: list[np.ndarray] = []
         self._freed_swa: list[np.ndarray] = []
         self._evicted_swa: list[np.ndarray] = []
@@ -84,12 +101,12 @@ class Scheduler:
 
     def _swa_need(self, total: int) -> int:
         eng = self.sc.engine
-        bound = 2 * self.window + eng.chunked_prefill_size + 2 * self.page
+        bound = 2 * self.window + eng.chunked_prefill_size + 2 * self.page + 2 * self._extra
         return self._pages(min(total, bound)) * self.page
 
     def _check_fits(self, requests: list[RequestSpec]) -> None:
         for i, r in enumerate(requests):
-            total = r.prompt_len + r.output_len
+            total = r.prompt_len + r.output_len + self._extra
             if self._pages(total) * self.page > self.alloc.full_size:
                 raise ScenarioError(
                     f"{self.sc.source}: workload request {i} needs {total} tokens but pool.full_size is "
@@ -100,7 +117,7 @@ class Scheduler:
                     f"but the SWA pool has {self.alloc.swa_size}: raise pool.full_size or pool.swa_ratio")
 
     def _try_admit(self, spec: RequestSpec) -> Optional[Request]:
-        total = spec.prompt_len + spec.output_len
+        total = spec.prompt_len + spec.output_len + self._extra
         full_need = self._pages(total) * self.page
         swa_need = self._swa_need(total)
         if (self._full_reserved + full_need > self.alloc.full_size
@@ -141,23 +158,26 @@ class Scheduler:
         return not self.pending and not self.waiting and not self.running
 
     def steps(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
-        step = 0
+        self._step = 0
         while not self.done():
+            step = self._step
             while self.pending and self.pending[0].arrival_step <= step:
                 self.waiting.append(self.pending.popleft())
-            out = self._schedule(step)
-            if out is None:
+            produced = False
+            for out in self._schedule():
+                produced = True
+                yield out
+                self._step += 1
+            if not produced:
                 if self.pending and not self.running and not self.waiting:
-                    step = max(step + 1, self.pending[0].arrival_step)
+                    self._step = max(step + 1, self.pending[0].arrival_step)
                     continue
                 if not self.running and self.waiting:
                     raise RuntimeError("scheduler stalled: waiting requests can never be admitted")
-                step += 1
-                continue
-            yield out
-            step += 1
+                self._step += 1
 
-    def _schedule(self, step: int):
+    def _schedule(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        """The forwards of one scheduling decision: one batch, or a speculative round / prefill + draft."""
         # finished requests free their slots before the next batch is formed
         still = []
         for r in self.running:
@@ -190,9 +210,12 @@ class Scheduler:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
         elif decoding:
+            if self.spec is not None:
+                yield from self._speculative_round(decoding)
+                return
             mode, decode_part = "decode", decoding
         else:
-            return None
+            return
 
         tags, full, swa = [], [], []
         for r, take in prefill:
@@ -205,7 +228,71 @@ class Scheduler:
                 self._lazy_evict(r, r.slots.length)
             self._write_tokens(r, 1, tags, full, swa)
             r.decoded += 1
-        return self._make_batch(step, mode, len(prefill) + len(decode_part), tags, full, swa)
+        batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
+        yield batch, truth
+        if self.spec is not None:
+            # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
+            yield self._draft_batch(batch, truth)
+
+    def _draft_batch(self, batch: ForwardBatch, truth: BatchTruth) -> tuple[ForwardBatch, BatchTruth]:
+        """DRAFT_EXTEND after a prefill: the same out_cache_loc, run eagerly by the draft model."""
+        b = ForwardBatch(step=self._step, mode="draft_extend", graph="eager", out_cache_loc=batch.out_cache_loc,
+                         num_token_non_padded=batch.num_token_non_padded, padded_len=batch.dp_padded_len,
+                         pad_value=batch.pad_value, num_requests=batch.num_requests)
+        t = BatchTruth(tags=truth.tags, full_slots=truth.full_slots, swa_slots=truth.swa_slots,
+                       freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),
+                       evicted_swa=_cat(self._evicted_swa), mapping_changed=_cat(self._mapping_changed))
+        self._clear_pending()
+        return b, t
+
+    def _speculative_round(self, reqs: list[Request]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        """One EAGLE round (topk 1): draft decode steps, target verify, draft extend over the accepted tokens."""
+        spec = self.spec
+        assert spec is not None
+        d = spec.num_draft_tokens
+        for r in reqs:
+            # lazy SWA eviction by position: a round adds up to num_draft_tokens tokens at once
+            if r.slots.length - r.slots.swa_evicted >= 2 * self.window:
+                self._lazy_evict(r, r.slots.length)
+        starts = [r.slots.length for r in reqs]
+        # DRAFT_DECODE: step i writes the draft's K/V of position start + i, in slots held for the round only
+        for _ in range(spec.num_steps):
+            tags, full, swa = [], [], []
+            for r in reqs:
+                self._write_tokens(r, 1, tags, full, swa)
+            yield self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
+                                   graph_kind="draft_graph")
+        for r, start in zip(reqs, starts):
+            self._give_back(r, start)
+        # TARGET_VERIFY: num_draft_tokens tokens per request, in the decode graph runner
+        tags, full, swa = [], [], []
+        for r in reqs:
+            self._write_tokens(r, d, tags, full, swa)
+        yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
+                               graph_kind="decode_graph")
+        # accept 1 + (leading accepted drafts) per request; the rest give their slots back
+        drafts_ok = self.rng.random((len(reqs), d - 1)) < spec.accept_rate
+        accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
+        tags, full, swa = [], [], []
+        for r, start, a in zip(reqs, starts, accepted.tolist()):
+            self._give_back(r, start + a)
+            s = r.slots
+            tags.append(np.arange(r.tag_base + start, r.tag_base + start + a, dtype=np.int64))
+            full.append(s.full[start:start + a].copy())
+            swa.append(s.swa[start:start + a].copy())
+            r.decoded += a
+        # DRAFT_EXTEND after decode: the draft's K/V of the accepted tokens, in the draft-extend graph runner
+        yield self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
+                               graph_kind="draft_extend_graph")
+
+    def _give_back(self, req: Request, length: int) -> None:
+        s = req.slots
+        if length >= s.length:
+            return
+        self._freed_full.append(s.full[length:s.length].copy())
+        self._freed_swa.append(s.swa[length:s.length].copy())
+        self._mapping_changed.append(s.full[length:s.length].copy())
+        self.alloc.truncate(s, length)
 
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         s = req.slots
@@ -227,7 +314,13 @@ class Scheduler:
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
 
-    def _make_batch(self, step: int, mode: str, num_requests: int, tags, full, swa):
+    def _make_batch(self, step: int, mode: str, num_requests: int, tags, full, swa, per_request: int = 1,
+                    graph_kind: Optional[str] = None):
+        """Pad a batch (DP attention, then the graph's capture size) and pair it with the oracle's truth.
+
+        ``graph_kind`` names the batch-size graph runner of a speculative forward (``per_request``
+        tokens per request); plain decode and extend batches choose their graphs as before.
+        """
         eng = self.sc.engine
         tags_a = np.concatenate(tags)
         full_a = np.concatenate(full)
@@ -237,12 +330,10 @@ class Scheduler:
         dp_len = real
         if eng.dp_size > 1:
             others = eng.dp_other_tokens.sample(self.rng, eng.dp_size - 1)
-            if mode == "decode":
+            if mode == "decode" or graph_kind is not None:
                 # other ranks decode too: their batch sizes, bounded like ours
-                others = np.minimum(others, max(eng.cuda_graph_bs[-1], real))
+                others = np.minimum(others, max(eng.cuda_graph_bs[-1] * per_request, real))
             dp_len = max(real, int(others.max()))
-        loc = np.full(dp_len, self.pad_value, dtype=np.int64)
-        loc[:real] = full_a
         graph, padded = "eager", dp_len
         if mode == "decode" and eng.cuda_graph:
             cap = smallest_capture(eng.cuda_graph_bs, dp_len)
@@ -252,6 +343,15 @@ class Scheduler:
             cap = smallest_capture(eng.piecewise_capture_sizes, dp_len)
             if cap is not None:
                 graph, padded = "piecewise", cap
+        elif graph_kind is not None and eng.cuda_graph:
+            # captured per batch size (requests), num_draft_tokens rows each for TARGET_VERIFY / DRAFT_EXTEND
+            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-dp_len // per_request)))
+            if cap is not None:
+                graph, padded = graph_kind, cap * per_request
+        if self.pad_to_capture and graph in STATIC_GRAPHS:
+            dp_len = padded
+        loc = np.full(dp_len, self.pad_value, dtype=np.int64)
+        loc[:real] = full_a
         batch = ForwardBatch(step=step, mode=mode, graph=graph, out_cache_loc=loc, num_token_non_padded=real,
                              padded_len=padded, pad_value=self.pad_value, num_requests=num_requests)
         truth = BatchTruth(
@@ -260,11 +360,14 @@ class Scheduler:
             evicted_swa=_cat(self._evicted_swa),
             mapping_changed=_cat(self._mapping_changed + [full_a]),
         )
+        self._clear_pending()
+        return batch, truth
+
+    def _clear_pending(self) -> None:
         self._mapping_changed.clear()
         self._freed_full.clear()
         self._freed_swa.clear()
         self._evicted_swa.clear()
-        return batch, truth
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

@@ -1,0 +1,89 @@
+"""The speculative draft model as the run loop sees it: its layers, its pools, its oracle.
+
+An EAGLE draft is a small model (one layer by default) run beside the target. In SGLang it shares
+the target's allocator, so it writes at the target's indices: ``out_cache_loc`` in its full pool,
+``full_to_swa[out_cache_loc]`` in its SWA pool. It has its own K/V pools (sized by the scenario and
+the design: B3, #17630), its own attention-backend instances and graph runners (B4, #29858), so the
+run loop keeps one :class:`ModelSide` per model: boundaries, pools under test, reference, checker.
+A draft forward (DRAFT_DECODE, DRAFT_EXTEND) crosses the draft side only; every step's frees reach
+both references, since a freed index is free for both models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .allocator import HybridAllocator
+from .backends import BACKEND_SPECS, BackendBoundary
+from .checker import Checker
+from .designs import Design
+from .models import Model
+from .pool import PoolWriter
+from .records import LayerInfo
+from .reference import ReferencePool
+from .scenario import Scenario, ScenarioError
+
+#: A pool under test for a given model: (model, full_rows, swa_rows, skip_index) -> PoolWriter.
+DraftPoolFactory = Callable[[Model, int, int, Optional[int]], PoolWriter]
+
+
+@dataclass(slots=True)
+class ModelSide:
+    """One model's half of a run: per backend its boundary and pool under test; one oracle and checker."""
+
+    layers: tuple[LayerInfo, ...]
+    boundaries: dict[str, BackendBoundary]
+    pools: dict[str, PoolWriter]
+    reference: ReferencePool
+    checker: Checker
+    full_size: int = 0
+    swa_size: int = 0
+
+
+def draft_model(target: Model, scenario: Scenario) -> Model:
+    """The draft model: the scenario's draft layer pattern, the target's window and K/V geometry."""
+    spec = scenario.engine.speculative
+    return Model(name=f"{target.name}-draft", layer_kinds=spec.draft_layers, window=target.window,
+                 full=target.full, swa=target.swa, kv_dtype=target.kv_dtype, unverified=target.unverified)
+
+
+def draft_layers(target: Model, draft: Model) -> tuple[LayerInfo, ...]:
+    """Draft layers numbered after the target's (global ids stay unique), each kind indexed from 0."""
+    n = target.num_layers
+    return tuple(LayerInfo(layer=n + li.layer, kind=li.kind, index=li.index, draft=True) for li in draft.layers())
+
+
+def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
+                     make_pool: Callable[[int, int, Optional[int]], PoolWriter],
+                     make_draft_pool: Optional[DraftPoolFactory], skip_index: Optional[int],
+                     owner_of, reserved: np.ndarray, device: torch.device) -> ModelSide:
+    spec = scenario.engine.speculative
+    target = scenario.model
+    draft = draft_model(target, scenario)
+    cfg = spec.draft_pool(scenario.pool)
+    full_size, swa_size = design.size_draft_pools(alloc.full_size, alloc.swa_size, cfg.full_size, cfg.swa_size)
+    page = alloc.page_size
+    full_rows, swa_rows = full_size + page, swa_size + page
+    if make_draft_pool is not None:
+        pools = {b: make_draft_pool(draft, full_rows, swa_rows, skip_index) for b in scenario.backends}
+        pool_layers = {k: draft.count(k) for k in ("full", "swa")}
+    else:
+        # without a model-aware factory the draft's pool is laid out like the target's (lazily mapped
+        # zero pages on the CPU); the draft's layers are the first of each kind
+        for kind in ("full", "swa"):
+            if draft.count(kind) > target.count(kind):
+                raise ScenarioError(
+                    f"{scenario.source}: engine.speculative.draft_layers: the draft has {draft.count(kind)} {kind} "
+                    f"layer(s), more than the target's {target.count(kind)} (the draft's pools reuse the "
+                    f"target's layout)")
+        pools = {b: make_pool(full_rows, swa_rows, skip_index) for b in scenario.backends}
+        pool_layers = {k: target.count(k) for k in ("full", "swa")}
+    # the oracle covers every index the target's allocator hands out, even past a too-small draft pool
+    reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
+    checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
+    boundaries = {b: BackendBoundary(BACKEND_SPECS[b], design, scenario.engine, device) for b in scenario.backends}
+    return ModelSide(layers=draft_layers(target, draft), boundaries=boundaries, pools=pools, reference=reference,
+                     checker=checker, full_size=full_size, swa_size=swa_size)

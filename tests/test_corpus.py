@@ -1,0 +1,140 @@
+"""The known-bug corpus (`slotscope bugs`): its definition, its verdict logic, and the whole corpus run."""
+from __future__ import annotations
+
+import copy
+import re
+
+import markupsafe
+import pytest
+
+from simulator.records import FINDING_CLASSES
+from simulator.scenario import BACKENDS, ScenarioError
+from slotscope.cli import main
+from slotscope.corpus import CORPUS, Outcome, load_corpus
+
+from helpers import ROOT, simulate, tiny
+
+GOOD = """
+[[case]]
+id = "B1"
+title = "t"
+scenario = "{scenario}"
+buggy = "sglang-pre-29460"
+fixed = "sglang-post-29460"
+expect = {{ "*" = "length_mismatch", trtllm_mha = "clean" }}
+{extra}
+"""
+
+
+def write_corpus(tmp_path, extra: str = "", scenario: str = str(ROOT / "scenarios/b1-pcg-dp-padding.toml")):
+    p = tmp_path / "corpus.toml"
+    p.write_text(GOOD.format(scenario=scenario, extra=extra))
+    return p
+
+
+def test_the_shipped_corpus_covers_every_known_bug():
+    cases = load_corpus()
+    ids = [c.id for c in cases]
+    assert {"B1", "B2", "B3", "B4", "gap", "B2/skip-1", "B2/dummy", "B1/p16", "B2/p16"} <= set(ids)
+    assert len(ids) == len(set(ids))
+    paged = [c for c in cases if c.overrides.get("pool.page_size", 1) > 1]
+    assert {c.id.split("/")[0] for c in paged} >= {"B1", "B2"}
+    assert all(c.load().pool.page_size == 16 for c in paged)
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ('also = ["bogus"]', "case[0] (B1).also: must list finding classes"),
+    ("set = 3", "case[0] (B1).set: must be a table"),
+    ("colour = 1", "case[0].colour: unknown key"),
+])
+def test_bad_corpus_fields_are_named(tmp_path, extra, needle):
+    with pytest.raises(ScenarioError) as e:
+        load_corpus(write_corpus(tmp_path, extra))
+    assert needle in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_bad_expectations_designs_and_files_are_named(tmp_path):
+    p = write_corpus(tmp_path)
+    text = p.read_text()
+    for bad, needle in [
+        (text.replace('trtllm_mha = "clean"', 'trtllm = "clean"'), "case[0] (B1).expect.trtllm: not a backend"),
+        (text.replace('"length_mismatch"', '"crash"'), "case[0] (B1).expect.*: 'crash' is not a class"),
+        (text.replace('"sglang-pre-29460"', '"nope"'), "case[0] (B1).buggy: 'nope' is not a built-in design"),
+        (text.replace("b1-pcg-dp-padding.toml", "missing.toml"), "case[0] (B1).scenario: "),
+        (text.replace('id = "B1"\n', ""), "case[0].id: is required"),
+    ]:
+        p.write_text(bad)
+        with pytest.raises(ScenarioError) as e:
+            load_corpus(p)
+        assert needle in str(e.value)
+
+
+def test_verdict_logic_expected_class_also_and_clean():
+    case = next(c for c in load_corpus() if c.id == "B4")
+    counts = dict.fromkeys(FINDING_CLASSES, 0)
+    summary = {"backends": {b: {"findings": dict(counts), "first_finding": None} for b in ("triton", "xpu")}}
+    o = Outcome(case, "buggy", case.buggy, case.load(), summary, {}, 0.0)
+    assert not o.holds_on("triton") and o.holds_on("xpu")          # triton must show out_of_range
+    summary["backends"]["triton"]["findings"].update(out_of_range=3, clobbered=1)
+    assert o.holds and o.observed_cell("triton") == "oor+1" and o.expected_text() == "clean; triton oor"
+    summary["backends"]["triton"]["findings"]["length_mismatch"] = 1  # a class the case does not allow
+    assert not o.holds_on("triton")
+    summary2 = copy.deepcopy(summary)
+    summary2["backends"]["xpu"]["findings"]["missed"] = 1
+    assert not Outcome(case, "fixed", case.fixed, case.load(), summary2, {}, 0.0).holds_on("xpu")
+
+
+def test_paged_run_is_clean_under_the_fixed_design():
+    sc = tiny("""
+    [model]
+    preset = "gpt-oss-20b"
+    num_layers = 6
+    [pool]
+    full_size = 4096
+    page_size = 16
+    [workload]
+    requests = 10
+    arrival = "poisson"
+    rate = 2.0
+    prompt_len = { dist = "uniform", min = 16, max = 600 }
+    output_len = { dist = "uniform", min = 4, max = 200 }
+    [engine]
+    chunked_prefill_size = 256
+    piecewise_cuda_graph = true
+    """)
+    r = simulate(sc, "sglang-post-29460")
+    assert r.total_findings == 0
+    assert max(s.swa_used for s in r.steps) < max(s.full_used for s in r.steps)   # SWA pages were evicted
+    assert {s.graph for s in r.steps} >= {"piecewise", "decode_graph"}
+
+
+def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, capsys):
+    report = tmp_path / "corpus.html"
+    assert main(["bugs", "-q", "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    head = re.split(r"\s{2,}", lines[0])
+    assert head[:5] == ["bug", "issue", "design", "role", "expected"] and head[-1] == "verdict"
+    assert list(BACKENDS) == head[5:-1]
+    rows = [re.split(r"\s{2,}", l) for l in lines[2:] if re.match(r"^(B\d|gap)", l)]
+    cases = load_corpus(CORPUS)
+    assert len(rows) == 2 * len(cases)
+    assert all(r[-1] == "holds" for r in rows)
+    by = {(r[0], r[3]): r for r in rows}
+    assert by[("B1", "buggy")][5:-1] == ["len_mism"] * 3 + ["clean"] + ["len_mism"] * 4
+    assert by[("B3", "buggy")][5:-1] == ["oor"] * 8
+    assert by[("B4", "buggy")][5:-1][1].startswith("oor") and by[("B4", "buggy")][5:-1].count("clean") == 7
+    assert by[("B2/dummy", "buggy")][5:-1] == ["clean"] * 8
+    assert all(r[5:-1] == ["clean"] * 8 for (cid, role), r in by.items() if role == "fixed")
+    assert f"{2 * len(cases)} of {2 * len(cases)} verdicts hold" in out
+    page = report.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "default-src 'none'" in page
+    assert f"{2 * len(cases)} of {2 * len(cases)} verdicts hold" in page
+    assert "<script" not in page and "http://" not in page and "https://" not in page
+    for c in cases:
+        assert str(markupsafe.escape(c.title)) in page     # autoescaped
+
+
+def test_bugs_only_unknown_case_is_bad_input(capsys):
+    assert main(["bugs", "-q", "--only", "B9"]) == 2
+    assert "no case 'B9'" in capsys.readouterr().err

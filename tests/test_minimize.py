@@ -1,0 +1,116 @@
+"""`slotscope minimize` and the TOML writer it relies on."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from simulator.scenario import load_scenario, parse_scenario, tomllib
+from simulator.toml_write import dumps
+from slotscope.cli import main
+
+from helpers import ROOT
+
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+
+
+def _same(a, b) -> bool:
+    strip = dict(raw="", source="")
+    return dataclasses.replace(a, **strip) == dataclasses.replace(b, **strip)
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_toml_writer_round_trips_every_shipped_file(path):
+    data = tomllib.loads(path.read_text())
+    text = dumps(data)
+    assert tomllib.loads(text) == data
+    if path.stem != "corpus":
+        assert _same(parse_scenario(text, "x.toml"), load_scenario(path))
+
+
+def test_toml_writer_strings_keys_and_tables():
+    data = {"name": 'a "quoted"\\ name', "description": "two\nlines with \"\"\" and \\ and \t",
+            "odd key": 1, "ctrl": "bell\x07", "x": {"y": {"z": [1.5, 2.0, -3e-09, True]}},
+            "workload": {"prompt_len": {"dist": "uniform", "min": 1, "max": 9},
+                         "request": [{"prompt_len": 3, "output_len": 0}, {"prompt_len": 4, "output_len": 1}]}}
+    text = dumps(data)
+    assert tomllib.loads(text) == data
+    assert 'prompt_len = { dist = "uniform", min = 1, max = 9 }' in text
+    assert text.count("[[workload.request]]") == 2
+
+
+def _run(scenario: str, out, *extra) -> int:
+    return main(["run", scenario, "--out", str(out), "-q", "--no-report", "--trace-level", "off", *extra])
+
+
+def _minimal(tmp_path, capsys, scenario: str, *extra):
+    run_dir = tmp_path / "run"
+    assert _run(scenario, run_dir, *extra) == 1
+    capsys.readouterr()
+    assert main(["minimize", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    text = (run_dir / "minimal.toml").read_text()
+    assert captured.out == text                      # the minimal scenario is printed ...
+    assert "minimize: keeping" in captured.err and "minimize: done" in captured.err   # ... progress on stderr
+    return run_dir, parse_scenario(text, "minimal.toml")
+
+
+def _first(run_dir) -> dict:
+    s = json.loads((run_dir / "summary.json").read_text())
+    return next(b["first_finding"] for b in s["backends"].values() if b["first_finding"])
+
+
+def test_b1_shrinks_to_at_most_two_requests_and_one_swa_layer(tmp_path, capsys):
+    run_dir, sc = _minimal(tmp_path, capsys, str(ROOT / "scenarios/b1-pcg-dp-padding.toml"))
+    reqs = sc.workload.explicit or ()
+    assert 1 <= len(reqs) <= 2 and sc.workload.requests == len(reqs)
+    assert sc.model.layer_kinds.count("swa") == 1 and sc.model.num_layers <= 2
+    assert len(sc.backends) == 1 and sc.design == "sglang-pre-29460"
+    again = tmp_path / "again"
+    assert _run(str(run_dir / "minimal.toml"), again) == 1
+    first = _first(again)
+    kinds = dict(map(tuple, json.loads((again / "run.json").read_text())["layers"]))
+    assert first["class"] == "length_mismatch" and kinds[first["layer"]] == "swa"
+
+
+def test_b2_shrinks_and_still_clobbers_an_swa_layer(tmp_path, capsys):
+    run_dir, sc = _minimal(tmp_path, capsys, str(ROOT / "scenarios/b2-decode-stale-tail.toml"), "--backends",
+                           "xpu,musa")
+    assert len(sc.workload.explicit) <= 4 and sc.model.layer_kinds == ("swa",)
+    assert sc.backends == ("xpu",)
+    again = tmp_path / "again"
+    assert _run(str(run_dir / "minimal.toml"), again) == 1
+    assert _first(again)["class"] == "clobbered"
+
+
+def test_output_path_and_draft_layer_findings(tmp_path, capsys):
+    run_dir = tmp_path / "b3"
+    assert _run(str(ROOT / "scenarios/b3-draft-pool-size.toml"), run_dir, "--backends", "aiter") == 1
+    out = tmp_path / "sub" / "b3-min.toml"
+    assert main(["minimize", str(run_dir), "-o", str(out), "-q"]) == 0
+    sc = parse_scenario(out.read_text(), str(out))
+    assert sc.engine.speculative.enabled and sc.engine.speculative.draft_layers == ("full",)
+    assert sc.workload.requests == 1
+    assert "out_of_range at a draft full layer" in sc.description
+
+
+def test_bad_inputs_exit_2(tmp_path, capsys):
+    assert main(["minimize", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    clean = tmp_path / "clean"
+    assert _run(str(ROOT / "scenarios/gap-swa-shorter.toml"), clean, "--design", "kvwriteloc-strict",
+                "--backends", "triton") == 0
+    assert main(["minimize", str(clean)]) == 2
+    assert "no findings: nothing to minimize" in capsys.readouterr().err
+    user = tmp_path / "user"
+    design = str(ROOT / "examples/designs/my_fix.py") + ":StrictSlice"
+    assert _run(str(ROOT / "scenarios/b1-pcg-dp-padding.toml"), user, "--design", design,
+                "--backends", "triton") in (0, 1)
+    run = json.loads((user / "run.json").read_text())
+    summary = json.loads((user / "summary.json").read_text())
+    summary["backends"]["triton"]["first_finding"] = {"step": 0, "layer": 0, "class": "missed"}
+    (user / "summary.json").write_text(json.dumps(summary))
+    assert run["design"] == "strict-slice"
+    assert main(["minimize", str(user)]) == 2
+    assert "pass --design path/to/file.py:ClassName" in capsys.readouterr().err
