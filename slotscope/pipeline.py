@@ -120,6 +120,17 @@ def make_pool_factory(scenario: Scenario, device: torch.device, geometry: str, s
     return make
 
 
+def make_draft_pool_factory(device: torch.device, geometry: str, store: str):
+    """Draft pools with the draft model's own layers and geometry (not the target's)."""
+    from cuda_path.pool import TaggedKVPool
+
+    def make(model, full_rows: int, swa_rows: int, skip_index):
+        return TaggedKVPool(model, full_rows, swa_rows, device=device, geometry=geometry, store_impl=store,
+                            skip_index=skip_index)
+
+    return make
+
+
 def summary_of(scenario: Scenario, design: Design, result: RunResult) -> dict[str, Any]:
     return {
         "scenario": scenario.name,
@@ -181,7 +192,8 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
     t0 = time.perf_counter()
     result = run_simulation(scenario, design, make_pool_factory(scenario, device, geometry, store), device=device,
                             observer=observer, progress=opts.progress, run_info_extra=extra, version=__version__,
-                            max_steps=opts.max_steps, executor=executor)
+                            max_steps=opts.max_steps, executor=executor,
+                            make_draft_pool=make_draft_pool_factory(device, geometry, store))
     timings = {"run_s": time.perf_counter() - t0}
     summary = summary_of(scenario, design, result)
     if out is not None:
