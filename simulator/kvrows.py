@@ -7,7 +7,7 @@ survives a bf16/fp16 store bit for bit and an fp8 store's divide-by-scale-and-ca
 ``value * scale / scale`` rounds back to the integer (any scale that is a power of two, and any
 ordinary scale since e4m3 rounds to the nearest of these integers). Lane ``TAG_LANES`` holds
 ``layer + 1`` (so a row written by the wrong layer is visible); the rest is a payload derived from
-(tag, layer).
+the tag (and the layer the rows were first made for), so rows are not mostly constant.
 """
 from __future__ import annotations
 

@@ -85,8 +85,8 @@ def cmd_run(args) -> int:
         res = run_scenario(scenario, out, RunOptions(
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
-            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs, max_steps=args.max_steps,
-            progress=progress))
+            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
+            max_steps=args.max_steps, progress=progress))
     finally:
         if progress is not None:
             progress.close()
