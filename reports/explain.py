@@ -17,6 +17,8 @@ GRAPH_WORDS = {
     "eager": "run eagerly (no CUDA graph)",
     "decode_graph": "replayed in a decode CUDA graph",
     "piecewise": "run under piecewise CUDA graphs (PCG)",
+    "draft_graph": "replayed in the EAGLE draft model's decode CUDA graph",
+    "draft_extend_graph": "replayed in the EAGLE draft-extend CUDA graph",
 }
 
 CLASS_WORDS = {

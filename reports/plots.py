@@ -42,8 +42,10 @@ CLASS_COLORS = {
     "out_of_range": "#8c564b",
     "length_mismatch": "#1f77b4",
 }
-GRAPH_COLORS = {"eager": "#c7c7c7", "decode_graph": "#6baed6", "piecewise": "#fd8d3c"}
-MODE_COLORS = {"extend": "#74c476", "decode": "#9e9ac8", "mixed": "#fdd0a2"}
+GRAPH_COLORS = {"eager": "#c7c7c7", "decode_graph": "#6baed6", "piecewise": "#fd8d3c",
+                "draft_graph": "#2171b5", "draft_extend_graph": "#08306b"}
+MODE_COLORS = {"extend": "#74c476", "decode": "#9e9ac8", "mixed": "#fdd0a2", "draft_extend": "#31a354",
+               "draft_decode": "#756bb1", "target_verify": "#e6550d"}
 GROUP_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
 _RC = {
