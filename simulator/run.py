@@ -144,48 +144,57 @@ def run_simulation(
     def now() -> int:
         return epoch0 + (time.perf_counter_ns() - perf0)
 
-    for n_step, (batch, truth) in enumerate(scheduler.steps()):
-        if max_steps is not None and n_step >= max_steps:
-            break
-        t_step = now()
-        side = draft if draft is not None and batch.mode in DRAFT_MODES else target
-        for m in sides:
-            m.reference.apply_frees(truth)
-        side.reference.apply_writes(truth)
-        if device.type != "cpu" and truth.mapping_changed.size:
-            ch = torch.from_numpy(truth.mapping_changed).to(device)
-            mapping[ch] = torch.from_numpy(alloc.full_to_swa[truth.mapping_changed]).to(device)
-        loc = torch.from_numpy(batch.out_cache_loc).to(device)
-        tags = torch.from_numpy(truth.tags).to(device)
-        rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        step = batch.step
-        for name, boundary in side.boundaries.items():
-            pool = side.pools[name]
-            meta = boundary.init_metadata(batch, loc, mapping)
-            writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, obs, now,
-                                                rows_cache))
-            crossings += len(side.layers)
-            st = stats[name]
-            st.writes += len(side.layers)
-            fs, counts = side.checker.check(step, name, pool, truth, writes, pad_slots)
-            if any(counts.values()):
-                for c, n in counts.items():
-                    st.findings[c] += n
-                if st.first_finding is None:
-                    st.first_finding = side.checker.first.get(name)
-                findings.extend(fs)
-                obs.on_findings(fs)
-        rec = StepRecord(
-            step=step, mode=batch.mode, graph=batch.graph, num_requests=batch.num_requests,
-            real_tokens=batch.num_token_non_padded, dp_padded_tokens=batch.dp_padded_len,
-            padded_tokens=batch.padded_len, full_used=alloc.full_used, swa_used=alloc.swa_used,
-            full_size=alloc.full_size, swa_size=alloc.swa_size, t_start_ns=t_step, t_end_ns=now(),
-        )
-        steps.append(rec)
-        obs.on_step(rec)
-        if progress is not None:
-            progress(step, scheduler.finished_count, scheduler.total_requests)
+    def result() -> RunResult:
+        return RunResult(info=info, backends=stats, findings=findings, steps=steps,
+                         findings_truncated=any(m.checker.truncated for m in sides), crossings=crossings,
+                         wall_s=time.perf_counter() - wall0)
+
+    try:
+        for n_step, (batch, truth) in enumerate(scheduler.steps()):
+            if max_steps is not None and n_step >= max_steps:
+                break
+            t_step = now()
+            side = draft if draft is not None and batch.mode in DRAFT_MODES else target
+            for m in sides:
+                m.reference.apply_frees(truth)
+            side.reference.apply_writes(truth)
+            if device.type != "cpu" and truth.mapping_changed.size:
+                ch = torch.from_numpy(truth.mapping_changed).to(device)
+                mapping[ch] = torch.from_numpy(alloc.full_to_swa[truth.mapping_changed]).to(device)
+            loc = torch.from_numpy(batch.out_cache_loc).to(device)
+            tags = torch.from_numpy(truth.tags).to(device)
+            rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+            step = batch.step
+            for name, boundary in side.boundaries.items():
+                pool = side.pools[name]
+                meta = boundary.init_metadata(batch, loc, mapping)
+                writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, obs, now,
+                                                    rows_cache))
+                crossings += len(side.layers)
+                st = stats[name]
+                st.writes += len(side.layers)
+                fs, counts = side.checker.check(step, name, pool, truth, writes, pad_slots)
+                if any(counts.values()):
+                    for c, n in counts.items():
+                        st.findings[c] += n
+                    if st.first_finding is None:
+                        st.first_finding = side.checker.first.get(name)
+                    findings.extend(fs)
+                    obs.on_findings(fs)
+            rec = StepRecord(
+                step=step, mode=batch.mode, graph=batch.graph, num_requests=batch.num_requests,
+                real_tokens=batch.num_token_non_padded, dp_padded_tokens=batch.dp_padded_len,
+                padded_tokens=batch.padded_len, full_used=alloc.full_used, swa_used=alloc.swa_used,
+                full_size=alloc.full_size, swa_size=alloc.swa_size, t_start_ns=t_step, t_end_ns=now(),
+            )
+            steps.append(rec)
+            obs.on_step(rec)
+            if progress is not None:
+                progress(step, scheduler.finished_count, scheduler.total_requests)
+    except BaseException as exc:
+        # nothing is lost on a crash or ^C: the caller can still write what the run had found
+        exc.partial_result = result()  # type: ignore[attr-defined]
+        exc.partial_at_step = len(steps)  # type: ignore[attr-defined]
+        raise
     obs.on_run_end()
-    return RunResult(info=info, backends=stats, findings=findings, steps=steps,
-                     findings_truncated=any(m.checker.truncated for m in sides), crossings=crossings,
-                     wall_s=time.perf_counter() - wall0)
+    return result()

@@ -1,6 +1,6 @@
 """The ``slotscope`` command.
 
-Exit codes: 0 clean, 1 findings (or a failed expectation), 2 bad input.
+Exit codes: 0 clean, 1 findings (or a failed expectation), 2 bad input, 3 the run crashed.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from simulator.scenario import BACKENDS, ScenarioError
 from . import __version__
 from .pipeline import UsageError
 
-EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 
 _EPILOG = """\
 examples:
@@ -25,7 +25,7 @@ examples:
   slotscope compare out/b1 out/b1-fixed -o out/b1-compare.html
   slotscope analyze out/b1/trace.otlp.jsonl
 
-exit codes: 0 clean, 1 findings, 2 bad input
+exit codes: 0 clean, 1 findings, 2 bad input, 3 the run failed (partial outputs kept)
 """
 
 
@@ -134,6 +134,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("slotscope: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a crash (a user design that raises, a bug): say so, keep the traceback
+        import traceback
+
+        traceback.print_exc()
+        print("slotscope: error: the run failed (exit 3); partial outputs, if any, are in the output directory",
+              file=sys.stderr)
+        return EXIT_CRASH
 
 
 if __name__ == "__main__":

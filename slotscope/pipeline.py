@@ -85,6 +85,40 @@ class ShapeTimeline:
         pass
 
 
+class StreamingOutputs:
+    """Observer that writes findings.jsonl and steps.jsonl as the run goes, flushed every step, so a
+    crash, ^C or kill keeps everything found up to the last finished step."""
+
+    def __init__(self, out: Path):
+        self._findings = open(out / "findings.jsonl", "w")
+        self._steps = open(out / "steps.jsonl", "w")
+
+    def on_run_start(self, run: RunInfo) -> None:
+        pass
+
+    def on_boundary(self, *args) -> None:
+        pass
+
+    def on_findings(self, findings) -> None:
+        for f in findings:
+            self._findings.write(json.dumps(f.to_json(), separators=(",", ":")))
+            self._findings.write("\n")
+
+    def on_step(self, step: StepRecord) -> None:
+        self._steps.write(json.dumps(_step_json(step), separators=(",", ":")))
+        self._steps.write("\n")
+        self._findings.flush()
+        self._steps.flush()
+
+    def on_run_end(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for f in (self._findings, self._steps):
+            if not f.closed:
+                f.close()
+
+
 @dataclass
 class RunOptions:
     design: Optional[str] = None
@@ -174,8 +208,11 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
     observers: list[RunObserver] = [timeline, *opts.extra_observers]
     trace = None
     out = Path(out_dir) if out_dir is not None else None
+    streaming = None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
+        streaming = StreamingOutputs(out)
+        observers.append(streaming)
         if opts.trace_level != "off":
             from tracing.session import TraceSession
 
@@ -190,19 +227,28 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
         executor = CudaGraphExecutor()
     extra["cuda_graphs"] = executor is not None
     t0 = time.perf_counter()
-    result = run_simulation(scenario, design, make_pool_factory(scenario, device, geometry, store), device=device,
-                            observer=observer, progress=opts.progress, run_info_extra=extra, version=__version__,
-                            max_steps=opts.max_steps, executor=executor,
-                            make_draft_pool=make_draft_pool_factory(device, geometry, store))
+    try:
+        result = run_simulation(scenario, design, make_pool_factory(scenario, device, geometry, store),
+                                device=device, observer=observer, progress=opts.progress, run_info_extra=extra,
+                                version=__version__, max_steps=opts.max_steps, executor=executor,
+                                make_draft_pool=make_draft_pool_factory(device, geometry, store))
+    except BaseException as exc:
+        partial = getattr(exc, "partial_result", None)
+        if out is not None and partial is not None:
+            streaming.close()
+            summary = summary_of(scenario, design, partial)
+            summary["incomplete"] = {"error": f"{type(exc).__name__}: {exc}", "steps_done": len(partial.steps)}
+            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            _write_shapes(out, timeline)
+            print(f"slotscope: run stopped after {len(partial.steps)} steps ({type(exc).__name__}); "
+                  f"partial outputs in {out}/ (summary.json says incomplete)", file=sys.stderr)
+        raise
     timings = {"run_s": time.perf_counter() - t0}
     summary = summary_of(scenario, design, result)
     if out is not None:
         t1 = time.perf_counter()
         (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-        _write_jsonl(out / "findings.jsonl", (f.to_json() for f in result.findings))
-        _write_jsonl(out / "steps.jsonl", (_step_json(s) for s in result.steps))
-        _write_jsonl(out / "shapes.jsonl", ({"step": s, "backend": b, "kind": k, "loc_len": l, "swa_loc_len": w}
-                                            for s, b, k, l, w in timeline.rows))
+        _write_shapes(out, timeline)
         (out / "scenario.toml").write_text(scenario.raw)
         timings["write_s"] = time.perf_counter() - t1
         if trace is not None:
@@ -230,6 +276,11 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             run_json["timings"] = timings
             (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
     return RunOutput(result=result, summary=summary, out_dir=out, timings=timings)
+
+
+def _write_shapes(out: Path, timeline: ShapeTimeline) -> None:
+    _write_jsonl(out / "shapes.jsonl", ({"step": s, "backend": b, "kind": k, "loc_len": l, "swa_loc_len": w}
+                                        for s, b, k, l, w in timeline.rows))
 
 
 def _step_json(s: StepRecord) -> dict[str, Any]:
