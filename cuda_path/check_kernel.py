@@ -34,7 +34,7 @@ def _tag_mismatch_kernel(k_words, v_words, layers, slots, want, out, n, k_layer_
 
 
 def tag_mismatches(k: torch.Tensor, v: torch.Tensor, rows: int, slots: torch.Tensor, want: torch.Tensor,
-                   layers: torch.Tensor) -> torch.Tensor:
+                   layers: torch.Tensor, block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """``[len(layers), len(slots)]`` bool. ``k``/``v``: ``[layers, rows, ...]`` buffers; ``want``:
     ``[len(slots), words]`` int64 expected tag-lane words."""
     n_layers = k.shape[0]
@@ -44,7 +44,8 @@ def tag_mismatches(k: torch.Tensor, v: torch.Tensor, rows: int, slots: torch.Ten
     out = torch.empty((layers.shape[0], n), dtype=torch.int8, device=k.device)
     if n == 0 or layers.shape[0] == 0:
         return out.bool()
-    grid = (triton.cdiv(n, BLOCK), layers.shape[0])
+    block = block or BLOCK
+    grid = (triton.cdiv(n, block), layers.shape[0])
     _tag_mismatch_kernel[grid](kw, vw, layers, slots, want.contiguous(), out, n, kw.stride(0), kw.stride(1),
-                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=BLOCK, num_warps=NUM_WARPS)
+                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=block, num_warps=num_warps or NUM_WARPS)
     return out.bool()
