@@ -102,18 +102,18 @@ class TaggedKVPool:
                    layers: Optional[list[int]]) -> torch.Tensor:
         """The tag lanes of ``slots`` in every (or the given) layer, as int64 words ``[L, n, words]``.
 
-        One flat gather of exactly the tag bytes: its cost depends on the slots asked for, never on
-        the pool's size (an indexed view of the lanes would make torch touch every row on the CPU).
+        One gather of the slots' rows: its cost depends on the slots asked for, never on the pool's
+        size (indexing a strided view of the tag lanes would make torch touch every row on the CPU).
         """
         n_layers, rows = buf.shape[0], self._rows[kind]
         words = buf.view(n_layers, rows, -1).view(torch.int64)
-        per_row = words.shape[2]
         n_words = TAG_LANES * buf.element_size() // 8
-        lay = (torch.arange(n_layers, device=buf.device) if layers is None
-               else torch.tensor(layers, dtype=torch.int64, device=buf.device))
-        base = (lay[:, None] * rows + slots.to(torch.int64)[None, :]) * per_row
-        idx = base[:, :, None] + torch.arange(n_words, device=buf.device)
-        return words.view(-1)[idx]
+        # gather the slots' rows first (index_select on the contiguous buffer touches only those rows),
+        # then keep the tag words and the layers asked for, on the small result
+        picked = words.index_select(1, slots.to(torch.int64))
+        if layers is not None:
+            picked = picked[torch.tensor(layers, dtype=torch.int64, device=buf.device)]
+        return picked[:, :, :n_words]
 
     def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
                    layers: Optional[list[int]] = None) -> torch.Tensor:
