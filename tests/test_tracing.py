@@ -121,21 +121,26 @@ def test_monotonic_timestamps_are_moved_to_the_epoch():
     assert rec.wall_ns(T0) == T0
 
 
-def test_on_boundary_cost_is_well_under_two_microseconds():
+def test_on_boundary_only_appends_to_buffers():
+    """The hot path stays cheap by construction: it touches no OpenTelemetry object and keeps no per-call
+    Python objects (its cost is measured by bench/trace_overhead.py, not asserted here)."""
+    import tracemalloc
+
     rec = BoundaryRecorder()
     rec.on_run_start(RUN)
     f = rec.on_boundary
-    n = 50_000
-    samples = []
-    for rep in range(5):
-        t = time.perf_counter_ns()
-        for i in range(n):
-            f(i >> 6, "flashinfer", i & 63, 1000, 1000, "torch.int64", "torch.int64", i, i + 5, None)
-        samples.append((time.perf_counter_ns() - t) / n)
-    per_call = min(samples)
-    print(f"on_boundary: {per_call:.0f} ns per call (best of 5 x {n})")
-    assert per_call < 2000
-    assert len(rec) == 5 * n
+    for i in range(1000):   # warm the buffers and interned strings
+        f(i >> 6, "flashinfer", i & 63, 1000, 1000, "torch.int64", "torch.int64", i, i + 5, None)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    n = 20_000
+    for i in range(n):
+        f(i >> 6, "flashinfer", i & 63, 1000, 1000, "torch.int64", "torch.int64", i, i + 5, None)
+    grown = sum(st.size_diff for st in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert len(rec) == 1000 + n
+    assert grown / n < 100      # bytes per crossing: plain column buffers, not objects
+    assert "opentelemetry" not in type(rec).on_boundary.__code__.co_names
 
 
 # -- spans and levels ---------------------------------------------------------------------------------
