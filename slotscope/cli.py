@@ -24,6 +24,8 @@ examples:
   slotscope run scenarios/smoke.toml --design my_fix.py:MyDesign --backends flashinfer,trtllm_mha
   slotscope compare out/b1 out/b1-fixed -o out/b1-compare.html
   slotscope analyze out/b1/trace.otlp.jsonl
+  slotscope bugs                     # every known bug reproduces, every fix is clean
+  slotscope minimize out/b1          # the smallest scenario that still fails the same way
 
 exit codes: 0 clean, 1 findings, 2 bad input, 3 the run failed (partial outputs kept)
 """
