@@ -28,9 +28,12 @@ if TYPE_CHECKING:  # plots pulls in matplotlib; imported when a figure is made
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
-try:  # the report names the slotscope version that rendered it; reports/ must not need slotscope/
-    from slotscope import __version__ as _VERSION
-except ImportError:  # pragma: no cover - reports used alone
+try:  # the report names the slotscope version that rendered it, from the installed distribution's
+    # metadata: reports/ sits below slotscope/ in the dependency order and must not import it
+    from importlib.metadata import PackageNotFoundError, version as _dist_version
+
+    _VERSION = _dist_version("slotscope")
+except PackageNotFoundError:  # pragma: no cover - run from a source tree without installing
     _VERSION = "unknown"
 
 
