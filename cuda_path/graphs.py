@@ -49,6 +49,12 @@ class _Piece:
     v: torch.Tensor
 
 
+def _step_rows(s: BackendStep, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """This step's K/V rows for a layer kind, stamped for its first layer (the graph re-stamps the rest)."""
+    first = next(l for l in s.layers if l.kind == kind)
+    return s.pool.make_rows(pad_tags(s.tags, s.meta.rows), first.layer, kind)
+
+
 class CudaGraphExecutor:
     """A :class:`simulator.execute.LayerExecutor` that runs decode and piecewise batches in CUDA graphs."""
 
@@ -81,10 +87,8 @@ class CudaGraphExecutor:
         g = self._decode[key]
         if g is None:
             return self.eager.run(s)
-        n = s.meta.rows
         for kind, (k, v) in g.rows.items():
-            first = next(l for l in s.layers if l.kind == kind)
-            k0, v0 = s.pool.make_rows(pad_tags(s.tags, n), first.layer, kind)
+            k0, v0 = _step_rows(s, kind)
             k.copy_(k0)
             if v is not k:
                 v.copy_(v0)
@@ -104,8 +108,7 @@ class CudaGraphExecutor:
         n = s.meta.rows
         rows = {}
         for kind in {l.kind for l in s.layers}:
-            first = next(l for l in s.layers if l.kind == kind)
-            k, v = s.pool.make_rows(pad_tags(s.tags, n), first.layer, kind)
+            k, v = _step_rows(s, kind)
             kc = k.clone()
             rows[kind] = (kc, kc if v is k else v.clone())
         write_locs, targets = [], []

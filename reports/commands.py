@@ -51,20 +51,26 @@ def _check_dir(run_dir: str) -> str | None:
     return None
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    problem = _check_dir(args.run_dir)
-    if problem:
-        return _fail(problem)
+def _write(build) -> int:
+    """Run a report writer, say what it wrote (size, time), or fail with the run dir's problem."""
     from .data import RunDirError
-    from .html import write_report
 
     t0 = time.perf_counter()
     try:
-        out = write_report(args.run_dir, args.output)
+        out = build()
     except RunDirError as e:
         return _fail(str(e))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f}s)")
     return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    problem = _check_dir(args.run_dir)
+    if problem:
+        return _fail(problem)
+    from .html import write_report
+
+    return _write(lambda: write_report(args.run_dir, args.output))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -74,13 +80,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
         problem = _check_dir(d)
         if problem:
             return _fail(problem)
-    from .data import RunDirError
     from .html import write_comparison
 
-    t0 = time.perf_counter()
-    try:
-        out = write_comparison(args.run_dirs, args.output)
-    except RunDirError as e:
-        return _fail(str(e))
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f}s)")
-    return EXIT_OK
+    return _write(lambda: write_comparison(args.run_dirs, args.output))

@@ -123,16 +123,21 @@ def render_report(run: RunData) -> str:
         **_common())
 
 
-def write_report(run_dir: str | Path, out_path: Optional[str | Path] = None) -> Path:
-    """Write DIR/report.html (or ``out_path``) for the run in ``run_dir``; returns the path written."""
-    run = load_run(run_dir)
-    out = Path(out_path) if out_path is not None else Path(run_dir) / "report.html"
-    html = render_report(run)
+def _write_atomic(out: Path, html: str) -> Path:
+    """Write through a temporary file, so a reader never sees half a report."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     tmp.write_text(html, encoding="utf-8")
     tmp.replace(out)
     return out
+
+
+def write_report(run_dir: str | Path, out_path: Optional[str | Path] = None) -> Path:
+    """Write DIR/report.html (or ``out_path``) for the run in ``run_dir``; returns the path written."""
+    run = load_run(run_dir)
+    out = Path(out_path) if out_path is not None else Path(run_dir) / "report.html"
+    html = render_report(run)
+    return _write_atomic(out, html)
 
 
 @dataclass(frozen=True)
@@ -187,8 +192,4 @@ def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pa
     runs = [load_run(d) for d in run_dirs]
     out = Path(out_path)
     html = render_comparison(runs)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
-    return out
+    return _write_atomic(out, html)

@@ -144,18 +144,8 @@ class RunOutput:
     timings: dict[str, float]
 
 
-def make_pool_factory(scenario: Scenario, device: torch.device, geometry: str, store: str):
-    from cuda_path.pool import TaggedKVPool
-
-    def make(full_rows: int, swa_rows: int, skip_index):
-        return TaggedKVPool(scenario.model, full_rows, swa_rows, device=device, geometry=geometry,
-                            store_impl=store, skip_index=skip_index)
-
-    return make
-
-
 def make_draft_pool_factory(device: torch.device, geometry: str, store: str):
-    """Draft pools with the draft model's own layers and geometry (not the target's)."""
+    """Pools under test for any model (the draft's own layers and geometry, or the target's)."""
     from cuda_path.pool import TaggedKVPool
 
     def make(model, full_rows: int, swa_rows: int, skip_index):
@@ -163,6 +153,12 @@ def make_draft_pool_factory(device: torch.device, geometry: str, store: str):
                             skip_index=skip_index)
 
     return make
+
+
+def make_pool_factory(scenario: Scenario, device: torch.device, geometry: str, store: str):
+    """Pools under test for the scenario's (target) model."""
+    make = make_draft_pool_factory(device, geometry, store)
+    return lambda full_rows, swa_rows, skip_index: make(scenario.model, full_rows, swa_rows, skip_index)
 
 
 def summary_of(scenario: Scenario, design: Design, result: RunResult) -> dict[str, Any]:
