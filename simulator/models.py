@@ -7,6 +7,7 @@ scenario's ``[model]`` table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .records import LayerInfo
 
@@ -31,6 +32,7 @@ class Model:
     swa: KVGeometry
     kv_dtype: str = "bf16"
     unverified: tuple[str, ...] = ()
+    preset: Optional[str] = None        # the preset it was built from (its unverified values come with it)
 
     @property
     def num_layers(self) -> int:
@@ -62,6 +64,11 @@ def pattern_every(n: int, period: int) -> tuple[str, ...]:
     return tuple("full" if (i + 1) % period == 0 else "swa" for i in range(n))
 
 
+def format_pattern(kinds) -> str:
+    """The pattern string for layer kinds: 'S' per SWA layer, 'F' per full layer (the inverse of parse_pattern)."""
+    return "".join("S" if k == "swa" else "F" for k in kinds)
+
+
 def parse_pattern(text: str) -> tuple[str, ...]:
     """An explicit layer pattern: 'S' for SWA, 'F' for full, e.g. "SFSF" or "S,F,S,F"."""
     kinds = []
@@ -77,25 +84,25 @@ def parse_pattern(text: str) -> tuple[str, ...]:
 
 PRESETS: dict[str, Model] = {
     "gpt-oss-120b": Model(
-        name="gpt-oss-120b", layer_kinds=pattern_alternating(36), window=128,
+        name="gpt-oss-120b", preset="gpt-oss-120b", layer_kinds=pattern_alternating(36), window=128,
         full=KVGeometry(8, 64, 64), swa=KVGeometry(8, 64, 64),
     ),
     "gpt-oss-20b": Model(
-        name="gpt-oss-20b", layer_kinds=pattern_alternating(24), window=128,
+        name="gpt-oss-20b", preset="gpt-oss-20b", layer_kinds=pattern_alternating(24), window=128,
         full=KVGeometry(8, 64, 64), swa=KVGeometry(8, 64, 64),
     ),
     "llama4": Model(
-        name="llama4", layer_kinds=pattern_every(48, 4), window=8192,
+        name="llama4", preset="llama4", layer_kinds=pattern_every(48, 4), window=8192,
         full=KVGeometry(8, 128, 128), swa=KVGeometry(8, 128, 128),
         unverified=("heads", "head_dim"),
     ),
     "mimo-v2-flash": Model(
-        name="mimo-v2-flash", layer_kinds=pattern_every(48, 6), window=128,
+        name="mimo-v2-flash", preset="mimo-v2-flash", layer_kinds=pattern_every(48, 6), window=128,
         full=KVGeometry(4, 128, 128), swa=KVGeometry(8, 128, 128),
         unverified=("head_dim", "layer pattern phase"),
     ),
     "gemma4-31b": Model(
-        name="gemma4-31b", layer_kinds=pattern_every(60, 6), window=1024,
+        name="gemma4-31b", preset="gemma4-31b", layer_kinds=pattern_every(60, 6), window=1024,
         full=KVGeometry(4, 512, 512), swa=KVGeometry(8, 256, 256),
         unverified=("heads", "layer pattern phase"),
     ),

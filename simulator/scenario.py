@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from .models import KV_DTYPES, PRESETS, KVGeometry, Model, parse_pattern
+from .models import KV_DTYPES, PRESETS, KVGeometry, Model, format_pattern, parse_pattern
 from .padding import (default_decode_capture_sizes, default_piecewise_capture_sizes,
                       speculative_decode_capture_sizes)
 
@@ -27,6 +27,7 @@ BACKENDS: tuple[str, ...] = (
 ARRIVALS = ("all_at_once", "poisson")
 SPEC_ALGORITHMS = ("eagle",)
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
+MAX_SEED = 2**63 - 1
 
 
 class ScenarioError(ValueError):
@@ -74,6 +75,8 @@ class Distribution:
         return d
 
 
+CUSTOM_MODEL = Model(name="custom", layer_kinds=(), window=0, full=KVGeometry(8, 128, 128),
+                     swa=KVGeometry(8, 128, 128))   # the base of a model given without a preset
 DEFAULT_PROMPT_LEN = Distribution("fixed", value=128)
 DEFAULT_OUTPUT_LEN = Distribution("fixed", value=16)
 DEFAULT_DP_OTHER_TOKENS = Distribution("uniform", min=0, max=512)
@@ -168,21 +171,40 @@ class Scenario:
     pool: PoolConfig
     workload: WorkloadConfig
     engine: EngineConfig
-    source: str = "<inline>"
-    raw: str = ""                              # the file's text, for the scenario hash
+    max_steps: Optional[int] = None            # stop after this many forward steps (None: run to the end)
+    # where the scenario came from and its text: provenance, not part of the experiment (not compared)
+    source: str = field(default="<inline>", compare=False)
+    raw: str = field(default="", compare=False)   # the file's text, for the scenario hash
 
     @property
     def hash(self) -> str:
         return hashlib.sha256(self.raw.encode()).hexdigest()[:16]
 
     def with_overrides(self, *, design: Optional[str] = None, backends: Optional[tuple[str, ...]] = None,
-                       seed: Optional[int] = None) -> "Scenario":
+                       seed: Optional[int] = None, max_steps: Optional[int] = None) -> "Scenario":
+        """The scenario with command-line overrides; None keeps the file's value."""
+        if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+            raise ScenarioError(f"seed must be an integer in [0, 2^63), got {seed!r}")
+        if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
+            raise ScenarioError(f"max_steps must be an integer >= 1, got {max_steps!r}")
         return replace(
             self,
             design=design if design is not None else self.design,
-            backends=backends if backends is not None else self.backends,
+            backends=tuple(backends) if backends is not None else self.backends,
             seed=seed if seed is not None else self.seed,
+            max_steps=max_steps if max_steps is not None else self.max_steps,
         )
+
+    def to_toml(self, *, defaults: bool = True) -> str:
+        """The scenario as TOML text that :func:`parse_scenario` reads back to an equal scenario.
+
+        With ``defaults=True`` every field is written explicitly (the model as a layer pattern, window,
+        dtype and geometries; the engine's capture-size lists); with ``defaults=False`` fields equal to
+        what the parser would fill in are left out, for a shorter file that still round-trips.
+        """
+        from .toml_write import dumps
+
+        return dumps(scenario_data(self, defaults=defaults))
 
 
 # --------------------------------------------------------------------------- field readers
@@ -315,7 +337,7 @@ def _model(t: _Table) -> Model:
         if not t.has("layers"):
             t.seen.add("preset")
             raise t.fail("preset", f"give a preset (allowed: {', '.join(PRESETS)}) or an explicit 'layers' pattern")
-        base = Model(name="custom", layer_kinds=(), window=0, full=KVGeometry(8, 128, 128), swa=KVGeometry(8, 128, 128))
+        base = CUSTOM_MODEL
     kinds = base.layer_kinds
     if t.has("layers"):
         try:
@@ -336,7 +358,7 @@ def _model(t: _Table) -> Model:
     swa = _geometry(t.table("swa"), base.swa)
     t.done()
     return Model(name=name, layer_kinds=kinds, window=window, full=full, swa=swa, kv_dtype=kv_dtype,
-                 unverified=base.unverified)
+                 unverified=base.unverified, preset=preset)
 
 
 def _pool(t: _Table) -> PoolConfig:
@@ -456,7 +478,8 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     top = _Table(data, "", source)
     name = top.get("name", str, Path(source).stem)
     description = top.get("description", str, "")
-    seed = top.get("seed", int, 0, minimum=0)
+    seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
+    max_steps = top.get("max_steps", int, None, minimum=1)
     design = top.get("design", str, "sglang-post-29460")
     backends = top.get("backends", list, list(BACKENDS))
     for i, b in enumerate(backends):
@@ -473,7 +496,8 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     engine = _engine(engine_t, pool) if engine_t else EngineConfig()
     top.done()
     return Scenario(name=name, description=description, seed=seed, design=design, backends=tuple(backends),
-                    model=model, pool=pool, workload=workload, engine=engine, source=source, raw=text)
+                    model=model, pool=pool, workload=workload, engine=engine, max_steps=max_steps,
+                    source=source, raw=text)
 
 
 def load_scenario(path: str | Path) -> Scenario:
@@ -483,3 +507,121 @@ def load_scenario(path: str | Path) -> Scenario:
     except OSError as e:
         raise ScenarioError(f"{p}: cannot read scenario file: {e.strerror}") from None
     return parse_scenario(text, str(p))
+
+
+# --------------------------------------------------------------------------- writing back
+
+def scenario_data(sc: Scenario, *, defaults: bool = True) -> dict[str, Any]:
+    """The TOML data of a scenario (see :meth:`Scenario.to_toml`); ``parse_scenario`` reads it back equal."""
+    out: dict[str, Any] = {"name": sc.name}
+    if defaults or sc.description:
+        out["description"] = sc.description
+    out["seed"] = sc.seed
+    out["design"] = sc.design
+    out["backends"] = list(sc.backends)
+    if sc.max_steps is not None:
+        out["max_steps"] = sc.max_steps
+    out["model"] = _model_data(sc.model, defaults)
+    out["pool"] = _pool_data(sc.pool, defaults)
+    out["workload"] = _workload_data(sc.workload, defaults)
+    engine = _engine_data(sc.engine, defaults)
+    if engine:
+        out["engine"] = engine
+    return out
+
+
+def _put(d: dict[str, Any], key: str, value: Any, default: Any, defaults: bool) -> None:
+    if defaults or value != default:
+        d[key] = value
+
+
+def _geometry_data(g: KVGeometry) -> dict[str, Any]:
+    return {"heads": g.heads, "head_dim": g.head_dim, "v_head_dim": g.v_head_dim}
+
+
+def _model_data(m: Model, defaults: bool) -> dict[str, Any]:
+    base = PRESETS[m.preset] if m.preset is not None else CUSTOM_MODEL
+    d: dict[str, Any] = {}
+    if m.preset is not None:
+        d["preset"] = m.preset
+    _put(d, "name", m.name, base.name, defaults)
+    if defaults or m.preset is None or m.layer_kinds != base.layer_kinds:
+        d["layers"] = format_pattern(m.layer_kinds)
+    if defaults or m.preset is None or m.window != base.window:
+        d["window"] = m.window
+    _put(d, "kv_dtype", m.kv_dtype, base.kv_dtype, defaults)
+    for kind in ("full", "swa"):
+        _put(d, kind, _geometry_data(m.geometry(kind)), _geometry_data(base.geometry(kind)), defaults)
+    return d
+
+
+def _pool_data(p: PoolConfig, defaults: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {"full_size": p.full_size}
+    _put(d, "swa_ratio", p.swa_ratio, 0.8, defaults)
+    _put(d, "page_size", p.page_size, 1, defaults)
+    return d
+
+
+def _dist_data(dist: Distribution, defaults: bool) -> Any:
+    return dist.value if dist.dist == "fixed" and not defaults else dist.to_toml()
+
+
+def _workload_data(w: WorkloadConfig, defaults: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    if defaults or not w.explicit:
+        d["requests"] = w.requests
+    _put(d, "arrival", w.arrival, "all_at_once", defaults)
+    _put(d, "rate", w.rate, 1.0, defaults)
+    for key, default in (("prompt_len", DEFAULT_PROMPT_LEN), ("output_len", DEFAULT_OUTPUT_LEN)):
+        value = getattr(w, key)
+        if defaults or value != default:
+            d[key] = _dist_data(value, defaults)
+    if w.explicit:
+        d["request"] = [{"arrival_step": r.arrival_step, "prompt_len": r.prompt_len, "output_len": r.output_len}
+                        for r in w.explicit]
+    return d
+
+
+def _sizes_data(d: dict[str, Any], key: str, max_key: str, sizes: tuple[int, ...], make, minimum: int,
+                default: tuple[int, ...], defaults: bool) -> None:
+    """A capture-size list: explicit, or (compact) left out / as its largest size when the rule gives it."""
+    if not defaults and sizes == default:
+        return
+    if not defaults and sizes[-1] >= minimum and make(sizes[-1]) == sizes:
+        d[max_key] = sizes[-1]
+    else:
+        d[key] = list(sizes)
+
+
+def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
+    base = EngineConfig()
+    d: dict[str, Any] = {}
+    for key in ("chunked_prefill_size", "max_running_requests", "mixed_chunk", "dp_size"):
+        _put(d, key, getattr(e, key), getattr(base, key), defaults)
+    if defaults or e.dp_other_tokens != base.dp_other_tokens:
+        d["dp_other_tokens"] = _dist_data(e.dp_other_tokens, defaults)
+    _put(d, "piecewise_cuda_graph", e.piecewise_cuda_graph, base.piecewise_cuda_graph, defaults)
+    _sizes_data(d, "piecewise_capture_sizes", "piecewise_max_tokens", e.piecewise_capture_sizes,
+                default_piecewise_capture_sizes, 4, default_piecewise_capture_sizes(), defaults)
+    _put(d, "piecewise_shrink", e.piecewise_shrink, base.piecewise_shrink, defaults)
+    _put(d, "cuda_graph", e.cuda_graph, base.cuda_graph, defaults)
+    bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
+    _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
+    if e.speculative != NO_SPECULATIVE:
+        d["speculative"] = _speculative_data(e.speculative, defaults)
+    return d
+
+
+def _speculative_data(s: SpeculativeConfig, defaults: bool) -> dict[str, Any]:
+    base = SpeculativeConfig(enabled=True)     # what a present [engine.speculative] table defaults to
+    d: dict[str, Any] = {}
+    _put(d, "enabled", s.enabled, base.enabled, defaults)
+    _put(d, "algorithm", s.algorithm, base.algorithm, defaults)
+    _put(d, "num_draft_tokens", s.num_draft_tokens, base.num_draft_tokens, defaults)
+    _put(d, "accept_rate", s.accept_rate, base.accept_rate, defaults)
+    _put(d, "draft_layers", format_pattern(s.draft_layers), format_pattern(base.draft_layers), defaults)
+    if s.draft_full_size is not None:
+        d["draft_full_size"] = s.draft_full_size
+    if s.draft_swa_ratio is not None:
+        d["draft_swa_ratio"] = s.draft_swa_ratio
+    return d
