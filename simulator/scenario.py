@@ -7,6 +7,7 @@ misspelt key silently ignored would run a different experiment than the one the 
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,6 +29,8 @@ ARRIVALS = ("all_at_once", "poisson")
 SPEC_ALGORITHMS = ("eagle",)
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
 MAX_SEED = 2**63 - 1
+MAX_INT = 2**31 - 1              # the largest value of any integer field without its own limit
+MAX_FILE_BYTES = 64 * 2**20      # a scenario file is at most this large
 
 
 class ScenarioError(ValueError):
@@ -237,11 +240,15 @@ class _Table:
         value = self.data[key]
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:
+                raise self.fail(key, f"must be a finite number, got an integer of {value.bit_length()} bits") from None
         if isinstance(value, bool) and bool not in kinds:
             raise self.fail(key, f"must be {_kind_names(kinds)}, got a boolean")
         if not isinstance(value, kinds):
-            raise self.fail(key, f"must be {_kind_names(kinds)}, got {type(value).__name__} {value!r}")
+            raise self.fail(key, f"must be {_kind_names(kinds)}, got {type(value).__name__} {_short(value)}")
+        _check_number(value, maximum, lambda msg: self.fail(key, msg))
         if allowed is not None and value not in allowed:
             raise self.fail(key, f"{value!r} is not allowed (allowed: {', '.join(map(str, allowed))})")
         if minimum is not None and value < minimum:
@@ -265,7 +272,27 @@ class _Table:
         out = []
         for i, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise self.fail(f"{key}[{i}]", f"must be an integer >= {minimum}, got {v!r}")
+                raise self.fail(f"{key}[{i}]", f"must be an integer >= {minimum}, got {_short(v)}")
+            _check_number(v, None, lambda msg: self.fail(f"{key}[{i}]", msg))
+            out.append(v)
+        return tuple(out)
+
+    def float_list(self, key: str, default: Any = ..., minimum: float = 0.0) -> tuple[float, ...]:
+        value = self.get(key, list, default)
+        if value is default and default is not ...:
+            return tuple(default)
+        out = []
+        for i, v in enumerate(value):
+            if isinstance(v, int) and not isinstance(v, bool):
+                try:
+                    v = float(v)
+                except OverflowError:
+                    raise self.fail(f"{key}[{i}]", "must be a finite number, got a huge integer") from None
+            if not isinstance(v, float):
+                raise self.fail(f"{key}[{i}]", f"must be a number, got {type(v).__name__} {_short(v)}")
+            _check_number(v, None, lambda msg: self.fail(f"{key}[{i}]", msg))
+            if v < minimum:
+                raise self.fail(f"{key}[{i}]", f"must be >= {minimum}, got {v!r}")
             out.append(v)
         return tuple(out)
 
@@ -273,6 +300,22 @@ class _Table:
         unknown = sorted(set(self.data) - self.seen)
         if unknown:
             raise self.fail(unknown[0], f"unknown key (known keys here: {', '.join(sorted(self.seen))})")
+
+
+def _check_number(value: Any, maximum: Any, fail) -> None:
+    """Floats must be finite; integers without an explicit maximum must stay <= MAX_INT."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(f"must be a finite number, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and maximum is None and abs(value) > MAX_INT:
+        raise fail(f"must be <= {MAX_INT}, got {_short(value)}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr of a value for a message, cut to ``limit`` characters (a huge list or integer stays readable)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    r = repr(value)
+    return r if len(r) <= limit else r[:limit - 3] + "..."
 
 
 def _kind_names(kinds: tuple[type, ...]) -> str:
@@ -289,7 +332,8 @@ def _distribution(t: _Table, key: str, default: Distribution, minimum: int = 0) 
     if isinstance(raw, int) and not isinstance(raw, bool):
         t.seen.add(key)
         if raw < minimum:
-            raise t.fail(key, f"must be >= {minimum}, got {raw}")
+            raise t.fail(key, f"must be >= {minimum}, got {_short(raw)}")
+        _check_number(raw, None, lambda msg: t.fail(key, msg))
         return Distribution("fixed", value=raw)
     d = t.table(key)
     assert d is not None
@@ -309,7 +353,7 @@ def _distribution(t: _Table, key: str, default: Distribution, minimum: int = 0) 
         values = d.int_list("values", minimum=minimum)
         if not values:
             raise d.fail("values", "must not be empty")
-        weights = tuple(float(w) for w in d.get("weights", list, []))
+        weights = d.float_list("weights", ())
         if weights and len(weights) != len(values):
             raise d.fail("weights", f"must have one weight per value ({len(values)}), got {len(weights)}")
         if weights and (min(weights) < 0 or sum(weights) <= 0):
@@ -475,6 +519,11 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{source}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise ScenarioError(f"{source}: not valid TOML for a scenario: arrays or tables nested too deeply") from None
+    if not data:
+        raise ScenarioError(f"{source}: the file holds no scenario (it is empty or only comments): "
+                            f"a scenario needs at least [model], [pool] and [workload]")
     top = _Table(data, "", source)
     name = top.get("name", str, Path(source).stem)
     description = top.get("description", str, "")
@@ -484,7 +533,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     backends = top.get("backends", list, list(BACKENDS))
     for i, b in enumerate(backends):
         if b not in BACKENDS:
-            raise top.fail(f"backends[{i}]", f"{b!r} is not a modelled backend (allowed: {', '.join(BACKENDS)})")
+            raise top.fail(f"backends[{i}]", f"{_short(b)} is not a modelled backend (allowed: {', '.join(BACKENDS)})")
     if not backends:
         raise top.fail("backends", f"must name at least one backend (allowed: {', '.join(BACKENDS)})")
     if len(set(backends)) != len(backends):
@@ -502,10 +551,26 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
 
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a directory, not a scenario file")
     try:
-        text = p.read_text()
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as e:
-        raise ScenarioError(f"{p}: cannot read scenario file: {e.strerror}") from None
+        raise ScenarioError(f"{p}: cannot read scenario file: {e.strerror or e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ScenarioError(f"{p}: larger than {MAX_FILE_BYTES // 2**20} MiB: not a scenario file")
+    if not data.strip():
+        raise ScenarioError(f"{p}: the file is empty: a scenario needs at least [model], [pool] and [workload]")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        col = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ScenarioError(f"{p}: not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start} (line {line}, "
+                            f"column {col}); scenario files are UTF-8 TOML") from None
+    if text.startswith("\ufeff"):
+        text = text[1:]          # a byte-order mark is not part of the TOML
     return parse_scenario(text, str(p))
 
 
