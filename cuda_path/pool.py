@@ -33,6 +33,28 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.from_numpy(raw).view(dtype)
 
 
+def row_shape(model: Model, kind: str, geometry: str) -> tuple[int, int, int]:
+    """(heads, K head_dim, V head_dim) of one row of ``kind`` in the pool under test (as TaggedKVPool lays it out)."""
+    if geometry == "compact":
+        return 1, COMPACT_WIDTH, COMPACT_WIDTH
+    g = model.geometry(kind)
+    return g.heads, g.head_dim, g.v_head_dim
+
+
+def row_bytes(model: Model, kind: str, geometry: str) -> int:
+    """Bytes of one slot's K and V row of ``kind`` in one layer of the pool under test."""
+    heads, kd, vd = row_shape(model, kind, geometry)
+    width = torch.empty((), dtype=_STORAGE[model.kv_dtype]).element_size()
+    return heads * (kd + vd) * width
+
+
+def estimate_bytes(model: Model, full_rows: int, swa_rows: int, geometry: str = "real", pools: int = 1) -> int:
+    """Bytes that ``pools`` TaggedKVPools of this model and size hold (K and V buffers, every layer),
+    computed without allocating anything: what a run needs when every slot has been written."""
+    rows = {"full": full_rows, "swa": swa_rows}
+    return pools * sum(model.count(kind) * rows[kind] * row_bytes(model, kind, geometry) for kind in ("full", "swa"))
+
+
 class TaggedKVPool:
     """Implements :class:`simulator.pool.PoolWriter` with torch tensors on any device."""
 

@@ -1,0 +1,223 @@
+"""Bad input never ends in a traceback: exit 2, and the message names the file and the field or position."""
+from __future__ import annotations
+
+import pytest
+
+from simulator.designs import load_design
+from simulator.scenario import ScenarioError, load_scenario, parse_scenario
+from slotscope.cli import main
+from slotscope.resources import GIB, check_resources, estimate
+
+from helpers import ROOT
+
+BASE = '[model]\npreset = "gpt-oss-20b"\n\n[pool]\nfull_size = 4096\n\n[workload]\nrequests = 2\n'
+HUGE = 2**70
+
+
+def _run(path, tmp_path, capsys, *extra) -> tuple[int, str]:
+    capsys.readouterr()
+    rc = main(["run", str(path), "--out", str(tmp_path / "out"), "-q", "--no-report", "--trace-level", "off",
+               "--device", "cpu", *extra])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err
+
+
+def _write(tmp_path, text: str | bytes, name: str = "s.toml"):
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return p
+
+
+def _with(key_line: str, after: str = "") -> str:
+    """BASE with ``key_line`` inserted after the line ``after`` (at the top when empty)."""
+    if not after:
+        return key_line + "\n" + BASE
+    assert after in BASE
+    key = key_line.split(" = ")[0] + " = "
+    if after.startswith(key):                     # the same key: replace its line
+        return BASE.replace(after, key_line, 1)
+    return BASE.replace(after, after + "\n" + key_line, 1)
+
+
+# --------------------------------------------------------------------------- the file itself
+
+def test_not_utf8_names_the_byte_offset(tmp_path, capsys):
+    p = _write(tmp_path, b'name = "caf\xe9"\n' + BASE.encode())
+    rc, err = _run(p, tmp_path, capsys)
+    assert rc == 2
+    assert str(p) in err and "not UTF-8" in err and "offset 11" in err and "line 1" in err and "0xe9" in err
+
+
+def test_not_utf8_later_line(tmp_path, capsys):
+    p = _write(tmp_path, BASE.encode() + b'# \xff\xfe\n')
+    rc, err = _run(p, tmp_path, capsys)
+    assert rc == 2 and f"offset {len(BASE) + 2}" in err and "line 9, column 3" in err
+
+
+def test_directory_empty_and_comment_only(tmp_path, capsys):
+    d = tmp_path / "dir.toml"
+    d.mkdir()
+    rc, err = _run(d, tmp_path, capsys)
+    assert rc == 2 and str(d) in err and "is a directory" in err
+    rc, err = _run(_write(tmp_path, ""), tmp_path, capsys)
+    assert rc == 2 and "s.toml" in err and "empty" in err
+    rc, err = _run(_write(tmp_path, "# nothing\n\n", "c.toml"), tmp_path, capsys)
+    assert rc == 2 and "c.toml" in err and "no scenario" in err
+    rc, err = _run(tmp_path / "missing.toml", tmp_path, capsys)
+    assert rc == 2 and "missing.toml" in err and "No such file" in err
+
+
+def test_deeply_nested_toml(tmp_path, capsys):
+    p = _write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n" + BASE)
+    rc, err = _run(p, tmp_path, capsys)
+    assert rc == 2 and "s.toml" in err and "nested too deeply" in err
+
+
+def test_byte_order_mark_is_accepted():
+    # (a BOM is not an error: editors on Windows write one)
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "bom.toml"
+        p.write_bytes(b"\xef\xbb\xbf" + BASE.encode())
+        assert load_scenario(p).pool.full_size == 4096
+
+
+# --------------------------------------------------------------------------- NaN, inf, huge numbers
+
+@pytest.mark.parametrize("line,after,field", [
+    ("swa_ratio = nan", "full_size = 4096", "pool.swa_ratio"),
+    ("swa_ratio = inf", "full_size = 4096", "pool.swa_ratio"),
+    ('arrival = "poisson"\nrate = inf', "requests = 2", "workload.rate"),
+    ("rate = nan", "requests = 2", "workload.rate"),
+    ("rate = -inf", "requests = 2", "workload.rate"),
+    ('prompt_len = { dist = "lognormal", mean = inf, sigma = 1.0, min = 1, max = 100 }', "requests = 2",
+     "workload.prompt_len.mean"),
+    ('prompt_len = { dist = "lognormal", mean = 1.0, sigma = nan, min = 1, max = 100 }', "requests = 2",
+     "workload.prompt_len.sigma"),
+    ('prompt_len = { dist = "choice", values = [1, 2], weights = [nan, 1.0] }', "requests = 2",
+     "workload.prompt_len.weights[0]"),
+    ('prompt_len = { dist = "choice", values = [1, 2], weights = [1.0, inf] }', "requests = 2",
+     "workload.prompt_len.weights[1]"),
+    ("[engine.speculative]\naccept_rate = nan", "requests = 2", "engine.speculative.accept_rate"),
+    ("[engine.speculative]\ndraft_swa_ratio = inf", "requests = 2", "engine.speculative.draft_swa_ratio"),
+])
+def test_nan_and_inf_floats(tmp_path, capsys, line, after, field):
+    rc, err = _run(_write(tmp_path, _with(line, after)), tmp_path, capsys)
+    assert rc == 2 and f"s.toml: {field}: must be a finite number" in err, err
+
+
+def test_weight_that_is_not_a_number(tmp_path, capsys):
+    line = 'prompt_len = { dist = "choice", values = [1, 2], weights = [1.0, "x"] }'
+    rc, err = _run(_write(tmp_path, _with(line, "requests = 2")), tmp_path, capsys)
+    assert rc == 2 and "s.toml: workload.prompt_len.weights[1]: must be a number, got str 'x'" in err
+
+
+@pytest.mark.parametrize("line,after,field", [
+    (f"full_size = {HUGE}", "full_size = 4096", "pool.full_size"),
+    (f"page_size = {HUGE}", "[pool]", "pool.page_size"),
+    (f"requests = {HUGE}", "requests = 2", "workload.requests"),
+    (f"prompt_len = {HUGE}", "requests = 2", "workload.prompt_len"),
+    (f"output_len = {{ dist = \"uniform\", min = 1, max = {HUGE} }}", "requests = 2", "workload.output_len.max"),
+    (f"prompt_len = {{ dist = \"choice\", values = [1, {HUGE}] }}", "requests = 2", "workload.prompt_len.values[1]"),
+    (f"window = {HUGE}", 'preset = "gpt-oss-20b"', "model.window"),
+    (f"num_layers = {HUGE}", 'preset = "gpt-oss-20b"', "model.num_layers"),
+    (f"[model.full]\nheads = {HUGE}", 'preset = "gpt-oss-20b"', "model.full.heads"),
+    (f"[engine]\nchunked_prefill_size = {HUGE}", "requests = 2", "engine.chunked_prefill_size"),
+    (f"[engine]\ncuda_graph_bs = [1, {HUGE}]", "requests = 2", "engine.cuda_graph_bs[1]"),
+    (f"[engine]\ncuda_graph_max_bs = {HUGE}", "requests = 2", "engine.cuda_graph_max_bs"),
+    (f"[engine]\ndp_size = {HUGE}", "requests = 2", "engine.dp_size"),
+    (f"[[workload.request]]\nprompt_len = {HUGE}\noutput_len = 1", "requests = 2", "workload.request[0].prompt_len"),
+    (f"max_steps = {HUGE}", "", "max_steps"),
+])
+def test_huge_integers(tmp_path, capsys, line, after, field):
+    text = _with(line, after)
+    if "[[workload.request]]" in line:
+        text = text.replace("requests = 2\n", "")
+    rc, err = _run(_write(tmp_path, text), tmp_path, capsys)
+    assert rc == 2 and f"s.toml: {field}: must be <= " in err, err
+
+
+def test_huge_integer_for_a_float_field(tmp_path, capsys):
+    rc, err = _run(_write(tmp_path, _with("swa_ratio = " + "1" + "0" * 400, "full_size = 4096")), tmp_path, capsys)
+    assert rc == 2 and "s.toml: pool.swa_ratio: must be a finite number" in err
+
+
+@pytest.mark.parametrize("value,msg", [(2**63, "must be <= 9223372036854775807"), (HUGE, "must be <= "),
+                                       (-1, "must be >= 0")])
+def test_seed_outside_range(tmp_path, capsys, value, msg):
+    rc, err = _run(_write(tmp_path, _with(f"seed = {value}")), tmp_path, capsys)
+    assert rc == 2 and f"s.toml: seed: {msg}" in err
+    assert parse_scenario(_with(f"seed = {2**63 - 1}")).seed == 2**63 - 1
+
+
+# --------------------------------------------------------------------------- sizes that do not fit
+
+def test_pools_that_do_not_fit_are_refused_before_allocating(tmp_path, capsys):
+    # gemma4-31b: 60 layers; 2^31 - 1 slots x 64 B (compact) x 8 backends is about 60 TiB
+    text = ('[model]\npreset = "gemma4-31b"\n\n[pool]\nfull_size = 2147483640\npage_size = 8\n\n'
+            '[workload]\nrequests = 1\nprompt_len = 4\noutput_len = 1\n')
+    rc, err = _run(_write(tmp_path, text), tmp_path, capsys)
+    assert rc == 2
+    assert "s.toml: pool.full_size = 2,147,483,640: the run would not fit in memory" in err
+    assert "the pools under test (8 backends x (10 full layers x 2,147,483,648 rows x 64 B + 50 SWA layers" in err
+    assert "GiB" in err and "MemAvailable" in err
+    assert not (tmp_path / "out").exists()     # refused before the run directory was made
+
+
+def test_generated_requests_that_do_not_fit(tmp_path, capsys):
+    sc = parse_scenario(_with("requests = 2000000000", "requests = 2").replace("requests = 2\n", "", 1), "w.toml")
+    with pytest.raises(ScenarioError, match=r"w\.toml: workload\.requests = 2,000,000,000: .*2,000,000,000 "
+                                            r"generated requests need about 476\.8 GiB"):
+        check_resources(sc, load_design(sc.design), "cpu", "compact", host_bytes=64 * GIB)
+
+
+def test_draft_pool_named_when_it_dominates():
+    text = _with("[engine.speculative]\ndraft_full_size = 200000000", "requests = 2")
+    sc = parse_scenario(text, "d.toml")
+    design = load_design("sglang-pre-17630")      # keeps the configured (here: huge) draft size
+    with pytest.raises(ScenarioError, match=r"d\.toml: engine\.speculative\.draft_full_size = 200,000,000: .*"
+                                            r"the draft's pools \(8 backends x \(1 full layers x 200,000,001 rows"):
+        check_resources(sc, design, "cpu", "compact", host_bytes=16 * GIB)
+
+
+def test_estimate_matches_the_pools_allocated():
+    from cuda_path.pool import TaggedKVPool
+
+    sc = load_scenario(ROOT / "scenarios/b3-draft-pool-size.toml")
+    design = load_design(sc.design)
+    for geometry in ("compact", "real"):
+        est = estimate(sc, design, "cpu", geometry)
+        pools = est.parts[0]
+        rows = (sc.pool.full_size + 1, sc.pool.swa_size + 1)
+        one = TaggedKVPool(sc.model, *rows, geometry=geometry).bytes()
+        assert pools.nbytes == len(sc.backends) * one and pools.field == "pool.full_size"
+        draft = est.parts[1]
+        assert draft.field == "engine.speculative.draft_full_size"
+
+
+def test_gpu_estimate_is_checked_against_device_memory():
+    sc = load_scenario(ROOT / "scenarios/scale.toml")
+    design = load_design(sc.design)
+    check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=139 * GIB)   # an H200: fits
+    with pytest.raises(ScenarioError, match=r"scale\.toml: pool\.full_size = 65,536: .*real geometry\) need about "
+                                            r"32\.4 GiB.*free memory on cuda.*use --geometry compact"):
+        check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=16 * GIB)
+
+
+def test_real_geometry_rows_too_small_for_a_tag():
+    text = _with("[model.swa]\nheads = 1\nhead_dim = 4", 'preset = "gpt-oss-20b"')
+    sc = parse_scenario(text, "g.toml")
+    check_resources(sc, load_design(sc.design), "cpu", "compact", host_bytes=64 * GIB)
+    with pytest.raises(ScenarioError, match=r"g\.toml: model\.swa\.head_dim: rows of 1 head\(s\) x 4 lanes"):
+        check_resources(sc, load_design(sc.design), "cpu", "real", host_bytes=64 * GIB)
+
+
+def test_shipped_scenarios_fit_here():
+    for path in sorted((ROOT / "scenarios").glob("*.toml")):
+        if path.stem == "corpus":
+            continue
+        sc = load_scenario(path)
+        check_resources(sc, load_design(sc.design), "cpu", "compact", host_bytes=4 * GIB)
