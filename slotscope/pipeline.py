@@ -30,6 +30,7 @@ from simulator.run import RunResult, run_simulation
 from simulator.scenario import Scenario, load_scenario
 
 from . import __version__
+from .resources import check_resources
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -196,6 +197,7 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
         torch.set_num_threads(1)
     geometry = opts.geometry or ("real" if device.type == "cuda" else "compact")
     store = opts.store or ("triton" if device.type == "cuda" else "torch")
+    check_resources(scenario, design, device, geometry)   # will it fit? (exit 2 naming the field)
     if store == "triton" and device.type == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("--store triton on cpu needs TRITON_INTERPRET=1 before triton is imported")
