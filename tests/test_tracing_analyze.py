@@ -377,7 +377,7 @@ def test_cli_export_chrome(tmp_path, capsys):
     assert cli(["export", str(path), "--chrome", "-o", str(out)]) == 0 and out.is_file()
     assert cli(["export", str(path.parent)]) == 2
     assert cli(["export", str(tmp_path / "nothing"), "--chrome"]) == 2
-    assert "no such trace file" in capsys.readouterr().err
+    assert "nothing: no such run directory or trace file" in capsys.readouterr().err
 
 
 # -- Chrome / Perfetto -----------------------------------------------------------------------------------
@@ -414,3 +414,235 @@ def test_chrome_export_rejects_bad_input(tmp_path):
     with pytest.raises(TraceFormatError, match=":2:"):
         export_chrome(path, tmp_path / "c.json")
     assert not (tmp_path / "c.json").exists()
+
+
+# -- hostile input: deep, huge, long names, spans without the attributes we need -------------------------
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def our_doc(spans_attrs: list[dict[str, Any]], name: str = A.SPAN_BACKEND) -> dict[str, Any]:
+    """A slotscope document whose spans carry exactly the given attributes (ints and strings, arrays)."""
+    def value(v: Any) -> dict[str, Any]:
+        if isinstance(v, list):
+            return {"arrayValue": {"values": [value(x) for x in v]}}
+        return {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}
+
+    spans = [{"traceId": "ab" * 16, "spanId": f"{i:016x}", "name": name, "startTimeUnixNano": str(BASE + i),
+              "endTimeUnixNano": str(BASE + i + 10), "attributes": [kv(k, value(v)) for k, v in a.items()]}
+             for i, a in enumerate(spans_attrs)]
+    return {"resourceSpans": [{"resource": {"attributes": [kv("service.name", {"stringValue": "slotscope"}),
+                                                           kv(A.SCENARIO, {"stringValue": "hand"})]},
+                               "scopeSpans": [{"spans": spans}]}]}
+
+
+def backend_attrs(**drop: bool) -> dict[str, Any]:
+    a = {A.STEP: 3, A.BACKEND: "triton", A.MODE: "decode", A.GRAPH: "decode_graph", A.LAYER_IDS: [0, 1],
+         A.LAYER_KINDS: ["swa", "full"], A.LOC_LENS: [4, 4], A.SWA_LOC_LENS: [5, -1]}
+    for key in drop:
+        del a[getattr(A, key)]
+    return a
+
+
+@pytest.mark.parametrize("where", ["first", "later"])
+def test_deeply_nested_line_is_a_bad_line_not_a_recursion_error(tmp_path, capsys, where):
+    path = tmp_path / "deep.jsonl"
+    good = json.dumps(sglang_doc(1))
+    path.write_text(f"{DEEP}\n{good}\n" if where == "first" else f"{good}\n{DEEP}\n")
+    line = 1 if where == "first" else 2
+    with pytest.raises(TraceFormatError, match=f"deep.jsonl:{line}: invalid JSON: nested too deeply"):
+        analyze_files([path])
+    assert cli(["analyze", str(path)]) == 2
+    assert f"deep.jsonl:{line}: invalid JSON: nested too deeply" in capsys.readouterr().err
+    res = analyze_files([path], skip_bad=True)
+    assert res.bad_lines == 1 and res.foreign["spans"] == 4
+    assert cli(["export", str(path), "--chrome"]) == 2
+    err = capsys.readouterr().err
+    assert f"deep.jsonl:{line}: invalid JSON: nested too deeply" in err and "Traceback" not in err
+    assert not list(tmp_path.glob("*.part"))
+    assert cli(["export", str(path), "--chrome", "--skip-bad"]) == 0
+    captured = capsys.readouterr()
+    assert "4 spans" in captured.out and "1 bad line(s)" in captured.err
+
+
+def test_deeply_nested_pretty_document(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("{\n  \"resourceSpans\":\n" + DEEP + "\n}\n")
+    with pytest.raises(TraceFormatError, match=r"deep\.json:\d+: invalid JSON document: nested too deeply"):
+        analyze_files([path])
+
+
+def test_deep_otlp_values_inside_a_parsable_line(tmp_path):
+    # 400 levels of arrayValue parse as JSON (1,200 levels of nesting would not); decoding them must not crash
+    v: dict[str, Any] = {"intValue": "1"}
+    for _ in range(300):
+        v = {"arrayValue": {"values": [v]}}
+    doc = sglang_doc(1)
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"].append(kv("deep", v))
+    path = tmp_path / "v.jsonl"
+    try:
+        path.write_text(json.dumps(doc) + "\n")
+    except RecursionError:
+        pytest.skip("json.dumps cannot write it here")
+    res = analyze_files([path], skip_bad=True)
+    assert res.bad_lines + res.foreign["spans"] >= 1
+
+
+def test_a_line_longer_than_the_limit_is_reported_by_number(tmp_path, capsys):
+    path = tmp_path / "long.jsonl"
+    big = '{"x": "' + "y" * (3 * 2**20) + '"}'
+    path.write_text(json.dumps(sglang_doc(1)) + "\n" + big + "\n" + json.dumps(sglang_doc(2)) + "\n")
+    with pytest.raises(TraceFormatError, match=r"long\.jsonl:2: line longer than the 1 MiB limit \(3 MiB\)"):
+        analyze_files([path], max_line_bytes=2**20)
+    assert cli(["analyze", str(path), "--max-line-mb", "1"]) == 2
+    assert "long.jsonl:2: line longer than the 1 MiB limit" in capsys.readouterr().err
+    res = analyze_files([path], skip_bad=True, max_line_bytes=2**20)
+    assert res.bad_lines == 1 and res.files[0]["bad"][0]["line"] == 2
+    assert res.foreign["spans"] == 8        # the lines after it are read
+    # under the default limit it is read like any other line (and is no OTLP document)
+    assert "missing field 'resourceSpans'" in analyze_files([path], skip_bad=True).files[0]["bad"][0]["reason"]
+    assert cli(["export", str(path), "--chrome", "--max-line-mb", "1"]) == 2
+    assert "long.jsonl:2: line longer than the 1 MiB limit" in capsys.readouterr().err
+
+
+def test_first_line_too_long(tmp_path):
+    path = tmp_path / "first.jsonl"
+    path.write_text('{"x": "' + "y" * (2 * 2**20) + '"}\n' + json.dumps(sglang_doc(1)) + "\n")
+    with pytest.raises(TraceFormatError, match=r"first\.jsonl:1: line longer than the 1 MiB limit"):
+        analyze_files([path], max_line_bytes=2**20)
+    res = analyze_files([path], skip_bad=True, max_line_bytes=2**20)
+    assert res.bad_lines == 1 and res.foreign["spans"] == 4
+
+
+def test_over_long_line_is_never_held_in_memory(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "huge.jsonl"
+    with open(path, "w") as fh:
+        fh.write('{"x": "')
+        chunk = "z" * 2**20
+        for _ in range(40):          # a 40 MiB line
+            fh.write(chunk)
+        fh.write('"}\n')
+    tracemalloc.start()
+    try:
+        res = analyze_files([path], skip_bad=True, max_line_bytes=2**20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res.bad_lines == 1 and "(40 MiB)" in res.files[0]["bad"][0]["reason"]
+    assert peak < 8 * 2**20
+
+
+def test_line_past_the_default_limit(tmp_path):
+    from tracing.otlp_read import MAX_LINE_BYTES
+
+    path = tmp_path / "past.jsonl"
+    with open(path, "w") as fh:
+        fh.write(json.dumps(sglang_doc(1)) + "\n" + '{"x": "')
+        fh.write("q" * (MAX_LINE_BYTES + 10))
+        fh.write('"}\n')
+    with pytest.raises(TraceFormatError, match=r"past\.jsonl:2: line longer than the 64 MiB limit"):
+        analyze_files([path])
+
+
+def test_pretty_document_larger_than_the_limit(tmp_path):
+    path = tmp_path / "big.json"
+    doc = {"resourceSpans": [{"scopeSpans": [{"spans": [{"name": "s" * 100, "startTimeUnixNano": "1"}] * 20000}]}]}
+    path.write_text(json.dumps(doc, indent=2))
+    assert path.stat().st_size > 2**20
+    with pytest.raises(TraceFormatError, match=r"big\.json:1: a pretty-printed JSON document larger than the "
+                                               r"1 MiB limit"):
+        analyze_files([path], max_line_bytes=2**20)
+    assert analyze_files([path]).foreign["spans"] == 20000
+
+
+def test_long_names_are_shortened_in_the_tables_with_a_warning(tmp_path):
+    doc = sglang_doc(1)
+    long_span = "stage_" + "x" * 300
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]["name"] = long_span
+    attrs = backend_attrs()
+    attrs[A.BACKEND] = "backend_" + "b" * 200
+    path = write_jsonl(tmp_path / "n.jsonl", [doc, our_doc([attrs])])
+    res = analyze_files([path])
+    text = res.render_text()
+    assert long_span not in text and attrs[A.BACKEND] not in text
+    assert ("stage_" + "x" * 41 + "\u2026") in text and ("backend_" + "b" * 39 + "\u2026") in text
+    assert "warning: 2 names longer than 48 characters shortened with \u2026" in text
+    assert res.foreign["names"][1]["name"] == long_span or any(n["name"] == long_span for n in res.foreign["names"])
+
+
+def test_names_are_cut_when_read_so_memory_stays_bounded(tmp_path):
+    doc = sglang_doc(1)
+    doc["resourceSpans"][0]["scopeSpans"][0]["spans"][1]["name"] = "n" * 100_000
+    res = analyze_files([write_jsonl(tmp_path / "n.jsonl", [doc])])
+    lens = sorted(len(n["name"]) for n in res.foreign["names"])
+    assert lens[-1] == analyze_mod.MAX_STORED_CHARS
+
+
+def test_spans_lacking_attributes_are_counted_and_warned(tmp_path, capsys):
+    spans = ([backend_attrs(BACKEND=True)] * 5 + [backend_attrs(BACKEND=True, STEP=True)] * 2
+             + [backend_attrs(LOC_LENS=True)] * 3 + [backend_attrs()] * 4)
+    path = write_jsonl(tmp_path / "lack.jsonl", [our_doc(spans)])
+    r = analyze_files([path]).run()
+    assert r["lacking_attributes"] == {A.BACKEND: 7, A.LOC_LENS: 3, A.STEP: 2}
+    assert r["spans_unused"] == 3 and r["spans"] == 14
+    assert r["boundaries"] == 2 * 11                      # the 3 spans without loc lengths are left out
+    assert r["warnings"][0].startswith(f"7 spans lack {A.BACKEND}; 3 lack {A.LOC_LENS}; 2 lack {A.STEP}")
+    assert "3 spans without per-layer shapes" in r["warnings"][1]
+    assert cli(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: 7 spans lack {A.BACKEND}; 3 lack {A.LOC_LENS}; 2 lack {A.STEP}" in out
+    assert cli(["analyze", "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert f"7 spans lack {A.BACKEND}" in captured.err and json.loads(captured.out)
+    # boundary spans (read when a run has no backend spans) are checked for theirs
+    b = {A.STEP: 1, A.BACKEND: "aiter", A.MODE: "extend", A.GRAPH: "eager", A.LAYER: 0, A.LAYER_KIND: "swa",
+         A.LOC_SHAPE: [4], A.SWA_LOC_SHAPE: [4]}
+    nob = {k: v for k, v in b.items() if k not in (A.MODE, A.GRAPH)}
+    r = analyze_files([write_jsonl(tmp_path / "b.jsonl", [our_doc([b, nob, nob], A.SPAN_BOUNDARY)])]).run()
+    assert r["lacking_attributes"] == {A.GRAPH: 2, A.MODE: 2} and r["boundaries"] == 3
+
+
+def test_our_own_traces_raise_no_lacking_warnings(tmp_path):
+    for level in ("step", "boundary", "anomaly"):
+        path, _ = traced_run(tmp_path, level, steps=6)
+        r = analyze_files([path]).run()
+        assert r["warnings"] == [] and r["lacking_attributes"] == {}
+
+
+def test_run_directory_without_a_trace_says_what_is_missing(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "steps.jsonl").write_text("")
+    (run / "scenario.toml").write_text("")
+    assert cli(["export", str(run), "--chrome"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{run}: no trace.otlp.jsonl to read (the run did not finish: the trace is written at its end); "
+            f"missing: trace.otlp.jsonl, summary.json, run.json; present: steps.jsonl, scenario.toml") in err
+    (run / "summary.json").write_text(json.dumps({"incomplete": {"reason": "signal"}}))
+    assert cli(["export", str(run), "--chrome"]) == 2
+    assert "(summary.json says the run is incomplete)" in capsys.readouterr().err
+    (run / "run.json").write_text(json.dumps({"trace_level": "off"}))
+    assert cli(["analyze", str(run)]) == 2
+    assert "(the run was made with --trace-level off)" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli(["export", str(empty), "--chrome"]) == 2
+    assert "not a run directory" in capsys.readouterr().err
+
+
+def test_export_output_that_is_a_directory(tmp_path, capsys):
+    path, _ = traced_run(tmp_path, "step", steps=3)
+    assert cli(["export", str(path), "--chrome", "-o", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not list(tmp_path.rglob("*.part"))
+
+
+def test_export_span_with_bad_values_names_the_line(tmp_path, capsys):
+    bad = our_doc([{A.LAYER: "not-a-number", A.BACKEND: "x"}], A.SPAN_BOUNDARY)
+    path = write_jsonl(tmp_path / "e.jsonl", [sglang_doc(1), bad])
+    assert cli(["export", str(path), "--chrome"]) == 2
+    err = capsys.readouterr().err
+    assert "e.jsonl:2: cannot convert a span: ValueError" in err
+    assert cli(["export", str(path), "--chrome", "--skip-bad"]) == 0
+    assert "4 spans" in capsys.readouterr().out

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Optional, Union
 from simulator.records import FINDING_CLASSES
 
 from . import attributes as A
-from .otlp_read import BadLine, TraceFormatError, attributes, norm_id, read_documents
+from .otlp_read import BadLine, TraceFormatError, attributes, missing_trace, norm_id, read_documents
+from .otlp_json import TRACE_FILE
 from .tables import format_table
 
 __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
@@ -31,6 +32,12 @@ __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
 DIMENSIONS = ("backend", "layer_kind", "mode", "graph_path")
 EXACT_DURATIONS = 4096          # per span name; beyond this p50 comes from a log histogram
 MAX_NAMES = 10_000              # distinct foreign span names tracked; the rest fold into "(other)"
+MAX_KEYS = 1_000                # distinct backends / modes / graph paths / layer kinds per run; the rest "(other)"
+MAX_RUNS = 1_000                # distinct slotscope runs; the rest fold into one "(other runs)"
+MAX_STORED_CHARS = 512          # longer names and attribute values are cut when read (memory stays bounded)
+TABLE_NAME_CHARS = 48           # longer names are shortened with an ellipsis in the text tables
+OTHER = "(other)"
+ELLIPSIS = "\u2026"
 _HIST_BASE = math.log(1.01)     # histogram buckets 1% wide: p50 within about 0.5%
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR")
 _MAX_BAD_KEPT = 20
@@ -40,6 +47,29 @@ _BACKEND_KEYS = frozenset((A.LAYER_IDS, A.LAYER_KINDS, A.LOC_LENS, A.SWA_LOC_LEN
                            A.STEP, A.MODE, A.GRAPH, A.ERROR_LAYERS) + _FINDING_KEYS)
 _BOUNDARY_KEYS = frozenset((A.LAYER, A.LAYER_KIND, A.LOC_SHAPE, A.SWA_LOC_SHAPE, A.BACKEND,
                             A.STEP, A.MODE, A.GRAPH) + _FINDING_KEYS)
+# What each span kind needs for the tables; a span without one is counted ("N spans lack ...")
+_BACKEND_NEEDS = (A.BACKEND, A.STEP, A.MODE, A.GRAPH, A.LAYER_IDS, A.LAYER_KINDS, A.LOC_LENS, A.SWA_LOC_LENS)
+_BOUNDARY_NEEDS = (A.BACKEND, A.STEP, A.MODE, A.GRAPH, A.LAYER, A.LAYER_KIND, A.LOC_SHAPE, A.SWA_LOC_SHAPE)
+# without these a span says nothing about shapes: it is counted as lacking and left out of the tables
+_BACKEND_ESSENTIAL = (A.LAYER_IDS, A.LOC_LENS, A.SWA_LOC_LENS)
+_BOUNDARY_ESSENTIAL = (A.LAYER, A.LOC_SHAPE)
+
+
+def _cut(value: Any) -> str:
+    """A name as stored: a string of at most MAX_STORED_CHARS characters."""
+    text = value if isinstance(value, str) else str(value)
+    return text if len(text) <= MAX_STORED_CHARS else text[:MAX_STORED_CHARS - 1] + ELLIPSIS
+
+
+def _capped_row(table: dict[str, list[int]], key: str) -> list[int]:
+    row = table.get(key)
+    if row is None:
+        if len(table) >= MAX_KEYS:
+            key = OTHER
+            row = table.get(key)
+        if row is None:
+            row = table[key] = [0, 0, 0]
+    return row
 
 
 # -- per-name duration statistics ---------------------------------------------------------------
@@ -112,22 +142,19 @@ class _Tally:
         self.longer += lo
         self.shorter += sh
         for dim, key in (("backend", rec.backend), ("mode", rec.mode), ("graph_path", rec.graph)):
-            row = self.tables[dim].get(key)
-            if row is None:
-                row = self.tables[dim][key] = [0, 0, 0]
+            row = _capped_row(self.tables[dim], key)
             row[0] += n
             row[1] += lo
             row[2] += sh
         kinds = self.tables["layer_kind"]
         for kind, (kn, klo, ksh) in rec.by_kind.items():
-            row = kinds.get(kind)
-            if row is None:
-                row = kinds[kind] = [0, 0, 0]
+            row = _capped_row(kinds, kind)
             row[0] += kn
             row[1] += klo
             row[2] += ksh
         if rec.findings:
-            per = self.findings.setdefault(rec.backend, {})
+            backend = rec.backend if rec.backend in self.findings or len(self.findings) < MAX_KEYS else OTHER
+            per = self.findings.setdefault(backend, {})
             for cls, c in rec.findings.items():
                 per[cls] = per.get(cls, 0) + c
         if rec.first is not None and (self.first is None or rec.first[0] < self.first[0]):
@@ -165,6 +192,8 @@ class _Run:
         self.tallies = (_Tally(), _Tally())
         self.has_arrays = False
         self.first_error: Optional[tuple[tuple[Any, ...], dict[str, Any]]] = None
+        self.lacking: dict[str, int] = {}        # attribute -> spans that needed it and lacked it
+        self.unused = 0                          # spans left out of the tables for lack of shapes
 
     def backend_rank(self, backend: str) -> tuple[int, str]:
         return (self.order.get(backend, len(self.order)), backend)
@@ -194,8 +223,9 @@ class FileStats:
 class Analyzer:
     """Feed files with :meth:`add_file`; read the result with :meth:`result`."""
 
-    def __init__(self, skip_bad: bool = False):
+    def __init__(self, skip_bad: bool = False, max_line_bytes: Optional[int] = None):
         self.skip_bad = skip_bad
+        self.max_line_bytes = max_line_bytes
         self.files: list[FileStats] = []
         self.runs: dict[tuple[str, str, str], _Run] = {}
         self.foreign: dict[str, Durations] = {}
@@ -207,11 +237,14 @@ class Analyzer:
     def add_file(self, path: Union[str, os.PathLike[str]]) -> FileStats:
         p = os.fspath(path)
         if os.path.isdir(p):                 # a run's output directory: its trace file
-            p = os.path.join(p, "trace.otlp.jsonl")
+            trace = os.path.join(p, TRACE_FILE)
+            if not os.path.isfile(trace):
+                raise TraceFormatError(p, 0, missing_trace(p))
+            p = trace
         stats = FileStats(p)
         self.files.append(stats)
         try:
-            items = read_documents(p)
+            items = read_documents(p, self.max_line_bytes)
             for item in items:
                 if isinstance(item, BadLine):
                     self._bad(stats, item.line, item.reason)
@@ -221,7 +254,8 @@ class Analyzer:
                     pending = self._read_document(doc)
                 except TraceFormatError:
                     raise
-                except (KeyError, TypeError, AttributeError, ValueError, IndexError) as exc:
+                except (KeyError, TypeError, AttributeError, ValueError, IndexError, RecursionError,
+                        MemoryError) as exc:
                     self._bad(stats, line, f"not an OTLP trace document: {_describe(exc)}")
                     continue
                 if pending is None:
@@ -258,8 +292,10 @@ class Analyzer:
             res_attrs = attributes((rs.get("resource") or {}).get("attributes"))
             ours = res_attrs.get("service.name") == "slotscope" or any(
                 k.startswith(A.NS) for k in res_attrs)
-            run_key = (str(res_attrs.get(A.SCENARIO, "?")), str(res_attrs.get(A.DESIGN, "?")),
-                       str(res_attrs.get(A.SEED, "?")))
+            run_key = (_cut(res_attrs.get(A.SCENARIO, "?")), _cut(res_attrs.get(A.DESIGN, "?")),
+                       _cut(res_attrs.get(A.SEED, "?")))
+            if run_key not in self.runs and len(self.runs) >= MAX_RUNS:
+                run_key = ("(other runs)", OTHER, OTHER)
             run = self.runs.get(run_key) if ours else None
             scope_spans = rs.get("scopeSpans")
             if scope_spans is None:
@@ -272,6 +308,8 @@ class Analyzer:
                     name = span.get("name", "")
                     if not isinstance(name, str):
                         raise TypeError("span name is not a string")
+                    if len(name) > MAX_STORED_CHARS:
+                        name = _cut(name)
                     if ours or name in A.SPAN_NAMES:
                         if run is None:
                             run = self.runs.get(run_key)
@@ -290,14 +328,21 @@ class Analyzer:
         st = span.get("status")
         err = bool(st) and st.get("code") in _ERROR_CODES
         if name == A.SPAN_BACKEND:
-            return (run, name, err, self._backend_span(run, span, st if err else None))
+            a = attributes(span.get("attributes"), _BACKEND_KEYS)
+            lacking = tuple(k for k in _BACKEND_NEEDS if a.get(k) is None)
+            usable = not any(k in lacking for k in _BACKEND_ESSENTIAL)
+            return (run, name, err, self._backend_span(run, span, a, st if err else None) if usable else None,
+                    lacking)
         if name == A.SPAN_BOUNDARY and (not run.has_arrays or err):
-            return (run, name, err, self._boundary_span(run, span, st if err else None))
-        return (run, name, err, None)
+            a = attributes(span.get("attributes"), _BOUNDARY_KEYS)
+            lacking = tuple(k for k in _BOUNDARY_NEEDS if a.get(k) is None)
+            usable = not any(k in lacking for k in _BOUNDARY_ESSENTIAL)
+            return (run, name, err, self._boundary_span(run, span, a, st if err else None) if usable else None,
+                    lacking)
+        return (run, name, err, None, ())
 
-    def _backend_span(self, run: _Run, span: dict[str, Any],
+    def _backend_span(self, run: _Run, span: dict[str, Any], a: dict[str, Any],
                       status: Optional[dict[str, Any]]) -> Optional[_Crossings]:
-        a = attributes(span.get("attributes"), _BACKEND_KEYS)
         layers = a.get(A.LAYER_IDS)
         if layers is None:
             return None
@@ -307,13 +352,15 @@ class Analyzer:
         if not (len(layers) == len(kinds) == len(locs) == len(swas)):
             raise ValueError(f"{A.SPAN_BACKEND} arrays differ in length "
                              f"({len(layers)}, {len(kinds)}, {len(locs)}, {len(swas)})")
-        backend = str(a.get(A.BACKEND, "?"))
+        backend = _cut(a.get(A.BACKEND, "?"))
         step = int(a.get(A.STEP, -1))
-        mode, graph = str(a.get(A.MODE, "?")), str(a.get(A.GRAPH, "?"))
+        mode, graph = _cut(a.get(A.MODE, "?")), _cut(a.get(A.GRAPH, "?"))
         by_kind: dict[str, list[int]] = {}
         first = None
         lo_all = sh_all = 0
         for layer, kind, loc, swa in zip(layers, kinds, locs, swas):
+            if not isinstance(kind, str) or len(kind) > MAX_STORED_CHARS:
+                kind = _cut(kind)
             row = by_kind.get(kind)
             if row is None:
                 row = by_kind[kind] = [0, 0, 0]
@@ -337,20 +384,19 @@ class Analyzer:
         return _Crossings(run.key, 0, backend, mode, graph, (len(layers), lo_all, sh_all),
                           {k: tuple(v) for k, v in by_kind.items()}, _findings(a), fd, error)
 
-    def _boundary_span(self, run: _Run, span: dict[str, Any],
+    def _boundary_span(self, run: _Run, span: dict[str, Any], a: dict[str, Any],
                        status: Optional[dict[str, Any]]) -> Optional[_Crossings]:
-        a = attributes(span.get("attributes"), _BOUNDARY_KEYS)
         if A.LAYER not in a:
             return None
-        backend = str(a.get(A.BACKEND, "?"))
+        backend = _cut(a.get(A.BACKEND, "?"))
         step = int(a.get(A.STEP, -1))
         layer = int(a[A.LAYER])
-        kind = str(a.get(A.LAYER_KIND, "swa"))
+        kind = _cut(a.get(A.LAYER_KIND, "swa"))
         loc_shape = a.get(A.LOC_SHAPE) or [0]
         swa_shape = a.get(A.SWA_LOC_SHAPE) or []
         loc = int(loc_shape[0])
         swa = int(swa_shape[0]) if swa_shape else -1
-        mode, graph = str(a.get(A.MODE, "?")), str(a.get(A.GRAPH, "?"))
+        mode, graph = _cut(a.get(A.MODE, "?")), _cut(a.get(A.GRAPH, "?"))
         lo = sh = 0
         first = None
         if not _agrees(kind, loc, swa):
@@ -400,12 +446,19 @@ class Analyzer:
                         d = foreign[name] = Durations()
                 d.add(dur)
                 continue
-            run, name, err, cross = rec
+            run, name, err, cross, lacking = rec
             run.spans += 1
-            run.names[name] = run.names.get(name, 0) + 1
+            if name in run.names or len(run.names) < MAX_NAMES:
+                run.names[name] = run.names.get(name, 0) + 1
+            else:
+                run.names[OTHER] = run.names.get(OTHER, 0) + 1
             if err:
                 run.error_spans += 1
+            for key in lacking:
+                run.lacking[key] = run.lacking.get(key, 0) + 1
             if cross is None:
+                if lacking:
+                    run.unused += 1
                 continue
             if cross.source == 0:
                 run.has_arrays = True
@@ -484,7 +537,25 @@ def _run_json(run: _Run, tally: _Tally, source: str) -> dict[str, Any]:
         "findings_total": sum(sum(per.values()) for per in findings.values()),
         "first_divergence": tally.first[1] if tally.first else None,
         "first_error": run.first_error[1] if run.first_error else None,
+        "lacking_attributes": dict(sorted(run.lacking.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "spans_unused": run.unused,
+        "warnings": _lacking_warnings(run.lacking, run.unused),
     }
+
+
+def _lacking_warnings(lacking: dict[str, int], unused: int) -> list[str]:
+    """"312 spans lack slotscope.backend; 12 lack slotscope.step" (most first), and what was left out."""
+    if not lacking:
+        return []
+    parts = sorted(lacking.items(), key=lambda kv: (-kv[1], kv[0]))
+    (k0, n0), rest = parts[0], parts[1:]
+    text = f"{n0} span{'s' if n0 != 1 else ''} lack {k0}" + "".join(f"; {n} lack {k}" for k, n in rest)
+    out = [text + " (the tables count those as '?' or assume 'swa')"]
+    if unused:
+        out.append(f"{unused} span{'s' if unused != 1 else ''} without per-layer shapes "
+                   f"({A.LAYER_IDS} / {A.LOC_LENS} / {A.SWA_LOC_LENS}, or {A.LAYER} / {A.LOC_SHAPE}) "
+                   f"left out of the tables")
+    return out
 
 
 @dataclass
@@ -520,8 +591,25 @@ class TraceAnalysis:
         return render_text(self)
 
 
+class _Names:
+    """Shortens long names for the text tables (``abc…``) and counts how many it shortened."""
+
+    def __init__(self, limit: int = TABLE_NAME_CHARS):
+        self.limit = limit
+        self.cut: set[str] = set()
+
+    def __call__(self, value: Any) -> str:
+        text = str(value)
+        if len(text) <= self.limit:
+            return text
+        self.cut.add(text)
+        return text[:self.limit - 1] + ELLIPSIS
+
+
 def render_text(res: TraceAnalysis) -> str:
     out: list[str] = []
+    nm = _Names()
+    warnings: list[str] = []
     out.append("Files")
     out.append(format_table(("file", "documents", "spans", "bad lines"),
                             [(f["path"], f["documents"], f["spans"], f["bad_lines"])
@@ -529,9 +617,12 @@ def render_text(res: TraceAnalysis) -> str:
     for f in res.files:
         for b in f["bad"]:
             out.append(f"  skipped {f['path']}:{b['line']}: {b['reason']}")
+        if f["bad_lines"] > len(f["bad"]):
+            out.append(f"  ... and {f['bad_lines'] - len(f['bad'])} more bad lines skipped in {f['path']}")
     for r in res.slotscope_runs:
         out.append("")
-        out.append(f"slotscope run: {r['run']}  (version {r['service_version']}, "
+        out.append(f"slotscope run: {nm(r['scenario'])} / {nm(r['design'])} / seed {nm(r['seed'])}  "
+                   f"(version {nm(r['service_version'])}, "
                    f"{r['spans']} spans, {r['error_spans']} with status ERROR)")
         out.append(f"  boundaries {r['boundaries']}, diverging {r['diverging']} "
                    f"(swa_loc longer {r['longer']}, shorter {r['shorter']}); from {r['source']}")
@@ -540,48 +631,58 @@ def render_text(res: TraceAnalysis) -> str:
             out.append("")
             out.append(f"  shape divergence by {dim.replace('_', ' ')}")
             out.append(format_table((dim, "boundaries", "agree", "longer", "shorter"),
-                                    [(k, v["boundaries"], v["agree"], v["longer"], v["shorter"])
+                                    [(nm(k), v["boundaries"], v["agree"], v["longer"], v["shorter"])
                                      for k, v in rows.items()], indent="    "))
         out.append("")
         out.append(f"  findings by class ({r['findings_total']} in all)")
         classes = [c for c in FINDING_CLASSES if any(c in per for per in r["findings"].values())]
         if classes:
             out.append(format_table(["backend"] + classes,
-                                    [[b] + [per.get(c, 0) for c in classes]
+                                    [[nm(b)] + [per.get(c, 0) for c in classes]
                                      for b, per in r["findings"].items()], indent="    "))
         else:
             out.append("    none")
         fd = r["first_divergence"]
         out.append("")
         if fd:
-            out.append(f"  first divergence: step {fd['step']}, backend {fd['backend']}, layer "
-                       f"{fd['layer']} ({fd['layer_kind']}): swa_loc {fd['swa_loc_len']} vs loc "
-                       f"{fd['loc_len']} ({fd['direction']}), mode {fd['mode']}, "
-                       f"graph {fd['graph_path']}")
+            out.append(f"  first divergence: step {fd['step']}, backend {nm(fd['backend'])}, layer "
+                       f"{fd['layer']} ({nm(fd['layer_kind'])}): swa_loc {fd['swa_loc_len']} vs loc "
+                       f"{fd['loc_len']} ({fd['direction']}), mode {nm(fd['mode'])}, "
+                       f"graph {nm(fd['graph_path'])}")
         else:
             out.append("  first divergence: none")
         fe = r["first_error"]
         if fe:
-            out.append(f"  first error: step {fe['step']}, backend {fe['backend']}, layer "
-                       f"{fe['layer']}: {fe['message']}")
+            msg = str(fe["message"])
+            msg = msg if len(msg) <= 300 else msg[:299] + ELLIPSIS
+            out.append(f"  first error: step {fe['step']}, backend {nm(fe['backend'])}, layer "
+                       f"{fe['layer']}: {msg}")
+        for w in r.get("warnings", ()):
+            out.append(f"  warning: {w}")
+            warnings.append(w)
     fo = res.foreign
     if fo["spans"]:
         out.append("")
         out.append(f"Other spans: {fo['spans']} ({fo['error_spans']} with status ERROR)"
                    + (f", {fo['names_folded']} folded into (other)" if fo["names_folded"] else ""))
         out.append(format_table(("name", "count", "total ms", "mean ms", "p50 ms", "max ms"),
-                                [(n["name"], n["count"], n["total_ns"] / 1e6, n["mean_ns"] / 1e6,
+                                [(nm(n["name"]), n["count"], n["total_ns"] / 1e6, n["mean_ns"] / 1e6,
                                   n["p50_ns"] / 1e6, n["max_ns"] / 1e6) for n in fo["names"]]))
     if not res.slotscope_runs and not fo["spans"]:
         out.append("")
         out.append("no spans found")
+    if nm.cut:
+        out.append("")
+        out.append(f"warning: {len(nm.cut)} name{'s' if len(nm.cut) != 1 else ''} longer than {nm.limit} "
+                   f"characters shortened with {ELLIPSIS} in these tables (--json has them in full, up to "
+                   f"{MAX_STORED_CHARS} characters)")
     return "\n".join(out) + "\n"
 
 
 def analyze_files(paths: Iterable[Union[str, os.PathLike[str]]],
-                  skip_bad: bool = False) -> TraceAnalysis:
+                  skip_bad: bool = False, max_line_bytes: Optional[int] = None) -> TraceAnalysis:
     """Analyse OTLP JSON files; raises TraceFormatError (file:line) unless ``skip_bad``."""
-    an = Analyzer(skip_bad=skip_bad)
+    an = Analyzer(skip_bad=skip_bad, max_line_bytes=max_line_bytes)
     for p in paths:
         an.add_file(p)
     return an.result()

@@ -24,20 +24,53 @@ _BAD_CNAME = "bad"             # Chrome's reserved colour names
 _ERROR_CNAME = "terrible"
 
 
-def _spans(path: str) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """(resource attributes, span) for every span; any unreadable document is fatal here."""
-    for item in read_documents(path):
-        if isinstance(item, BadLine):
-            raise TraceFormatError(path, item.line, item.reason)
-        line, doc = item
-        try:
-            for rs in doc.get("resourceSpans") or ():
-                res = attributes((rs.get("resource") or {}).get("attributes"))
-                for ss in rs.get("scopeSpans") or ():
-                    for span in ss.get("spans") or ():
-                        yield res, span
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:
-            raise TraceFormatError(path, line, f"not an OTLP trace document: {exc}") from exc
+_STRUCTURE_ERRORS = (AttributeError, TypeError, KeyError, ValueError, IndexError, RecursionError, MemoryError)
+
+
+class _Reader:
+    """Reads the spans of one OTLP JSON file, line by line; a bad line is fatal, or with
+    ``skip_bad`` skipped and counted (each document whole: none of a bad one's spans are used)."""
+
+    def __init__(self, path: str, skip_bad: bool = False, max_line_bytes: Optional[int] = None):
+        self.path, self.skip_bad, self.max_line_bytes = path, skip_bad, max_line_bytes
+        self.bad: list[tuple[int, str]] = []
+
+    def bad_line(self, line: int, reason: str) -> None:
+        if not self.skip_bad:
+            raise TraceFormatError(self.path, line, reason)
+        self.bad.append((line, reason))
+
+    def documents(self) -> Iterator[tuple[int, list[tuple[dict[str, Any], dict[str, Any]]]]]:
+        """(line, [(resource attributes, span), ...]) per readable document."""
+        for item in read_documents(self.path, self.max_line_bytes):
+            if isinstance(item, BadLine):
+                self.bad_line(item.line, item.reason)
+                continue
+            line, doc = item
+            try:
+                spans = []
+                for rs in doc.get("resourceSpans") or ():
+                    res = attributes((rs.get("resource") or {}).get("attributes"))
+                    for ss in rs.get("scopeSpans") or ():
+                        for span in ss.get("spans") or ():
+                            if not isinstance(span, dict):
+                                raise TypeError(f"a span is a {type(span).__name__}, not an object")
+                            spans.append((res, span))
+            except _STRUCTURE_ERRORS as exc:
+                self.bad_line(line, f"not an OTLP trace document: {_describe(exc)}")
+                continue
+            yield line, spans
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, KeyError):
+        return f"missing field {exc.args[0]!r}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, MemoryError):
+        return "too large for the memory available"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 class _Lanes:
@@ -86,47 +119,76 @@ def _args(a: dict[str, Any], span: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def export_chrome(src: Union[str, os.PathLike[str]], dst: Union[str, os.PathLike[str]]) -> dict[str, int]:
-    """Convert an OTLP JSON file to a Chrome trace; returns {"events": n, "spans": n}."""
+def _event(lanes: _Lanes, res: dict[str, Any], span: dict[str, Any], t0: int) -> str:
+    a = attributes(span.get("attributes"))
+    pid, tid, label = lanes.place(res, span, a)
+    start = int(span.get("startTimeUnixNano") or 0)
+    end = int(span.get("endTimeUnixNano") or start)
+    ev: dict[str, Any] = {"name": label, "cat": str(span.get("name", "")), "ph": "X",
+                          "ts": (start - t0) / 1000.0, "dur": max(0, end - start) / 1000.0,
+                          "pid": pid, "tid": tid, "args": _args(a, span)}
+    code = (span.get("status") or {}).get("code")
+    if code in (2, "2", "STATUS_CODE_ERROR"):
+        ev["cname"] = _ERROR_CNAME
+    elif a.get(A.MISMATCH):
+        ev["cname"] = _BAD_CNAME
+    return json.dumps(ev, separators=(",", ":"))
+
+
+def export_chrome(src: Union[str, os.PathLike[str]], dst: Union[str, os.PathLike[str]], *,
+                  skip_bad: bool = False, max_line_bytes: Optional[int] = None) -> dict[str, int]:
+    """Convert an OTLP JSON file to a Chrome trace; returns {"events": n, "spans": n, "bad_lines": n}.
+
+    A line that cannot be read or converted raises :class:`TraceFormatError` (file:line); with
+    ``skip_bad`` it is left out whole and counted. The output appears only when complete.
+    """
     src_s = os.fspath(src)
     lanes = _Lanes()
     # Pass 1: the time origin and a stable pid order (the run's backend order first).
-    for res, span in _spans(src_s):
-        t = int(span.get("startTimeUnixNano") or 0)
-        if lanes.t0 is None or t < lanes.t0:
-            lanes.t0 = t
-        backends = res.get(A.BACKENDS)
-        if isinstance(backends, list) and not lanes.pids:
-            for b in backends:
-                lanes.pid(f"backend {b}")
+    first_pass = _Reader(src_s, skip_bad, max_line_bytes)
+    for line, spans in first_pass.documents():
+        try:
+            starts = [int(span.get("startTimeUnixNano") or 0) for _, span in spans]
+        except _STRUCTURE_ERRORS as exc:
+            first_pass.bad_line(line, f"not an OTLP trace document: {_describe(exc)}")
+            continue
+        for (res, _), t in zip(spans, starts):
+            if lanes.t0 is None or t < lanes.t0:
+                lanes.t0 = t
+            backends = res.get(A.BACKENDS)
+            if isinstance(backends, list) and not lanes.pids:
+                for b in backends:
+                    lanes.pid(f"backend {b}")
     t0 = lanes.t0 or 0
     dst_p = Path(dst)
     dst_p.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst_p.with_name(dst_p.name + ".part")
     n_spans = 0
-    with open(tmp, "w", encoding="utf-8") as out:
-        out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
-        first = True
-        for res, span in _spans(src_s):
-            a = attributes(span.get("attributes"))
-            pid, tid, label = lanes.place(res, span, a)
-            start = int(span.get("startTimeUnixNano") or 0)
-            end = int(span.get("endTimeUnixNano") or start)
-            ev: dict[str, Any] = {"name": label, "cat": span.get("name", ""), "ph": "X",
-                                  "ts": (start - t0) / 1000.0, "dur": max(0, end - start) / 1000.0,
-                                  "pid": pid, "tid": tid, "args": _args(a, span)}
-            code = (span.get("status") or {}).get("code")
-            if code in (2, "2", "STATUS_CODE_ERROR"):
-                ev["cname"] = _ERROR_CNAME
-            elif a.get(A.MISMATCH):
-                ev["cname"] = _BAD_CNAME
-            _write(out, ev, first)
-            first = False
-            n_spans += 1
-        n_meta = _write_metadata(out, lanes, first)
-        out.write("\n]}\n")
-    os.replace(tmp, dst_p)
-    return {"spans": n_spans, "events": n_spans + n_meta}
+    reader = _Reader(src_s, skip_bad, max_line_bytes)
+    try:
+        with open(tmp, "w", encoding="utf-8") as out:
+            out.write('{"displayTimeUnit":"ms","traceEvents":[\n')
+            first = True
+            for line, spans in reader.documents():
+                try:
+                    events = [_event(lanes, res, span, t0) for res, span in spans]
+                except _STRUCTURE_ERRORS as exc:
+                    reader.bad_line(line, f"cannot convert a span: {_describe(exc)}")
+                    continue
+                for ev in events:
+                    if not first:
+                        out.write(",\n")
+                    out.write(ev)
+                    first = False
+                n_spans += len(events)
+            n_meta = _write_metadata(out, lanes, first)
+            out.write("\n]}\n")
+        os.replace(tmp, dst_p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return {"spans": n_spans, "events": n_spans + n_meta, "bad_lines": len(reader.bad),
+            "bad": reader.bad[:20]}  # type: ignore[dict-item]
 
 
 def _write(out: TextIO, ev: dict[str, Any], first: bool) -> None:

@@ -2,7 +2,9 @@
 
 The CLI proper lives in slotscope/ (the application layer); tracing only contributes its two
 subcommands here, so the tracing package can be tested and used without the application.
-Exit codes: 0 ok, 2 bad input (the message names the file and the line).
+Exit codes: 0 ok, 2 bad input (the message names the file and the line, or what is missing).
+Input is read with bounded memory: a line (JSON lines) or a document (pretty-printed) longer than
+``--max-line-mb`` is reported by its line number, never read whole.
 """
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import json
 import sys
 from typing import Any
 
+from pathlib import Path
+
 from .analyze import analyze_files
 from .chrome import default_output, export_chrome
-from .otlp_read import TraceFormatError
+from .otlp_json import TRACE_FILE
+from .otlp_read import MAX_LINE_BYTES, TraceFormatError, missing_trace
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
@@ -30,6 +35,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--skip-bad", action="store_true",
                    help="skip malformed lines and count them instead of failing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_max_line(p)
     p.set_defaults(func=cmd_analyze)
 
     e = subparsers.add_parser(
@@ -40,7 +46,26 @@ def register(subparsers: Any) -> None:
                    help="Chrome/Perfetto JSON trace (pid = backend, tid = layer)")
     e.add_argument("-o", "--output", metavar="OUT",
                    help="output file (default: DIR/trace.chrome.json)")
+    e.add_argument("--skip-bad", action="store_true",
+                   help="leave malformed lines out (counted) instead of failing")
+    _add_max_line(e)
     e.set_defaults(func=cmd_export)
+
+
+def _add_max_line(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-line-mb", type=_positive_mb, default=MAX_LINE_BYTES // 2**20, metavar="MB",
+                   help=f"longest line (or pretty-printed document) read, in MiB; longer ones are bad lines "
+                        f"(default {MAX_LINE_BYTES // 2**20})")
+
+
+def _positive_mb(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of MiB, got {text!r}") from None
+    if not 1 <= value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {1 << 20} MiB, got {value}")
+    return value
 
 
 def _fail(message: str) -> int:
@@ -50,31 +75,49 @@ def _fail(message: str) -> int:
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     try:
-        result = analyze_files(args.files, skip_bad=args.skip_bad)
+        result = analyze_files(args.files, skip_bad=args.skip_bad, max_line_bytes=args.max_line_mb * 2**20)
     except TraceFormatError as exc:
         return _fail(str(exc))
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2)
         sys.stdout.write("\n")
+        for r in result.slotscope_runs:            # the text output has them inline
+            for w in r.get("warnings", ()):
+                print(f"slotscope: warning: {r['run'][:200]}: {w}", file=sys.stderr)
     else:
         sys.stdout.write(result.render_text())
+    if result.bad_lines:
+        print(f"slotscope: warning: {result.bad_lines} bad line(s) skipped (--skip-bad)", file=sys.stderr)
     return EXIT_OK
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     if not args.chrome:
         return _fail("export needs a format: --chrome")
-    src, out = default_output(args.source)
+    source = Path(args.source)
+    if not source.exists():
+        return _fail(f"{source}: no such run directory or trace file")
+    src, out = default_output(source)
     if args.output:
-        from pathlib import Path
         out = Path(args.output)
+    if source.is_dir() and not src.is_file():
+        return _fail(f"{source}: {missing_trace(source)}")
     if not src.is_file():
-        return _fail(f"{src}: no such trace file")
+        return _fail(f"{src}: not a trace file")
+    if out.is_dir():
+        return _fail(f"-o {out}: is a directory; give the file to write (e.g. {out / 'trace.chrome.json'})")
     try:
-        figures = export_chrome(src, out)
+        figures = export_chrome(src, out, skip_bad=args.skip_bad, max_line_bytes=args.max_line_mb * 2**20)
     except TraceFormatError as exc:
         return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"{out}: cannot write: {exc.strerror or exc}")
     print(f"wrote {out} ({figures['spans']} spans, {figures['events']} events)")
+    if figures["bad_lines"]:
+        for line, reason in figures["bad"]:
+            print(f"slotscope: warning: skipped {src}:{line}: {reason}", file=sys.stderr)
+        print(f"slotscope: warning: {figures['bad_lines']} bad line(s) of {src} left out (--skip-bad)",
+              file=sys.stderr)
     return EXIT_OK
 
 

@@ -22,15 +22,20 @@ from typing import Any, BinaryIO, Iterator, Optional, Union
 
 _loads = json.loads
 
+#: the longest line (JSON lines) or document (pretty-printed) read; longer ones are rejected by
+#: number, never held in memory whole. Our own lines are a few MB (512 spans each).
+MAX_LINE_BYTES = 64 * 2**20
+_SKIP_CHUNK = 2**20
+
 
 class TraceFormatError(ValueError):
-    """A trace file that is not OTLP JSON, at a known place."""
+    """A trace file that is not OTLP JSON, at a known place (line 0: the file as a whole)."""
 
     def __init__(self, path: str, line: int, reason: str):
         self.path = path
         self.line = line
         self.reason = reason
-        super().__init__(f"{path}:{line}: {reason}")
+        super().__init__(f"{path}:{line}: {reason}" if line > 0 else f"{path}: {reason}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,33 +58,82 @@ def _open(path: str) -> BinaryIO:
     return open(path, "rb")
 
 
-def _short(exc: Exception) -> str:
+def _short(exc: BaseException) -> str:
     if isinstance(exc, json.JSONDecodeError):   # its own "line 1" would be the line's, not the file's
         return f"{exc.msg} at column {exc.colno}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply to parse (arrays or objects inside each other beyond Python's limit)"
+    if isinstance(exc, MemoryError):
+        return "too large to parse in the memory available"
     text = str(exc)
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def read_documents(path: Union[str, os.PathLike[str]]) -> Iterator[Item]:
+#: what json.loads may raise on hostile input besides ValueError
+PARSE_ERRORS = (ValueError, RecursionError, MemoryError)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"
+
+
+def _too_long(limit: int, seen: int) -> str:
+    return (f"line longer than the {_mib(limit)} limit ({_mib(seen)}); not read (a line of OTLP JSON "
+            f"holds one export batch: split the file, or raise the limit)")
+
+
+def _read_lines(fh: BinaryIO, line_no: int, limit: int) -> Iterator[tuple[int, Optional[bytes], int]]:
+    """(line number, bytes or None when longer than ``limit``, length) per line, never holding
+    more than ``limit`` bytes of one line: an over-long line is skipped in chunks."""
+    readline = fh.readline
+    while True:
+        raw = readline(limit + 1)
+        if not raw:
+            return
+        line_no += 1
+        if len(raw) <= limit or raw.endswith(b"\n"):
+            yield line_no, raw, len(raw)
+            continue
+        seen = len(raw)
+        del raw
+        while True:
+            chunk = readline(_SKIP_CHUNK)
+            seen += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                break
+        yield line_no, None, seen
+
+
+def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[int] = None) -> Iterator[Item]:
     """Yield ``(line_number, object)`` per document, or :class:`BadLine` for what cannot parse.
 
     The caller decides whether a BadLine is fatal; this generator keeps going where it can.
     Layout detection: if the first non-blank line is a complete JSON value the file is JSON
     lines; otherwise it is read as one (or several concatenated) pretty-printed documents.
+    Memory is bounded by ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`): a longer line, or
+    a pretty-printed document larger than that, is reported (a BadLine) and never read whole;
+    JSON nested too deeply to parse is a BadLine too.
     """
     p = os.fspath(path)
+    limit = max_line_bytes or MAX_LINE_BYTES
     with _open(p) as fh:
-        first_no = 0
-        first = b""
-        for raw in fh:
-            first_no += 1
-            if raw.strip():
-                first = raw
+        lines = _read_lines(fh, 0, limit)
+        for first_no, first, length in lines:
+            if first is None:
+                # an over-long first line: JSON lines with a huge batch (a pretty document has short lines)
+                yield BadLine(first_no, _too_long(limit, length))
+                yield from _jsonl_rest(lines, limit)
+                return
+            if first.strip():
                 break
         else:
             return                                     # empty file: no spans, not an error
         try:
             obj = _loads(first)
+        except (RecursionError, MemoryError) as exc:   # a complete line, too deep or too big: JSON lines
+            yield BadLine(first_no, f"invalid JSON: {_short(exc)}")
+            yield from _jsonl_rest(lines, limit)
+            return
         except ValueError:
             obj = None
             first_ok = False
@@ -87,20 +141,26 @@ def read_documents(path: Union[str, os.PathLike[str]]) -> Iterator[Item]:
             first_ok = True
         if first_ok:
             yield (first_no, obj)
-            yield from _jsonl_rest(fh, first_no)
+            yield from _jsonl_rest(lines, limit)
             return
-        rest = fh.read()
+        rest = fh.read(limit - len(first) + 1)
+        if len(first) + len(rest) > limit:
+            yield BadLine(first_no, f"a pretty-printed JSON document larger than the {_mib(limit)} limit; not "
+                                    f"read (write the trace as JSON lines, one document per line)")
+            return
     text_b = b"\n" * (first_no - 1) + first + rest
     yield from _documents(p, text_b, first_no)
 
 
-def _jsonl_rest(fh: BinaryIO, line_no: int) -> Iterator[Item]:
+def _jsonl_rest(lines: Iterator[tuple[int, Optional[bytes], int]], limit: int = 0) -> Iterator[Item]:
     loads = _loads
-    for raw in fh:
-        line_no += 1
+    for line_no, raw, length in lines:
+        if raw is None:
+            yield BadLine(line_no, _too_long(limit or MAX_LINE_BYTES, length))
+            continue
         try:
             yield (line_no, loads(raw))
-        except ValueError as exc:
+        except PARSE_ERRORS as exc:
             if raw.strip():
                 yield BadLine(line_no, f"invalid JSON: {_short(exc)}")
 
@@ -126,6 +186,10 @@ def _documents(path: str, data: bytes, first_no: int) -> Iterator[Item]:
             return
         try:
             obj, end = decoder.raw_decode(text, pos)
+        except (RecursionError, MemoryError) as exc:
+            line_at += text.count("\n", counted_to, pos)
+            yield BadLine(line_at, f"invalid JSON document: {_short(exc)}")
+            return
         except json.JSONDecodeError as exc:
             if not parsed_any:
                 # Nothing parsed yet: maybe JSON lines whose first line is broken.
@@ -136,7 +200,7 @@ def _documents(path: str, data: bytes, first_no: int) -> Iterator[Item]:
                         if line.strip():
                             try:
                                 yield (i, json.loads(line))
-                            except ValueError as e2:
+                            except PARSE_ERRORS as e2:
                                 yield BadLine(i, f"invalid JSON: {_short(e2)}")
                     return
             yield BadLine(exc.lineno, f"invalid JSON document: {exc.msg} (column {exc.colno})")
@@ -153,17 +217,51 @@ def _looks_like_jsonl(lines: list[str]) -> bool:
         if line.strip():
             try:
                 return isinstance(json.loads(line), dict)
-            except ValueError:
+            except PARSE_ERRORS:
                 return False
     return False
 
 
-def _first_error(line: str) -> Exception:
+def _first_error(line: str) -> BaseException:
     try:
         json.loads(line)
-    except ValueError as exc:
+    except PARSE_ERRORS as exc:
         return exc
     return ValueError("not a JSON object")
+
+
+def missing_trace(run_dir: Union[str, os.PathLike[str]]) -> str:
+    """Why a run directory has no trace file to read, in words: what is there, what is missing."""
+    from .otlp_json import TRACE_FILE
+
+    d = os.fspath(run_dir)
+    expected = (TRACE_FILE, "steps.jsonl", "summary.json", "run.json", "scenario.toml")
+    present = [n for n in expected if os.path.isfile(os.path.join(d, n))]
+    missing = [n for n in expected if n not in present]
+    if not present:
+        return (f"no {TRACE_FILE} here, and not a run directory either (none of {', '.join(expected)}): "
+                f"give the --out directory of `slotscope run`, or an OTLP JSON file")
+    why = ""
+    try:
+        with open(os.path.join(d, "run.json"), "rb") as f:
+            run = json.loads(f.read(MAX_LINE_BYTES))
+        level = run.get("trace_level") if isinstance(run, dict) else None
+        if level == "off":
+            why = " (the run was made with --trace-level off)"
+    except (OSError, *PARSE_ERRORS):
+        pass
+    if not why and "summary.json" not in present:
+        why = " (the run did not finish: the trace is written at its end)"
+    elif not why:
+        try:
+            with open(os.path.join(d, "summary.json"), "rb") as f:
+                summary = json.loads(f.read(MAX_LINE_BYTES))
+            if isinstance(summary, dict) and summary.get("incomplete"):
+                why = " (summary.json says the run is incomplete)"
+        except (OSError, *PARSE_ERRORS):
+            pass
+    return (f"no {TRACE_FILE} to read{why or ' (the run may have used --trace-level off)'}; missing: "
+            f"{', '.join(missing)}; present: {', '.join(present)}")
 
 
 # -- values ---------------------------------------------------------------------------------------
