@@ -7,11 +7,18 @@ full one. Page 0 (slot 0 when page_size is 1) is reserved in both pools and neve
 
 With page_size P a request's tokens fill pages in order; a new page is taken in both pools at once,
 and a full slot and its SWA slot share their offset inside the page. Free lists are fixed-size
-stacks, so allocation and freeing cost O(tokens), never O(pool).
+arrays, so allocation and freeing cost O(tokens), never O(pool). Two orders
+(:class:`~simulator.release_model.FreeLists`): a stack (LIFO: the latest freed pages come back
+first, in the order they were freed), the default; and a ring-buffer queue (FIFO: freed pages join
+the tail), SGLang 0.5.23's token allocator. Inside a free group (:meth:`HybridAllocator.free_group`)
+frees are held and released together when the group ends, as SGLang's ``free_group_begin`` /
+``free_group_end`` do.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -52,6 +59,88 @@ class _PageStack:
         self._stack[self._top:self._top + k] = pages[::-1]
         self._top += k
 
+    def in_order(self) -> np.ndarray:
+        """The free pages in the order they would be handed out."""
+        return self._stack[:self._top][::-1].copy()
+
+
+class _PageQueue:
+    """Free pages 1..num_pages as a FIFO ring buffer: allocation from the head, frees to the tail."""
+
+    def __init__(self, num_pages: int, initial: Optional[np.ndarray] = None):
+        self.num_pages = num_pages
+        self._ring = np.zeros(max(num_pages, 1), dtype=np.int64)
+        self._live = np.ones(num_pages + 1, dtype=bool)
+        self._live[0] = False
+        pages = np.arange(1, num_pages + 1, dtype=np.int64) if initial is None else initial
+        self._ring[:pages.size] = pages
+        self._live[pages] = False
+        self._head = 0
+        self._count = int(pages.size)
+
+    @property
+    def free(self) -> int:
+        return self._count
+
+    def _span(self, start: int, k: int) -> np.ndarray:
+        cap = self._ring.size
+        idx = (start + np.arange(k, dtype=np.int64)) % cap
+        return idx
+
+    def pop(self, k: int) -> np.ndarray:
+        if k > self._count:
+            raise OutOfSlots(f"asked for {k} pages, {self._count} free")
+        pages = self._ring[self._span(self._head, k)].copy()
+        self._head = (self._head + k) % self._ring.size
+        self._count -= k
+        self._live[pages] = True
+        return pages
+
+    def push(self, pages: np.ndarray) -> None:
+        if pages.size == 0:
+            return
+        if not self._live[pages].all() or np.unique(pages).size != pages.size:
+            raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
+        self._live[pages] = False
+        self._ring[self._span(self._head + self._count, pages.size)] = pages
+        self._count += pages.size
+
+    def in_order(self) -> np.ndarray:
+        return self._ring[self._span(self._head, self._count)].copy()
+
+
+def _free_list(order: str, num_pages: int, initial: Optional[np.ndarray] = None):
+    """A free list of the given order over pages 1..num_pages; ``initial``: the free pages, in hand-out order."""
+    if order == "fifo":
+        return _PageQueue(num_pages, initial)
+    stack = _PageStack(num_pages)
+    if initial is not None:
+        stack._live[1:] = True
+        stack._live[initial] = False
+        stack._top = int(initial.size)
+        stack._stack[:stack._top] = initial[::-1]
+    return stack
+
+
+class _Deferred:
+    """A free list's frees held inside a free group, released in one push when the group ends."""
+
+    __slots__ = ("target", "held")
+
+    def __init__(self, target):
+        self.target = target
+        self.held: list[np.ndarray] = []
+
+    def push(self, pages: np.ndarray) -> None:
+        if pages.size:
+            self.held.append(np.asarray(pages, dtype=np.int64).copy())
+
+    def release(self) -> None:
+        if self.held:
+            pages = np.concatenate(self.held)
+            self.held = []
+            self.target.push(pages)
+
 
 @dataclass(slots=True)
 class RequestSlots:
@@ -69,15 +158,57 @@ class RequestSlots:
 
 
 class HybridAllocator:
-    def __init__(self, full_size: int, swa_size: int, page_size: int = 1):
+    def __init__(self, full_size: int, swa_size: int, page_size: int = 1, free_order: str = "lifo"):
         if full_size % page_size or swa_size % page_size:
             raise ValueError("pool sizes must be multiples of page_size")
         self.full_size, self.swa_size, self.page_size = full_size, swa_size, page_size
+        self.free_order = "lifo"
         self._full = _PageStack(full_size // page_size)
         self._swa = _PageStack(swa_size // page_size)
+        self._groups: Optional[tuple[_Deferred, _Deferred]] = None
+        if free_order != "lifo":
+            self.set_free_order(free_order)
         # 0 = no SWA slot; the last entry is the -1 sentinel (a -1 index translates to -1)
         self.full_to_swa = np.zeros(full_size + page_size + 1, dtype=np.int64)
         self.full_to_swa[-1] = -1
+
+    def set_free_order(self, order: str) -> None:
+        """Switch both free lists to ``order`` ("lifo" | "fifo"), keeping the free pages and the order
+        they would be handed out in (a one-off O(pool) rebuild, at set-up)."""
+        if order not in ("lifo", "fifo"):
+            raise ValueError(f"free order must be 'lifo' or 'fifo', got {order!r}")
+        if self._groups is not None:
+            raise RuntimeError("cannot change the free order inside a free group")
+        if order == self.free_order:
+            return
+        self._full = _free_list(order, self._full.num_pages, self._full.in_order())
+        self._swa = _free_list(order, self._swa.num_pages, self._swa.in_order())
+        self.free_order = order
+
+    @contextmanager
+    def free_group(self, enabled: bool = True) -> Iterator[None]:
+        """Hold every free made inside (in both pools) and release each pool's in one push at the end.
+
+        The pages stay unavailable until the group ends. Nested groups join the outer one;
+        ``enabled=False`` makes it a no-op.
+        """
+        if not enabled or self._groups is not None:
+            yield
+            return
+        groups = (_Deferred(self._full), _Deferred(self._swa))
+        self._groups = groups
+        try:
+            yield
+        finally:
+            self._groups = None
+            groups[0].release()
+            groups[1].release()
+
+    def _push_full(self, pages: np.ndarray) -> None:
+        (self._groups[0] if self._groups is not None else self._full).push(pages)
+
+    def _push_swa(self, pages: np.ndarray) -> None:
+        (self._groups[1] if self._groups is not None else self._swa).push(pages)
 
     # rows of the K/V buffers: slots 0 .. size + page_size - 1
     @property
@@ -149,7 +280,7 @@ class HybridAllocator:
         if end <= slots.swa_evicted:
             return 0
         begin = slots.swa_evicted
-        self._swa.push(slots.swa[begin:end:p] // p)
+        self._push_swa(slots.swa[begin:end:p] // p)
         self.full_to_swa[slots.full[begin:end]] = 0
         slots.swa[begin:end] = 0
         slots.swa_evicted = end
@@ -172,8 +303,8 @@ class HybridAllocator:
         p = self.page_size
         kept_end = -(-length // p) * p          # first position of the first page that is no longer used
         if kept_end < n:
-            self._full.push(slots.full[kept_end:n:p] // p)
-            self._swa.push(slots.swa[kept_end:n:p] // p)
+            self._push_full(slots.full[kept_end:n:p] // p)
+            self._push_swa(slots.swa[kept_end:n:p] // p)
         self.full_to_swa[slots.full[length:n]] = 0
         slots.full[length:n] = 0
         slots.swa[length:n] = 0
@@ -187,9 +318,9 @@ class HybridAllocator:
             return
         first_page_pos = slots.swa_evicted - slots.swa_evicted % p
         live_swa = slots.swa[first_page_pos:n:p]
-        self._swa.push(live_swa[live_swa > 0] // p)
+        self._push_swa(live_swa[live_swa > 0] // p)
         self.full_to_swa[slots.full[:n]] = 0
-        self._full.push(slots.full[0:n:p] // p)
+        self._push_full(slots.full[0:n:p] // p)
         slots.swa[:n] = 0
         slots.length = 0
         slots.swa_evicted = 0
