@@ -161,6 +161,11 @@ class EngineConfig:
     cuda_graph: bool = True
     cuda_graph_bs: tuple[int, ...] = field(default_factory=default_decode_capture_sizes)
     speculative: SpeculativeConfig = NO_SPECULATIVE
+    #: attention-TP size under DP attention: SGLang 0.5.23 aligns every rank's token count to it
+    attn_tp_size: int = 1
+    #: SGLANG_SWA_EVICTION_INTERVAL: tokens past the window a request accumulates before SGLang 0.5.23
+    #: evicts them in decode (read by the 0.5.23 release model only)
+    swa_eviction_interval: int = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,6 +510,8 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
             t, "cuda_graph_bs",
             t.int_list("cuda_graph_bs", bs_sizes(t.get("cuda_graph_max_bs", int, 256, minimum=1)), minimum=1)),
         speculative=spec,
+        attn_tp_size=t.get("attn_tp_size", int, d.attn_tp_size, minimum=1, maximum=1024),
+        swa_eviction_interval=t.get("swa_eviction_interval", int, d.swa_eviction_interval, minimum=1),
     )
     if spec.enabled and cfg.mixed_chunk:
         raise t.fail("mixed_chunk", "cannot be true with speculative decoding (SGLang turns mixed chunked "
@@ -672,6 +679,9 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     _put(d, "cuda_graph", e.cuda_graph, base.cuda_graph, defaults)
     bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
+    # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
+    for key in ("attn_tp_size", "swa_eviction_interval"):
+        _put(d, key, getattr(e, key), getattr(base, key), False)
     if e.speculative != NO_SPECULATIVE:
         d["speculative"] = _speculative_data(e.speculative, defaults)
     return d

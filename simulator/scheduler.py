@@ -19,6 +19,10 @@ speculative capture sizes: TARGET_VERIFY replays the decode graph runner, DRAFT_
 DRAFT_EXTEND the draft's own graph runners (graph paths ``draft_graph``, ``draft_extend_graph``).
 Every forward is generated lazily: the allocator's state (and so ``full_to_swa``) is the one the
 forward runs under when the run loop receives it.
+
+What changed between engine releases (free-list order, the SWA eviction cadence, DP padding modes,
+the multi-step draft's window) is asked of a :class:`~simulator.release_model.ReleaseBehaviour`
+(``release``; mid-2026 by default), one policy object per concern.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ from .allocator import HybridAllocator, RequestSlots
 from .batch import BatchTruth, ForwardBatch
 from .padding import smallest_capture
 from .records import STATIC_GRAPHS, Owner
+from .release_model import MID_2026, EvictionContext, ReleaseBehaviour, eviction_end
 from .scenario import RequestSpec, Scenario, ScenarioError
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -48,6 +53,8 @@ class Request:
     decoded: int = 0
     swa_reserve: int = 0
     full_reserve: int = 0
+    extend_batches: int = 0   # prefill chunks run so far (SGLang's extend_batch_idx)
+    decode_batches: int = 0   # decode batches (or speculative rounds) run so far (decode_batch_idx)
 
     @property
     def total_len(self) -> int:
@@ -64,10 +71,14 @@ class Request:
 
 class Scheduler:
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
-                 rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False):
+                 rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
+                 release: Optional[ReleaseBehaviour] = None):
         self.sc = scenario
         self.alloc = allocator
         self.rng = rng
+        self.release = release if release is not None else MID_2026
+        allocator.set_free_order(self.release.free_lists.order(allocator.page_size))
+        self._grouped = self.release.free_lists.grouped
         self.pad_value = pad_value
         # a dummy-request convention (mini-sglang) pads the batch itself up to the capture size, so the
         # graph's static buffers are written in full at every replay
@@ -76,8 +87,17 @@ class Scheduler:
         self.spec = spec if spec.enabled else None
         # room a request needs past its last token: the verify tokens of its last round
         self._extra = spec.num_draft_tokens if self.spec else 0
-        self.window = scenario.model.window
         self.page = allocator.page_size
+        self._eviction = self.release.eviction
+        self._ev_ctx = EvictionContext(
+            window=scenario.model.window, page_size=self.page,
+            chunked_prefill_size=scenario.engine.chunked_prefill_size,
+            interval=scenario.engine.swa_eviction_interval,
+            # the draft's SWA layers read the same window of the shared SWA pool
+            draft_window=scenario.model.window if self.spec is not None and "swa" in spec.draft_layers else 0,
+            extra=self._extra)
+        # the window an evicting request keeps (SGLang 0.5.23: max(window, draft window))
+        self.window = self._eviction.retain_window(self._ev_ctx)
         self.pending: deque[RequestSpec] = deque(requests)
         self.total_requests = len(requests)
         self.waiting: deque[RequestSpec] = deque()
@@ -100,8 +120,7 @@ class Scheduler:
         return -(-tokens // self.page)
 
     def _swa_need(self, total: int) -> int:
-        eng = self.sc.engine
-        bound = 2 * self.window + eng.chunked_prefill_size + 2 * self.page + 2 * self._extra
+        bound = self._eviction.swa_hold_bound(self._ev_ctx)
         return self._pages(min(total, bound)) * self.page
 
     def _check_fits(self, requests: list[RequestSpec]) -> None:
@@ -180,11 +199,12 @@ class Scheduler:
         """The forwards of one scheduling decision: one batch, or a speculative round / prefill + draft."""
         # finished requests free their slots before the next batch is formed
         still = []
-        for r in self.running:
-            if r.finished:
-                self._release(r)
-            else:
-                still.append(r)
+        with self.alloc.free_group(self._grouped):
+            for r in self.running:
+                if r.finished:
+                    self._release(r)
+                else:
+                    still.append(r)
         self.running = still
 
         eng = self.sc.engine
@@ -218,16 +238,35 @@ class Scheduler:
             return
 
         tags, full, swa = [], [], []
-        for r, take in prefill:
-            self._lazy_evict(r, r.prefilled)
-            self._write_tokens(r, take, tags, full, swa)
-            r.prefilled += take
-        for r in decode_part:
-            # SGLang evicts lazily in decode, when decode_step % window == 1
-            if r.decoded % self.window == 1:
-                self._lazy_evict(r, r.slots.length)
-            self._write_tokens(r, 1, tags, full, swa)
-            r.decoded += 1
+        if self._eviction.batched:
+            # SGLang 0.5.23: prepare_for_extend frees the batch's out-of-window slots (one free group),
+            # then allocates; a mixed batch's running requests then do the same in prepare_for_decode
+            with self.alloc.free_group(self._grouped):
+                for r, _ in prefill:
+                    self._evict_extend(r)
+            for r, take in prefill:
+                self._write_tokens(r, take, tags, full, swa)
+                r.prefilled += take
+                r.extend_batches += 1
+            with self.alloc.free_group(self._grouped):
+                for r in decode_part:
+                    self._evict_decode(r)
+            for r in decode_part:
+                self._write_tokens(r, 1, tags, full, swa)
+                r.decoded += 1
+                r.decode_batches += 1
+        else:
+            for r, take in prefill:
+                self._evict_extend(r)
+                self._write_tokens(r, take, tags, full, swa)
+                r.prefilled += take
+                r.extend_batches += 1
+            for r in decode_part:
+                # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
+                self._evict_decode(r)
+                self._write_tokens(r, 1, tags, full, swa)
+                r.decoded += 1
+                r.decode_batches += 1
         batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
         yield batch, truth
         if self.spec is not None:
@@ -250,10 +289,18 @@ class Scheduler:
         spec = self.spec
         assert spec is not None
         d = spec.num_draft_tokens
-        for r in reqs:
-            # lazy SWA eviction by position: a round adds up to num_draft_tokens tokens at once
-            if r.slots.length - r.slots.swa_evicted >= 2 * self.window:
-                self._lazy_evict(r, r.slots.length)
+        with self.alloc.free_group(self._grouped):
+            for r in reqs:
+                # lazy SWA eviction by position: a round adds up to num_draft_tokens tokens at once
+                s = r.slots
+                point = self._eviction.speculative_point(self._ev_ctx, length=s.length, evicted=s.swa_evicted,
+                                                         decode_batches=r.decode_batches)
+                if point is not None:
+                    self._lazy_evict(r, point)
+                r.decode_batches += 1
+        if self.release.draft_columns:
+            yield from self._speculative_round_columns(reqs)
+            return
         starts = [r.slots.length for r in reqs]
         # DRAFT_DECODE: step i writes the draft's K/V of position start + i, in slots held for the round only
         for _ in range(spec.num_steps):
@@ -285,6 +332,43 @@ class Scheduler:
         yield self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
                                graph_kind="draft_extend_graph")
 
+    def _speculative_round_columns(self, reqs: list[Request]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        """SGLang 0.5.23's chain draft: the round's window of num_draft_tokens slots per request is
+        allocated once (request by request), draft step i writes column i of it (position start + i of
+        every request), TARGET_VERIFY writes the whole window, then the rejected slots go back."""
+        spec = self.spec
+        assert spec is not None
+        d = spec.num_draft_tokens
+        starts = [r.slots.length for r in reqs]
+        for r in reqs:
+            new_full = self.alloc.extend(r.slots, d)
+            self._mapping_changed.append(new_full)
+        for i in range(spec.num_steps):
+            cols = [start + i for start in starts]
+            tags = [np.array([r.tag_base + c], dtype=np.int64) for r, c in zip(reqs, cols)]
+            full = [r.slots.full[c:c + 1].copy() for r, c in zip(reqs, cols)]
+            swa = [r.slots.swa[c:c + 1].copy() for r, c in zip(reqs, cols)]
+            yield self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
+                                   graph_kind="draft_graph")
+        tags = [np.arange(r.tag_base + st, r.tag_base + st + d, dtype=np.int64) for r, st in zip(reqs, starts)]
+        full = [r.slots.full[st:st + d].copy() for r, st in zip(reqs, starts)]
+        swa = [r.slots.swa[st:st + d].copy() for r, st in zip(reqs, starts)]
+        yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
+                               graph_kind="decode_graph")
+        drafts_ok = self.rng.random((len(reqs), d - 1)) < spec.accept_rate
+        accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
+        tags, full, swa = [], [], []
+        with self.alloc.free_group(self._grouped):
+            for r, start, a in zip(reqs, starts, accepted.tolist()):
+                self._give_back(r, start + a)
+                s = r.slots
+                tags.append(np.arange(r.tag_base + start, r.tag_base + start + a, dtype=np.int64))
+                full.append(s.full[start:start + a].copy())
+                swa.append(s.swa[start:start + a].copy())
+                r.decoded += a
+        yield self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
+                               graph_kind="draft_extend_graph")
+
     def _give_back(self, req: Request, length: int) -> None:
         s = req.slots
         if length >= s.length:
@@ -294,11 +378,23 @@ class Scheduler:
         self._mapping_changed.append(s.full[length:s.length].copy())
         self.alloc.truncate(s, length)
 
+    def _evict_extend(self, req: Request) -> None:
+        point = self._eviction.extend_point(self._ev_ctx, prefix_len=req.prefilled, evicted=req.slots.swa_evicted,
+                                            chunk=req.extend_batches)
+        if point is not None:
+            self._lazy_evict(req, point)
+
+    def _evict_decode(self, req: Request) -> None:
+        s = req.slots
+        point = self._eviction.decode_point(self._ev_ctx, length=s.length, evicted=s.swa_evicted,
+                                            decoded=req.decoded, decode_batches=req.decode_batches)
+        if point is not None:
+            self._lazy_evict(req, point)
+
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         s = req.slots
         begin = s.swa_evicted
-        end = max(prefix_len - self.window, 0)
-        end -= end % self.page
+        end = eviction_end(prefix_len, self.window, self.page)
         if end > begin:
             swa = s.swa[begin:end].copy()
             self._mapping_changed.append(s.full[begin:end].copy())
@@ -333,7 +429,11 @@ class Scheduler:
             if mode == "decode" or graph_kind is not None:
                 # other ranks decode too: their batch sizes, bounded like ours
                 others = np.minimum(others, max(eng.cuda_graph_bs[-1] * per_request, real))
-            dp_len = max(real, int(others.max()))
+            extend = mode in ("extend", "mixed")
+            dp_len = self.release.dp_padding.plan(
+                real=real, others=others, extend=extend, dp_size=eng.dp_size, attn_tp_size=eng.attn_tp_size,
+                prefill_graph_sizes=eng.piecewise_capture_sizes if extend and eng.piecewise_cuda_graph else None,
+            ).tokens
         graph, padded = "eager", dp_len
         if mode == "decode" and eng.cuda_graph:
             cap = smallest_capture(eng.cuda_graph_bs, dp_len)
