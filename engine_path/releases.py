@@ -1,0 +1,223 @@
+"""Which SGLang runs: the installed one, or a release fetched by version into slotscope's own cache.
+
+``--engine sglang`` uses whatever ``import sglang`` finds (a user's editable checkout included);
+``--engine sglang==VERSION`` installs that release alone (``pip install --no-deps --target``) into
+``<cache>/sglang-VERSION`` and imports it from there. The cache is ``$SLOTSCOPE_CACHE/engines`` when
+``SLOTSCOPE_CACHE`` is set, else ``~/.cache/slotscope/engines``; one directory per version, and the
+releases' dependencies are the ones installed in the environment (the ``sglang`` extra).
+
+One release per process: a Python process can hold one ``sglang`` package, so :func:`activate`
+refuses a second, different release. Commands that need several releases (bisection) run one
+subprocess per release (:mod:`engine_path.isolate`).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+from .errors import EngineError
+
+ENGINE_NAMES = ("sglang",)
+_VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
+FETCH_TIMEOUT_S = 900
+
+_NET_ERRORS = ("NewConnectionError", "Failed to establish a new connection", "Network is unreachable",
+               "Temporary failure in name resolution", "Name or service not known", "Max retries exceeded",
+               "ConnectionError", "ConnectTimeout", "ReadTimeout", "Could not fetch URL", "SSLError",
+               "No route to host", "Connection refused")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What ``--engine`` asked for: ``version`` None means the installed package."""
+
+    name: str = "sglang"
+    version: Optional[str] = None
+
+    def __str__(self) -> str:
+        return self.name if self.version is None else f"{self.name}=={self.version}"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """The engine a run used (summary.json's ``"engine"``)."""
+
+    name: str
+    version: str
+    path: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def parse_spec(text: str) -> EngineSpec:
+    """``sglang`` or ``sglang==VERSION`` (e.g. ``sglang==0.5.23``); anything else is an EngineError."""
+    raw = text.strip()
+    name, sep, version = raw.partition("==")
+    name = name.strip().lower()
+    if name not in ENGINE_NAMES:
+        raise EngineError(f"--engine {text!r}: unknown engine {name!r} (known: {', '.join(ENGINE_NAMES)}); "
+                          f"use 'sglang' or 'sglang==VERSION', e.g. sglang==0.5.23")
+    if not sep:
+        if raw.lower() != name:
+            raise EngineError(f"--engine {text!r}: use 'sglang' or 'sglang==VERSION' (only '==' is supported)")
+        return EngineSpec(name)
+    version = version.strip()
+    if not _VERSION_RE.match(version):
+        raise EngineError(f"--engine {text!r}: {version!r} is not a release version (e.g. 0.5.23, 0.5.15.post1)")
+    return EngineSpec(name, version)
+
+
+def engines_dir() -> Path:
+    root = os.environ.get("SLOTSCOPE_CACHE")
+    return (Path(root).expanduser() / "engines") if root else Path.home() / ".cache" / "slotscope" / "engines"
+
+
+def release_dir(version: str, name: str = "sglang") -> Path:
+    return engines_dir() / f"{name}-{version}"
+
+
+def is_cached(version: str, name: str = "sglang") -> bool:
+    d = release_dir(version, name)
+    return (d / name / "__init__.py").is_file() and any(d.glob(f"{name}-{version}.dist-info"))
+
+
+def _classify_pip_failure(spec: EngineSpec, out: str) -> EngineError:
+    tail = "\n".join(line for line in out.strip().splitlines()[-6:])
+    if any(s in out for s in _NET_ERRORS):
+        return EngineError(f"could not fetch {spec}: the package registry cannot be reached "
+                           f"(pip install {spec} failed with a network error). Last lines:\n{tail}")
+    if "No matching distribution" in out or "Could not find a version" in out:
+        m = re.search(r"\(from versions: ([^)]*)\)", out)
+        known = ""
+        if m:
+            versions = [v.strip() for v in m.group(1).split(",") if v.strip()]
+            known = f" Releases on the registry: {', '.join(versions[-12:])}" + (" ..." if len(versions) > 12 else "")
+            if versions == ["none"]:
+                known = " The registry lists no release of it (is the index reachable?)."
+        return EngineError(f"unknown version: {spec} is not on the package registry.{known}")
+    return EngineError(f"could not fetch {spec} (pip install --no-deps --target {release_dir(spec.version)} "
+                       f"{spec} failed). Last lines:\n{tail}")
+
+
+def fetch(spec: EngineSpec, *, quiet: bool = True) -> Path:
+    """The release's directory in the cache, installing it there first if it is absent."""
+    if spec.version is None:
+        raise EngineError("fetch needs a version (sglang==VERSION)")
+    final = release_dir(spec.version, spec.name)
+    if is_cached(spec.version, spec.name):
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
+           "--target", str(tmp), str(spec)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise EngineError(f"could not fetch {spec}: pip did not finish in {FETCH_TIMEOUT_S} s "
+                          f"(is the package registry reachable?)") from None
+    except OSError as e:
+        raise EngineError(f"could not fetch {spec}: cannot run pip ({e})") from None
+    if proc.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _classify_pip_failure(spec, proc.stdout + proc.stderr)
+    if not quiet:
+        sys.stderr.write(proc.stdout[-2000:])
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)     # atomic: a half-installed release is never seen as cached
+    return final
+
+
+_ACTIVE: Optional[EngineInfo] = None
+
+
+def active() -> Optional[EngineInfo]:
+    """The release this process imported, if any."""
+    return _ACTIVE
+
+
+def _installed_version(pkg_dir: Path) -> str:
+    for dist in pkg_dir.parent.glob("sglang-*.dist-info"):
+        return dist.name[len("sglang-"):-len(".dist-info")]
+    mod = sys.modules.get("sglang")
+    v = getattr(mod, "__version__", None)
+    if v:
+        return str(v)
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _same(info: EngineInfo, spec: EngineSpec) -> bool:
+    return spec.version is None or spec.version == info.version
+
+
+def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInfo:
+    """Import the release ``spec`` names (fetching it first if needed) and return what was imported."""
+    global _ACTIVE
+    if isinstance(spec, str):
+        spec = parse_spec(spec)
+    if _ACTIVE is not None:
+        if _same(_ACTIVE, spec):
+            return _ACTIVE
+        raise EngineError(f"this process already imported sglang {_ACTIVE.version} from {_ACTIVE.path}; "
+                          f"one release per process: run {spec} in its own process (engine_path.isolate)")
+    if "sglang" in sys.modules:
+        pkg = Path(getattr(sys.modules["sglang"], "__file__", "") or ".").parent
+        info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
+        if not _same(info, spec):
+            raise EngineError(f"sglang {info.version} from {info.path} is already imported in this process; "
+                              f"{spec} needs a process of its own")
+        _ACTIVE = info
+        return info
+    where = "the installed sglang"
+    if spec.version is not None:
+        if not is_cached(spec.version) and not fetch_missing:
+            raise EngineError(f"{spec} is not in the cache {engines_dir()} (fetching disabled)")
+        root = fetch(spec)
+        where = f"{spec} from {root}"
+        sys.path.insert(0, str(root))
+        importlib.invalidate_caches()
+    elif importlib.util.find_spec("sglang") is None:
+        raise EngineError("--engine sglang: no sglang is installed in this environment; install it "
+                          "(pip install sglang, or pip install -e YOUR_CHECKOUT/python) or ask for a release, "
+                          "e.g. --engine sglang==0.5.23")
+    from . import shims
+
+    shims.install()
+    try:
+        mod = importlib.import_module("sglang")
+    except ModuleNotFoundError as e:
+        _forget(spec)
+        raise EngineError(f"importing {where} failed: module {e.name!r} is missing; install the engine's "
+                          f"dependencies with pip install -e '.[sglang]'") from None
+    except Exception as e:  # an import error of any kind is the user's to see, not a traceback
+        _forget(spec)
+        raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}") from None
+    pkg = Path(mod.__file__).parent
+    info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
+    if spec.version is not None and info.version != spec.version:
+        raise EngineError(f"asked for {spec} but imported sglang {info.version} from {info.path}")
+    _ACTIVE = info
+    return info
+
+
+def _forget(spec: EngineSpec) -> None:
+    """Drop a half-imported sglang so the error is the only trace it leaves."""
+    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        del sys.modules[name]
+    if spec.version is not None:
+        root = str(release_dir(spec.version, spec.name))
+        while root in sys.path:
+            sys.path.remove(root)

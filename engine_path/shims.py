@@ -1,0 +1,190 @@
+"""What a CPU-only machine needs before it can import SGLang's memory modules.
+
+None of this touches SGLang's files; it arranges the interpreter so that the parts of a release that
+run on a CPU (allocators, pools, ``KVWriteLoc``, the index translator) import there:
+
+* ``sglang.srt.configs`` eagerly imports about ninety model configs in its ``__init__``, some of
+  which need torchvision. :class:`LazyPackageFinder` loads that package without running its
+  ``__init__``: the package's submodules import as usual, and a name the ``__init__`` would have
+  re-exported is resolved on first use, from the submodule the ``__init__``'s own ``from ... import``
+  lines name (read with :mod:`ast`, never executed).
+* Some releases import ``torchvision`` at the top of ``srt/utils/common.py``. A stub module stands in
+  for it; transformers must not mistake the stub for an installed torchvision (its availability
+  probe would then fail to parse the stub's version), so transformers is asked once, before the
+  stub exists, whether torchvision is available, and caches the answer False.
+* Releases up to 0.5.14 allocate pages with a Triton kernel even on a CPU; ``TRITON_INTERPRET=1``
+  (set before Triton is imported) runs those kernels on CPU tensors.
+
+:func:`install` applies all of them and is idempotent; it must run before the first ``import sglang``.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+#: Packages whose ``__init__`` is not run; their re-exports resolve lazily.
+LAZY_PACKAGES = ("sglang.srt.configs",)
+
+#: Modules replaced by stubs (the memory modules never call into them on a CPU).
+STUB_MODULES = ("torchvision", "torchvision.io", "torchvision.transforms", "torchvision.transforms.functional")
+
+_STUB_MARK = "__slotscope_stub__"
+
+
+def reexports(init_file: Path, package: str) -> dict[str, str]:
+    """``name -> submodule`` for every ``from <package>.<sub> import name`` (or relative) in an __init__."""
+    tree = ast.parse(init_file.read_text(encoding="utf-8"), filename=str(init_file))
+    out: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 0 and node.module and node.module.startswith(package + "."):
+            sub = node.module
+        elif node.level == 1 and node.module:
+            sub = f"{package}.{node.module}"
+        else:
+            continue
+        for alias in node.names:
+            if alias.name != "*":
+                out[alias.asname or alias.name] = sub
+    return out
+
+
+class _LazyInitLoader(importlib.abc.Loader):
+    """Makes the package module without executing its ``__init__``; attributes resolve on demand."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def create_module(self, spec):
+        return None  # the default module object
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        name = module.__name__
+        table = reexports(Path(self.origin), name)
+        module.__dict__["__slotscope_lazy__"] = table
+
+        def __getattr__(attr: str):
+            sub = table.get(attr)
+            if sub is None:
+                raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+            value = getattr(importlib.import_module(sub), attr)
+            setattr(module, attr, value)
+            return value
+
+        module.__getattr__ = __getattr__  # type: ignore[attr-defined]
+        module.__all__ = sorted(table)  # type: ignore[attr-defined]
+
+
+class LazyPackageFinder(importlib.abc.MetaPathFinder):
+    """A meta-path finder that hands out lazy versions of the named packages."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.names:
+            return None
+        real = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if real is None or real.origin is None or real.submodule_search_locations is None:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _LazyInitLoader(real.origin), origin=real.origin,
+                                              is_package=True)
+        spec.submodule_search_locations = list(real.submodule_search_locations)
+        spec.has_location = True
+        return spec
+
+
+def _stub_module(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name, "slotscope stub: the real package is not installed")
+    setattr(mod, _STUB_MARK, True)
+    mod.__version__ = "0.0.0+slotscope.stub"  # type: ignore[attr-defined]
+    mod.__path__ = []  # type: ignore[attr-defined]  (a package, so stubbed submodules attach)
+    mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+
+    def __getattr__(attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def unavailable(*args, **kwargs):
+            raise RuntimeError(f"{name}.{attr} is a slotscope stub: torchvision is not installed")
+
+        return unavailable
+
+    mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
+    return mod
+
+
+def ask_transformers_first() -> Optional[bool]:
+    """Ask transformers whether torchvision is available before any stub exists (caches the answer).
+
+    Returns the answer, or None when transformers is not installed."""
+    try:
+        from transformers.utils import import_utils
+    except ImportError:
+        return None
+    answer = bool(import_utils.is_torchvision_available())
+    for probe in ("is_torchvision_v2_available",):
+        fn = getattr(import_utils, probe, None)
+        if fn is not None:
+            fn()
+    return answer
+
+
+def stub_torchvision() -> bool:
+    """Install the torchvision stubs unless the real package is importable; True if stubs were installed."""
+    if "torchvision" in sys.modules and not getattr(sys.modules["torchvision"], _STUB_MARK, False):
+        return False
+    if "torchvision" not in sys.modules and importlib.machinery.PathFinder.find_spec("torchvision") is not None:
+        return False
+    for name in STUB_MODULES:
+        if name not in sys.modules:
+            sys.modules[name] = _stub_module(name)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, sys.modules[name])
+    return True
+
+
+def install_lazy_packages(names: Sequence[str] = LAZY_PACKAGES) -> LazyPackageFinder:
+    for finder in sys.meta_path:
+        if isinstance(finder, LazyPackageFinder) and finder.names == frozenset(names):
+            return finder
+    finder = LazyPackageFinder(names)
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
+@dataclass(frozen=True)
+class ShimReport:
+    torchvision_stubbed: bool
+    transformers_says_torchvision: Optional[bool]
+    lazy_packages: tuple[str, ...]
+    triton_interpret: bool
+
+
+_INSTALLED: Optional[ShimReport] = None
+
+
+def install(*, triton_interpret: bool = True) -> ShimReport:
+    """Apply every shim (idempotent). Must run before the first ``import sglang`` in the process."""
+    global _INSTALLED
+    if _INSTALLED is not None:
+        return _INSTALLED
+    if triton_interpret and "triton" not in sys.modules:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    answer = ask_transformers_first()
+    stubbed = stub_torchvision()
+    install_lazy_packages()
+    _INSTALLED = ShimReport(torchvision_stubbed=stubbed, transformers_says_torchvision=answer,
+                            lazy_packages=LAZY_PACKAGES,
+                            triton_interpret=os.environ.get("TRITON_INTERPRET") == "1")
+    return _INSTALLED
