@@ -1,0 +1,207 @@
+"""The release's ``SWATokenToKVPoolAllocator`` behind the simulator's allocator interface.
+
+:class:`EngineAllocator` has the methods and properties of ``simulator.allocator.HybridAllocator``
+(``extend``, ``evict_swa``, ``truncate``, ``free``, ``full_to_swa``, sizes and counts), so the
+scheduler runs on it unchanged, and the oracle learns ownership from the real allocator: every slot
+in ``RequestSlots.full`` is what the release's allocator returned, every slot in ``RequestSlots.swa``
+is read from the release's own ``full_to_swa_index_mapping`` right after the allocation.
+
+How each call maps onto the release (ours: which call, with which arguments; the engine's: what it
+hands out and what it frees):
+
+* ``extend`` at page size 1: ``alloc(n)``; at page size > 1: ``alloc_decode`` for one token past a
+  non-empty prefix, else ``alloc_extend`` (batch of one request; ``last_loc`` -1 for an empty prefix).
+* ``evict_swa``: ``free_swa_segment`` where the release has it (the eviction rule's own free), else
+  ``free_swa``, over the full slots of positions ``[swa_evicted, end)``.
+* ``free``: the evicted prefix's full slots with ``free_full`` (where the release asserts their mapping
+  is already clear), the rest with ``free``; releases without ``free_full`` free everything with ``free``.
+* ``truncate``: whole pages past the kept page with ``free``; the kept page's tail entries cleared in the
+  mapping (``clear_full_to_swa_mapping`` where the release has it).
+
+``full_to_swa`` is a numpy view of the release's mapping tensor (shared memory on a CPU), so the run
+loop's ``torch.from_numpy(alloc.full_to_swa)`` sees the engine's mapping live.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from simulator.allocator import HybridAllocator, OutOfSlots, RequestSlots
+
+from .api import ReleaseAPI
+from .errors import EngineError
+from .pool import build_swa_pool
+
+
+class EngineAllocator:
+    """``HybridAllocator``'s interface over the release's SWA allocator."""
+
+    def __init__(self, api: ReleaseAPI, full_size: int, swa_size: int, page_size: int = 1, *,
+                 need_sort: bool = False, device: str = "cpu", kvcache=None):
+        if full_size % page_size or swa_size % page_size:
+            raise ValueError("pool sizes must be multiples of page_size")
+        if page_size > 1 and not api.features.paged_alloc_has_cpu_path and device == "cpu":
+            import os
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise EngineError(f"sglang {api.info.version}: its paged allocator runs a Triton kernel; on a CPU "
+                                  f"set TRITON_INTERPRET=1 before Triton is imported (engine_path.shims.install does)")
+        self.api = api
+        self.full_size, self.swa_size, self.page_size = full_size, swa_size, page_size
+        self.device = device
+        # the allocator needs a hybrid pool to hang its mapping on; a small one when the run has none yet
+        self.kvcache = kvcache if kvcache is not None else build_swa_pool(
+            api, size=full_size, size_swa=swa_size, page_size=page_size, full_layers=[1], swa_layers=[0],
+            head_num=1, head_dim=16, device=device)
+        try:
+            self.engine = api.SWATokenToKVPoolAllocator(full_size, swa_size, page_size, torch.int64, device,
+                                                        self.kvcache, need_sort)
+        except TypeError:
+            # releases whose __init__ takes keywords only past the pool
+            self.engine = api.SWATokenToKVPoolAllocator(size=full_size, size_swa=swa_size, page_size=page_size,
+                                                        dtype=torch.int64, device=device, kvcache=self.kvcache,
+                                                        need_sort=need_sort)
+        self.mapping: torch.Tensor = self.engine.full_to_swa_index_mapping
+        if self.mapping.dtype != torch.int64 or self.mapping.device.type != "cpu":
+            raise EngineError(f"sglang {api.info.version}: full_to_swa_index_mapping is {self.mapping.dtype} on "
+                              f"{self.mapping.device}; the adapter expects int64 on the CPU")
+        self.full_to_swa: np.ndarray = self.mapping.numpy()      # shares memory with the engine's mapping
+
+    # --- sizes and counts, as HybridAllocator --------------------------------------------------
+    @property
+    def full_rows(self) -> int:
+        return self.full_size + self.page_size
+
+    @property
+    def swa_rows(self) -> int:
+        return self.swa_size + self.page_size
+
+    @property
+    def full_free(self) -> int:
+        return int(self.engine.full_available_size())
+
+    @property
+    def swa_free(self) -> int:
+        return int(self.engine.swa_available_size())
+
+    @property
+    def full_used(self) -> int:
+        return self.full_size - self.full_free
+
+    @property
+    def swa_used(self) -> int:
+        return self.swa_size - self.swa_free
+
+    def pages_needed(self, slots: RequestSlots, n: int) -> int:
+        """New pages (in each pool) that extending by n tokens takes (the same count the release computes)."""
+        p = self.page_size
+        room = (-slots.length) % p
+        return -(-max(0, n - room) // p)
+
+    # --- the calls -----------------------------------------------------------------------------
+    def _t(self, values) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.int64), device=self.device)
+
+    def extend(self, slots: RequestSlots, n: int) -> np.ndarray:
+        """Allocate n more tokens for a request through the release; returns their full slots."""
+        if n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if slots.length + n > slots.capacity:
+            raise ValueError(f"request grows to {slots.length + n} tokens, past its capacity {slots.capacity}")
+        start, p = slots.length, self.page_size
+        if p == 1:
+            out = self.engine.alloc(n)
+        else:
+            last = int(slots.full[start - 1]) if start > 0 else -1
+            if start > 0 and n == 1:
+                seq = torch.tensor([start + 1], dtype=torch.int64)
+                out = self.engine.alloc_decode(seq.to(self.device), seq, self._t([last]))
+            else:
+                pre = torch.tensor([start], dtype=torch.int64)
+                seq = torch.tensor([start + n], dtype=torch.int64)
+                out = self.engine.alloc_extend(pre.to(self.device), pre, seq.to(self.device), seq, self._t([last]), n)
+        if out is None:
+            raise OutOfSlots(f"the engine's allocator refused {n} tokens; full pool has {self.full_free} free slots, "
+                             f"SWA pool {self.swa_free}")
+        full = out.to("cpu", torch.int64).numpy()
+        if full.shape[0] != n:
+            raise EngineError(f"sglang {self.api.info.version}: the allocator returned {full.shape[0]} slots for {n}")
+        slots.full[start:start + n] = full
+        slots.swa[start:start + n] = self.full_to_swa[full]
+        slots.length = start + n
+        return full.copy()
+
+    def evict_swa(self, slots: RequestSlots, end: int) -> int:
+        """Free the SWA slots of positions [swa_evicted, end), end rounded down to a page; returns count."""
+        p = self.page_size
+        end = min(end, slots.length)
+        end -= end % p
+        begin = slots.swa_evicted
+        if end <= begin:
+            return 0
+        idx = self._t(slots.full[begin:end])
+        if self.api.features.has_free_swa_segment:
+            self.engine.free_swa_segment(idx, start_pos=begin)
+        else:
+            self.engine.free_swa(idx)
+        slots.swa[begin:end] = 0
+        slots.swa_evicted = end
+        return end - begin
+
+    def truncate(self, slots: RequestSlots, length: int) -> int:
+        """Give back the slots of positions [length, slots.length); the kept page's tail stays with the request."""
+        n = slots.length
+        if length >= n:
+            return 0
+        if length < slots.swa_evicted:
+            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
+        p = self.page_size
+        kept_end = -(-length // p) * p
+        if kept_end < n:
+            self.engine.free(self._t(slots.full[kept_end:n]))
+        if length < kept_end:
+            tail = self._t(slots.full[length:kept_end])
+            clear = getattr(self.engine, "clear_full_to_swa_mapping", None)
+            if clear is not None:
+                clear(tail)
+            else:
+                self.mapping[tail] = 0
+        slots.full[length:n] = 0
+        slots.swa[length:n] = 0
+        slots.length = length
+        return n - length
+
+    def free(self, slots: RequestSlots) -> None:
+        """Free every slot of a finished request, in both pools, through the release."""
+        n = slots.length
+        if n == 0:
+            return
+        lo = slots.swa_evicted - slots.swa_evicted % self.page_size
+        if self.api.features.has_free_full and lo > 0:
+            self.engine.free_full(self._t(slots.full[:lo]))
+            if n > lo:
+                self.engine.free(self._t(slots.full[lo:n]))
+        else:
+            self.engine.free(self._t(slots.full[:n]))
+        slots.full[:n] = 0
+        slots.swa[:n] = 0
+        slots.length = 0
+        slots.swa_evicted = 0
+
+    def check_invariants(self, requests: list[RequestSlots]) -> None:
+        """The model's invariants, asserted against the engine's state (tests)."""
+        HybridAllocator.check_invariants(self, requests)  # type: ignore[arg-type]
+
+    def describe(self) -> dict:
+        return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",
+                "page_size": self.page_size, "engine": self.api.info.to_json()}
+
+
+def allocator_factory(api: ReleaseAPI, **kw):
+    """``(full_size, swa_size, page_size) -> EngineAllocator``: the seam ``run_simulation`` would take."""
+
+    def make(full_size: int, swa_size: int, page_size: int = 1) -> EngineAllocator:
+        return EngineAllocator(api, full_size, swa_size, page_size, **kw)
+
+    return make

@@ -1,0 +1,104 @@
+"""Small end-to-end checks of a release's write path, callable in-process or through engine_path.isolate.
+
+:func:`b1_write` is bug B1 (#29460) in the real code: three requests of 14 real tokens allocated by
+the release's allocator, ``out_cache_loc`` DP-padded with zeros, translated by the backend's own
+path in the release, ``loc`` narrowed to the real tokens as a piecewise-graph layer sees it, the
+release's ``KVWriteLoc`` built and handed to the release's ``SWAKVPool.set_kv_buffer`` with K/V rows
+of ``len(loc)``. Every step is the engine's; only the orchestration is ours.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from simulator.allocator import RequestSlots
+
+from .allocator import EngineAllocator
+from .api import load
+from .pool import EnginePool
+from .writeloc import Translator, make_write_loc
+
+
+def b1_write(dp_pad: int = 3, swa_len: Optional[int] = None, backend: str = "torch_native",
+             counts: tuple[int, ...] = (5, 5, 4), page_size: int = 1) -> dict:
+    """Lengths after ``KVWriteLoc`` and the outcome of the full and the SWA layer's store.
+
+    ``swa_len`` None: ``swa_loc`` is the translation of the DP-padded ``out_cache_loc`` (B1: longer);
+    an int: ``swa_loc`` is cut to that many entries before ``KVWriteLoc`` (shorter: the fix's gap)."""
+    api = load()
+    layers = [(0, "swa", 0), (1, "full", 0)]
+    full_size, swa_size = 256, 192
+    pool = EnginePool(api, full_size=full_size, swa_size=swa_size, page_size=page_size, layers=layers)
+    alloc = EngineAllocator(api, full_size, swa_size, page_size, kvcache=pool.pool)
+    reqs = [RequestSlots(64) for _ in counts]
+    locs = [alloc.extend(r, n) for r, n in zip(reqs, counts)]
+    real = torch.from_numpy(__import__("numpy").concatenate(locs))
+    n_real = int(real.shape[0])
+    out_cache_loc = torch.cat([real, torch.zeros(dp_pad, dtype=torch.int64)])
+    tr = Translator(api, pool.pool, alloc.engine, page_size)
+    swa = tr.translate(out_cache_loc, backend, num_token_non_padded=n_real)
+    if swa_len is not None:
+        swa = swa[:swa_len]
+    loc = out_cache_loc[:n_real]                       # piecewise graph: the layer sees the real tokens
+    wl = make_write_loc(api, loc, swa)
+    tags = torch.arange(1, n_real + 1, dtype=torch.int64)
+    result = {"version": api.info.version, "has_post_init_slice": api.features.has_post_init_slice,
+              "translation": tr.source(backend), "out_cache_loc_len": int(out_cache_loc.shape[0]),
+              "loc_len": int(wl.loc.shape[0]), "swa_len": int(wl.swa_loc.shape[0])}
+    for g, kind, index in layers:
+        k, v = pool.make_rows(tags, g, kind)
+        try:
+            pool.set_kv_buffer(g, wl, k, v, kind=kind, index=index)
+            slots = torch.from_numpy(alloc.full_to_swa[real.numpy()] if kind == "swa" else real.numpy())
+            got_k, got_v = pool.read_tags(kind, slots)
+            ok = bool((got_k[index] == tags).all() and (got_v[index] == tags).all())
+            result[kind] = "ok" if ok else "wrong rows"
+        except Exception as e:  # the outcome under test: the release's own error, as text
+            result[kind] = f"{type(e).__name__}: {e}"
+    return result
+
+
+def allocator_run(page_size: int, seed: int = 0, ops: int = 300) -> dict:
+    """A random sequence of extends, evictions, truncations and frees on the release's allocator, with
+    the model's allocator invariants asserted after every operation; returns what was done."""
+    import numpy as np
+
+    from simulator.allocator import OutOfSlots
+
+    api = load()
+    alloc = EngineAllocator(api, 512, 384, page_size)
+    rng = np.random.default_rng(seed)
+    reqs: list[RequestSlots] = []
+    done = dict.fromkeys(("extend", "decode", "evict", "truncate", "free", "refused"), 0)
+    for _ in range(ops):
+        op = int(rng.integers(0, 5))
+        try:
+            if op == 0 or not reqs:
+                r = RequestSlots(256)
+                alloc.extend(r, int(rng.integers(1, 48)))
+                reqs.append(r)
+                done["extend"] += 1
+            elif op == 1:
+                r = reqs[int(rng.integers(len(reqs)))]
+                n = 1 if rng.random() < 0.7 else int(rng.integers(2, 30))
+                alloc.extend(r, n)
+                done["decode" if n == 1 else "extend"] += 1
+            elif op == 2:
+                r = reqs[int(rng.integers(len(reqs)))]
+                done["evict"] += alloc.evict_swa(r, r.length - int(rng.integers(1, 40))) > 0
+            elif op == 3:
+                r = reqs[int(rng.integers(len(reqs)))]
+                keep = max(r.swa_evicted, r.length - int(rng.integers(0, 6)))
+                done["truncate"] += alloc.truncate(r, keep) > 0
+            else:
+                alloc.free(reqs.pop(int(rng.integers(len(reqs)))))
+                done["free"] += 1
+        except (OutOfSlots, ValueError):
+            done["refused"] += 1
+        alloc.check_invariants(reqs)
+    for r in reqs:
+        alloc.free(r)
+    alloc.check_invariants([])
+    done.update(full_used_at_end=alloc.full_used, swa_used_at_end=alloc.swa_used, version=api.info.version)
+    return done

@@ -1,0 +1,71 @@
+"""One release per process: run a function under a given release in a subprocess of its own.
+
+``call("sglang==0.5.14", "engine_path.checks:b1_write", 3)`` starts ``python -m engine_path.isolate``,
+which activates the release, imports the target and calls it with the JSON arguments; the result
+comes back as JSON. An :class:`EngineError` in the child is raised again in the parent with its
+message (so the caller's user sees one clear line); any other failure raises ``IsolatedFailure``
+with the child's traceback. Bisection across releases uses this: one subprocess per release.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import traceback
+from typing import Any, Optional
+
+from .errors import EngineError
+
+MARK = "@@slotscope-isolate@@"
+
+
+class IsolatedFailure(RuntimeError):
+    """The function failed in the child with something other than an EngineError."""
+
+
+def call(spec: str, target: str, *args: Any, timeout: float = 900, env: Optional[dict] = None) -> Any:
+    """Run ``module:function(*args)`` under release ``spec`` in a fresh interpreter; returns its JSON result."""
+    cmd = [sys.executable, "-m", "engine_path.isolate", spec, target]
+    full_env = dict(os.environ, **(env or {}))
+    try:
+        proc = subprocess.run(cmd, input=json.dumps(list(args)), capture_output=True, text=True, timeout=timeout,
+                              env=full_env)
+    except subprocess.TimeoutExpired:
+        raise IsolatedFailure(f"{target} under {spec} did not finish in {timeout:.0f} s") from None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARK):
+            reply = json.loads(line[len(MARK):])
+            break
+    else:
+        raise IsolatedFailure(f"{target} under {spec} gave no answer (exit {proc.returncode}):\n"
+                              f"{proc.stderr[-4000:]}")
+    if reply["ok"]:
+        return reply["result"]
+    if reply["kind"] == "EngineError":
+        raise EngineError(reply["message"])
+    raise IsolatedFailure(f"{target} under {spec} raised {reply['kind']}: {reply['message']}\n{reply['traceback']}")
+
+
+def _main(argv: list[str]) -> int:
+    spec, target = argv[0], argv[1]
+    args = json.loads(sys.stdin.read() or "[]")
+    try:
+        from .api import load
+
+        load(spec)
+        mod_name, _, fn_name = target.partition(":")
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        reply = {"ok": True, "result": fn(*args)}
+    except EngineError as e:
+        reply = {"ok": False, "kind": "EngineError", "message": str(e)}
+    except Exception as e:  # reported to the parent with the child's traceback
+        reply = {"ok": False, "kind": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}
+    sys.stdout.write("\n" + MARK + json.dumps(reply) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,200 @@
+"""The release's hybrid pool as the pool under test: ``SWAKVPool`` routing and ``set_kv_buffer``.
+
+:class:`EnginePool` implements the simulator's ``PoolWriter`` protocol over a real ``SWAKVPool``
+of the release: every store goes through the release's ``SWAKVPool.set_kv_buffer`` (its layer
+routing: full layers at ``loc``, SWA layers assert ``swa_loc`` and write there) and the sub-pool's
+own store (on a CPU the torch fallback ``k_cache[loc] = k``), and the checker reads the tags back
+from the pool's own K/V buffers. Rows are the simulator's tagged rows (simulator.kvrows), made in
+the pool's dtype so the release's store never casts or scales them.
+
+Differences from cuda_path's ``TaggedKVPool`` (which models the CUDA kernel's contract) are the
+engine's, and the checker sees them as they are: the CPU fallback writes slot 0 (``skip_index`` is
+None: padded rows land in the reserved slot), reads a negative index from the end, raises torch's
+own shape error on a length mismatch (reported as ``KVLengthMismatch``) and ``IndexError`` on an
+index past the buffer (nothing of that layer is written; counted as out of range).
+"""
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+from typing import Optional, Sequence
+
+import torch
+
+from simulator.kvrows import TAG_LANES, decode_tags, encode_rows, set_layer_lane, tag_lanes
+from simulator.pool import KVLengthMismatch
+
+from .api import ReleaseAPI
+from .errors import EngineError
+
+COMPACT_WIDTH = 16
+NO_POSITION = 2**62          # as cuda_path.store: no out-of-range index seen
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def build_swa_pool(api: ReleaseAPI, *, size: int, size_swa: int, page_size: int, full_layers: Sequence[int],
+                   swa_layers: Sequence[int], head_num: int = 1, head_dim: int = COMPACT_WIDTH,
+                   v_head_dim: Optional[int] = None, swa_head_num: Optional[int] = None,
+                   swa_head_dim: Optional[int] = None, swa_v_head_dim: Optional[int] = None,
+                   dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):
+    """A real ``SWAKVPool`` of the release (MHA sub-pools), on ``device``."""
+    kwargs = dict(size=size, size_swa=size_swa, page_size=page_size, dtype=dtype, head_num=head_num,
+                  head_dim=head_dim, swa_attention_layer_ids=list(swa_layers),
+                  full_attention_layer_ids=list(full_layers), device=device)
+    if api.features.pool_takes_transpose_flag:
+        kwargs["enable_kvcache_transpose"] = False
+    extra = {"v_head_dim": v_head_dim, "swa_head_num": swa_head_num, "swa_head_dim": swa_head_dim,
+             "swa_v_head_dim": swa_v_head_dim}
+    sub_params = inspect.signature(api.MHATokenToKVPool.__init__).parameters
+    for k, v in extra.items():
+        if v is None:
+            continue
+        if k not in sub_params:
+            raise EngineError(f"sglang {api.info.version}: MHATokenToKVPool takes no {k} (the adapter cannot "
+                              f"build this geometry; use the compact geometry)")
+        kwargs[k] = v
+    try:
+        return api.SWAKVPool(**kwargs)
+    except Exception as e:
+        raise EngineError(f"sglang {api.info.version}: SWAKVPool({', '.join(f'{k}={v!r}' for k, v in kwargs.items() if 'layer' not in k)}) "
+                          f"failed on {device}: {type(e).__name__}: {e}") from None
+
+
+def _layer(layer_id: int):
+    """The part of a RadixAttention layer the pool reads: its global id."""
+    return SimpleNamespace(layer_id=layer_id, is_cross_attention=False)
+
+
+def _is_shape_error(e: BaseException) -> bool:
+    msg = str(e)
+    return "shape mismatch" in msg or "cannot be broadcast" in msg or "must match the size" in msg \
+        or "Size mismatch" in msg
+
+
+class EnginePool:
+    """``PoolWriter`` over the release's ``SWAKVPool``: real routing, real store, real buffers."""
+
+    def __init__(self, api: ReleaseAPI, *, full_size: int, swa_size: int, page_size: int,
+                 layers: Sequence[tuple[int, str, int]], mapping: Optional[torch.Tensor] = None,
+                 kv_dtype: str = "bf16", device: str | torch.device = "cpu", heads: int = 1,
+                 head_dim: int = COMPACT_WIDTH):
+        """``layers``: (global layer id, "full" | "swa", index in its sub-pool), in global order."""
+        if kv_dtype not in _DTYPES:
+            raise EngineError(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
+        self.api = api
+        self.device = torch.device(device)
+        self.skip_index = None          # the CPU fallback absorbs padded rows in slot 0
+        self.page_size = page_size
+        self.dtype = _DTYPES[kv_dtype]
+        self.heads, self.head_dim = heads, head_dim
+        self._global = {kind: {} for kind in ("full", "swa")}
+        for g, kind, index in layers:
+            self._global[kind][index] = g
+        full_ids = [g for g, kind, _ in layers if kind == "full"]
+        swa_ids = [g for g, kind, _ in layers if kind == "swa"]
+        self.pool = build_swa_pool(api, size=full_size, size_swa=swa_size, page_size=page_size,
+                                   full_layers=full_ids, swa_layers=swa_ids, head_num=heads, head_dim=head_dim,
+                                   dtype=self.dtype, device=str(self.device))
+        if mapping is not None:
+            self.pool.register_mapping(mapping)
+        self._rows = {"full": full_size + page_size, "swa": swa_size + page_size}
+        self._sub = {"full": self.pool.full_kv_pool, "swa": self.pool.swa_kv_pool}
+        self._oor = {kind: torch.zeros((max(len(self._global[kind]), 1), 2), dtype=torch.int64)
+                     for kind in ("full", "swa")}
+        for kind in ("full", "swa"):
+            self._oor[kind][:, 1] = NO_POSITION
+
+    # --- PoolWriter ---------------------------------------------------------------------------
+    def rows(self, kind: str) -> int:
+        return self._rows[kind]
+
+    def make_rows(self, tags: torch.Tensor, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        k = encode_rows(tags.to(self.device), layer, self.heads, self.head_dim, self.dtype)
+        return k, k
+
+    def restamp(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
+        set_layer_lane(k, layer)
+        if v is not k:
+            set_layer_lane(v, layer)
+
+    def store(self, kind: str, index: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write through the release's SWAKVPool.set_kv_buffer at the routed target ``loc``.
+
+        The run loop routes before the store (full layers give ``loc``, SWA layers ``swa_loc``); the
+        engine's KVWriteLoc carries the same tensor in both fields, so the pool's own routing picks it
+        and the release's ``__post_init__`` has nothing to cut (it ran in the design's make_write_loc).
+        """
+        wl = self.api.KVWriteLoc(loc, loc) if kind == "swa" else self.api.KVWriteLoc(loc)
+        self.set_kv_buffer(self._global[kind][index], wl, k, v, kind=kind, index=index)
+
+    def set_kv_buffer(self, layer_id: int, write_loc, k: torch.Tensor, v: torch.Tensor, *,
+                      kind: Optional[str] = None, index: Optional[int] = None) -> None:
+        """The release's ``SWAKVPool.set_kv_buffer(layer, write_loc, k, v)``; errors as the protocol names them."""
+        if kind is None or index is None:
+            index, is_swa = self.pool.layers_mapping[layer_id]
+            kind = "swa" if is_swa else "full"
+        target = write_loc.swa_loc if kind == "swa" else write_loc.loc
+        if target is not None:
+            self._count_out_of_range(kind, index, target)
+        try:
+            self.pool.set_kv_buffer(_layer(layer_id), write_loc, k, v)
+        except IndexError:
+            # torch's index_put raised before writing: the layer stores nothing; the checker sees the
+            # out-of-range count and the real tokens' rows missing
+            if target is None or not self._any_out_of_range(kind, target):
+                raise
+        except RuntimeError as e:
+            if _is_shape_error(e):
+                raise KVLengthMismatch(f"{type(e).__name__}: {e}") from None
+            raise
+
+    def _any_out_of_range(self, kind: str, target: torch.Tensor) -> bool:
+        return bool(target.numel()) and (int(target.min()) < 0 or int(target.max()) >= self._rows[kind])
+
+    def _count_out_of_range(self, kind: str, index: int, target: torch.Tensor) -> None:
+        """Count indices outside ``[0, rows)`` as the checker does (the CPU fallback writes a negative
+        in-range index at the buffer's end and raises on one past it; both are out of range)."""
+        if not self._any_out_of_range(kind, target):
+            return
+        rows = self._rows[kind]
+        bad = ((target < 0) | (target >= rows)).nonzero().flatten()
+        cnt = self._oor[kind][index]
+        if cnt[0] == 0:
+            cnt[1] = int(bad[0])
+        cnt[0] += int(bad.numel())
+
+    def _words(self, kind: str, slots: torch.Tensor, layers: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tag lanes of ``slots`` in each layer of ``kind`` (K and V), as int64 words ``[L, n, w]``."""
+        sub = self._sub[kind]
+        idx = slots.to(torch.int64)
+        which = range(len(sub.k_buffer)) if layers is None else layers
+        n_words = TAG_LANES * torch.empty((), dtype=self.dtype).element_size() // 8
+        out = []
+        for bufs in (sub.k_buffer, sub.v_buffer):
+            per = [bufs[i].reshape(bufs[i].shape[0], -1).index_select(0, idx)[:, :TAG_LANES].contiguous()
+                   .view(torch.int64)[:, :n_words] for i in which]
+            out.append(torch.stack(per) if per else torch.zeros((0, idx.numel(), n_words), dtype=torch.int64))
+        return out[0], out[1]
+
+    def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
+                   layers: Optional[list[int]] = None) -> torch.Tensor:
+        want = tag_lanes(expected, self.dtype).contiguous().view(torch.int64)
+        kw, vw = self._words(kind, slots, layers)
+        return (kw != want).any(dim=-1) | (vw != want).any(dim=-1)
+
+    def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kw, vw = self._words(kind, slots, None)
+        return tuple(decode_tags(w.view(self.dtype)) for w in (kw, vw))
+
+    def take_out_of_range(self, kind: str) -> torch.Tensor:
+        out = self._oor[kind].clone()
+        self._oor[kind][:, 0] = 0
+        self._oor[kind][:, 1] = NO_POSITION
+        return out
+
+    # --- what the report names -----------------------------------------------------------------
+    def describe(self) -> dict:
+        return {"pool": f"{type(self.pool).__module__}.{type(self.pool).__name__}",
+                "store": f"{type(self.pool.full_kv_pool).__name__}.set_kv_buffer"
+                         + (" (CPU fallback k_cache[loc] = k)" if self.device.type == "cpu" else ""),
+                "engine": self.api.info.to_json()}
