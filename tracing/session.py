@@ -7,13 +7,16 @@ process (the pipeline runs designs side by side) without their spans mixing.
 """
 from __future__ import annotations
 
+import copy
+import logging
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
 from simulator.observe import NullObserver
@@ -22,7 +25,7 @@ from simulator.records import RunInfo
 from .levels import OFF, parse_level
 from .live import otlp_http_exporter
 from .otlp_json import TRACE_FILE, OtlpJsonLinesExporter
-from .processor import DEFAULT_BATCH_SIZE, LosslessBatchProcessor
+from .processor import DEFAULT_BATCH_SIZE, LosslessBatchProcessor, SpanLossError
 from .recorder import BoundaryRecorder
 from .spans import SCOPE_NAME, emit_spans, run_resource
 
@@ -37,6 +40,99 @@ except Exception:  # pragma: no cover - running from a bare checkout
 _LIMITS = dict(max_attributes=1024, max_events=4096, max_links=128, max_span_attributes=1024,
                max_event_attributes=128, max_link_attributes=128, max_attribute_length=None,
                max_span_attribute_length=None)
+
+
+class _LiveExport(SpanExporter):
+    """The live (OTLP/HTTP) exporter, made to fail fast and quietly: after its first failed batch the
+    rest are not sent (each would wait out the exporter's retries and timeout again), and the
+    exporter's own log lines are kept as the reason instead of being printed."""
+
+    def __init__(self, inner: SpanExporter, endpoint: str):
+        self.inner = inner
+        self.endpoint = endpoint
+        self.error: Optional[str] = None
+        self.failed = 0
+        self.exported = 0
+
+    def export(self, spans) -> SpanExportResult:
+        if self.error is not None:
+            self.failed += len(spans)
+            return SpanExportResult.FAILURE
+        log = _Captured()
+        try:
+            with log:
+                result = self.inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - counted as a failure, reported once
+            result, log.first = SpanExportResult.FAILURE, f"{type(exc).__name__}: {exc}"
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.failed += len(spans)
+            self.error = _reason(log.first or "the collector did not accept the spans")
+        return result
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        with _Captured():
+            return bool(self.inner.force_flush(timeout_millis))
+
+    def shutdown(self) -> None:
+        with _Captured():
+            self.inner.shutdown()
+
+    def message(self, created: int) -> str:
+        return (f"live export to {self.endpoint} failed: {self.error} ({self.exported} of {created} spans "
+                "exported)")
+
+
+def _live_export(inner: SpanExporter, endpoint: str) -> _LiveExport:
+    """The wrapper as a subclass named after the exporter it wraps, so the span accounting (which names
+    exporters by type) still says "OTLPSpanExporter"."""
+    cls = type(type(inner).__name__, (_LiveExport,), {"__doc__": _LiveExport.__doc__})
+    return cls(inner, endpoint)
+
+
+def _reason(text: str) -> str:
+    """The gist of an exporter's log line: the OS error if it names one ("[Errno 111] Connection
+    refused"), else its first line, shortened."""
+    m = re.search(r"\[Errno -?\d+\][^\"')]*", text)
+    if m:
+        return m.group(0).strip()
+    return text.splitlines()[0][:300] if text else text
+
+
+class _Captured(logging.Handler):
+    """Holds the OpenTelemetry exporter's log records (its retries and failures) while active."""
+
+    LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.first: Optional[str] = None
+        self._saved: list[tuple[logging.Logger, bool]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.WARNING:
+            return
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001
+            text = str(record.msg)
+        if self.first is None:       # the first is the cause (a retry's reason); the last only "gave up"
+            self.first = text
+
+    def __enter__(self) -> "_Captured":
+        for name in self.LOGGERS:
+            lg = logging.getLogger(name)
+            self._saved.append((lg, lg.propagate))
+            lg.addHandler(self)
+            lg.propagate = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for lg, propagate in self._saved:
+            lg.removeHandler(self)
+            lg.propagate = propagate
+        self._saved.clear()
 
 
 class TraceSession:
@@ -62,14 +158,23 @@ class TraceSession:
         self.observer: Any = self.recorder if self.recorder is not None else NullObserver()
         if self.otlp_endpoint and self.level != OFF:
             # Build it now so a bad endpoint fails before the run, not after it.
-            self._live: Optional[SpanExporter] = otlp_http_exporter(self.otlp_endpoint)
+            self._live: Optional[_LiveExport] = _live_export(otlp_http_exporter(self.otlp_endpoint),
+                                                             self.otlp_endpoint)
         else:
             self._live = None
         self.trace_path: Optional[Path] = None
         self.finished = False
 
-    def finish(self, run_info: Optional[RunInfo] = None) -> dict[str, Any]:
-        """Emit, export and verify; raises SpanLossError if any exporter missed a span."""
+    def finish(self, run_info: Optional[RunInfo] = None, *, live_failure: str = "raise") -> dict[str, Any]:
+        """Emit, export and verify; raises SpanLossError if any exporter missed a span.
+
+        The file is written as ``trace.otlp.jsonl.tmp`` and renamed at the end (a reader never sees a
+        half-written trace). With ``live_failure="report"`` a failed live export does not raise: the
+        figures then hold ``live_export_error``, one line naming the endpoint and the reason; the
+        file and any extra exporter are still held to every span.
+        """
+        if live_failure not in ("raise", "report"):
+            raise ValueError(f"live_failure must be 'raise' or 'report', got {live_failure!r}")
         if self.finished:
             raise RuntimeError("TraceSession.finish() called twice")
         self.finished = True
@@ -83,9 +188,11 @@ class TraceSession:
         t0 = time.perf_counter()
         exporters: list[SpanExporter] = []
         file_exporter = None
+        tmp_path = None
         if self.write_file:
             self.trace_path = self.out_dir / TRACE_FILE
-            file_exporter = OtlpJsonLinesExporter(self.trace_path)
+            tmp_path = self.trace_path.with_name(TRACE_FILE + ".tmp")
+            file_exporter = OtlpJsonLinesExporter(tmp_path)
             exporters.append(file_exporter)
         if self._live is not None:
             exporters.append(self._live)
@@ -94,13 +201,27 @@ class TraceSession:
         provider = TracerProvider(resource=run_resource(run), sampler=ALWAYS_ON,
                                   span_limits=SpanLimits(**_LIMITS), shutdown_on_exit=False)
         provider.add_span_processor(processor)
+        live_error: Optional[str] = None
         try:
             tracer = provider.get_tracer(SCOPE_NAME, _VERSION)
             created = emit_spans(rec, tracer, self.level, run)
             processor.force_flush()
-            per_exporter = processor.check(created)
+            try:
+                per_exporter = processor.check(created)
+            except SpanLossError as exc:
+                if self._live is None or self._live.error is None:
+                    raise
+                if live_failure == "raise":
+                    raise SpanLossError(f"{exc} | {self._live.message(created)}") from None
+                live_error = self._live.message(created)
+                others = copy.copy(processor)            # the file and extra exporters: still every span
+                kept = [(e, t) for e, t in zip(exporters, processor.tallies) if e is not self._live]
+                others.exporters, others.tallies = [e for e, _ in kept], [t for _, t in kept]
+                per_exporter = others.check(created)
         finally:
             provider.shutdown()
+            if tmp_path is not None and tmp_path.exists():
+                os.replace(tmp_path, self.trace_path)
         figures: dict[str, Any] = {
             "spans": created,
             "boundaries_recorded": len(rec),
@@ -109,6 +230,8 @@ class TraceSession:
             "exported": per_exporter,
             "emit_s": round(time.perf_counter() - t0, 3),
         }
+        if live_error is not None:
+            figures["live_export_error"] = live_error
         if file_exporter is not None:
             figures["lines"] = file_exporter.lines_written
         return figures
