@@ -3,7 +3,8 @@
 The CLI proper lives in slotscope/; reports only contributes its subcommands, so the package can be
 used and tested without the application. Rendering modules are imported when a command runs, so
 ``slotscope --help`` does not pay for matplotlib. Exit codes: 0 written, 2 bad input (the message
-names the run directory and the file).
+names the run directory and the file and line, or the output path). A run that did not finish is
+still reported (in red, saying why); one killed before its summary is built from its streamed files.
 """
 from __future__ import annotations
 
@@ -43,29 +44,41 @@ def _fail(message: str) -> int:
 
 def _check_dir(run_dir: str) -> str | None:
     """A clear message for a directory that is not a run, before any rendering starts."""
+    from .data import is_run_dir
+
     path = Path(run_dir)
     if not path.is_dir():
         return f"{run_dir}: no such run directory"
-    if not (path / "summary.json").is_file():
-        return f"{run_dir}: no summary.json here (is this a slotscope run directory?)"
+    if not is_run_dir(path):
+        return (f"{run_dir}: not a slotscope run directory (no summary.json, run.json, steps.jsonl or "
+                "findings.jsonl here)")
+    return None
+
+
+def _check_output(output: str | None) -> str | None:
+    if output is not None and Path(output).is_dir():
+        return f"-o {output}: is a directory; name the output file (e.g. {Path(output) / 'report.html'})"
     return None
 
 
 def _write(build) -> int:
     """Run a report writer, say what it wrote (size, time), or fail with the run dir's problem."""
     from .data import RunDirError
+    from .html import OutputError
 
     t0 = time.perf_counter()
     try:
         out = build()
     except RunDirError as e:
         return _fail(str(e))
+    except OutputError as e:
+        return _fail(str(e))
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB in {time.perf_counter() - t0:.2f}s)")
     return EXIT_OK
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    problem = _check_dir(args.run_dir)
+    problem = _check_dir(args.run_dir) or _check_output(args.output)
     if problem:
         return _fail(problem)
     from .html import write_report
@@ -80,6 +93,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         problem = _check_dir(d)
         if problem:
             return _fail(problem)
+    problem = _check_output(args.output)
+    if problem:
+        return _fail(problem)
     from .html import write_comparison
 
     return _write(lambda: write_comparison(args.run_dirs, args.output))

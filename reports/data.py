@@ -4,14 +4,23 @@ Why a module of its own: the report must work on directories written by other ve
 machines, or edited by hand (a shared report is untrusted input). So every file is read here, once,
 with clear errors that name the file and line, and nothing downstream touches the file system.
 
-Only ``summary.json`` is required. A missing ``run.json`` (older pipelines wrote it after the report),
+A run directory is one that holds any of summary.json, run.json, steps.jsonl, findings.jsonl or the run
+lock. A run that did not finish says so: summary.json's ``incomplete`` entry (reason, message, steps
+done), or, when there is no summary.json at all (the run was killed), the report is built from the
+streamed files (findings.jsonl, steps.jsonl) and run.json, and says that. A missing ``run.json``,
 ``steps.jsonl``, ``shapes.jsonl`` or ``findings.jsonl`` leaves that part of the report empty or
 "unknown". ``findings.jsonl`` can hold up to 100,000 detailed findings: it is streamed, every line is
 counted into the (layer, step) heat map, and only the first ``detail_cap`` are kept as records.
+
+Hostile or damaged input ends in :class:`RunDirError` naming the file and line, never in a traceback:
+lines longer than ``MAX_LINE_BYTES``, JSON files larger than ``MAX_JSON_BYTES``, JSON nested too deeply,
+numbers that are not finite or not 64-bit. A last line without its newline (a kill mid-write) is left
+out with a note.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
@@ -27,6 +36,15 @@ FINDING_CLASSES: tuple[str, ...] = (
 DEFAULT_DETAIL_CAP = 2000
 
 UNKNOWN = "unknown"
+
+#: Longest line read from a JSON-lines file (a finding line is ~300 bytes) and largest JSON file.
+MAX_LINE_BYTES = 16 * 2**20
+MAX_JSON_BYTES = 64 * 2**20
+
+#: Files whose presence makes a directory a run directory (slotscope/rundir.py writes the lock).
+RUN_MARKERS = ("summary.json", "run.json", "steps.jsonl", "findings.jsonl", ".slotscope.lock")
+
+_INT64 = 2**63
 
 
 class RunDirError(ValueError):
@@ -70,11 +88,21 @@ class FirstFinding:
 
 
 @dataclass(frozen=True)
+class Incomplete:
+    """Why a run did not finish, as its files say."""
+
+    reason: str                       # max_steps | error | SIGINT | SIGTERM | killed | unknown
+    message: str                      # in words
+    steps_done: Optional[int]
+    max_steps: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class BackendVerdict:
     """One row of the verdict table: a backend's writes and findings by class."""
 
     name: str
-    writes: int
+    writes: Optional[int]             # None: not recorded (a run killed before its summary)
     findings: Mapping[str, int]
     first: Optional[FirstFinding]
 
@@ -84,6 +112,7 @@ class BackendVerdict:
 
     @property
     def clean(self) -> bool:
+        """No findings on this backend (in the steps that ran: see ``RunData.complete``)."""
         return self.total == 0
 
 
@@ -193,10 +222,18 @@ class RunData:
     heat: HeatCounts
     scenario_text: Optional[str]
     notes: tuple[str, ...] = field(default=())
+    incomplete: Optional[Incomplete] = None
+    max_steps: Optional[int] = None
+
+    @property
+    def complete(self) -> bool:
+        """The run finished: every step ran and its summary was written."""
+        return self.incomplete is None
 
     @property
     def clean(self) -> bool:
-        return self.findings_total == 0 and all(b.clean for b in self.backends)
+        """A clean verdict needs a complete run: no findings in a run that stopped early proves nothing."""
+        return self.complete and self.findings_total == 0 and all(b.clean for b in self.backends)
 
     def class_totals(self) -> dict[str, int]:
         out = {c: 0 for c in self.classes}
@@ -235,21 +272,90 @@ def _str(value: Any, default: str = UNKNOWN) -> str:
 def _int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RunDirError(f"{where}: expected a number, got {value!r}"[:300])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RunDirError(f"{where}: expected a finite number, got {value!r}")
+    if not -_INT64 < value < _INT64:
+        raise RunDirError(f"{where}: number out of range (beyond 64 bits)")
     return int(value)
 
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunDirError(f"{path}:{lineno}: not a JSON line ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise RunDirError(f"{path}:{lineno}: expected a JSON object")
-            yield lineno, row
+def _loads(text: str, where: str) -> Any:
+    """json.loads with every failure as RunDirError naming ``where`` (the file and line)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{where}: not a JSON line ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise RunDirError(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:       # e.g. an integer with more digits than Python converts
+        raise RunDirError(f"{where}: not readable JSON ({str(e)[:200]})") from None
+
+
+class _Lines:
+    """The JSON objects of a JSON-lines file, one line at a time, lines capped at MAX_LINE_BYTES.
+
+    ``cut`` is set when the last line has no newline and is not JSON (a kill mid-write): it is left out."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.cut = False
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        path = self.path
+        with open(path, "rb") as f:
+            lineno = 0
+            while True:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    return
+                lineno += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise RunDirError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES // 2**20} MiB "
+                                      "(not a slotscope line)")
+                text = raw.decode("utf-8", errors="replace")
+                if not text.strip():
+                    continue
+                try:
+                    row = _loads(text, f"{path}:{lineno}")
+                except RunDirError:
+                    if not raw.endswith(b"\n") and not f.read(1):
+                        self.cut = True       # the last line, cut off by a kill: leave it out
+                        return
+                    raise
+                if not isinstance(row, dict):
+                    raise RunDirError(f"{path}:{lineno}: expected a JSON object")
+                yield lineno, row
+
+
+def _json_lines(path: Path, notes: Optional[list[str]] = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    lines = _Lines(path)
+    yield from lines
+    if lines.cut and notes is not None:
+        notes.append(f"{path.name}: its last line was cut off (the run was killed while writing it) and is "
+                     "left out.")
+
+
+def _read_json_file(path: Path) -> Any:
+    """A whole JSON file (summary.json, run.json), size-capped; RunDirError naming it otherwise."""
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
+    if size > MAX_JSON_BYTES:
+        raise RunDirError(f"{path}: {size / 2**20:,.0f} MiB, larger than {MAX_JSON_BYTES // 2**20} MiB "
+                          "(not a slotscope file)")
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+    except RecursionError:
+        raise RunDirError(f"{path}:1: JSON nested too deeply") from None
+    except ValueError as e:
+        raise RunDirError(f"{path}: not readable JSON ({str(e)[:200]})") from None
 
 
 def _owner(value: Any, where: str) -> Optional[Owner]:
@@ -267,17 +373,53 @@ def _owner(value: Any, where: str) -> Optional[Owner]:
                  pos if isinstance(pos, int) else None, str(label))
 
 
-def _load_summary(run_dir: Path) -> dict[str, Any]:
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / m).exists() for m in RUN_MARKERS)
+
+
+def _load_summary(run_dir: Path) -> Optional[dict[str, Any]]:
+    """summary.json, or None when there is none (a run killed before writing it)."""
     path = run_dir / "summary.json"
     if not path.is_file():
-        raise RunDirError(f"{run_dir}: no summary.json (is this a slotscope run directory?)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+        if not is_run_dir(run_dir):
+            raise RunDirError(f"{run_dir}: not a slotscope run directory (no summary.json, run.json, "
+                              "steps.jsonl or findings.jsonl)")
+        return None
+    data = _read_json_file(path)
     if not isinstance(data, dict) or not isinstance(data.get("backends"), dict):
         raise RunDirError(f"{path}: field 'backends' must be an object of backend -> verdict")
     return data
+
+
+def _opt_float(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        f = float(value)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _opt_int(value: Any) -> Optional[int]:
+    if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 < value < _INT64:
+        return None
+    return value
+
+
+def _incomplete(summary: dict[str, Any]) -> Optional[Incomplete]:
+    inc = summary.get("incomplete")
+    if inc is None or inc is False:
+        return None
+    max_steps = _opt_int(summary.get("max_steps"))
+    if not isinstance(inc, dict):
+        return Incomplete("unknown", f"the run did not finish ({str(inc)[:300]})", None, max_steps)
+    reason = _str(inc.get("reason"), "error" if inc.get("error") else "unknown")[:100]
+    message = inc.get("message")
+    if not isinstance(message, str) or not message:
+        message = f"the run failed: {inc['error']}" if inc.get("error") else "the run did not finish"
+    return Incomplete(reason, str(message)[:2000], _opt_int(inc.get("steps_done")),
+                      _opt_int(inc.get("max_steps")) or max_steps)
 
 
 def _verdicts(summary: dict[str, Any], path: Path) -> tuple[BackendVerdict, ...]:
@@ -299,21 +441,37 @@ def _verdicts(summary: dict[str, Any], path: Path) -> tuple[BackendVerdict, ...]
     return tuple(out)
 
 
-def _load_provenance(run_dir: Path, notes: list[str]) -> Provenance:
+def _verdicts_from_findings(names: list[str], counts: dict[str, dict[str, int]],
+                            firsts: dict[str, FirstFinding]) -> tuple[BackendVerdict, ...]:
+    """Per backend verdicts counted from findings.jsonl (no summary.json: the run was killed)."""
+    out = []
+    for name in dict.fromkeys([*names, *counts]):
+        found = {c: 0 for c in FINDING_CLASSES}
+        found.update(counts.get(name, {}))
+        out.append(BackendVerdict(name, None, found, firsts.get(name)))
+    return tuple(out)
+
+
+def _load_run_json(run_dir: Path, notes: list[str]) -> Optional[dict[str, Any]]:
     path = run_dir / "run.json"
     if not path.is_file():
         notes.append("run.json is missing: provenance shows 'unknown'.")
-        return Provenance()
+        return None
     try:
-        d = json.loads(path.read_text(encoding="utf-8", errors="replace"))
-    except json.JSONDecodeError as e:
-        notes.append(f"run.json line {e.lineno} is not JSON ({e.msg}): provenance shows 'unknown'.")
-        return Provenance()
-    if not isinstance(d, dict):
+        d = _read_json_file(path)
+    except RunDirError as e:
+        notes.append(f"run.json cannot be read ({str(e)[len(str(path)) + 2:][:300]}): provenance shows 'unknown'.")
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
+    if d is None:
         return Provenance()
     layers: list[tuple[int, str]] = []
-    for item in d.get("layers") or ():
-        if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], int):
+    items = d.get("layers")
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, (list, tuple)) and len(item) == 2 and _opt_int(item[0]) is not None:
             layers.append((int(item[0]), str(item[1])))
     timings = d.get("timings") if isinstance(d.get("timings"), dict) else {}
     run_s = timings.get("run_s")
@@ -323,7 +481,7 @@ def _load_provenance(run_dir: Path, notes: list[str]) -> Provenance:
         description=_str(d.get("description"), ""), device=_str(d.get("device")),
         device_name=_str(d.get("device_name")), geometry=_str(d.get("geometry")), store=_str(d.get("store")),
         model=_str(d.get("model")), window=_str(d.get("window")), python=_str(d.get("python")),
-        torch=_str(d.get("torch")), run_s=float(run_s) if isinstance(run_s, (int, float)) else None,
+        torch=_str(d.get("torch")), run_s=_opt_float(run_s),
         layers=tuple(layers), present=True)
 
 
@@ -331,35 +489,33 @@ _STEP_INT_FIELDS = ("step", "num_requests", "real_tokens", "dp_padded_tokens", "
                     "full_used", "swa_used", "full_size", "swa_size")
 
 
-def _load_steps(run_dir: Path) -> StepTable:
+def _load_steps(run_dir: Path, notes: list[str]) -> StepTable:
     path = run_dir / "steps.jsonl"
     cols: dict[str, list[int]] = {k: [] for k in _STEP_INT_FIELDS}
     modes: list[str] = []
     graphs: list[str] = []
     if path.is_file():
-        for lineno, row in _json_lines(path):
+        for lineno, row in _json_lines(path, notes):
             for k in _STEP_INT_FIELDS:
-                v = row.get(k, 0)
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise RunDirError(f"{path}:{lineno}: field {k!r} must be a number")
-                cols[k].append(int(v))
-            modes.append(str(row.get("mode", "?")))
-            graphs.append(str(row.get("graph", "?")))
+                cols[k].append(_int(row.get(k, 0), f"{path}:{lineno}: field {k!r}"))
+            modes.append(str(row.get("mode", "?"))[:100])
+            graphs.append(str(row.get("graph", "?"))[:100])
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
     return StepTable(mode=tuple(modes), graph=tuple(graphs), **arr)
 
 
-def _load_shapes(run_dir: Path) -> tuple[ShapeSeries, ...]:
+def _load_shapes(run_dir: Path, notes: list[str]) -> tuple[ShapeSeries, ...]:
     path = run_dir / "shapes.jsonl"
     if not path.is_file():
         return ()
     acc: dict[tuple[str, str], tuple[list[int], list[int], list[int]]] = {}
-    for lineno, row in _json_lines(path):
+    for lineno, row in _json_lines(path, notes):
+        where = f"{path}:{lineno}"
         try:
             key = (str(row["backend"]), str(row["kind"]))
-            vals = (int(row["step"]), int(row["loc_len"]), int(row["swa_loc_len"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise RunDirError(f"{path}:{lineno}: needs step, backend, kind, loc_len, swa_loc_len ({e})") from None
+            vals = (_int(row["step"], where), _int(row["loc_len"], where), _int(row["swa_loc_len"], where))
+        except KeyError as e:
+            raise RunDirError(f"{where}: needs step, backend, kind, loc_len, swa_loc_len (no {e})") from None
         lists = acc.setdefault(key, ([], [], []))
         for lst, v in zip(lists, vals):
             lst.append(v)
@@ -376,27 +532,43 @@ def _finding(row: dict[str, Any], where: str) -> FindingRecord:
         observed=_owner(row.get("observed"), f"{where}: observed"), message=str(row.get("message") or ""))
 
 
-def _load_findings(run_dir: Path, cap: int) -> tuple[tuple[FindingRecord, ...], int, HeatCounts]:
+@dataclass
+class _FindingScan:
+    """What one pass over findings.jsonl yields: the first records, the heat map, and (for a run with no
+    summary.json) counts per backend and class and each backend's first finding."""
+
+    kept: tuple[FindingRecord, ...]
+    lines: int
+    heat: HeatCounts
+    counts: dict[str, dict[str, int]]
+    firsts: dict[str, FirstFinding]
+
+
+def _load_findings(run_dir: Path, cap: int, notes: list[str]) -> _FindingScan:
     """Keep the first ``cap`` records; count every line into (layer, step) without keeping it."""
     path = run_dir / "findings.jsonl"
     kept: list[FindingRecord] = []
     steps: list[int] = []
     layers: list[int] = []
+    counts: dict[str, dict[str, int]] = {}
+    firsts: dict[str, FirstFinding] = {}
     n = 0
     if path.is_file():
-        for lineno, row in _json_lines(path):
+        for lineno, row in _json_lines(path, notes):
             n += 1
             where = f"{path}:{lineno}"
+            step, layer = _int(row.get("step"), f"{where}: step"), _int(row.get("layer"), f"{where}: layer")
+            backend, cls = str(row.get("backend", "?"))[:200], str(row.get("class", "?"))[:100]
             if len(kept) < cap:
-                rec = _finding(row, where)
-                kept.append(rec)
-                steps.append(rec.step)
-                layers.append(rec.layer)
-            else:
-                steps.append(_int(row.get("step"), f"{where}: step"))
-                layers.append(_int(row.get("layer"), f"{where}: layer"))
+                kept.append(_finding(row, where))
+            steps.append(step)
+            layers.append(layer)
+            per = counts.setdefault(backend, {})
+            per[cls] = per.get(cls, 0) + 1
+            if backend not in firsts or step < firsts[backend].step:
+                firsts[backend] = FirstFinding(step, layer, cls)
     heat = _heat(np.asarray(steps, np.int64), np.asarray(layers, np.int64))
-    return tuple(kept), n, heat
+    return _FindingScan(tuple(kept), n, heat, counts, firsts)
 
 
 def _heat(steps: np.ndarray, layers: np.ndarray) -> HeatCounts:
@@ -409,6 +581,20 @@ def _heat(steps: np.ndarray, layers: np.ndarray) -> HeatCounts:
     return HeatCounts(layer_ids, uniq // len(layer_ids), uniq % len(layer_ids), counts)
 
 
+def _scenario_text(run_dir: Path, notes: list[str]) -> Optional[str]:
+    path = run_dir / "scenario.toml"
+    if not path.is_file():
+        return None
+    try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            notes.append(f"scenario.toml is larger than {MAX_JSON_BYTES // 2**20} MiB: not shown.")
+            return None
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        notes.append(f"scenario.toml cannot be read ({e.strerror}).")
+        return None
+
+
 def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunData:
     """Read a run directory; raises RunDirError (naming the file) when it cannot be reported on."""
     run_dir = Path(run_dir)
@@ -416,16 +602,19 @@ def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunDa
         raise RunDirError(f"{run_dir}: not a directory")
     summary = _load_summary(run_dir)
     notes: list[str] = []
-    prov = _load_provenance(run_dir, notes)
-    findings, lines, heat = _load_findings(run_dir, detail_cap)
+    run_json = _load_run_json(run_dir, notes)
+    prov = _load_provenance(run_json)
+    scan = _load_findings(run_dir, detail_cap, notes)
     if not (run_dir / "findings.jsonl").is_file():
         notes.append("findings.jsonl is missing: only the summary's counts are shown.")
-    truncated = bool(summary.get("findings_detail_truncated", False))
-    scenario_path = run_dir / "scenario.toml"
-    scenario_text = scenario_path.read_text(encoding="utf-8", errors="replace") if scenario_path.is_file() else None
+    steps = _load_steps(run_dir, notes)
+    common = dict(path=run_dir, provenance=prov, steps=steps, shapes=_load_shapes(run_dir, notes),
+                  findings=scan.kept, findings_lines=scan.lines, heat=scan.heat,
+                  scenario_text=_scenario_text(run_dir, notes))
+    if summary is None:
+        return _from_streams(run_dir, run_json, scan, notes, common)
     where = run_dir / "summary.json"
     return RunData(
-        path=run_dir,
         scenario=_str(summary.get("scenario")),
         design=_str(summary.get("design")),
         seed=_str(summary.get("seed")),
@@ -433,13 +622,31 @@ def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunDa
         num_steps=_int(summary.get("steps", 0), f"{where}: steps"),
         crossings=_int(summary.get("crossings", 0), f"{where}: crossings"),
         findings_total=_int(summary.get("findings_total", 0), f"{where}: findings_total"),
-        detail_truncated=truncated,
-        provenance=prov,
-        steps=_load_steps(run_dir),
-        shapes=_load_shapes(run_dir),
-        findings=findings,
-        findings_lines=lines,
-        heat=heat,
-        scenario_text=scenario_text,
+        detail_truncated=bool(summary.get("findings_detail_truncated", False)),
         notes=tuple(notes),
+        incomplete=_incomplete(summary),
+        max_steps=_opt_int(summary.get("max_steps")),
+        **common,
     )
+
+
+def _from_streams(run_dir: Path, run_json: Optional[dict[str, Any]], scan: _FindingScan, notes: list[str],
+                  common: dict[str, Any]) -> RunData:
+    """A run killed before its summary: counts from findings.jsonl, steps from steps.jsonl, names from
+    run.json. Never clean: the run did not finish."""
+    d = run_json or {}
+    names = d.get("backends")
+    names = [str(n)[:200] for n in names] if isinstance(names, list) else []
+    steps: StepTable = common["steps"]
+    done = len(steps)
+    max_steps = _opt_int(d.get("max_steps"))
+    missing = "no summary.json" + ("" if run_json is not None else " and no run.json")
+    notes.insert(0, f"{missing}: the run did not finish; this report is built from the streamed files "
+                    "(findings.jsonl, steps.jsonl). Writes per backend were not recorded.")
+    return RunData(
+        scenario=_str(d.get("scenario")), design=_str(d.get("design")), seed=_str(d.get("seed")),
+        backends=_verdicts_from_findings(names, scan.counts, scan.firsts),
+        num_steps=done, crossings=0, findings_total=scan.lines, detail_truncated=False, notes=tuple(notes),
+        incomplete=Incomplete("killed", f"the run did not finish ({missing}; built from the streamed files)",
+                              done, max_steps),
+        max_steps=max_steps, **common)

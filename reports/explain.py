@@ -226,21 +226,42 @@ def first_divergence(run: RunData) -> Optional[Divergence]:
         if same:
             parts.append(f"same first divergence on {len(same)} other backend(s): {', '.join(same)}")
         if clean:
-            parts.append(f"clean: {', '.join(clean)}")
+            label = "clean" if run.complete else "no findings in the steps that ran (the run did not finish)"
+            parts.append(f"{label}: {', '.join(clean)}")
         facts.append(Fact("Other backends", "; ".join(parts)))
     headline = f"First divergence: step {step}, {backend}, layer {layer} ({kind}) \u2014 {cls}"
     return Divergence(headline, tuple(facts), tuple(_why(rec, cls, kind, batch, lengths)), step, backend, layer, cls)
 
 
+def _steps_done(run: RunData) -> str:
+    inc = run.incomplete
+    n = inc.steps_done if inc is not None and inc.steps_done is not None else run.num_steps
+    return f"{n:,} step(s)"
+
+
+def incomplete_sentence(run: RunData) -> Optional[str]:
+    """The banner of a run that did not finish (None for a complete run): why, and how far it got."""
+    inc = run.incomplete
+    if inc is None:
+        return None
+    limit = f" (max_steps {inc.max_steps:,})" if inc.max_steps is not None else ""
+    return (f"Incomplete run: {inc.message}. {_steps_done(run)} done{limit}. Everything below covers only "
+            "those steps: this is not a clean verdict.")
+
+
 def verdict_sentence(run: RunData) -> str:
-    """One plain sentence for the top of the page."""
+    """One plain sentence for the top of the page. "Clean" only for a complete run without findings."""
     n = len(run.backends)
     if run.clean:
-        writes = sum(b.writes for b in run.backends)
+        writes = sum(b.writes or 0 for b in run.backends)
         return (f"Clean: on all {n} backend(s), every one of {writes:,} checked writes went to the slot the "
                 f"reference pool expects, over {run.num_steps:,} steps.")
     bad = [b for b in run.backends if not b.clean]
+    if not bad and run.findings_total == 0:
+        return (f"No verdict: no findings on {n} backend(s) in the {_steps_done(run)} that ran, but the run did "
+                "not finish, so nothing shows it is clean.")
     totals = run.class_totals()
     classes = ", ".join(f"{c} {totals[c]:,}" for c in run.classes if totals.get(c))
+    tail = "" if run.complete else f", in the {_steps_done(run)} that ran before the run stopped"
     return (f"Not clean: {len(bad)} of {n} backend(s) diverge from the reference pool, "
-            f"{run.findings_total:,} finding(s) in all ({classes}).")
+            f"{run.findings_total:,} finding(s) in all ({classes}){tail}.")

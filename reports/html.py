@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 
 from .data import FINDING_CLASSES, RunData, load_run
-from .explain import Divergence, first_divergence, verdict_sentence
+from .explain import Divergence, first_divergence, incomplete_sentence, verdict_sentence
 from .tables import compare_rows, first_mismatches, verdict_rows
 
 if TYPE_CHECKING:  # plots pulls in matplotlib; imported when a figure is made
@@ -50,6 +50,8 @@ def _cls_css(name: str) -> str:
 
 
 def _num(value: object) -> str:
+    if value is None:
+        return "unknown"
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
@@ -118,17 +120,34 @@ def render_report(run: RunData) -> str:
     plots, notes = _plots(run, "run", div, width=10.0)
     mismatches, distinct = first_mismatches(run)
     return _env().get_template("report.html.j2").render(
-        run=run, verdict=verdict_sentence(run), verdict_rows=verdict_rows(run), divergence=div, plots=plots,
+        run=run, verdict=verdict_sentence(run), incomplete=incomplete_sentence(run), verdict_rows=verdict_rows(run),
+        divergence=div, plots=plots,
         plot_notes=notes, mismatches=mismatches, distinct_mismatches=distinct, layer_mix=_layer_mix(run),
         **_common())
 
 
+class OutputError(ValueError):
+    """The report's output path cannot be written (a directory, no permission); names the path."""
+
+
 def _write_atomic(out: Path, html: str) -> Path:
-    """Write through a temporary file, so a reader never sees half a report."""
-    out.parent.mkdir(parents=True, exist_ok=True)
+    """Write through a temporary file, so a reader never sees half a report; the temporary file never
+    stays behind, whatever fails."""
+    if out.is_dir():
+        raise OutputError(f"{out}: is a directory; name the output file (e.g. {out / 'report.html'})")
     tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        tmp.replace(out)
+    except OSError as e:
+        raise OutputError(f"{out}: cannot write ({e.strerror or e})") from None
+    finally:
+        if tmp.exists():
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
     return out
 
 
@@ -145,6 +164,7 @@ class _Column:
     letter: str
     run: RunData
     verdict: str
+    incomplete: Optional[str]
     divergence: Optional[Divergence]
     plots: Plots
     plot_notes: list[str]
@@ -176,7 +196,7 @@ def render_comparison(runs: Sequence[RunData]) -> str:
     for i, run in enumerate(runs):
         div = first_divergence(run)
         plots, notes = _plots(run, f"r{i}", div, width=width)
-        columns.append(_Column(_letter(i), run, verdict_sentence(run), div, plots, notes))
+        columns.append(_Column(_letter(i), run, verdict_sentence(run), incomplete_sentence(run), div, plots, notes))
     names = list(dict.fromkeys(r.scenario for r in runs))
     hashes = {r.provenance.scenario_hash for r in runs}
     same = len(names) == 1 and (len(hashes) == 1)

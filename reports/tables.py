@@ -25,8 +25,8 @@ class VerdictRow:
     """One backend of the design x backend table."""
 
     backend: str
-    writes: int
-    clean: bool
+    writes: Optional[int]               # None: not recorded
+    clean: bool                         # no findings in a complete run (an incomplete run has no clean cell)
     counts: tuple[ClassCount, ...]      # only the non-zero classes
     first: str                          # "step 1, layer 0, length_mismatch" or "-"
 
@@ -48,7 +48,7 @@ def verdict_rows(run: RunData) -> list[VerdictRow]:
     rows = []
     for b in run.backends:
         counts = tuple(ClassCount(c, b.findings.get(c, 0)) for c in run.classes if b.findings.get(c, 0))
-        rows.append(VerdictRow(b.name, b.writes, b.clean, counts, _first(b)))
+        rows.append(VerdictRow(b.name, b.writes, b.clean and run.complete, counts, _first(b)))
     return rows
 
 
