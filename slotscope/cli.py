@@ -1,21 +1,27 @@
 """The ``slotscope`` command.
 
-Exit codes: 0 clean, 1 findings (or a failed expectation), 2 bad input, 3 the run crashed.
+Exit codes (``EXIT_CODES`` below; README, docs/GUIDE.md and ``--help`` list the same): 0 clean (a
+complete run, no findings), 1 findings (or a failed expectation), 2 bad input, 3 the run failed
+(partial outputs kept), 4 no findings but the live OTLP export failed, 5 no findings in a run cut short
+by --max-steps (not a clean verdict), 130 interrupted (SIGINT, ^C), 143 terminated (SIGTERM).
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from simulator.designs import BUILTIN_DESIGNS, DesignError
-from simulator.scenario import BACKENDS, ScenarioError
+from simulator.scenario import BACKENDS, MAX_SEED, ScenarioError
 
 from . import __version__
-from .pipeline import UsageError
+from .pipeline import RunStopped, UsageError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
+EXIT_LIVE_EXPORT, EXIT_CUT = 4, 5
+EXIT_SIGINT, EXIT_SIGTERM = 128 + signal.SIGINT, 128 + signal.SIGTERM     # 130, 143
 
 _EPILOG = """\
 examples:
@@ -27,7 +33,15 @@ examples:
   slotscope bugs                     # every known bug reproduces, every fix is clean
   slotscope minimize out/b1          # the smallest scenario that still fails the same way
 
-exit codes: 0 clean, 1 findings, 2 bad input, 3 the run failed (partial outputs kept)
+exit codes:
+  0    clean: the run finished and no write diverged
+  1    findings
+  2    bad input (the message names the file and field, or the flag)
+  3    the run failed (partial outputs kept, summary.json says "incomplete")
+  4    no findings, but the live export (--otlp-endpoint) failed; the run's own files are complete
+  5    no findings in a run cut short by --max-steps: not a clean verdict
+  130  interrupted (^C, SIGINT); partial outputs kept, marked incomplete
+  143  terminated (SIGTERM); partial outputs kept, marked incomplete
 """
 
 
@@ -43,6 +57,26 @@ def _backends(text: str) -> tuple[str, ...]:
     return names
 
 
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^63), got {text!r}") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _add_run(sub) -> None:
     p = sub.add_parser(
         "run", help="run a scenario through every backend and check the pools",
@@ -56,7 +90,7 @@ def _add_run(sub) -> None:
                                     f"path/to/file.py:ClassName (default: the scenario's)")
     p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--out", default=None, help="output directory (default: out/<scenario name>)")
-    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--seed", type=_seed, help="override the scenario's seed (an integer in [0, 2^63))")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where the pool under test lives (default: cuda if available)")
     p.add_argument("--geometry", choices=("real", "compact"),
@@ -70,13 +104,14 @@ def _add_run(sub) -> None:
     p.add_argument("--otlp-endpoint", help="also export spans live to this OTLP/HTTP collector "
                                            "(OTEL_EXPORTER_OTLP_* variables are honoured)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
-    p.add_argument("--max-steps", type=int, help="stop after this many forward steps")
+    p.add_argument("--max-steps", type=_positive, metavar="N",
+                   help="stop after N forward steps (N >= 1); the run is then marked incomplete, never clean")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args) -> int:
-    from .pipeline import RunOptions, format_table, run_scenario
+    from .pipeline import RunOptions, run_scenario, stop_on_signals
     from .progress import Progress
     from simulator.scenario import load_scenario
 
@@ -84,22 +119,47 @@ def cmd_run(args) -> int:
     out = args.out or str(Path("out") / scenario.name)
     progress = None if args.quiet else Progress(scenario.name)
     try:
-        res = run_scenario(scenario, out, RunOptions(
-            design=args.design, backends=args.backends, seed=args.seed, device=args.device,
-            geometry=args.geometry, store=args.store, trace_level=args.trace_level,
-            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-            max_steps=args.max_steps, progress=progress))
-    finally:
+        with stop_on_signals():
+            res = run_scenario(scenario, out, RunOptions(
+                design=args.design, backends=args.backends, seed=args.seed, device=args.device,
+                geometry=args.geometry, store=args.store, trace_level=args.trace_level,
+                otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
+                max_steps=args.max_steps, progress=progress))
+    except BaseException as exc:
         if progress is not None:
             progress.close()
+        marker = getattr(exc, "partial_outputs", None)
+        if marker is not None:
+            exc.partial_message = _stopped_line(marker, out)  # type: ignore[attr-defined]
+        raise
+    if progress is not None:
+        progress.close()
+    if res.incomplete is not None:
+        print(f"slotscope: INCOMPLETE: {res.incomplete['message']} after {res.incomplete['steps_done']} steps: "
+              "the counts cover those steps only, not a clean verdict", file=sys.stderr)
     if not args.quiet:
+        from .pipeline import format_table
+
         print(format_table(res.summary))
         r = res.result
         print(f"\n{len(r.steps)} steps, {r.crossings} boundary crossings in {r.wall_s:.1f}s "
               f"({r.crossings / max(r.wall_s, 1e-9):,.0f}/s); outputs in {out}/")
         if (Path(out) / "report.html").exists():
             print(f"report: {Path(out) / 'report.html'}")
-    return EXIT_FINDINGS if res.result.total_findings else EXIT_CLEAN
+    if res.live_export_error is not None:
+        code = EXIT_FINDINGS if res.result.total_findings else EXIT_LIVE_EXPORT
+        print(f"slotscope: {res.live_export_error}; the run's own outputs are complete in {out}/ "
+              f"(exit {code})", file=sys.stderr)
+    if res.result.total_findings:
+        return EXIT_FINDINGS
+    if res.live_export_error is not None:
+        return EXIT_LIVE_EXPORT
+    return EXIT_CUT if res.incomplete is not None else EXIT_CLEAN
+
+
+def _stopped_line(marker: dict, out: str) -> str:
+    return (f"{marker['message']} after {marker['steps_done']} steps; partial outputs in {out}/ "
+            "(summary.json says incomplete)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,14 +193,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ScenarioError, DesignError, UsageError) as e:
         print(f"slotscope: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("slotscope: interrupted", file=sys.stderr)
-        return 130
-    except Exception:  # a crash (a user design that raises, a bug): say so, keep the traceback
+    except RunStopped as e:
+        print(f"slotscope: {getattr(e, 'partial_message', 'terminated (' + str(e) + ')')}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt as e:
+        print(f"slotscope: {getattr(e, 'partial_message', 'interrupted')}", file=sys.stderr)
+        return EXIT_SIGINT
+    except SystemExit as e:  # raised inside the run (a design calling sys.exit): a failure, never a verdict
+        print(f"slotscope: error: SystemExit({e.code!r}) raised inside the command; "
+              + getattr(e, "partial_message", "no outputs were written") + " (exit 3)", file=sys.stderr)
+        return EXIT_CRASH
+    except Exception as e:  # a crash (a user design that raises, a bug): say so, keep the traceback
         import traceback
 
         traceback.print_exc()
-        print("slotscope: error: the run failed (exit 3); partial outputs, if any, are in the output directory",
+        print("slotscope: error: the run failed (exit 3); "
+              + getattr(e, "partial_message", "partial outputs, if any, are in the output directory"),
               file=sys.stderr)
         return EXIT_CRASH
 

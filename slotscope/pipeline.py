@@ -9,14 +9,23 @@ Outputs of ``run_scenario`` in DIR (deterministic ones are byte-identical for th
   run.json          provenance and timings (version, commit, device, wall time)
   trace.otlp.jsonl  OpenTelemetry spans (when tracing is on)
   report.html       the self-contained report
+
+scenario.toml and run.json are written before the first step; findings.jsonl and steps.jsonl stream as
+the run goes; the other files are written under a temporary name and renamed. A run that does not finish
+(an exception, ^C, SIGTERM, a max_steps cut) says so in summary.json and run.json ("incomplete": reason,
+message, steps done). The directory is locked for the run and cleared of an earlier run's files first
+(slotscope/rundir.py).
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -27,16 +36,13 @@ from simulator.designs import Design, load_design
 from simulator.observe import ObserverFanout, RunObserver
 from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult, run_simulation
-from simulator.scenario import Scenario, load_scenario
+from simulator.scenario import MAX_SEED, Scenario, load_scenario
 
 from . import __version__
+from .rundir import RunDir, UsageError, write_atomic, write_json_atomic
 from .resources import check_resources
 
 DEVICES = ("auto", "cpu", "cuda")
-
-
-class UsageError(ValueError):
-    """A command-line choice that cannot be honoured here (exit 2)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,37 +93,59 @@ class ShapeTimeline:
 
 
 class StreamingOutputs:
-    """Observer that writes findings.jsonl and steps.jsonl as the run goes, flushed every step, so a
-    crash, ^C or kill keeps everything found up to the last finished step."""
+    """Observer that writes findings.jsonl and steps.jsonl as the run goes, so a crash, ^C or kill keeps
+    everything found up to the last finished step.
 
-    def __init__(self, out: Path):
-        self._findings = open(out / "findings.jsonl", "w")
-        self._steps = open(out / "steps.jsonl", "w")
+    Each step's lines go to the file in one ``write`` of whole lines (no Python buffer that could
+    spill half a line), so even after SIGKILL both files hold whole JSON lines only."""
+
+    def __init__(self, out: Path, on_start: Optional[Callable[[RunInfo], None]] = None):
+        self._on_start = on_start
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        self._findings = os.open(out / "findings.jsonl", flags, 0o644)
+        self._steps = os.open(out / "steps.jsonl", flags, 0o644)
+        self._pending: list[str] = []
+        self.closed = False
 
     def on_run_start(self, run: RunInfo) -> None:
-        pass
+        if self._on_start is not None:
+            self._on_start(run)
 
     def on_boundary(self, *args) -> None:
         pass
 
     def on_findings(self, findings) -> None:
         for f in findings:
-            self._findings.write(json.dumps(f.to_json(), separators=(",", ":")))
-            self._findings.write("\n")
+            self._pending.append(json.dumps(f.to_json(), separators=(",", ":")) + "\n")
+
+    def _write_findings(self) -> None:
+        if self._pending:
+            data, self._pending = "".join(self._pending).encode(), []
+            _write_all(self._findings, data)
 
     def on_step(self, step: StepRecord) -> None:
-        self._steps.write(json.dumps(_step_json(step), separators=(",", ":")))
-        self._steps.write("\n")
-        self._findings.flush()
-        self._steps.flush()
+        self._write_findings()
+        _write_all(self._steps, (json.dumps(_step_json(step), separators=(",", ":")) + "\n").encode())
 
     def on_run_end(self) -> None:
         self.close()
 
     def close(self) -> None:
-        for f in (self._findings, self._steps):
-            if not f.closed:
-                f.close()
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._write_findings()       # a step cut short: the findings its backends already had
+        finally:
+            for fd in (self._findings, self._steps):
+                os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 @dataclass
@@ -143,6 +171,49 @@ class RunOutput:
     summary: dict[str, Any]
     out_dir: Optional[Path]
     timings: dict[str, float]
+    incomplete: Optional[dict[str, Any]] = None       # set when the run was cut short (--max-steps)
+    live_export_error: Optional[str] = None           # set when --otlp-endpoint did not take the spans
+
+    @property
+    def complete(self) -> bool:
+        return self.incomplete is None
+
+
+class RunStopped(BaseException):
+    """Raised inside a run by the SIGTERM handler of :func:`stop_on_signals` (SIGINT raises
+    KeyboardInterrupt); like it, it stops the run, whose partial outputs are then written."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_on_signals():
+    """While inside: SIGTERM raises :class:`RunStopped` and SIGINT KeyboardInterrupt, once; a second
+    signal is ignored (with a line on stderr) so the partial outputs are written whole. A no-op outside
+    the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):
+        if fired:
+            print(f"slotscope: {signal.Signals(signum).name} again: still writing the partial outputs "
+                  "(SIGKILL abandons them)", file=sys.stderr)
+            return
+        fired.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise RunStopped(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
 
 
 def make_draft_pool_factory(device: torch.device, geometry: str, store: str):
@@ -162,8 +233,9 @@ def make_pool_factory(scenario: Scenario, device: torch.device, geometry: str, s
     return lambda full_rows, swa_rows, skip_index: make(scenario.model, full_rows, swa_rows, skip_index)
 
 
-def summary_of(scenario: Scenario, design: Design, result: RunResult) -> dict[str, Any]:
-    return {
+def summary_of(scenario: Scenario, design: Design, result: RunResult,
+               incomplete: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    out = {
         "scenario": scenario.name,
         "design": design.name,
         "seed": scenario.seed,
@@ -173,21 +245,64 @@ def summary_of(scenario: Scenario, design: Design, result: RunResult) -> dict[st
         "findings_total": result.total_findings,
         "findings_detail_truncated": result.findings_truncated,
     }
+    if scenario.max_steps is not None:
+        out["max_steps"] = scenario.max_steps
+    if incomplete is not None:
+        out["incomplete"] = incomplete
+    return out
 
 
-def _write_jsonl(path: Path, rows) -> None:
-    with open(path, "w") as f:
-        for r in rows:
-            f.write(json.dumps(r, separators=(",", ":")))
-            f.write("\n")
+def _jsonl_text(rows) -> str:
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows)
 
 
-def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str | Path] = None,
-                 options: Optional[RunOptions] = None) -> RunOutput:
-    """Run one scenario end to end and write its outputs to ``out_dir`` (if given)."""
-    opts = options or RunOptions()
+# ------------------------------------------------------------------------------------ one run
+
+@dataclass
+class _Setup:
+    """What a run is made of, resolved from the scenario and the options before anything runs."""
+
+    scenario: Scenario
+    design: Design
+    device: torch.device
+    geometry: str
+    store: str
+    extra: dict[str, Any]
+    opts: RunOptions
+
+
+class _ProgressTracker:
+    """Passes progress on and remembers the last (finished, total) requests, to tell a run that ended
+    by itself from one cut by max_steps."""
+
+    def __init__(self, inner: Optional[Callable[[int, int, int], None]]):
+        self.inner = inner
+        self.done: Optional[int] = None
+        self.total: Optional[int] = None
+
+    def __call__(self, step: int, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        if self.inner is not None:
+            self.inner(step, done, total)
+
+    @property
+    def all_finished(self) -> bool:
+        return self.total is not None and self.done is not None and self.done >= self.total
+
+
+def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Scenario:
+    """The scenario with the command line's overrides (design, backends, seed, max_steps) applied."""
     scenario = scenario_or_path if isinstance(scenario_or_path, Scenario) else load_scenario(scenario_or_path)
-    scenario = scenario.with_overrides(design=opts.design, backends=opts.backends, seed=opts.seed)
+    if opts.max_steps is not None and not (isinstance(opts.max_steps, int) and opts.max_steps >= 1):
+        raise UsageError(f"--max-steps must be an integer >= 1, got {opts.max_steps!r}")
+    if opts.seed is not None and not (isinstance(opts.seed, int) and 0 <= opts.seed <= MAX_SEED):
+        raise UsageError(f"--seed must be an integer in [0, 2^63), got {opts.seed!r}")
+    return scenario.with_overrides(design=opts.design, backends=opts.backends, seed=opts.seed,
+                                   max_steps=opts.max_steps)
+
+
+def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
+    scenario = scenario_as_run(scenario_or_path, opts)
     design = load_design(scenario.design)
     device = resolve_device(opts.device)
     if "SLOTSCOPE_TORCH_THREADS" in os.environ:
@@ -197,88 +312,208 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
         torch.set_num_threads(1)
     geometry = opts.geometry or ("real" if device.type == "cuda" else "compact")
     store = opts.store or ("triton" if device.type == "cuda" else "torch")
-    check_resources(scenario, design, device, geometry)   # will it fit? (exit 2 naming the field)
     if store == "triton" and device.type == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("--store triton on cpu needs TRITON_INTERPRET=1 before triton is imported")
         os.environ["TRITON_INTERPRET"] = "1"    # the same kernel, run by Triton's interpreter
-    timeline = ShapeTimeline()
-    observers: list[RunObserver] = [timeline, *opts.extra_observers]
-    trace = None
-    out = Path(out_dir) if out_dir is not None else None
-    streaming = None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        streaming = StreamingOutputs(out)
-        observers.append(streaming)
-        if opts.trace_level != "off":
-            from tracing.session import TraceSession
+    if opts.otlp_endpoint and opts.trace_level != "off":
+        from tracing.live import FROM_ENV, traces_url
 
-            trace = TraceSession(out, opts.trace_level, otlp_endpoint=opts.otlp_endpoint)
-            observers.append(trace.observer)
-    observer: RunObserver = ObserverFanout(observers) if len(observers) > 1 else observers[0]
+        if opts.otlp_endpoint != FROM_ENV:
+            try:
+                traces_url(opts.otlp_endpoint)
+            except ValueError as e:
+                raise UsageError(f"--otlp-endpoint: {e}") from None
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
+    return _Setup(scenario, design, device, geometry, store, extra, opts)
+
+
+def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> RunResult:
     executor = None
-    if device.type == "cuda" and store == "triton" and opts.cuda_graphs:
+    if su.device.type == "cuda" and su.store == "triton" and su.opts.cuda_graphs:
         from cuda_path.graphs import CudaGraphExecutor
 
         executor = CudaGraphExecutor()
-    extra["cuda_graphs"] = executor is not None
+    su.extra["cuda_graphs"] = executor is not None
+    return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
+                          device=su.device, observer=observer, progress=progress, run_info_extra=su.extra,
+                          version=__version__, max_steps=su.scenario.max_steps, executor=executor,
+                          make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
+
+
+def _cut_marker(su: _Setup, result: RunResult, progress: _ProgressTracker) -> Optional[dict[str, Any]]:
+    """The "incomplete" entry of a run that max_steps stopped before its requests finished."""
+    n = su.scenario.max_steps
+    if n is None or len(result.steps) < n or progress.all_finished:
+        return None
+    return {"reason": "max_steps", "message": f"stopped by max_steps = {n} before every request finished",
+            "steps_done": len(result.steps), "max_steps": n}
+
+
+def stop_marker(exc: BaseException, steps_done: int) -> dict[str, Any]:
+    """The "incomplete" entry of a run that an exception or a signal stopped."""
+    if isinstance(exc, RunStopped):
+        name = signal.Signals(exc.signum).name
+        return {"reason": name, "message": f"stopped by {name}", "steps_done": steps_done}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"reason": "SIGINT", "message": "interrupted (^C / SIGINT)", "steps_done": steps_done}
+    error = f"{type(exc).__name__}: {exc}"
+    return {"reason": "error", "message": f"the run failed: {error}"[:2000], "error": error[:2000],
+            "steps_done": steps_done}
+
+
+def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str | Path] = None,
+                 options: Optional[RunOptions] = None) -> RunOutput:
+    """Run one scenario end to end and write its outputs to ``out_dir`` (if given).
+
+    With ``out_dir`` the directory is locked for the run and the previous run's files are removed first
+    (see slotscope/rundir.py). A run stopped by an exception or a signal writes its partial outputs,
+    marked incomplete, and re-raises; ``exc.partial_outputs`` then holds the "incomplete" entry.
+    """
+    opts = options or RunOptions()
+    su = _setup(scenario_or_path, opts)
+    check_resources(su.scenario, su.design, su.device, su.geometry)   # will it fit? (exit 2 naming the field)
+    if out_dir is None:
+        return _run_in_memory(su)
+    with RunDir.open(out_dir) as rd:
+        return _RunWriter(su, rd.path).run()
+
+
+def _run_in_memory(su: _Setup) -> RunOutput:
+    timeline = ShapeTimeline()
+    observers: list[RunObserver] = [timeline, *su.opts.extra_observers]
+    observer: RunObserver = ObserverFanout(observers) if len(observers) > 1 else observers[0]
+    progress = _ProgressTracker(su.opts.progress)
     t0 = time.perf_counter()
-    try:
-        result = run_simulation(scenario, design, make_pool_factory(scenario, device, geometry, store),
-                                device=device, observer=observer, progress=opts.progress, run_info_extra=extra,
-                                version=__version__, max_steps=opts.max_steps, executor=executor,
-                                make_draft_pool=make_draft_pool_factory(device, geometry, store))
-    except BaseException as exc:
-        partial = getattr(exc, "partial_result", None)
-        if out is not None and partial is not None:
-            streaming.close()
-            summary = summary_of(scenario, design, partial)
-            summary["incomplete"] = {"error": f"{type(exc).__name__}: {exc}", "steps_done": len(partial.steps)}
-            (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            _write_shapes(out, timeline)
-            print(f"slotscope: run stopped after {len(partial.steps)} steps ({type(exc).__name__}); "
-                  f"partial outputs in {out}/ (summary.json says incomplete)", file=sys.stderr)
-        raise
-    timings = {"run_s": time.perf_counter() - t0}
-    summary = summary_of(scenario, design, result)
-    if out is not None:
-        t1 = time.perf_counter()
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
-        _write_shapes(out, timeline)
-        (out / "scenario.toml").write_text(scenario.raw)
-        timings["write_s"] = time.perf_counter() - t1
-        if trace is not None:
-            t2 = time.perf_counter()
-            timings["trace"] = trace.finish(result.info)
-            timings["trace_s"] = time.perf_counter() - t2
-        run_json = {
-            "version": __version__, "commit": extra["commit"], "scenario": scenario.name,
-            "scenario_path": scenario.source, "scenario_hash": scenario.hash, "design": design.name,
-            "design_description": design.description, "seed": scenario.seed, "device": str(device),
-            "device_name": extra["device_name"], "geometry": geometry, "store": store,
-            "cuda_graphs": extra["cuda_graphs"],
-            "backends": list(scenario.backends), "layers": [[l.layer, l.kind] for l in result.info.layers],
-            "model": scenario.model.name, "window": scenario.model.window,
-            "description": scenario.description, "timings": timings, "python": sys.version.split()[0],
-            "torch": torch.__version__,
+    result = _simulate(su, observer, progress)
+    incomplete = _cut_marker(su, result, progress)
+    return RunOutput(result, summary_of(su.scenario, su.design, result, incomplete), None,
+                     {"run_s": time.perf_counter() - t0}, incomplete=incomplete)
+
+
+class _RunWriter:
+    """One run into a (locked, cleared) directory: provenance first, streamed files while it runs, the
+    rest at the end, partial outputs when it is stopped."""
+
+    def __init__(self, su: _Setup, out: Path):
+        self.su, self.out = su, out
+        self.timeline = ShapeTimeline()
+        self.layers: list[list[Any]] = [[l.layer, l.kind] for l in su.scenario.model.layers()]
+        self.timings: dict[str, Any] = {}
+        self.trace = None
+        self.live_export_error: Optional[str] = None
+
+    # ---------------------------------------------------------------------------- provenance
+    def run_json(self, status: str, incomplete: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        sc, su = self.su.scenario, self.su
+        d: dict[str, Any] = {
+            "tool": "slotscope", "status": status,
+            "version": __version__, "commit": su.extra["commit"], "scenario": sc.name,
+            "scenario_path": sc.source, "scenario_hash": sc.hash, "design": su.design.name,
+            "design_description": su.design.description, "seed": sc.seed, "max_steps": sc.max_steps,
+            "device": str(su.device), "device_name": su.extra["device_name"], "geometry": su.geometry,
+            "store": su.store, "cuda_graphs": su.extra.get("cuda_graphs"),
+            "backends": list(sc.backends), "layers": self.layers,
+            "model": sc.model.name, "window": sc.model.window,
+            "description": sc.description, "timings": self.timings, "python": sys.version.split()[0],
+            "torch": torch.__version__, "pid": os.getpid(),
         }
-        (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
-        if opts.report:
+        if incomplete is not None:
+            d["incomplete"] = incomplete
+        if self.live_export_error is not None:
+            d["live_export_error"] = self.live_export_error
+        return d
+
+    def write_run_json(self, status: str, incomplete: Optional[dict[str, Any]] = None) -> None:
+        write_json_atomic(self.out / "run.json", self.run_json(status, incomplete))
+
+    def _on_run_start(self, run: RunInfo) -> None:
+        """The run's layers (the draft's too) are known now: run.json says so before the first step."""
+        self.layers = [[l.layer, l.kind] for l in run.layers]
+        self.write_run_json("running")
+
+    # ---------------------------------------------------------------------------- the run
+    def run(self) -> RunOutput:
+        su = self.su
+        write_atomic(self.out / "scenario.toml", su.scenario.to_toml())
+        self.write_run_json("running")
+        streaming = StreamingOutputs(self.out, on_start=self._on_run_start)
+        observers: list[RunObserver] = [self.timeline, *su.opts.extra_observers, streaming]
+        if su.opts.trace_level != "off":
+            from tracing.session import TraceSession
+
+            self.trace = TraceSession(self.out, su.opts.trace_level, otlp_endpoint=su.opts.otlp_endpoint)
+            observers.append(self.trace.observer)
+        progress = _ProgressTracker(su.opts.progress)
+        t0 = time.perf_counter()
+        try:
+            result = _simulate(su, ObserverFanout(observers), progress)
+        except BaseException as exc:
+            streaming.close()
+            self.timings["run_s"] = time.perf_counter() - t0
+            partial = getattr(exc, "partial_result", None)
+            steps_done = len(partial.steps) if partial is not None else 0
+            marker = stop_marker(exc, steps_done)
+            exc.partial_outputs = marker  # type: ignore[attr-defined]
+            self._write_partial(partial, marker)
+            raise
+        streaming.close()
+        self.timings["run_s"] = time.perf_counter() - t0
+        incomplete = _cut_marker(su, result, progress)
+        summary = self._write_outputs(result, incomplete)
+        return RunOutput(result, summary, self.out, self.timings, incomplete=incomplete,
+                         live_export_error=self.live_export_error)
+
+    def _write_outputs(self, result: RunResult, incomplete: Optional[dict[str, Any]]) -> dict[str, Any]:
+        """summary.json, shapes.jsonl and run.json first (cheap, what every other tool reads), then the
+        trace and the report; run.json again with their timings."""
+        t1 = time.perf_counter()
+        summary = summary_of(self.su.scenario, self.su.design, result, incomplete)
+        write_json_atomic(self.out / "summary.json", summary)
+        self._write_shapes()
+        status = "complete" if incomplete is None else "incomplete"
+        self.write_run_json(status, incomplete)
+        self.timings["write_s"] = time.perf_counter() - t1
+        if self.trace is not None:
+            t2 = time.perf_counter()
+            self.timings["trace"] = self.trace.finish(result.info, live_failure="report")
+            self.live_export_error = self.timings["trace"].get("live_export_error")
+            self.timings["trace_s"] = time.perf_counter() - t2
+        if self.su.opts.report:
             t3 = time.perf_counter()
             from reports.html import write_report
 
-            write_report(out)
-            timings["report_s"] = time.perf_counter() - t3
-            run_json["timings"] = timings
-            (out / "run.json").write_text(json.dumps(run_json, indent=2) + "\n")
-    return RunOutput(result=result, summary=summary, out_dir=out, timings=timings)
+            write_report(self.out)
+            self.timings["report_s"] = time.perf_counter() - t3
+        self.write_run_json(status, incomplete)
+        return summary
 
+    def _write_partial(self, partial: Optional[RunResult], marker: dict[str, Any]) -> None:
+        """What a stopped run leaves: the summary so far (marked incomplete), shapes, run.json, then,
+        as far as they go, the trace and the report. A failure here never hides the run's own error."""
+        if partial is not None:
+            write_json_atomic(self.out / "summary.json", summary_of(self.su.scenario, self.su.design, partial, marker))
+            self._write_shapes()
+        self.write_run_json("incomplete", marker)
+        if partial is None:
+            return
+        if self.trace is not None:
+            try:
+                self.timings["trace"] = self.trace.finish(partial.info, live_failure="report")
+            except Exception as e:  # noqa: BLE001 - the run's own failure is what gets reported
+                self.timings["trace_error"] = f"{type(e).__name__}: {e}"[:500]
+        if self.su.opts.report:
+            try:
+                from reports.html import write_report
 
-def _write_shapes(out: Path, timeline: ShapeTimeline) -> None:
-    _write_jsonl(out / "shapes.jsonl", ({"step": s, "backend": b, "kind": k, "loc_len": l, "swa_loc_len": w}
-                                        for s, b, k, l, w in timeline.rows))
+                write_report(self.out)
+            except Exception as e:  # noqa: BLE001
+                self.timings["report_error"] = f"{type(e).__name__}: {e}"[:500]
+        self.write_run_json("incomplete", marker)
+
+    def _write_shapes(self) -> None:
+        write_atomic(self.out / "shapes.jsonl", _jsonl_text(
+            {"step": s, "backend": b, "kind": k, "loc_len": l, "swa_loc_len": w} for s, b, k, l, w in self.timeline.rows))
 
 
 def _step_json(s: StepRecord) -> dict[str, Any]:
