@@ -27,9 +27,13 @@ from typing import Optional
 import torch
 
 from simulator.checker import LayerWrite
-from simulator.execute import BackendStep, EagerExecutor, observe, store_layer, write_target
+from simulator.execute import BackendStep, EagerExecutor, observe, prepare_write, store_layer
 from simulator.kvrows import TAG_LANES, encode_rows, pad_tags
 from simulator.pool import KVLengthMismatch
+
+
+class _NotCaptured(Exception):
+    """A design hook failed while the step was being captured: the step stays eager."""
 
 
 @dataclass
@@ -112,11 +116,10 @@ class CudaGraphExecutor:
             kc = k.clone()
             rows[kind] = (kc, kc if v is k else v.clone())
         write_locs, targets = [], []
-        # shapes first: a step whose stores would raise is not captured
+        # shapes first: a step whose stores would raise, or whose design fails, is not captured
         for layer in s.layers:
-            wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
-            target = write_target(s.boundary.design.name, wl, layer, s)
-            if target.shape[0] != n:
+            w = prepare_write(s, layer)
+            if isinstance(w, LayerWrite) or w[1].shape[0] != n:
                 return None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -124,14 +127,16 @@ class CudaGraphExecutor:
         try:
             with torch.cuda.graph(graph, stream=stream):
                 for layer in s.layers:
-                    wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
-                    target = write_target(s.boundary.design.name, wl, layer, s)
+                    w = prepare_write(s, layer)
+                    if isinstance(w, LayerWrite):
+                        raise _NotCaptured(w.error)
+                    wl, target = w
                     k, v = rows[layer.kind]
                     s.pool.restamp(k, v, layer.layer)
                     s.pool.store(layer.kind, layer.index, target, k, v)
                     write_locs.append(wl)
                     targets.append(target)
-        except KVLengthMismatch:
+        except (KVLengthMismatch, _NotCaptured):
             return None
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
@@ -175,7 +180,6 @@ class CudaGraphExecutor:
     def _run_piecewise(self, s: BackendStep) -> list[LayerWrite]:
         n = s.meta.rows               # rows the layer produces: narrowed to the real tokens under shrinkage
         writes = []
-        design = s.boundary.design.name
         filled: set[str] = set()
         for layer in s.layers:
             piece = self._piece(s, layer.kind)
@@ -186,8 +190,11 @@ class CudaGraphExecutor:
             piece.graph.replay()          # the captured piece: K/V projection for this layer
             self.piece_replays += 1
             k, v = piece.k[:n], piece.v[:n]
-            wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
-            target = write_target(design, wl, layer, s)
+            w = prepare_write(s, layer)
+            if isinstance(w, LayerWrite):
+                writes.append(w)          # the design failed: nothing stored for this layer
+                continue
+            wl, target = w
             writes.append(store_layer(s, layer, wl, target, k, v))     # eager, between pieces
         return writes
 

@@ -1,37 +1,60 @@
 """The attention-backend boundary: where ``loc`` and ``swa_loc`` are made for each layer's write.
 
-Every modelled backend does what SGLANG_FACTS section 3 describes: at metadata init it translates
-the ``out_cache_loc`` it sees into ``swa_out_cache_loc`` once per forward (under a decode CUDA graph,
-into a static buffer that the design refreshes); each layer then builds its write location from the
-``loc`` *it* sees (narrowed to the real token count under piecewise graphs) and the metadata's
-``swa_loc``. Backends differed historically in one way that matters here: trtllm_mha sliced its own
-``swa_loc`` to ``len(loc)`` before the generic fix (#29457). With speculative decoding each backend
-also has a draft-model instance (its own metadata and graph runners' static buffers); triton's
-EAGLE draft-extend CUDA-graph path builds no window (SWA) indices (#29858, open).
+:class:`BackendSpec` models what an engine's backend does (the engine, not the fix under test);
+:class:`BackendBoundary` runs it. At metadata init a backend translates the ``out_cache_loc`` it
+sees into ``swa_out_cache_loc`` once per forward (under a graph runner, into static buffers it
+refreshes at every replay); each layer then builds its write location from the ``loc`` *it* sees
+(narrowed to the real token count under piecewise graphs) and the metadata's ``swa_loc``. Where a
+backend's graph path builds no window (SWA) indices, its SWA layers address the SWA pool with the
+full-pool ``loc`` (triton's EAGLE draft-extend graph, B4, #29858). With speculative decoding each
+backend has a second boundary for the draft model (its own metadata and static buffers).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from .batch import ForwardBatch
-from .designs import BoundaryContext, Design, KVWriteLoc
+from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, call_hook, check_index, check_write_loc,
+                      design_padding, graph_runner)
+from .records import GRAPH_PATHS, STATIC_GRAPHS
 from .scenario import BACKENDS, EngineConfig
-from .records import STATIC_GRAPHS
+
+#: Static buffers a graph runner's replay can refresh: the full-pool loc and the SWA locations.
+STATIC_BUFFERS: tuple[str, ...] = ("loc", "swa_loc")
 
 
 @dataclass(frozen=True, slots=True)
 class BackendSpec:
+    """One backend of the engine, in the ways that matter to the write path."""
+
     name: str
-    slices_swa_loc: bool = False   # sliced swa_loc itself before KVWriteLoc existed as a fix
-    # builds window (SWA) indices in the EAGLE draft-extend CUDA-graph path; triton's does not (#29858)
-    draft_extend_graph_window: bool = True
+    #: slices its own swa_loc to len(loc) before KVWriteLoc (trtllm_mha before the generic fix: #29457)
+    slices_swa_loc: bool = False
+    #: where its SWA ids come from in SGLang 0.5.23: "plan" (the per-iteration KVLocPlan) or "translate"
+    #: (its own metadata init); the model calls Design.translate for both
+    swa_ids: str = "plan"
+    #: graph paths whose metadata builds window (SWA) indices; elsewhere SWA layers get the full loc
+    window_graphs: frozenset[str] = frozenset(GRAPH_PATHS)
+    #: the static buffers its graph runners refresh at every replay (the rest keep the previous replay's)
+    static_buffers: tuple[str, ...] = STATIC_BUFFERS
+
+    def with_window_graph(self, graph: str) -> "BackendSpec":
+        return dataclasses.replace(self, window_graphs=self.window_graphs | {graph})
 
 
+#: The engine as modelled: SGLang today.
 BACKEND_SPECS: dict[str, BackendSpec] = {
-    name: BackendSpec(name, slices_swa_loc=(name == "trtllm_mha"), draft_extend_graph_window=(name != "triton"))
+    name: BackendSpec(
+        name,
+        slices_swa_loc=(name == "trtllm_mha"),
+        swa_ids="translate" if name in ("aiter", "xpu", "torch_native") else "plan",
+        # triton's draft-extend graph runner builds no window indices (#29858, open)
+        window_graphs=frozenset(GRAPH_PATHS) - ({"draft_extend_graph"} if name == "triton" else set()),
+    )
     for name in BACKENDS
 }
 
@@ -43,45 +66,57 @@ class ForwardMetadata:
     layer_loc: torch.Tensor            # out_cache_loc as a layer sees it (narrowed under PCG)
     swa_loc: torch.Tensor              # metadata.swa_out_cache_loc (padding included)
     rows: int                          # rows of K and V a layer produces (= len(layer_loc))
+    ctx: BoundaryContext               # the forward's context (layer None)
+    window: bool = True                # window (SWA) indices were built: else SWA layers get loc as swa_loc
 
 
 class BackendBoundary:
-    """One backend's forward-metadata state across a run (its decode-graph static buffers persist)."""
+    """One backend of one model side across a run: its design instance, spec and static buffers."""
 
-    def __init__(self, spec: BackendSpec, design: Design, engine: EngineConfig, device: torch.device):
-        self.spec = spec
+    def __init__(self, spec: BackendSpec, design: Design, engine: EngineConfig, device: torch.device, *,
+                 side: str = "target", page_size: int = 1, swa_pad: int = 0):
         self.design = design
+        try:
+            self.spec = design.backend_spec(spec)
+        except Exception as e:
+            raise DesignError(f"design {design.name}: backend_spec({spec.name}) raised {type(e).__name__}: {e}") from e
+        if not isinstance(self.spec, BackendSpec):
+            raise DesignError(f"design {design.name}: backend_spec({spec.name}) returned "
+                              f"{type(self.spec).__name__}, not a BackendSpec")
+        self.padding = design_padding(design)
         self.engine = engine
         self.device = device
+        self.side = side
+        self.page_size = page_size
+        self.swa_pad = swa_pad
         max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
-        spec = engine.speculative
+        sp = engine.speculative
         # rows of a graph: one per request, or num_draft_tokens per request for TARGET_VERIFY / DRAFT_EXTEND
-        self.max_rows = max_bs * (spec.num_draft_tokens if spec.enabled else 1)
-        # decode-graph static buffers, allocated once like the graph runner's, reused every replay
-        self.graph_loc = torch.zeros(self.max_rows, dtype=torch.int64, device=device)
-        self.graph_swa_loc = torch.zeros(self.max_rows, dtype=design.graph_swa_dtype, device=device)
-        # each graph runner has its own static buffers (the draft runners only with speculative decoding)
-        self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {"decode_graph": (self.graph_loc,
-                                                                                        self.graph_swa_loc)}
+        self.max_rows = max_bs * (sp.num_draft_tokens if sp.enabled else 1)
+        # each graph runner's static buffers, allocated at its first replay and reused like the engine's
+        self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def name(self) -> str:
         return self.spec.name
 
+    def context(self, batch: ForwardBatch) -> BoundaryContext:
+        return BoundaryContext(
+            step=batch.step, backend=self.spec.name, side=self.side, mode=batch.mode, graph=batch.graph,
+            runner=graph_runner(batch.mode, batch.graph), page_size=self.page_size,
+            num_token_non_padded=batch.num_token_non_padded, dp_padded_len=batch.dp_padded_len,
+            padded_len=batch.padded_len, spec=self.spec, padding=self.padding, loc_pad=batch.pad_value,
+            swa_pad=self.swa_pad)
+
     def init_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor,
                       full_to_swa: torch.Tensor) -> ForwardMetadata:
-        real = batch.num_token_non_padded
+        """Metadata init of one forward; raises HookFailure when a design hook fails (the forward is skipped)."""
+        ctx = self.context(batch)
         if batch.graph in STATIC_GRAPHS:
-            graph_loc, graph_swa_loc = self.static_buffers(batch.graph)
-            padded = batch.padded_len
-            n = out_cache_loc.shape[0]
-            graph_loc[:n].copy_(out_cache_loc)
-            graph_loc[n:padded].fill_(batch.pad_value)
-            translated = self.design.translate(out_cache_loc, full_to_swa)
-            self.design.fill_graph_swa_buffer(graph_swa_loc, translated, padded)
-            loc = graph_loc[:padded]
-            return ForwardMetadata(layer_loc=loc, swa_loc=graph_swa_loc[:padded], rows=padded)
-        swa = self.design.translate(out_cache_loc, full_to_swa)
+            return self._replay_metadata(batch, out_cache_loc, full_to_swa, ctx)
+        real = batch.num_token_non_padded
+        swa = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+        window = batch.graph in self.spec.window_graphs
         if batch.graph == "piecewise":
             if self.engine.piecewise_shrink:
                 # each attention layer narrows out_cache_loc (and Q/K/V) to the real token count
@@ -90,11 +125,30 @@ class BackendBoundary:
                 # no narrowing: the layer runs on the piece's static buffer, padded to the capture size
                 loc = torch.full((batch.padded_len,), batch.pad_value, dtype=out_cache_loc.dtype, device=self.device)
                 loc[:real] = out_cache_loc[:real]
-            return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]))
-        return ForwardMetadata(layer_loc=out_cache_loc, swa_loc=swa, rows=int(out_cache_loc.shape[0]))
+            return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
+        return ForwardMetadata(layer_loc=out_cache_loc, swa_loc=swa, rows=int(out_cache_loc.shape[0]), ctx=ctx,
+                               window=window)
+
+    def _swa_ids(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
+        swa = call_hook("translate", self.design.translate, out_cache_loc, full_to_swa, ctx)
+        return check_index(swa, self.device, "translate", "swa_loc")
+
+    def _replay_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor,
+                         ctx: BoundaryContext) -> ForwardMetadata:
+        """A graph runner's replay: the static buffers the backend refreshes, then views of them."""
+        loc_buf, swa_buf = self.static_buffers(batch.graph)
+        padded = batch.padded_len
+        refreshed = self.spec.static_buffers
+        if "loc" in refreshed:
+            call_hook("fill_graph_loc_buffer", self.design.fill_graph_loc_buffer, loc_buf, out_cache_loc, padded, ctx)
+        if "swa_loc" in refreshed:
+            translated = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+            call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
+        return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
+                               window=batch.graph in self.spec.window_graphs)
 
     def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(loc, swa_loc) static buffers of a graph runner, allocated at its first replay, then reused."""
+        """(loc, swa_loc) static buffers of a graph runner, allocated zeroed at its first replay, then reused."""
         bufs = self._static.get(graph)
         if bufs is None:
             bufs = self._static[graph] = (
@@ -102,13 +156,12 @@ class BackendBoundary:
                 torch.zeros(self.max_rows, dtype=self.design.graph_swa_dtype, device=self.device))
         return bufs
 
-    def write_loc(self, meta: ForwardMetadata, batch: ForwardBatch, layer: int, kind: str) -> KVWriteLoc:
-        swa: Optional[torch.Tensor] = meta.swa_loc
+    def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
+        """One layer's write location; raises HookFailure when make_write_loc fails or returns a bad index."""
         loc = meta.layer_loc
-        if self.spec.slices_swa_loc and swa.shape[0] > loc.shape[0]:
+        # without window indices (B4) an SWA layer addresses the SWA pool with the full-pool loc
+        swa: Optional[torch.Tensor] = meta.swa_loc if meta.window or kind != "swa" else loc
+        if self.spec.slices_swa_loc and swa is not None and swa.shape[0] > loc.shape[0]:
             swa = swa[: loc.shape[0]]
-        ctx = BoundaryContext(backend=self.spec.name, backend_slices_swa_loc=self.spec.slices_swa_loc,
-                              layer=layer, kind=kind, mode=batch.mode, graph=batch.graph,
-                              num_token_non_padded=batch.num_token_non_padded,
-                              backend_draft_extend_graph_window=self.spec.draft_extend_graph_window)
-        return self.design.make_write_loc(loc, swa, ctx)
+        wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
+        return check_write_loc(wl, kind, self.device)

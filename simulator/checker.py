@@ -2,18 +2,14 @@
 
 Per (step, backend, sub-pool) it reads back, in one gather over every layer of the kind, the tags at
 the slots that matter this step: the slots the reference expects written, and the slots the writes
-actually targeted. Equal everywhere is the fast path. Each difference is then classified from the
-reference's slot state and the layer's write log (which row went where):
+actually targeted. Equal everywhere is the fast path. Findings come from three places:
 
-* a slot with no live token that changed           -> ``evicted_slot``
-* a live slot the step did not expect to write     -> ``clobbered``
-* the expected slot of token t, when t's row went
-  to the padding slot                              -> ``padding_slot``
-  elsewhere (or nowhere)                           -> ``missed``
-  to this slot, but something overwrote it         -> ``clobbered``
+* a failed write (the store raised a length mismatch, or the design's hook failed): one finding per
+  write, from ``LayerWrite.error_class``; its layer is left out of the comparison;
+* the store's out-of-range count: one ``out_of_range`` finding per offending index;
+* a slot whose tag differs: classified by :data:`SLOT_RULES`, the first rule that matches.
 
-Out-of-range indices (skipped by the store, counted in its error buffer) and length mismatches (the
-store raised) are reported per write; the differences they cause are not counted twice.
+A new finding class is a name in ``records.FINDING_CLASSES`` plus, for a slot class, a rule here.
 """
 from __future__ import annotations
 
@@ -36,8 +32,60 @@ class LayerWrite:
     layer: int
     kind: str
     index: int                       # layer index inside its sub-pool
-    target: Optional[torch.Tensor]   # the indices handed to the store (None if the store raised)
-    error: Optional[str]             # the store's error text (length mismatch)
+    target: Optional[torch.Tensor]   # the indices handed to the store (None if nothing was stored)
+    error: Optional[str]             # why nothing was stored: the store's or the design hook's error text
+    error_class: str = "length_mismatch"   # the finding class of ``error``: length_mismatch | design_error
+
+
+@dataclass(frozen=True, slots=True)
+class SlotFacts:
+    """What the checker knows about one differing slot of one layer, for the rules below."""
+
+    live: bool                       # the reference holds a live token there
+    evicted: bool                    # freed by out-of-window eviction (SWA), not by a finish
+    expected: bool                   # a real token of this step should have been written there
+    went: Optional[int]              # where that token's row was sent (None: not written or not expected)
+    slot: int
+    pad_slots: tuple[int, ...]
+
+
+#: Slot classification: (class, message or None when the rule does not apply); the first match wins.
+SLOT_RULES: tuple[tuple[str, Callable[[SlotFacts], Optional[str]]], ...] = (
+    ("evicted_slot", lambda f: None if f.live else f"write into a {'evicted' if f.evicted else 'freed'} slot"),
+    ("clobbered", lambda f: None if f.expected else "a live slot was overwritten"),
+    ("clobbered", lambda f: "the row was written here, then overwritten" if f.went == f.slot else None),
+    ("padding_slot", lambda f: f"the token's row was sent to padding slot {f.went}" if f.went in f.pad_slots
+     else None),
+    ("missed", lambda f: "the token's row was not written" if f.went is None else f"the token's row went to slot {f.went}"),
+)
+
+
+def classify_slot(facts: SlotFacts) -> tuple[str, str]:
+    for cls, rule in SLOT_RULES:
+        msg = rule(facts)
+        if msg is not None:
+            return cls, msg
+    raise AssertionError("SLOT_RULES end with a rule that always matches")
+
+
+class _Targets:
+    """The distinct index tensors of a step's writes (layers usually share one), copied to the host lazily."""
+
+    def __init__(self, writes: list[LayerWrite]):
+        self.distinct: dict[tuple, torch.Tensor] = {}
+        self.key_of: dict[int, tuple] = {}
+        self.host: dict[tuple, np.ndarray] = {}
+        for w in writes:
+            t = w.target
+            key = (t.data_ptr(), t.shape[0], t.stride(0), t.dtype)
+            self.distinct.setdefault(key, t)
+            self.key_of[w.index] = key
+
+    def on_host(self, index: int) -> np.ndarray:
+        key = self.key_of[index]
+        if key not in self.host:
+            self.host[key] = self.distinct[key].to("cpu").numpy().astype(np.int64, copy=False)
+        return self.host[key]
 
 
 class Checker:
@@ -66,6 +114,13 @@ class Checker:
                 self._check_kind(step, backend, kind, pool, truth, kw, pad_slots, findings, counts)
         return findings, counts
 
+    def design_error(self, step: int, backend: str, kind: str, text: str) -> tuple[list[Finding], dict[str, int]]:
+        """The one finding of a forward whose per-forward design hook failed (its writes were skipped)."""
+        findings: list[Finding] = []
+        counts = dict.fromkeys(FINDING_CLASSES, 0)
+        self._emit(findings, counts, Finding(step, backend, -1, kind, "design_error", -1, None, None, text))
+        return findings, counts
+
     # ------------------------------------------------------------------ internals
 
     def _emit(self, findings: list[Finding], counts: dict[str, int], f: Finding) -> None:
@@ -89,114 +144,98 @@ class Checker:
         return self.owner_of(int(tag))
 
     def _check_kind(self, step, backend, kind, pool, truth, writes, pad_slots, findings, counts) -> None:
-        rows = pool.rows(kind)
-        expected_slots = truth.full_slots if kind == "full" else truth.swa_slots
-        tags = truth.tags
-        real = expected_slots.shape[0]
-
-        # length mismatches: one finding per failed store; its layer is left out of the comparison
-        ok_layers: list[LayerWrite] = []
-        for w in writes:
-            if w.error is not None:
-                self._emit(findings, counts, Finding(step, backend, w.layer, kind, "length_mismatch", -1,
-                                                     None, None, w.error))
-            else:
-                ok_layers.append(w)
-        if not ok_layers:
-            pool.take_out_of_range(kind)
-            return
-
-        # distinct target tensors (layers usually share one), still on the device
-        distinct: dict[tuple, torch.Tensor] = {}
-        target_of: dict[int, tuple] = {}
-        for w in ok_layers:
-            t = w.target
-            key = (t.data_ptr(), t.shape[0], t.stride(0), t.dtype)
-            distinct.setdefault(key, t)
-            target_of[w.index] = key
-        host: dict[tuple, np.ndarray] = {}
-
-        def on_host(index: int) -> np.ndarray:
-            key = target_of[index]
-            if key not in host:
-                host[key] = distinct[key].to("cpu").numpy().astype(np.int64, copy=False)
-            return host[key]
-
-        # out of range: the store skipped and counted them (device error buffer); name each position
+        emit = lambda f: self._emit(findings, counts, f)  # noqa: E731
+        ok = self._failed_writes(step, backend, kind, writes, emit)
         oor = pool.take_out_of_range(kind)
-        skip = pool.skip_index
-        for w in ok_layers:
+        if not ok:
+            return
+        targets = _Targets(ok)
+        self._out_of_range(step, backend, kind, pool, truth, ok, targets, oor, emit)
+        diff = self._differences(kind, pool, truth, ok, len(writes), targets)
+        if diff is not None:
+            self._explain(step, backend, kind, pool, truth, ok, targets, pad_slots, diff, emit)
+
+    def _failed_writes(self, step, backend, kind, writes, emit) -> list[LayerWrite]:
+        """One finding per write that stored nothing (its class from the write); the stored ones."""
+        ok = []
+        for w in writes:
+            if w.error is None:
+                ok.append(w)
+            else:
+                emit(Finding(step, backend, w.layer, kind, w.error_class, -1, None, None, w.error))
+        return ok
+
+    def _out_of_range(self, step, backend, kind, pool, truth, ok, targets, oor, emit) -> None:
+        """The store skipped and counted out-of-range indices (device error buffer): name each position."""
+        rows, skip, real = pool.rows(kind), pool.skip_index, truth.tags.shape[0]
+        for w in ok:
             if int(oor[w.index, 0]) == 0:
                 continue
-            tgt = on_host(w.index)
+            tgt = targets.on_host(w.index)
             bad = ((tgt < 0) | (tgt >= rows)) & (tgt != skip if skip is not None else True)
             n_bad = int(np.count_nonzero(bad))
             if n_bad != int(oor[w.index, 0]):
                 raise RuntimeError(f"store error buffer counted {int(oor[w.index, 0])} out-of-range indices at "
                                    f"step {step} {backend} layer {w.layer}, the host sees {n_bad}")
             for pos in np.flatnonzero(bad):
-                tag = int(tags[pos]) if pos < real else PAD_TAG
-                self._emit(findings, counts, Finding(
-                    step, backend, w.layer, kind, "out_of_range", int(tgt[pos]), self._owner(tag), None,
-                    f"index {int(tgt[pos])} at position {int(pos)} is outside [0, {rows})"))
+                tag = int(truth.tags[pos]) if pos < real else PAD_TAG
+                emit(Finding(step, backend, w.layer, kind, "out_of_range", int(tgt[pos]), self._owner(tag), None,
+                             f"index {int(tgt[pos])} at position {int(pos)} is outside [0, {rows})"))
 
-        # the slots to compare, on the device: expected writes and in-range targets, minus reserved slots
+    def _differences(self, kind, pool, truth, ok, n_writes, targets):
+        """(layer rows, candidate slots, diff mask) where pool and reference differ, or None (the fast path)."""
+        rows = pool.rows(kind)
+        expected_slots = truth.full_slots if kind == "full" else truth.swa_slots
         dev = pool.device
-        parts = [torch.from_numpy(expected_slots).to(dev)] + [t.to(torch.int64) for t in distinct.values()]
+        # the slots to compare, on the device: expected writes and in-range targets, minus reserved slots
+        parts = [torch.from_numpy(expected_slots).to(dev)] + [t.to(torch.int64) for t in targets.distinct.values()]
         cand_t = torch.unique(torch.cat(parts))
-        keep = (cand_t >= 0) & (cand_t < rows) & ~torch.isin(cand_t, self._reserved_on(dev))
-        cand_t = cand_t[keep]
+        cand_t = cand_t[(cand_t >= 0) & (cand_t < rows) & ~torch.isin(cand_t, self._reserved_on(dev))]
         if cand_t.numel() == 0:
-            return
-        idx = [w.index for w in ok_layers]
-        all_layers = (len(idx) == len(writes) and idx == list(range(len(idx)))
+            return None
+        idx = [w.index for w in ok]
+        all_layers = (len(idx) == n_writes and idx == list(range(len(idx)))
                       and (self.pool_layers is None or self.pool_layers.get(kind) == len(idx)))
-        exp_t = self.reference.expected_on[kind][cand_t]
-        diff = pool.mismatches(kind, cand_t, exp_t, None if all_layers else idx)
-        if not bool(diff.any()):
-            return
-        # slow path: only now do the differing entries (and the targets) cross to the host
-        li, ci = (x.cpu().numpy() for x in torch.nonzero(diff, as_tuple=True))
-        cols = np.unique(ci)
-        cand = cand_t.cpu().numpy()
-        ktags, vtags = pool.read_tags(kind, torch.from_numpy(cand[cols]).to(dev))
-        col_of = np.searchsorted(cols, ci)
-        rows_i = np.asarray(idx)[li]
-        kt = ktags.cpu().numpy()[rows_i, col_of]
-        vt = vtags.cpu().numpy()[rows_i, col_of]
-        exp_np = self.reference.expected[kind][cand]
-        observed = np.where(kt != exp_np[ci], kt, vt)
+        diff = pool.mismatches(kind, cand_t, self.reference.expected_on[kind][cand_t], None if all_layers else idx)
+        return (idx, cand_t, diff) if bool(diff.any()) else None
 
+    def _explain(self, step, backend, kind, pool, truth, ok, targets, pad_slots, found, emit) -> None:
+        """The slow path: only now do the differing entries (and the targets) cross to the host."""
+        idx, cand_t, diff = found
+        rows, skip = pool.rows(kind), pool.skip_index
+        expected_slots = truth.full_slots if kind == "full" else truth.swa_slots
+        li, ci = (x.cpu().numpy() for x in torch.nonzero(diff, as_tuple=True))
+        cand = cand_t.cpu().numpy()
+        observed = self._observed(kind, pool, cand, idx, li, ci)
         live = self.reference.live[kind]
         evicted = self.reference.evicted if kind == "swa" else None
         # row of each expected slot (expected slots are unique within a step)
         order = np.argsort(expected_slots, kind="stable")
         sorted_slots = expected_slots[order]
         for l_i, c_i, obs in zip(li.tolist(), ci.tolist(), observed.tolist()):
-            w = ok_layers[l_i]
+            w = ok[l_i]
             slot = int(cand[c_i])
-            exp_tag = int(self.reference.expected[kind][slot])
-            if not live[slot]:
-                why = "evicted" if evicted is not None and evicted[slot] else "freed"
-                cls, msg = "evicted_slot", f"write into a {why} slot"
-                expected_owner = None
-            else:
-                j = np.searchsorted(sorted_slots, slot)
-                if j < sorted_slots.size and sorted_slots[j] == slot:
-                    row = int(order[j])
-                    tgt = on_host(w.index)
-                    went = int(tgt[row]) if row < tgt.shape[0] else None
-                    if went is not None and (went < 0 or went >= rows) and went != skip:
-                        continue  # reported as out_of_range
-                    if went == slot:
-                        cls, msg = "clobbered", "the row was written here, then overwritten"
-                    elif went in pad_slots:
-                        cls, msg = "padding_slot", f"the token's row was sent to padding slot {went}"
-                    else:
-                        cls = "missed"
-                        msg = "the token's row was not written" if went is None else f"the token's row went to slot {went}"
-                else:
-                    cls, msg = "clobbered", "a live slot was overwritten"
-                expected_owner = self._owner(exp_tag)
-            self._emit(findings, counts, Finding(step, backend, w.layer, kind, cls, slot, expected_owner,
-                                                 self._owner(obs), msg))
+            j = np.searchsorted(sorted_slots, slot)
+            expected = bool(j < sorted_slots.size and sorted_slots[j] == slot)
+            went = None
+            if expected and live[slot]:
+                row, tgt = int(order[j]), targets.on_host(w.index)
+                went = int(tgt[row]) if row < tgt.shape[0] else None
+                if went is not None and (went < 0 or went >= rows) and went != skip:
+                    continue  # reported as out_of_range
+            facts = SlotFacts(live=bool(live[slot]), evicted=bool(evicted is not None and evicted[slot]),
+                              expected=expected, went=went, slot=slot, pad_slots=pad_slots)
+            cls, msg = classify_slot(facts)
+            expected_owner = self._owner(int(self.reference.expected[kind][slot])) if facts.live else None
+            emit(Finding(step, backend, w.layer, kind, cls, slot, expected_owner, self._owner(obs), msg))
+
+    def _observed(self, kind, pool, cand, idx, li, ci) -> np.ndarray:
+        """The tag each differing (layer, slot) holds: K's where K differs from the reference, else V's."""
+        cols = np.unique(ci)
+        ktags, vtags = pool.read_tags(kind, torch.from_numpy(cand[cols]).to(pool.device))
+        col_of = np.searchsorted(cols, ci)
+        rows_i = np.asarray(idx)[li]
+        kt = ktags.cpu().numpy()[rows_i, col_of]
+        vt = vtags.cpu().numpy()[rows_i, col_of]
+        exp_np = self.reference.expected[kind][cand]
+        return np.where(kt != exp_np[ci], kt, vt)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .designs import Design, KVWriteLoc, register
+from .padding_convention import DUMMY, SKIP_MINUS_1
 
 
 @register
@@ -33,6 +34,7 @@ class SGLangPR29858(Design):
     description = ("SGLang today with the open #29858 applied: triton's EAGLE draft-extend CUDA-graph path "
                    "builds window (SWA) indices like the decode and verify paths, so the draft's SWA layers "
                    "write through full_to_swa.")
+    # Design.backend_spec applies #29858 already: this is the base design under the fix's name
 
 
 @register
@@ -55,7 +57,7 @@ class _StaleTail:
 
     graph_swa_dtype = torch.int64
 
-    def fill_graph_swa_buffer(self, buffer, swa_loc, padded):
+    def fill_graph_swa_buffer(self, buffer, swa_loc, padded, ctx):
         buffer[: swa_loc.shape[0]].copy_(swa_loc)
 
 
@@ -64,12 +66,7 @@ class VllmSkip1(Design):
     name = "vllm-skip-1"
     description = ("vLLM / nano-vllm padding: padded rows get location -1 and the store skips it; the graph's "
                    "persistent slot-mapping buffer is filled with -1 past the real batch.")
-    padding = "skip-1"
-
-    def fill_graph_swa_buffer(self, buffer, swa_loc, padded):
-        n = swa_loc.shape[0]
-        buffer[:n].copy_(swa_loc)
-        buffer[n:padded].fill_(-1)
+    padding = SKIP_MINUS_1     # its tail value -1 is what the base fill_graph_*_buffer writes past the batch
 
 
 @register
@@ -78,7 +75,7 @@ class VllmSkip1Pre24743(_StaleTail, Design):
     description = ("-1 padding with skip, but the graph's SWA-location buffer keeps the previous replay's entries "
                    "past the real batch (B2's stale tail): padded rows carry -1 in loc and stale live indices in "
                    "swa_loc, so SWA layers still clobber.")
-    padding = "skip-1"
+    padding = SKIP_MINUS_1
 
 
 @register
@@ -86,7 +83,7 @@ class MiniSglangDummy(Design):
     name = "mini-sglang-dummy"
     description = ("mini-sglang padding: the batch is padded with a dummy request whose slots (allocated at start) "
                    "absorb padded rows; the graph's buffers are written in full at every replay.")
-    padding = "dummy"
+    padding = DUMMY
 
 
 @register
@@ -94,4 +91,4 @@ class MiniSglangDummyPre24743(_StaleTail, Design):
     name = "mini-sglang-dummy-pre-24743"
     description = ("Dummy-request padding with B2's never-cleared SWA buffer: the padded rows are the dummy "
                    "request's, translated with the batch, so no stale tail exists to leak: clean.")
-    padding = "dummy"
+    padding = DUMMY

@@ -1,44 +1,51 @@
-"""Designs: the write-location logic under test.
+"""Designs: the write-location logic under test, and the protocol its hooks follow.
 
-A design decides three things that SGLang's history changed, and that a proposed fix changes:
+A design models the fix (or the bug) under test; the engine it runs in is modelled by the backend
+specs (:mod:`simulator.backends`). Its hooks, each called with a :class:`BoundaryContext`:
 
-* ``fill_graph_swa_buffer``: how a decode CUDA graph's static SWA-location buffer is refreshed on
-  replay (bug B2, #24743: the tail past the real batch was left stale);
-* ``make_write_loc``: how a layer's ``KVWriteLoc`` is built from the ``loc`` the layer sees and the
-  backend metadata's ``swa_loc`` (bug B1, #29460: nothing sliced a longer ``swa_loc``);
-* ``padding``: the padding convention (SGLang's reserved slot 0; vLLM's -1 with skip; a dummy
-  request's slots as in mini-sglang);
-* ``size_draft_pools``: with speculative decoding, how many slots the draft model's pools get (bug B3,
-  #17630: sized from the token count before the SWA adjustment, smaller than the target's full pool).
+==========================  ====================================================  ===========================
+hook                        when                                                  SGLang history it models
+==========================  ====================================================  ===========================
+``translate``               metadata init: once per forward per backend           ``full_to_swa[out_cache_loc]``
+``fill_graph_loc_buffer``   graph replay: the static full-pool ``loc`` buffer      its tail (B2's twin)
+``fill_graph_swa_buffer``   graph replay: the static SWA-location buffer           B2, #24743: stale tail
+``make_write_loc``          every layer of every backend, every forward           B1, #29460: ``KVWriteLoc``
+``size_draft_pools``        once per run, with speculative decoding                B3, #17630: draft pool size
+``backend_spec``            once per boundary at set-up                            an engine fix (#29858)
+==========================  ====================================================  ===========================
 
-The draft model's layers cross the same ``make_write_loc`` (``ctx.mode`` is ``draft_extend`` or
-``draft_decode`` there). The designs of the bug corpus beyond SGLang's own states live in
-:mod:`simulator.corpus_designs` and are registered here.
+and ``padding``, the :class:`~simulator.padding_convention.PaddingConvention` it pads with. What a
+hook returns is checked as a kernel would check it (an index must be a 1-D int32 / int64 tensor on
+the run's device); a wrong type, or an exception raised by a hook, becomes a ``design_error``
+finding at that boundary and the run goes on. ``KeyboardInterrupt`` and ``SystemExit`` propagate.
 
-Users write their own by subclassing :class:`Design` in a Python file and passing
-``--design path/to/file.py:ClassName`` (see README, "Writing a design").
+The run makes one instance of the design per (backend, model side), a deep copy of the one it was
+given, so per-backend state set in ``__init__`` or by a hook needs no keying by backend. The bug
+corpus's designs beyond SGLang's own states live in :mod:`simulator.corpus_designs`.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-#: Padding conventions: name -> (pad value of out_cache_loc, store skip index)
-PADDING_CONVENTIONS = {
-    "slot0": "padded rows get location 0, the reserved slot; the store skips index 0",
-    "slot0-absorb": "padded rows get location 0; the store writes them into the reserved slot (older kernels)",
-    "skip-1": "padded rows get location -1 and the store skips -1 (vLLM, nano-vllm)",
-    "dummy": "padded rows get the slots of a dummy request allocated at start (mini-sglang)",
-}
+from .padding_convention import PADDING_CONVENTIONS, SLOT0, PaddingConvention, padding_convention
+
+if TYPE_CHECKING:
+    from .backends import BackendSpec
+
+__all__ = ["BoundaryContext", "Design", "DesignError", "HookFailure", "KVWriteLoc", "GRAPH_RUNNERS", "graph_runner",
+           "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
 
 
 class DesignError(RuntimeError):
-    """A design broke the interface (e.g. an SWA layer got no swa_loc); names the design."""
+    """A design cannot be loaded or set up (bad file, class, padding convention, pool sizes); names the design."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,56 +56,122 @@ class KVWriteLoc:
     swa_loc: Optional[torch.Tensor] = None
 
 
+#: Graph runners a forward can run in (``BoundaryContext.runner``).
+GRAPH_RUNNERS: tuple[str, ...] = ("decode", "target_verify", "draft_decode", "draft_extend", "piecewise", "eager")
+
+
+def graph_runner(mode: str, graph: str) -> str:
+    """The graph runner of a forward, from its mode and graph path (TARGET_VERIFY replays the decode runner)."""
+    if graph == "decode_graph":
+        return "target_verify" if mode == "target_verify" else "decode"
+    return {"draft_graph": "draft_decode", "draft_extend_graph": "draft_extend"}.get(graph, graph)
+
+
 @dataclass(frozen=True, slots=True)
 class BoundaryContext:
-    """What a design may look at when building a write location."""
+    """Where a hook is called: one forward of one backend of one model side; a layer for per-layer hooks."""
 
+    step: int
     backend: str
-    backend_slices_swa_loc: bool   # the backend sliced swa_loc itself before KVWriteLoc (trtllm_mha, pre-fix)
-    layer: int
-    kind: str                      # "full" | "swa"
-    mode: str
-    graph: str
-    num_token_non_padded: int
-    # the backend builds window (SWA) indices in the EAGLE draft-extend CUDA-graph path (triton: no, #29858)
-    backend_draft_extend_graph_window: bool = True
+    side: str                      # "target" | "draft": which model's pools this forward writes
+    mode: str                      # extend | decode | mixed | target_verify | draft_decode | draft_extend
+    graph: str                     # graph path: eager | decode_graph | piecewise | draft_graph | draft_extend_graph
+    runner: str                    # one of GRAPH_RUNNERS
+    page_size: int
+    num_token_non_padded: int      # real tokens
+    dp_padded_len: int             # len(out_cache_loc) at metadata init (after DP-attention padding)
+    padded_len: int                # rows the forward runs: the capture size under a graph, else dp_padded_len
+    spec: "BackendSpec"            # the backend as the engine model runs it (after Design.backend_spec)
+    padding: PaddingConvention
+    loc_pad: int                   # what a padded row of loc (and a static loc buffer's tail) holds
+    swa_pad: int                   # what a static SWA buffer's tail gets under the convention
+    layer: Optional[int] = None    # global layer id (per-layer hooks only)
+    kind: Optional[str] = None     # "full" | "swa" (per-layer hooks only)
+
+    def at_layer(self, layer: int, kind: str) -> "BoundaryContext":
+        return dataclasses.replace(self, layer=layer, kind=kind)
 
 
 class Design:
     """Base design: SGLang after the corpus's fixes (#24743, #29460, #17630, and the open #29858).
 
-    Override what your design changes.
+    Override what your design changes. Every hook gets the ``ctx`` of its call. Tensors handed to a
+    hook are on the run's device; ``out_cache_loc`` and ``full_to_swa`` are int64. Hooks must not
+    mutate their tensor arguments, except the ``buffer`` of the ``fill_graph_*`` hooks.
     """
 
     name: str = "design"
     description: str = ""
-    padding: str = "slot0"
-    #: dtype of the decode graph's static SWA buffer
+    #: the padding convention (a value of simulator.padding_convention, or its name)
+    padding: PaddingConvention = SLOT0
+    #: dtype of the graph runners' static SWA-location buffers
     graph_swa_dtype: torch.dtype = torch.int32
 
-    def translate(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor) -> torch.Tensor:
-        """Metadata init: ``swa_out_cache_loc = full_to_swa[out_cache_loc]``, once per forward."""
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if isinstance(cls.__dict__.get("padding"), str):
+            try:
+                cls.padding = padding_convention(cls.padding)
+            except ValueError as e:
+                raise DesignError(f"design {cls.__name__}: padding: {e}") from None
+
+    def translate(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
+        """Metadata init, once per forward per backend: ``out_cache_loc`` (padding included) -> SWA slots.
+
+        ``full_to_swa`` is the allocator's live int64 mapping (read only). Return a new 1-D int32 or
+        int64 tensor, normally of ``len(out_cache_loc)``. ``ctx.spec.swa_ids`` says whether the
+        backend takes these ids from the per-iteration plan ("plan") or translates itself ("translate").
+        """
         return full_to_swa[out_cache_loc]
 
-    def fill_graph_swa_buffer(self, buffer: torch.Tensor, swa_loc: torch.Tensor, padded: int) -> None:
-        """Decode graph replay: ``buffer[:n]`` gets the translated locations, ``buffer[n:padded]`` zero."""
+    def fill_graph_loc_buffer(self, buffer: torch.Tensor, loc: torch.Tensor, padded: int, ctx: BoundaryContext) -> None:
+        """Graph replay: refresh the static full-pool ``loc`` buffer (int64) in place, return None.
+
+        ``buffer[:len(loc)]`` gets ``loc``; the tail ``buffer[len(loc):padded]`` gets the padding
+        convention's pad value (``ctx.loc_pad``). Layers then see ``buffer[:padded]``.
+        """
+        n = loc.shape[0]
+        buffer[:n].copy_(loc)
+        buffer[n:padded].fill_(ctx.loc_pad)
+
+    def fill_graph_swa_buffer(self, buffer: torch.Tensor, swa_loc: torch.Tensor, padded: int,
+                              ctx: BoundaryContext) -> None:
+        """Graph replay: refresh the static SWA-location buffer (``graph_swa_dtype``) in place, return None.
+
+        ``swa_loc`` is ``translate``'s result. ``buffer[:n]`` gets it, ``buffer[n:padded]`` the
+        convention's tail value (``ctx.swa_pad``: 0 for SGLang since #24743, -1 for vLLM).
+        """
         n = swa_loc.shape[0]
         buffer[:n].copy_(swa_loc)
-        buffer[n:padded].zero_()
+        buffer[n:padded].fill_(ctx.swa_pad)
 
     def make_write_loc(self, loc: torch.Tensor, swa_loc: Optional[torch.Tensor], ctx: BoundaryContext) -> KVWriteLoc:
-        """Per layer: the post-#29460 KVWriteLoc keeps the first len(loc) entries of a longer swa_loc."""
+        """Every layer: the ``KVWriteLoc`` the pool gets. The post-#29460 one keeps ``swa_loc[:len(loc)]``.
+
+        ``loc`` is ``out_cache_loc`` as the layer sees it (narrowed to the real tokens under piecewise
+        graphs), ``swa_loc`` the metadata's (after the backend's own slicing, if ``ctx.spec`` says it
+        slices). Full layers write at ``loc``, SWA layers at ``swa_loc``: its length must equal the
+        layer's K/V rows (``len(loc)``), or the store raises a length mismatch.
+        """
         if swa_loc is not None and swa_loc.shape[0] != loc.shape[0]:
             swa_loc = swa_loc[: loc.shape[0]]
         return KVWriteLoc(loc, swa_loc)
 
     def size_draft_pools(self, target_full: int, target_swa: int, draft_full: int, draft_swa: int) -> tuple[int, int]:
-        """Speculative decoding: slots of the draft's (full, SWA) pools, given the target's and the configured.
+        """Speculative decoding, once per run: slots of the draft's (full, SWA) pools.
 
         The draft shares the target's allocator, so it writes at the target's indices: since #17630
         its pools are at least as large as the target's.
         """
         return max(draft_full, target_full), max(draft_swa, target_swa)
+
+    def backend_spec(self, spec: "BackendSpec") -> "BackendSpec":
+        """Once per boundary at set-up: the backend as the engine runs it under this design.
+
+        A design that fixes the engine (not the write location) returns a changed spec. The base
+        applies the open #29858: triton's EAGLE draft-extend graph builds window (SWA) indices.
+        """
+        return spec.with_window_graph("draft_extend_graph")
 
 
 class SGLangPost29460(Design):
@@ -108,13 +181,8 @@ class SGLangPost29460(Design):
                    "passes through unchanged: the fix's gap. With speculative decoding on a hybrid SWA draft, "
                    "triton's EAGLE draft-extend CUDA graph has no window indices (B4, #29858 open).")
 
-    def make_write_loc(self, loc, swa_loc, ctx):
-        if (ctx.kind == "swa" and ctx.mode == "draft_extend" and ctx.graph == "draft_extend_graph"
-                and not ctx.backend_draft_extend_graph_window):
-            # B4: no window indices were built for this graph; the draft's SWA layers address the SWA pool
-            # with full-pool indices (slotscope sees at the write what the real kernels read)
-            return KVWriteLoc(loc, loc)
-        return super().make_write_loc(loc, swa_loc, ctx)
+    def backend_spec(self, spec):
+        return spec      # the engine as it is: B4 open
 
 
 class SGLangPre29460(Design):
@@ -132,7 +200,7 @@ class SGLangPre24743(Design):
                    "padded rows reuse SWA indices of the previous replay (B2, #24743).")
     graph_swa_dtype = torch.int64
 
-    def fill_graph_swa_buffer(self, buffer, swa_loc, padded):
+    def fill_graph_swa_buffer(self, buffer, swa_loc, padded, ctx):
         buffer[: swa_loc.shape[0]].copy_(swa_loc)
 
 
@@ -147,7 +215,74 @@ def register(cls: type[Design]) -> type[Design]:
     return cls
 
 
-from . import corpus_designs as _corpus_designs  # noqa: E402  (registers the corpus's designs)
+from . import corpus_designs as _corpus_designs  # noqa: E402,F401  (registers the corpus's designs)
+from . import release_designs as _release_designs  # noqa: E402,F401  (registers the release designs)
+
+
+# ---------------------------------------------------------------------------- the run's side of the protocol
+
+class HookFailure(Exception):
+    """A design hook raised, or returned what no kernel would take; becomes a ``design_error`` finding."""
+
+    def __init__(self, hook: str, message: str, kind: Optional[str] = None):
+        super().__init__(f"{hook}: {message}")
+        self.hook = hook
+        self.message = message
+        self.kind = kind
+
+    def describe(self, design: str, ctx: "BoundaryContext", layer: int) -> str:
+        """The finding's message: the hook, what went wrong, and where (step, backend, side, layer, mode)."""
+        return (f"design {design}: {self.hook} {self.message} at step {ctx.step} on {ctx.backend} "
+                f"({ctx.side}, layer {layer}, mode {ctx.mode}, runner {ctx.runner})")
+
+
+def call_hook(hook: str, fn: Callable, *args: Any) -> Any:
+    """Call a design hook; an ``Exception`` it raises becomes a :class:`HookFailure` (BaseExceptions propagate)."""
+    try:
+        return fn(*args)
+    except Exception as e:  # the design's code: reported as a finding, the run goes on
+        raise HookFailure(hook, f"raised {type(e).__name__}: {e}") from e
+
+
+def _same_device(dev: torch.device, want: torch.device) -> bool:
+    return dev.type == want.type and (want.index is None or dev.index is None or dev.index == want.index)
+
+
+def check_index(value: Any, device: torch.device, hook: str, what: str) -> torch.Tensor:
+    """What a store kernel accepts as an index: a 1-D int32 / int64 tensor on the run's device."""
+    if not isinstance(value, torch.Tensor):
+        raise HookFailure(hook, f"returned {what} of type {type(value).__name__}, not a torch.Tensor")
+    if value.dtype not in (torch.int32, torch.int64):
+        raise HookFailure(hook, f"returned {what} of dtype {str(value.dtype).replace('torch.', '')} "
+                                f"(an index must be int32 or int64)")
+    if not _same_device(value.device, device):
+        raise HookFailure(hook, f"returned {what} on device {value.device}, the run is on {device}")
+    if value.dim() != 1:
+        raise HookFailure(hook, f"returned {what} of shape {tuple(value.shape)} (an index must be 1-D)")
+    return value
+
+
+def check_write_loc(wl: Any, kind: str, device: torch.device) -> KVWriteLoc:
+    """A ``make_write_loc`` result as the hybrid pool takes it: SWA layers assert that ``swa_loc`` is present."""
+    hook = "make_write_loc"
+    if not isinstance(wl, KVWriteLoc):
+        raise HookFailure(hook, f"returned {type(wl).__name__}, not a KVWriteLoc", kind)
+    try:
+        check_index(wl.loc, device, hook, "loc")
+        if wl.swa_loc is not None:
+            check_index(wl.swa_loc, device, hook, "swa_loc")
+        elif kind == "swa":
+            raise HookFailure(hook, "returned a KVWriteLoc without swa_loc for an SWA layer (the hybrid pool "
+                                    "asserts it)")
+    except HookFailure as f:
+        f.kind = kind
+        raise
+    return wl
+
+
+def design_instance(design: Design) -> Design:
+    """A fresh instance of a design for one (backend, model side): a deep copy of the given one."""
+    return copy.deepcopy(design)
 
 
 def load_design(spec: str) -> Design:
@@ -168,6 +303,8 @@ def load_design(spec: str) -> Design:
     sys.modules[mod_name] = module
     try:
         module_spec.loader.exec_module(module)
+    except DesignError as e:
+        raise DesignError(f"design file {path}: {e}") from e
     except Exception as e:  # the user's file: report, don't crash with a traceback
         raise DesignError(f"design file {path} failed to import: {type(e).__name__}: {e}") from e
     cls = getattr(module, cls_name, None)
@@ -175,10 +312,19 @@ def load_design(spec: str) -> Design:
         raise DesignError(f"design file {path} has no class {cls_name!r}")
     if not (isinstance(cls, type) and issubclass(cls, Design)):
         raise DesignError(f"{path}:{cls_name} must subclass simulator.designs.Design")
-    design = cls()
-    if design.padding not in PADDING_CONVENTIONS:
-        raise DesignError(f"{path}:{cls_name}.padding is {design.padding!r} "
-                          f"(allowed: {', '.join(PADDING_CONVENTIONS)})")
+    try:
+        design = cls()
+    except Exception as e:
+        raise DesignError(f"{path}:{cls_name}() raised {type(e).__name__}: {e}") from e
+    design_padding(design, f"{path}:{cls_name}")
     if not getattr(cls, "name", None) or cls.name == "design":
         design.name = f"{path.name}:{cls_name}"
     return design
+
+
+def design_padding(design: Design, where: Optional[str] = None) -> PaddingConvention:
+    """The design's padding convention as a value (a name is looked up); DesignError on an unknown one."""
+    try:
+        return padding_convention(design.padding)
+    except ValueError as e:
+        raise DesignError(f"{where or design.name}.padding: {e}") from None

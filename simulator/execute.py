@@ -15,7 +15,7 @@ import torch
 from .backends import BackendBoundary, ForwardMetadata
 from .batch import ForwardBatch
 from .checker import LayerWrite
-from .designs import DesignError, KVWriteLoc
+from .designs import HookFailure, KVWriteLoc
 from .kvrows import pad_tags
 from .observe import RunObserver
 from .pool import KVLengthMismatch, PoolWriter
@@ -48,14 +48,19 @@ class LayerExecutor(Protocol):
     def run(self, s: BackendStep) -> list[LayerWrite]: ...
 
 
-def write_target(design_name: str, wl: KVWriteLoc, layer: LayerInfo, s: BackendStep) -> torch.Tensor:
-    """The hybrid pool's routing: full layers write at loc, SWA layers assert swa_loc and write there."""
-    if layer.kind == "full":
-        return wl.loc
-    if wl.swa_loc is None:
-        raise DesignError(f"design {design_name}: SWA layer {layer.layer} got a KVWriteLoc without swa_loc at "
-                          f"step {s.batch.step} on {s.backend} (the hybrid pool asserts it)")
-    return wl.swa_loc
+def write_target(wl: KVWriteLoc, layer: LayerInfo) -> torch.Tensor:
+    """The hybrid pool's routing: full layers write at loc, SWA layers at swa_loc (checked present)."""
+    return wl.loc if layer.kind == "full" else wl.swa_loc
+
+
+def prepare_write(s: BackendStep, layer: LayerInfo) -> tuple[KVWriteLoc, torch.Tensor] | LayerWrite:
+    """A layer's write location and store target, or the failed write when the design's hook failed."""
+    try:
+        wl = s.boundary.write_loc(s.meta, layer.layer, layer.kind)
+    except HookFailure as f:
+        text = f.describe(s.boundary.design.name, s.meta.ctx, layer.layer)
+        return LayerWrite(layer.layer, layer.kind, layer.index, None, text, "design_error")
+    return wl, write_target(wl, layer)
 
 
 def rows_for(s: BackendStep, layer: LayerInfo) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,10 +99,12 @@ class EagerExecutor:
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         writes: list[LayerWrite] = []
-        design = s.boundary.design.name
         for layer in s.layers:
-            wl = s.boundary.write_loc(s.meta, s.batch, layer.layer, layer.kind)
-            target = write_target(design, wl, layer, s)
+            w = prepare_write(s, layer)
+            if isinstance(w, LayerWrite):
+                writes.append(w)        # the design failed: nothing stored for this layer
+                continue
+            wl, target = w
             k, v = rows_for(s, layer)
             writes.append(store_layer(s, layer, wl, target, k, v))
         return writes

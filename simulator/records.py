@@ -17,6 +17,7 @@ FINDING_CLASSES: tuple[str, ...] = (
     "evicted_slot",     # a row landed in a slot that holds no live token (evicted or freed)
     "out_of_range",     # an index outside [0, rows) reached the store; caught before the write
     "length_mismatch",  # K, V and index lengths disagree: the store raised, nothing was written
+    "design_error",     # a design hook raised, or returned an index no kernel takes; that write was skipped
 )
 
 #: Layer kinds. Full layers write at ``loc`` in the full pool, SWA layers at ``swa_loc``.
@@ -69,10 +70,10 @@ class Finding:
 
     step: int
     backend: str
-    layer: int           # global layer id
+    layer: int           # global layer id (-1 for a per-forward design hook: translate, fill_graph_*)
     kind: str            # "full" | "swa": the sub-pool written
     cls: str             # one of FINDING_CLASSES
-    slot: int            # slot in that sub-pool (-1 when the finding has no slot: length_mismatch)
+    slot: int            # slot in that sub-pool (-1 when the finding has no slot: length_mismatch, design_error)
     expected: Optional[Owner]
     observed: Optional[Owner]
     message: str = ""

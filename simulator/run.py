@@ -1,8 +1,10 @@
 """The run loop: scenario -> scheduler -> every backend boundary -> writers -> checker -> records.
 
-The loop owns no I/O. It takes a pool factory (cuda_path provides one; the simulator never imports
-it), an observer (tracing's recorder, the app's timeline) and a progress callback, and returns a
-:class:`RunResult` with counts per backend and the findings.
+Set-up (allocator, padding, scheduler, one model side per model), then per step: schedule; the
+references learn the step's frees and writes; per backend: metadata init, the layers' writes, the
+check; the step's record. The loop owns no I/O. It takes a pool factory (cuda_path provides one;
+the simulator never imports it), an observer (tracing's recorder, the app's timeline) and a
+progress callback, and returns a :class:`RunResult` with counts per backend and the findings.
 """
 from __future__ import annotations
 
@@ -14,22 +16,20 @@ import numpy as np
 import torch
 
 from .allocator import HybridAllocator, RequestSlots
-from .backends import BACKEND_SPECS, BackendBoundary
-from .checker import Checker
-from .designs import Design
+from .batch import BatchTruth, ForwardBatch
+from .designs import Design, HookFailure, design_padding
 from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
+from .padding_convention import PaddingConvention
 from .pool import PoolWriter
 from .records import DRAFT_MODES, FINDING_CLASSES, Finding, RunInfo, StepRecord
-from .reference import ReferencePool
 from .scenario import Scenario
 from .scheduler import Scheduler
-from .speculative import DraftPoolFactory, ModelSide, build_draft_side
+from .speculative import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
 from .workload import make_requests
 
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
 Progress = Callable[[int, int, int], None]                      # (step, finished requests, total requests)
-
 
 
 @dataclass(slots=True)
@@ -66,14 +66,139 @@ class RunResult:
         return sum(s.total for s in self.backends.values())
 
 
-def padding_of(design: Design) -> tuple[Optional[int], Optional[int]]:
-    """(pad value of out_cache_loc, store skip index) for the design's convention; None = dummy slot."""
-    return {
-        "slot0": (0, 0),
-        "slot0-absorb": (0, None),
-        "skip-1": (-1, -1),
-        "dummy": (None, None),
-    }[design.padding]
+@dataclass(frozen=True, slots=True)
+class RunPadding:
+    """A padding convention made concrete for one run (a dummy request's slots are known only then)."""
+
+    convention: PaddingConvention
+    pad_value: int                  # what padded rows of out_cache_loc hold
+    swa_pad: int                    # what a static SWA buffer's tail gets
+    skip_index: Optional[int]       # the index the store skips
+    reserved: np.ndarray            # slots never compared: the reserved page, and the dummy request's
+    pad_slots: tuple[int, ...]      # slots a real token's row is "sent to padding" at
+
+
+def run_padding(conv: PaddingConvention, alloc: HybridAllocator) -> RunPadding:
+    page = alloc.page_size
+    reserved = np.arange(page, dtype=np.int64)
+    if not conv.dummy_request:
+        pad, swa_pad = conv.resolve(None, None)
+        return RunPadding(conv, pad, swa_pad, conv.skip_index, reserved, (pad,))
+    # mini-sglang: a dummy request's page, allocated before any real request, absorbs padded rows
+    dummy = RequestSlots(page)
+    alloc.extend(dummy, page)
+    pad, swa_pad = conv.resolve(int(dummy.full[0]), int(dummy.swa[0]))
+    return RunPadding(conv, pad, swa_pad, conv.skip_index, np.concatenate([reserved, dummy.full, dummy.swa]),
+                      (pad, int(dummy.swa[0])))
+
+
+class Run:
+    """One run's state: set up in ``__init__``, advanced by :meth:`step`, read by :meth:`result`."""
+
+    def __init__(self, scenario: Scenario, design: Design, make_pool: PoolFactory, *, device: torch.device,
+                 observer: RunObserver, executor: LayerExecutor, make_draft_pool: Optional[DraftPoolFactory],
+                 info_extra: dict, version: str):
+        self.device, self.obs, self.executor = device, observer, executor
+        rng = np.random.default_rng(scenario.seed)
+        pool_cfg = scenario.pool
+        self.alloc = alloc = HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size)
+        pad = run_padding(design_padding(design), alloc)
+        self.pad_slots = pad.pad_slots
+        self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
+                                   pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request)
+        owner_of = self.scheduler.owner_of
+        self.target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved,
+                                        device, pad.swa_pad)
+        self.draft: Optional[ModelSide] = None
+        if scenario.engine.speculative.enabled:
+            self.draft = build_draft_side(scenario, design, alloc, make_pool, make_draft_pool, pad.skip_index,
+                                          owner_of, pad.reserved, device, pad.swa_pad)
+        self.sides = (self.target,) if self.draft is None else (self.target, self.draft)
+        # on the CPU the tensor shares the allocator's memory (always current); elsewhere updated per step
+        self.mapping = torch.from_numpy(alloc.full_to_swa)
+        if device.type != "cpu":
+            self.mapping = self.mapping.to(device)
+        self.info = RunInfo(
+            scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
+            seed=scenario.seed, backends=tuple(scenario.backends),
+            layers=tuple(li for m in self.sides for li in m.layers), device=str(device), version=version,
+            extra=dict(info_extra))
+        self.stats = {b: BackendStats() for b in scenario.backends}
+        self.findings: list[Finding] = []
+        self.steps: list[StepRecord] = []
+        self.crossings = 0
+        self._epoch0, self._perf0 = time.time_ns(), time.perf_counter_ns()
+        self._wall0 = time.perf_counter()
+
+    def now(self) -> int:
+        return self._epoch0 + (time.perf_counter_ns() - self._perf0)
+
+    def result(self) -> RunResult:
+        return RunResult(info=self.info, backends=self.stats, findings=self.findings, steps=self.steps,
+                         findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
+                         wall_s=time.perf_counter() - self._wall0)
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self, batch: ForwardBatch, truth: BatchTruth) -> StepRecord:
+        t_start = self.now()
+        side = self.draft if self.draft is not None and batch.mode in DRAFT_MODES else self.target
+        self._apply_truth(side, truth)
+        loc = torch.from_numpy(batch.out_cache_loc).to(self.device)
+        tags = torch.from_numpy(truth.tags).to(self.device)
+        rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name in side.boundaries:
+            self._backend_forward(side, name, batch, truth, loc, tags, rows_cache)
+        return self._record_step(batch, t_start)
+
+    def _apply_truth(self, side: ModelSide, truth: BatchTruth) -> None:
+        """The oracle first: every step's frees reach both references, its writes the side that runs it."""
+        for m in self.sides:
+            m.reference.apply_frees(truth)
+        side.reference.apply_writes(truth)
+        if self.device.type != "cpu" and truth.mapping_changed.size:
+            ch = torch.from_numpy(truth.mapping_changed).to(self.device)
+            self.mapping[ch] = torch.from_numpy(self.alloc.full_to_swa[truth.mapping_changed]).to(self.device)
+
+    def _backend_forward(self, side: ModelSide, name: str, batch: ForwardBatch, truth: BatchTruth,
+                         loc: torch.Tensor, tags: torch.Tensor, rows_cache: dict) -> None:
+        """One backend's forward: metadata init, the layers' writes, the check."""
+        boundary, pool = side.boundaries[name], side.pools[name]
+        try:
+            meta = boundary.init_metadata(batch, loc, self.mapping)
+        except HookFailure as f:
+            # a per-forward hook failed: the backend's forward is skipped and reported once
+            text = f.describe(boundary.design.name, boundary.context(batch), -1)
+            kind = f.kind or ("full" if f.hook == "fill_graph_loc_buffer" else "swa")
+            self._count(side, name, *side.checker.design_error(batch.step, name, kind, text))
+            return
+        writes = self.executor.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, self.obs,
+                                               self.now, rows_cache))
+        self.crossings += len(side.layers)
+        self.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
+        self._count(side, name, *side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots))
+
+    def _count(self, side: ModelSide, name: str, found: list[Finding], counts: dict[str, int]) -> None:
+        if not any(counts.values()):
+            return
+        st = self.stats[name]
+        for c, n in counts.items():
+            st.findings[c] += n
+        if st.first_finding is None:
+            st.first_finding = side.checker.first.get(name)
+        self.findings.extend(found)
+        self.obs.on_findings(found)
+
+    def _record_step(self, batch: ForwardBatch, t_start: int) -> StepRecord:
+        a = self.alloc
+        rec = StepRecord(
+            step=batch.step, mode=batch.mode, graph=batch.graph, num_requests=batch.num_requests,
+            real_tokens=batch.num_token_non_padded, dp_padded_tokens=batch.dp_padded_len,
+            padded_tokens=batch.padded_len, full_used=a.full_used, swa_used=a.swa_used,
+            full_size=a.full_size, swa_size=a.swa_size, t_start_ns=t_start, t_end_ns=self.now())
+        self.steps.append(rec)
+        self.obs.on_step(rec)
+        return rec
 
 
 def run_simulation(
@@ -90,111 +215,22 @@ def run_simulation(
     executor: Optional[LayerExecutor] = None,
     make_draft_pool: Optional[DraftPoolFactory] = None,
 ) -> RunResult:
-    device = torch.device(device)
-    run_layers: LayerExecutor = executor or EagerExecutor()
-    obs: RunObserver = observer or NullObserver()
-    rng = np.random.default_rng(scenario.seed)
-    pool_cfg = scenario.pool
-    alloc = HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size)
-    reserved = np.arange(pool_cfg.page_size, dtype=np.int64)
-    pad_value, skip_index = padding_of(design)
-    pad_slots: tuple[int, ...] = (0,) if pad_value == 0 else ((pad_value,) if pad_value is not None else ())
-    if pad_value is None:
-        # mini-sglang: a dummy request's page, allocated before any real request, absorbs padded rows
-        dummy = RequestSlots(pool_cfg.page_size)
-        alloc.extend(dummy, pool_cfg.page_size)
-        pad_value = int(dummy.full[0])
-        reserved = np.concatenate([reserved, dummy.full, dummy.swa])
-        pad_slots = (pad_value, int(dummy.swa[0]))
-
-    requests = make_requests(scenario.workload, rng)
-    scheduler = Scheduler(scenario, alloc, requests, rng, pad_value=pad_value,
-                          pad_to_capture=design.padding == "dummy")
-    reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
-    checker = Checker(reference, scheduler.owner_of, reserved)
-    layers = scenario.model.layers()
-    backends = {b: BackendBoundary(BACKEND_SPECS[b], design, scenario.engine, device) for b in scenario.backends}
-    pools = {b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends}
-    stats = {b: BackendStats() for b in scenario.backends}
-    target = ModelSide(layers, backends, pools, reference, checker, alloc.full_size, alloc.swa_size)
-    draft: Optional[ModelSide] = None
-    if scenario.engine.speculative.enabled:
-        draft = build_draft_side(scenario, design, alloc, make_pool, make_draft_pool, skip_index,
-                                 scheduler.owner_of, reserved, device)
-    sides = (target,) if draft is None else (target, draft)
-
-    if device.type == "cpu":
-        mapping = torch.from_numpy(alloc.full_to_swa)      # shares memory: always current
-    else:
-        mapping = torch.from_numpy(alloc.full_to_swa).to(device)
-
-    info = RunInfo(
-        scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
-        seed=scenario.seed, backends=tuple(scenario.backends), layers=tuple(li for m in sides for li in m.layers),
-        device=str(device), version=version,
-        extra=dict(run_info_extra or {}),
-    )
-    obs.on_run_start(info)
-    findings: list[Finding] = []
-    steps: list[StepRecord] = []
-    crossings = 0
-    epoch0, perf0 = time.time_ns(), time.perf_counter_ns()
-    wall0 = time.perf_counter()
-
-    def now() -> int:
-        return epoch0 + (time.perf_counter_ns() - perf0)
-
-    def result() -> RunResult:
-        return RunResult(info=info, backends=stats, findings=findings, steps=steps,
-                         findings_truncated=any(m.checker.truncated for m in sides), crossings=crossings,
-                         wall_s=time.perf_counter() - wall0)
-
+    """Run a scenario under a design; on any exception (^C included) the partial result rides on it."""
+    run = Run(scenario, design, make_pool, device=torch.device(device), observer=observer or NullObserver(),
+              executor=executor or EagerExecutor(), make_draft_pool=make_draft_pool,
+              info_extra=run_info_extra or {}, version=version)
+    run.obs.on_run_start(run.info)
     try:
-        for n_step, (batch, truth) in enumerate(scheduler.steps()):
+        for n_step, (batch, truth) in enumerate(run.scheduler.steps()):
             if max_steps is not None and n_step >= max_steps:
                 break
-            t_step = now()
-            side = draft if draft is not None and batch.mode in DRAFT_MODES else target
-            for m in sides:
-                m.reference.apply_frees(truth)
-            side.reference.apply_writes(truth)
-            if device.type != "cpu" and truth.mapping_changed.size:
-                ch = torch.from_numpy(truth.mapping_changed).to(device)
-                mapping[ch] = torch.from_numpy(alloc.full_to_swa[truth.mapping_changed]).to(device)
-            loc = torch.from_numpy(batch.out_cache_loc).to(device)
-            tags = torch.from_numpy(truth.tags).to(device)
-            rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-            step = batch.step
-            for name, boundary in side.boundaries.items():
-                pool = side.pools[name]
-                meta = boundary.init_metadata(batch, loc, mapping)
-                writes = run_layers.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, obs, now,
-                                                    rows_cache))
-                crossings += len(side.layers)
-                st = stats[name]
-                st.writes += len(side.layers)
-                fs, counts = side.checker.check(step, name, pool, truth, writes, pad_slots)
-                if any(counts.values()):
-                    for c, n in counts.items():
-                        st.findings[c] += n
-                    if st.first_finding is None:
-                        st.first_finding = side.checker.first.get(name)
-                    findings.extend(fs)
-                    obs.on_findings(fs)
-            rec = StepRecord(
-                step=step, mode=batch.mode, graph=batch.graph, num_requests=batch.num_requests,
-                real_tokens=batch.num_token_non_padded, dp_padded_tokens=batch.dp_padded_len,
-                padded_tokens=batch.padded_len, full_used=alloc.full_used, swa_used=alloc.swa_used,
-                full_size=alloc.full_size, swa_size=alloc.swa_size, t_start_ns=t_step, t_end_ns=now(),
-            )
-            steps.append(rec)
-            obs.on_step(rec)
+            rec = run.step(batch, truth)
             if progress is not None:
-                progress(step, scheduler.finished_count, scheduler.total_requests)
+                progress(rec.step, run.scheduler.finished_count, run.scheduler.total_requests)
     except BaseException as exc:
         # nothing is lost on a crash or ^C: the caller can still write what the run had found
-        exc.partial_result = result()  # type: ignore[attr-defined]
-        exc.partial_at_step = len(steps)  # type: ignore[attr-defined]
+        exc.partial_result = run.result()  # type: ignore[attr-defined]
+        exc.partial_at_step = len(run.steps)  # type: ignore[attr-defined]
         raise
-    obs.on_run_end()
-    return result()
+    run.obs.on_run_end()
+    return run.result()

@@ -4,7 +4,8 @@ An EAGLE draft is a small model (one layer by default) run beside the target. In
 the target's allocator, so it writes at the target's indices: ``out_cache_loc`` in its full pool,
 ``full_to_swa[out_cache_loc]`` in its SWA pool. It has its own K/V pools (sized by the scenario and
 the design: B3, #17630), its own attention-backend instances and graph runners (B4, #29858), so the
-run loop keeps one :class:`ModelSide` per model: boundaries, pools under test, reference, checker.
+run loop keeps one :class:`ModelSide` per model: boundaries (each with its own design instance),
+pools under test, reference, checker.
 A draft forward (DRAFT_DECODE, DRAFT_EXTEND) crosses the draft side only; every step's frees reach
 both references, since a freed index is free for both models.
 """
@@ -19,7 +20,7 @@ import torch
 from .allocator import HybridAllocator
 from .backends import BACKEND_SPECS, BackendBoundary
 from .checker import Checker
-from .designs import Design
+from .designs import Design, DesignError, design_instance
 from .models import Model
 from .pool import PoolWriter
 from .records import LayerInfo
@@ -56,15 +57,43 @@ def draft_layers(target: Model, draft: Model) -> tuple[LayerInfo, ...]:
     return tuple(LayerInfo(layer=n + li.layer, kind=li.kind, index=li.index, draft=True) for li in draft.layers())
 
 
+def side_boundaries(scenario: Scenario, design: Design, side: str, device: torch.device, page_size: int,
+                    swa_pad: int) -> dict[str, BackendBoundary]:
+    """One boundary per backend for a model side, each with its own instance of the design."""
+    return {b: BackendBoundary(BACKEND_SPECS[b], design_instance(design), scenario.engine, device, side=side,
+                               page_size=page_size, swa_pad=swa_pad)
+            for b in scenario.backends}
+
+
+def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
+                      make_pool: Callable[[int, int, Optional[int]], PoolWriter], skip_index: Optional[int],
+                      owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int) -> ModelSide:
+    reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
+    return ModelSide(
+        layers=scenario.model.layers(),
+        boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad),
+        pools={b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends},
+        reference=reference, checker=Checker(reference, owner_of, reserved),
+        full_size=alloc.full_size, swa_size=alloc.swa_size)
+
+
+def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario) -> tuple[int, int]:
+    cfg = scenario.engine.speculative.draft_pool(scenario.pool)
+    try:
+        full_size, swa_size = design.size_draft_pools(alloc.full_size, alloc.swa_size, cfg.full_size, cfg.swa_size)
+        return int(full_size), int(swa_size)
+    except Exception as e:
+        raise DesignError(f"design {design.name}: size_draft_pools raised or returned no (int, int): "
+                          f"{type(e).__name__}: {e}") from e
+
+
 def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
                      make_pool: Callable[[int, int, Optional[int]], PoolWriter],
                      make_draft_pool: Optional[DraftPoolFactory], skip_index: Optional[int],
-                     owner_of, reserved: np.ndarray, device: torch.device) -> ModelSide:
-    spec = scenario.engine.speculative
+                     owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int) -> ModelSide:
     target = scenario.model
     draft = draft_model(target, scenario)
-    cfg = spec.draft_pool(scenario.pool)
-    full_size, swa_size = design.size_draft_pools(alloc.full_size, alloc.swa_size, cfg.full_size, cfg.swa_size)
+    full_size, swa_size = draft_pool_sizes(design, alloc, scenario)
     page = alloc.page_size
     full_rows, swa_rows = full_size + page, swa_size + page
     if make_draft_pool is not None:
@@ -84,6 +113,6 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
     # the oracle covers every index the target's allocator hands out, even past a too-small draft pool
     reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
     checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
-    boundaries = {b: BackendBoundary(BACKEND_SPECS[b], design, scenario.engine, device) for b in scenario.backends}
-    return ModelSide(layers=draft_layers(target, draft), boundaries=boundaries, pools=pools, reference=reference,
-                     checker=checker, full_size=full_size, swa_size=swa_size)
+    return ModelSide(layers=draft_layers(target, draft),
+                     boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad), pools=pools,
+                     reference=reference, checker=checker, full_size=full_size, swa_size=swa_size)

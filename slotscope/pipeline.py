@@ -532,7 +532,7 @@ def device_name(device: torch.device) -> str:
 def format_table(summary: dict[str, Any]) -> str:
     """The design x backend table the CLI prints."""
     short = {"missed": "missed", "clobbered": "clobber", "padding_slot": "pad_slot", "evicted_slot": "evicted",
-             "out_of_range": "oor", "length_mismatch": "len_mism"}
+             "out_of_range": "oor", "length_mismatch": "len_mism", "design_error": "design_err"}
     head = ["design", "backend", "writes"] + [short[c] for c in FINDING_CLASSES] + ["first (step/layer/class)"]
     rows = []
     for name, b in summary["backends"].items():

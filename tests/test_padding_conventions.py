@@ -11,7 +11,8 @@ from cuda_path.pool import TaggedKVPool
 from simulator.allocator import HybridAllocator
 from simulator.designs import Design, load_design
 from simulator.records import PAD_TAG, STATIC_GRAPHS
-from simulator.run import padding_of, run_simulation
+from simulator.padding_convention import PADDING_CONVENTIONS
+from simulator.run import run_simulation
 from simulator.scheduler import Scheduler
 from simulator.workload import make_requests
 
@@ -68,7 +69,7 @@ def design_of(convention: str) -> Design:
 def test_each_convention_is_clean_and_pads_where_it_says(convention, page):
     sc = tiny(BASE.format(page=page))
     design = design_of(convention)
-    assert design.padding == convention
+    assert design.padding is PADDING_CONVENTIONS[convention]
     r, pools = run_keeping_pools(sc, design)
     assert r.total_findings == 0, {b: s.findings for b, s in r.backends.items()}
     assert {s.graph for s in r.steps} >= {"piecewise", "decode_graph"}
@@ -89,8 +90,8 @@ def test_each_convention_is_clean_and_pads_where_it_says(convention, page):
 def test_pad_values_in_out_cache_loc():
     sc = tiny(BASE.format(page=1))
     for convention in CONVENTIONS:
-        pad, skip = padding_of(design_of(convention))
-        assert (pad, skip) == {"slot0": (0, 0), "slot0-absorb": (0, None), "skip-1": (-1, -1),
+        conv = design_of(convention).padding
+        assert (conv.pad_value, conv.skip_index) == {"slot0": (0, 0), "slot0-absorb": (0, None), "skip-1": (-1, -1),
                                "dummy": (None, None)}[convention]
     rng = np.random.default_rng(sc.seed)
     alloc = HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1)

@@ -1,19 +1,45 @@
-"""An example user design: slice swa_loc to len(loc) in *both* directions, and refuse a shorter one.
+"""An example user design: make swa_loc exactly len(loc) long, whichever way the lengths differ.
 
-Run it:  slotscope run scenarios/gap-swa-shorter.toml --design examples/designs/my_fix.py:StrictSlice
+SGLang's post-#29460 KVWriteLoc keeps the first len(loc) entries of a longer swa_loc but passes a
+shorter one through, so the SWA layer's store raises a length mismatch (scenarios/gap-swa-shorter.toml).
+This design closes that gap. Run it:
+
+    slotscope run scenarios/gap-swa-shorter.toml --design examples/designs/my_fix.py:StrictSlice
+
+Every hook of simulator.designs.Design is shown; the ones this fix does not change call the base.
 """
+import torch
+
 from simulator.designs import Design, KVWriteLoc
+from simulator.padding_convention import SLOT0
 
 
 class StrictSlice(Design):
     name = "strict-slice"
-    description = "post-#29460 slicing, plus padding a shorter swa_loc with the reserved slot 0"
+    description = "post-#29460 slicing of a longer swa_loc, plus padding a shorter one with the pad slot"
+    padding = SLOT0                       # SGLang: padded rows go to slot 0, which the store skips
+
+    def translate(self, out_cache_loc, full_to_swa, ctx):
+        # once per forward per backend: unchanged, full_to_swa[out_cache_loc] (padded rows map to slot 0)
+        return super().translate(out_cache_loc, full_to_swa, ctx)
+
+    def fill_graph_loc_buffer(self, buffer, loc, padded, ctx):
+        # graph replay: unchanged, loc into buffer[:len(loc)] and ctx.loc_pad (0) into the tail up to padded
+        super().fill_graph_loc_buffer(buffer, loc, padded, ctx)
+
+    def fill_graph_swa_buffer(self, buffer, swa_loc, padded, ctx):
+        # graph replay: unchanged, swa_loc into buffer[:len(swa_loc)] and ctx.swa_pad (0) into the tail
+        super().fill_graph_swa_buffer(buffer, swa_loc, padded, ctx)
 
     def make_write_loc(self, loc, swa_loc, ctx):
+        # every layer of every backend: the fix under test
         if swa_loc is not None and swa_loc.shape[0] > loc.shape[0]:
+            # longer (DP padding under piecewise graphs): keep the first len(loc) entries, as #29460 does
             swa_loc = swa_loc[: loc.shape[0]]
         elif swa_loc is not None and swa_loc.shape[0] < loc.shape[0]:
-            # the missing rows are padding rows (token order is the same): send them to slot 0
-            pad = loc.new_zeros(loc.shape[0] - swa_loc.shape[0]).to(swa_loc.dtype)
-            swa_loc = __import__("torch").cat([swa_loc, pad])
+            # shorter: token order is the same, so the missing rows are padding rows; send them to the
+            # convention's pad slot (ctx.loc_pad, 0 here) in swa_loc's dtype
+            pad = torch.full((loc.shape[0] - swa_loc.shape[0],), ctx.loc_pad, dtype=swa_loc.dtype,
+                             device=swa_loc.device)
+            swa_loc = torch.cat([swa_loc, pad])
         return KVWriteLoc(loc, swa_loc)
