@@ -23,7 +23,8 @@ loop's ``torch.from_numpy(alloc.full_to_swa)`` sees the engine's mapping live.
 """
 from __future__ import annotations
 
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -67,6 +68,31 @@ class EngineAllocator:
             raise EngineError(f"sglang {api.info.version}: full_to_swa_index_mapping is {self.mapping.dtype} on "
                               f"{self.mapping.device}; the adapter expects int64 on the CPU")
         self.full_to_swa: np.ndarray = self.mapping.numpy()      # shares memory with the engine's mapping
+        self.free_order = "engine"          # the release's own free lists decide the order
+        self.requested_free_order: Optional[str] = None
+        self._in_group = False
+
+    def set_free_order(self, order: str) -> None:
+        """The model's knob; the release's free lists keep their own order (recorded, not applied)."""
+        if order not in ("lifo", "fifo"):
+            raise ValueError(f"free order must be 'lifo' or 'fifo', got {order!r}")
+        self.requested_free_order = order
+
+    @contextmanager
+    def free_group(self, enabled: bool = True) -> Iterator[None]:
+        """The release's ``free_group_begin`` / ``free_group_end`` around the frees made inside."""
+        begin = getattr(self.engine, "free_group_begin", None)
+        end = getattr(self.engine, "free_group_end", None)
+        if not enabled or self._in_group or begin is None or end is None:
+            yield
+            return
+        begin()
+        self._in_group = True
+        try:
+            yield
+        finally:
+            self._in_group = False
+            end()
 
     # --- sizes and counts, as HybridAllocator --------------------------------------------------
     @property

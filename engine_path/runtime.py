@@ -1,0 +1,60 @@
+"""One run's engine pieces, wired together: the allocator, the translator, the design and the pools.
+
+:class:`EngineRuntime` hands the simulator the three seams an engine run needs, each a plain callable
+or object the simulator already knows the shape of:
+
+* ``allocator_factory(full_size, swa_size, page_size)`` -> :class:`EngineAllocator` (instead of
+  ``HybridAllocator``); making it also builds the run's :class:`Translator` over its hybrid pool;
+* ``design`` -> :class:`EngineDesign`, bound to that translator;
+* ``pool_factory(model)`` -> the simulator's ``PoolFactory`` ``(full_rows, swa_rows, skip_index)``
+  making an :class:`EnginePool` per backend, with the allocator's mapping registered.
+
+The allocator must be made before the first pool (``run_simulation`` makes it first).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from .allocator import EngineAllocator
+from .api import ReleaseAPI
+from .design import EngineDesign
+from .errors import EngineError
+from .pool import EnginePool
+from .writeloc import Translator
+
+
+class EngineRuntime:
+    def __init__(self, api: ReleaseAPI, *, device: str = "cpu", need_sort: bool = False):
+        self.api = api
+        self.device = device
+        self.need_sort = need_sort
+        self.allocator: Optional[EngineAllocator] = None
+        self.translator: Optional[Translator] = None
+        self.design = EngineDesign(api)
+
+    def allocator_factory(self, full_size: int, swa_size: int, page_size: int = 1, **_ignored) -> EngineAllocator:
+        alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort,
+                                device=self.device)
+        self.allocator = alloc
+        self.translator = Translator(self.api, alloc.kvcache, alloc.engine, page_size, self.device)
+        self.design.bind(self.translator)
+        return alloc
+
+    def pool_factory(self, model, *, kv_dtype: Optional[str] = None) -> Callable:
+        layers = [(li.layer, li.kind, li.index) for li in model.layers()]
+        dtype = kv_dtype or getattr(model, "kv_dtype", "bf16")
+
+        def make_pool(full_rows: int, swa_rows: int, skip_index: Optional[int] = None) -> EnginePool:
+            if self.allocator is None:
+                raise EngineError("the engine allocator must be made before the engine pools")
+            page = self.allocator.page_size
+            return EnginePool(self.api, full_size=full_rows - page, swa_size=swa_rows - page, page_size=page,
+                              layers=layers, mapping=self.allocator.mapping, kv_dtype=dtype, device=self.device)
+
+        return make_pool
+
+    def describe(self) -> dict:
+        d = self.design.describe()
+        if self.allocator is not None:
+            d["allocator"] = self.allocator.describe()["allocator"]
+        return d
