@@ -4,14 +4,23 @@ The finding to keep is the first finding of the run's first failing backend: its
 of the boundary where it happened (a full or an SWA layer, of the target or of the speculative
 draft). A greedy delta-debugging loop then tries smaller scenarios and keeps each change after which
 the finding still appears: one failing backend; the workload as an explicit request list, with
-requests dropped and prompt / output lengths halved; an explicit layer pattern with layers dropped
-(at least one of the failing kind stays); smaller pools and window; engine knobs back to their
-defaults or smaller; fewer decode capture sizes. Passes repeat until none changes anything.
+requests dropped and prompt / output lengths halved; layers dropped (at least one of the failing
+kind stays); smaller pools and window; engine knobs back to their defaults or smaller; fewer decode
+capture sizes. Passes repeat until none changes anything.
 
-Each candidate is written with the TOML writer and read back by ``parse_scenario`` (so it is a valid
-scenario file by construction) and run in-process on the CPU; a run stops at the first matching
-finding. Progress goes to stderr; the minimal scenario is written (DIR/minimal.toml or -o) and
-printed. Exit codes: 0 minimized, 2 bad input (no run there, no finding to keep).
+Candidates are validated :class:`~simulator.scenario.Scenario` objects: each is made with
+``dataclasses.replace`` on the scenario and its parts (``PoolConfig``, ``WorkloadConfig``,
+``EngineConfig``, ``SpeculativeConfig``, ``Model``), written with :meth:`Scenario.to_toml` and read
+back by ``parse_scenario``, so it is a valid scenario file by construction; one the parser (or the
+scheduler, before the first step) refuses with a :class:`ScenarioError` is a rejected candidate.
+Each runs in-process on the CPU and stops at the first matching finding.
+
+Any other exception while a candidate runs is an internal error of slotscope, not "does not
+reproduce": the search stops, the candidate is written to ``minimize-error.toml`` and the command
+exits 3 with the error. (A design that raises inside a hook is not one: the run loop reports that
+as a ``design_error`` finding.) Progress goes to stderr; the minimal scenario is written
+(DIR/minimal.toml or -o) and printed. Exit codes: 0 minimized, 2 bad input (no run there, what is
+missing, no finding to keep), 3 internal error.
 """
 from __future__ import annotations
 
@@ -19,23 +28,26 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from simulator.designs import BUILTIN_DESIGNS, Design, DesignError, load_design
+from simulator.designs import BUILTIN_DESIGNS, Design, load_design
+from simulator.models import format_pattern
 from simulator.observe import NullObserver
 from simulator.padding import default_decode_capture_sizes, speculative_decode_capture_sizes
 from simulator.records import Finding
-from simulator.scenario import Scenario, ScenarioError, parse_scenario, tomllib
-from simulator.toml_write import dumps
+from simulator.scenario import EngineConfig, Scenario, ScenarioError, SpeculativeConfig, parse_scenario
 from simulator.workload import make_requests
 
 from .pipeline import UsageError
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
+ERROR_FILE = "minimize-error.toml"
+_READ_LIMIT = 64 * 2**20        # summary.json / run.json / one findings line are small; never read more
 
 
 @dataclass(frozen=True)
@@ -43,17 +55,28 @@ class Target:
     """What the minimal scenario must still show."""
 
     cls: str
-    kind: str          # "full" | "swa"
-    draft: bool        # at a layer of the speculative draft model
+    kind: Optional[str]      # "full" | "swa"; None: a finding of a per-forward design hook (no layer)
+    draft: Optional[bool]    # at a layer of the speculative draft model; None: either
     backend: str
 
     def describe(self) -> str:
+        if self.kind is None:
+            return f"{self.cls} (per-forward hook) on {self.backend}"
         where = f"a {'draft ' if self.draft else ''}{self.kind} layer"
         return f"{self.cls} at {where} on {self.backend}"
 
 
 class _Reproduced(Exception):
     pass
+
+
+class InternalError(Exception):
+    """slotscope itself failed while running a candidate: the search stops and says so."""
+
+    def __init__(self, candidate: Scenario, exc: BaseException, what: str):
+        self.candidate, self.exc, self.what = candidate, exc, what
+        self.trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        super().__init__(f"{type(exc).__name__}: {exc}")
 
 
 class _Watch(NullObserver):
@@ -69,41 +92,131 @@ class _Watch(NullObserver):
 
     def matches(self, f: Finding) -> bool:
         t = self.target
-        return f.cls == t.cls and f.kind == t.kind and (f.layer >= self.num_layers) == t.draft
+        if f.cls != t.cls:
+            return False
+        if t.kind is not None and f.kind != t.kind:
+            return False
+        return t.draft is None or (f.layer >= self.num_layers) == t.draft
 
 
-def read_run(run_dir: Path) -> tuple[dict, dict, dict]:
-    """(scenario TOML data, summary, run.json) of a run directory, with clear errors."""
-    if not run_dir.is_dir():
+# --------------------------------------------------------------------------- reading the run
+
+def _read_json(p: Path) -> Any:
+    try:
+        with open(p, "rb") as f:
+            data = f.read(_READ_LIMIT + 1)
+    except OSError as e:
+        raise UsageError(f"{p}: cannot read: {e.strerror or e}") from None
+    if len(data) > _READ_LIMIT:
+        raise UsageError(f"{p}: larger than {_READ_LIMIT // 2**20} MiB: not written by `slotscope run`")
+    try:
+        out = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{p}: cannot read: not valid JSON ({str(e)[:200]})") from None
+    if not isinstance(out, dict):
+        raise UsageError(f"{p}: cannot read: expected a JSON object, got {type(out).__name__}")
+    return out
+
+
+def _first_finding_line(p: Path) -> Optional[dict]:
+    """The first finding of findings.jsonl (streamed as the run went), or None."""
+    try:
+        with open(p, "rb") as f:
+            line = f.readline(_READ_LIMIT)
+    except OSError:
+        return None
+    try:
+        rec = json.loads(line) if line.strip() else None
+    except (ValueError, RecursionError):
+        return None
+    return rec if isinstance(rec, dict) and {"backend", "layer", "class"} <= set(rec) else None
+
+
+@dataclass
+class RunDir:
+    scenario: Scenario
+    summary: Optional[dict]
+    run: dict
+    first_line: Optional[dict]          # findings.jsonl's first finding (when summary.json is missing)
+
+
+def read_run(run_dir: Path) -> RunDir:
+    """The run's scenario, summary and provenance, with errors that say what is missing."""
+    if not run_dir.exists():
         raise UsageError(f"{run_dir}: no such run directory")
-    out = []
-    for name in ("scenario.toml", "summary.json", "run.json"):
-        p = run_dir / name
-        if not p.is_file():
-            raise UsageError(f"{p}: missing (minimize needs a directory written by `slotscope run`)")
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory (give the --out directory of `slotscope run`)")
+    present = {p.name for p in run_dir.iterdir()}
+    expected = ("scenario.toml", "summary.json", "run.json", "findings.jsonl")
+    if "scenario.toml" not in present:
+        have = [n for n in expected if n in present]
+        raise UsageError(f"{run_dir / 'scenario.toml'}: missing; minimize needs the scenario as run (a directory "
+                         f"written by `slotscope run`)" + (f"; present: {', '.join(have)}" if have else
+                                                            "; this is not a run directory"))
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(run_dir / "scenario.toml")
+    run = _read_json(run_dir / "run.json") if "run.json" in present else {}
+    summary = _read_json(run_dir / "summary.json") if "summary.json" in present else None
+    first_line = None
+    if summary is None:
+        first_line = _first_finding_line(run_dir / "findings.jsonl")
+        if first_line is None:
+            missing = [n for n in ("summary.json", "run.json", "findings.jsonl") if n not in present]
+            why = ("findings.jsonl is empty" if "findings.jsonl" in present
+                   else "no findings.jsonl either")
+            raise UsageError(f"{run_dir}: the run is incomplete: no summary.json, and {why}, so there is no "
+                             f"finding to keep (missing: {', '.join(missing)}). Rerun it to the end: "
+                             f"slotscope run {run_dir / 'scenario.toml'} --out {run_dir}")
+    return RunDir(scenario, summary, run, first_line)
+
+
+def _kinds(sc: Scenario) -> dict[int, tuple[str, bool]]:
+    """Global layer id -> (kind, at the draft), as the run loop numbers them."""
+    out = {li.layer: (li.kind, False) for li in sc.model.layers()}
+    if sc.engine.speculative.enabled:
+        n = sc.model.num_layers
+        for i, kind in enumerate(sc.engine.speculative.draft_layers):
+            out[n + i] = (kind, True)
+    return out
+
+
+def find_target(rd: RunDir, sc: Scenario) -> Target:
+    kinds = _kinds(sc)
+    recorded = {int(l[0]): l[1] for l in rd.run.get("layers", []) if isinstance(l, list) and len(l) == 2}
+    firsts: list[tuple[str, dict]] = []
+    if rd.summary is not None:
+        for backend, b in (rd.summary.get("backends") or {}).items():
+            ff = b.get("first_finding") if isinstance(b, dict) else None
+            if ff:
+                firsts.append((backend, ff))
+    elif rd.first_line is not None:
+        firsts.append((str(rd.first_line["backend"]), rd.first_line))
+    for backend, ff in firsts:
         try:
-            out.append(tomllib.loads(p.read_text()) if name.endswith(".toml") else json.loads(p.read_text()))
-        except (ValueError, tomllib.TOMLDecodeError) as e:
-            raise UsageError(f"{p}: cannot read: {e}") from None
-    return out[0], out[1], out[2]
-
-
-def find_target(summary: dict, run: dict, num_layers: int) -> Target:
-    kinds = {int(l[0]): l[1] for l in run.get("layers", [])}
-    for backend, b in summary.get("backends", {}).items():
-        ff = b.get("first_finding")
-        if ff:
-            layer = int(ff["layer"])
-            kind = kinds.get(layer)
-            if kind is None:
-                raise UsageError(f"run.json has no layer {layer} (the first finding's layer on {backend})")
-            return Target(ff["class"], kind, layer >= num_layers, backend)
+            layer, cls = int(ff["layer"]), str(ff["class"])
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(f"summary.json: the first finding on {backend} is malformed: {str(ff)[:200]}") from None
+        if layer < 0:
+            return Target(cls, None, None, backend)
+        if layer in kinds:
+            kind, draft = kinds[layer]
+        elif layer in recorded:
+            kind, draft = recorded[layer], layer >= sc.model.num_layers
+        else:
+            raise UsageError(f"the first finding on {backend} is at layer {layer}, which the scenario does not have")
+        return Target(cls, kind, draft, backend)
+    if rd.summary is not None and rd.summary.get("incomplete"):
+        raise UsageError("the run is incomplete and had no findings before it stopped: nothing to minimize "
+                         "(rerun it to the end)")
     raise UsageError("the run has no findings: nothing to minimize")
 
 
+# --------------------------------------------------------------------------- the search
+
 class Minimizer:
-    def __init__(self, data: dict, design: Design, target: Target, log: Callable[[str], None]):
-        self.data = data
+    def __init__(self, sc: Scenario, design: Design, target: Target, log: Callable[[str], None]):
+        self.sc = sc
         self.design = design
         self.target = target
         self.log = log
@@ -112,45 +225,75 @@ class Minimizer:
 
     # ------------------------------------------------------------------ evaluation
 
-    def scenario(self, data: dict) -> Scenario:
-        return parse_scenario(dumps(data), "minimal.toml")
+    @staticmethod
+    def validated(cand: Scenario) -> Optional[Scenario]:
+        """The candidate as a file would give it (written, read back), or None when the parser refuses it."""
+        try:
+            return parse_scenario(cand.to_toml(defaults=False), "candidate.toml")
+        except ScenarioError:
+            return None
 
-    def reproduces(self, data: dict) -> bool:
-        from .pipeline import make_pool_factory
+    def reproduces(self, cand: Scenario, what: str = "candidate") -> bool:
         from simulator.run import run_simulation
 
-        try:
-            sc = self.scenario(data)
-        except ScenarioError:
+        from .pipeline import make_draft_pool_factory, make_pool_factory
+
+        sc = self.validated(cand)
+        if sc is None:
             return False
         self.runs += 1
         watch = _Watch(self.target, sc.model.num_layers)
+        cpu = _cpu()
         try:
-            run_simulation(sc, self.design, make_pool_factory(sc, _cpu(), "compact", "torch"), device="cpu",
-                           observer=watch)
+            run_simulation(sc, self.design, make_pool_factory(sc, cpu, "compact", "torch"), device=cpu,
+                           observer=watch, max_steps=sc.max_steps,
+                           make_draft_pool=make_draft_pool_factory(cpu, "compact", "torch"))
         except _Reproduced:
             return True
-        except (ScenarioError, ValueError, RuntimeError, DesignError):
-            return False   # a candidate the simulator refuses (does not fit its pools, ...) is no reproduction
+        except ScenarioError:
+            return False   # refused before it ran (a request that cannot fit its pools, ...): rejected
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:   # slotscope failed: not "does not reproduce"
+            raise InternalError(sc, exc, what) from exc
         return False
 
-    def attempt(self, what: str, candidate: dict) -> bool:
-        if candidate == self.data or not self.reproduces(candidate):
+    def attempt(self, what: str, cand: Scenario) -> bool:
+        if cand == self.sc or not self.reproduces(cand, what):
             return False
-        self.data = candidate
+        self.sc = cand
         self.log(f"minimize: {what}  [{self.runs} runs, {time.perf_counter() - self.t0:.1f}s]")
         return True
 
+    # edits of the parts, each a validated-object replace
+    def with_workload(self, **kw) -> Scenario:
+        return replace(self.sc, workload=replace(self.sc.workload, **kw))
+
+    def with_engine(self, **kw) -> Scenario:
+        return replace(self.sc, engine=replace(self.sc.engine, **kw))
+
+    def with_spec(self, **kw) -> Scenario:
+        return self.with_engine(speculative=replace(self.sc.engine.speculative, **kw))
+
+    def with_pool(self, **kw) -> Scenario:
+        return replace(self.sc, pool=replace(self.sc.pool, **kw))
+
+    def with_model(self, **kw) -> Scenario:
+        return replace(self.sc, model=replace(self.sc.model, **kw))
+
+    def with_requests(self, specs: Sequence) -> Scenario:
+        return self.with_workload(explicit=tuple(specs), requests=len(specs))
+
     # ------------------------------------------------------------------ passes
 
-    def run(self, max_rounds: int = 6) -> dict:
-        if not self.reproduces(self.data):
+    def run(self, max_rounds: int = 6) -> Scenario:
+        if not self.reproduces(self.sc, "the run's own scenario"):
             raise UsageError(f"the run's scenario does not reproduce {self.target.describe()} in-process "
-                             f"(was it run with --max-steps or a different design?)")
+                             f"(was it run with a different design? pass --design)")
         self.pass_backend()
         self.pass_explicit_requests()
         for _ in range(max_rounds):
-            before = _copy(self.data)
+            before = self.sc
             self.pass_requests()
             self.pass_scale()
             self.pass_layers()
@@ -158,204 +301,184 @@ class Minimizer:
             self.pass_engine()
             self.pass_pool()
             self.pass_model()
-            if self.data == before:
+            if self.sc == before:
                 break
         # last, the capture sizes back to the default when the finding does not need a shorter list
-        if "cuda_graph_bs" in self.data.get("engine", {}):
-            d = _copy(self.data)
-            del d["engine"]["cuda_graph_bs"]
-            self.attempt("engine.cuda_graph_bs -> default", d)
-        return self.data
+        eng = self.sc.engine
+        default_bs = _default_bs(eng.speculative)
+        if eng.cuda_graph_bs != default_bs:
+            self.attempt("engine.cuda_graph_bs -> default", self.with_engine(cuda_graph_bs=default_bs))
+        if self.sc.max_steps is not None:
+            self.attempt(f"max_steps {self.sc.max_steps} -> none", replace(self.sc, max_steps=None))
+        return self.sc
 
     def pass_backend(self) -> None:
-        d = _copy(self.data)
-        d["backends"] = [self.target.backend]
-        self.attempt(f"backends -> {self.target.backend}", d)
+        self.attempt(f"backends -> {self.target.backend}", replace(self.sc, backends=(self.target.backend,)))
 
     def pass_explicit_requests(self) -> None:
-        w = self.data.get("workload", {})
-        if w.get("request"):
+        w = self.sc.workload
+        if w.explicit:
             return
-        sc = self.scenario(self.data)
-        specs = make_requests(sc.workload, np.random.default_rng(sc.seed))
-        d = _copy(self.data)
-        d["workload"] = {"request": [{"arrival_step": r.arrival_step, "prompt_len": r.prompt_len,
-                                      "output_len": r.output_len} for r in specs]}
-        if not self.attempt(f"workload -> {len(specs)} explicit requests", d):
+        specs = make_requests(w, np.random.default_rng(self.sc.seed))
+        from simulator.scenario import WorkloadConfig
+
+        cand = replace(self.sc, workload=WorkloadConfig(requests=len(specs), explicit=tuple(specs)))
+        if not self.attempt(f"workload -> {len(specs)} explicit requests", cand):
             # the generated workload stays: fewer of them, then
-            n = int(w.get("requests", len(specs)))
+            n = w.requests
             while n > 1:
-                d = _copy(self.data)
-                d["workload"]["requests"] = n // 2
-                if not self.attempt(f"requests {n} -> {n // 2}", d):
+                if not self.attempt(f"requests {n} -> {n // 2}", self.with_workload(requests=n // 2)):
                     break
                 n //= 2
 
     def pass_requests(self) -> None:
-        reqs = self.data.get("workload", {}).get("request")
+        reqs = list(self.sc.workload.explicit)
         if not reqs:
             return
-
-        def ok(items: list) -> bool:
-            d = _copy(self.data)
-            d["workload"]["request"] = items
-            d["workload"].pop("requests", None)
-            return self.attempt(f"requests {len(reqs)} -> {len(items)}", d)
-
-        _shrink_list(reqs, ok, lambda items: len(items) >= 1)
+        _shrink_list(reqs, lambda items: self.attempt(f"requests {len(reqs)} -> {len(items)}",
+                                                      self.with_requests(items)),
+                     lambda items: len(items) >= 1)
 
     def pass_layers(self) -> None:
         """Drop layers: the target's (at least one of the failing kind stays), then the draft's."""
-        sc = self.scenario(self.data)
-        if "layers" not in self.data["model"] or "num_layers" in self.data["model"]:
-            d = _copy(self.data)
-            d["model"]["layers"] = _pattern(list(sc.model.layer_kinds))
-            d["model"].pop("num_layers", None)
-            self.data = d      # the same model, written out: no run needed
+        kinds = list(self.sc.model.layer_kinds)
         keep = None if self.target.draft else self.target.kind
-        self._shrink_pattern(list(sc.model.layer_kinds), ("model",), "layers", keep)
-        if self.target.draft:
-            sc = self.scenario(self.data)
-            self._shrink_pattern(list(sc.engine.speculative.draft_layers), ("engine", "speculative"),
-                                 "draft_layers", self.target.kind)
-
-    def _shrink_pattern(self, kinds: list, path: tuple[str, ...], key: str, keep: Optional[str]) -> None:
-        where = ".".join(path + (key,))
 
         def ok(items: list) -> bool:
-            d = _copy(self.data)
-            table = d
-            for p in path:
-                table = table[p]
-            table[key] = _pattern(items)
-            return self.attempt(f"{where} {_pattern(kinds)} -> {_pattern(items)}", d)
+            return self.attempt(f"model.layers {format_pattern(kinds)} -> {format_pattern(items)}",
+                                self.with_model(layer_kinds=tuple(items)))
 
         _shrink_list(kinds, ok, lambda items: keep is None or keep in items)
+        spec = self.sc.engine.speculative
+        if spec.enabled and self.target.draft is not False:
+            dkinds = list(spec.draft_layers)
+            dkeep = self.target.kind if self.target.draft else None
+
+            def ok_draft(items: list) -> bool:
+                return self.attempt(f"engine.speculative.draft_layers {format_pattern(dkinds)} -> "
+                                    f"{format_pattern(items)}", self.with_spec(draft_layers=tuple(items)))
+
+            _shrink_list(dkinds, ok_draft, lambda items: dkeep is None or dkeep in items)
 
     def pass_scale(self) -> None:
         """Halve the pools and every prompt together: bugs about index ranges need both to shrink at once."""
         while True:
-            d = _copy(self.data)
-            page = self._page()
-            pool, reqs = d.get("pool", {}), d.get("workload", {}).get("request")
-            if not reqs or pool.get("full_size", 0) // 2 < 2 * page:
+            sc = self.sc
+            page = sc.pool.page_size
+            reqs = sc.workload.explicit
+            half = sc.pool.full_size // 2
+            half -= half % page
+            if not reqs or half < 2 * page:
                 return
-            pool["full_size"] = pool["full_size"] // 2 - (pool["full_size"] // 2) % page
-            spec = d.get("engine", {}).get("speculative", {})
-            if "draft_full_size" in spec:
-                spec["draft_full_size"] = max(2 * page, spec["draft_full_size"] // 2 - (spec["draft_full_size"] // 2) % page)
-            for r in reqs:
-                r["prompt_len"] = max(1, r["prompt_len"] // 2)
-            if not self.attempt(f"pool.full_size and every prompt_len halved (full_size {pool['full_size']})", d):
+            spec = sc.engine.speculative
+            cand = self.with_pool(full_size=half)
+            if spec.draft_full_size is not None:
+                d = spec.draft_full_size // 2
+                d = max(2 * page, d - d % page)
+                cand = replace(cand, engine=replace(cand.engine, speculative=replace(spec, draft_full_size=d)))
+            cand = replace(cand, workload=replace(cand.workload, explicit=tuple(
+                replace(r, prompt_len=max(1, r.prompt_len // 2)) for r in reqs)))
+            if not self.attempt(f"pool.full_size and every prompt_len halved (full_size {half})", cand):
                 return
 
     def pass_lengths(self) -> None:
-        reqs = self.data.get("workload", {}).get("request")
-        if not reqs:
+        if not self.sc.workload.explicit:
             return
-        for i in range(len(reqs)):
+        for i in range(len(self.sc.workload.explicit)):
             for field, floor in (("output_len", 0), ("prompt_len", 1)):
                 while True:
-                    cur = self.data["workload"]["request"][i][field]
+                    cur = getattr(self.sc.workload.explicit[i], field)
                     if cur <= floor:
                         break
-                    tried = False
+                    shrunk = False
                     for new in dict.fromkeys((floor, max(floor, cur // 2), cur - cur // 4, cur - cur // 8)):
                         if new >= cur:
                             continue
-                        d = _copy(self.data)
-                        d["workload"]["request"][i][field] = new
-                        if self.attempt(f"request {i} {field} {cur} -> {new}", d):
-                            tried = True
+                        if self.attempt(f"request {i} {field} {cur} -> {new}", self._set_request(i, **{field: new})):
+                            shrunk = True
                             break
-                    if not tried:
+                    if not shrunk:
                         break
-            if self.data["workload"]["request"][i].get("arrival_step", 0):
-                d = _copy(self.data)
-                d["workload"]["request"][i]["arrival_step"] = 0
-                self.attempt(f"request {i} arrives at step 0", d)
+            if self.sc.workload.explicit[i].arrival_step:
+                self.attempt(f"request {i} arrives at step 0", self._set_request(i, arrival_step=0))
+
+    def _set_request(self, i: int, **kw) -> Scenario:
+        reqs = list(self.sc.workload.explicit)
+        reqs[i] = replace(reqs[i], **kw)
+        return self.with_requests(reqs)
 
     def pass_engine(self) -> None:
-        eng = self.data.get("engine")
-        if not eng:
-            return
-        # knobs back to their defaults, one at a time (a table of its own stays: speculative)
-        for key in [k for k in eng if k not in ("speculative", "cuda_graph_bs")]:
-            if key not in self.data.get("engine", {}):
+        base = EngineConfig()
+        halved = ("dp_size", "max_running_requests")
+        # knobs back to their defaults, one at a time (the speculative table and capture sizes stay;
+        # a knob the halving below already made smaller than its default stays smaller)
+        for f in fields(EngineConfig):
+            if f.name in ("speculative", "cuda_graph_bs"):
                 continue
-            d = _copy(self.data)
-            del d["engine"][key]
-            self.attempt(f"engine.{key} -> default", d)
+            default = getattr(base, f.name)
+            cur = getattr(self.sc.engine, f.name)
+            if f.name in halved and cur < default:
+                continue
+            if cur != default:
+                self.attempt(f"engine.{f.name} -> default", self.with_engine(**{f.name: default}))
         # (a smaller chunked_prefill_size would only add steps: it goes back to the default or stays)
-        for key, floor in (("dp_size", 1), ("max_running_requests", 1)):
-            self._halve(("engine", key), floor)
-        if "speculative" in self.data.get("engine", {}):
-            self._halve(("engine", "speculative", "num_draft_tokens"), 2)
-            self._halve(("engine", "speculative", "draft_full_size"), 2 * self._page())
-            for key in ("accept_rate",):
-                if key in self.data["engine"]["speculative"]:
-                    d = _copy(self.data)
-                    del d["engine"]["speculative"][key]
-                    self.attempt(f"engine.speculative.{key} -> default", d)
+        for key, floor in zip(halved, (1, 1)):
+            self._halve(f"engine.{key}", lambda: getattr(self.sc.engine, key),
+                        lambda v, key=key: self.with_engine(**{key: v}), floor)
+        spec = self.sc.engine.speculative
+        if spec.enabled:
+            page = self.sc.pool.page_size
+            self._halve("engine.speculative.num_draft_tokens", lambda: self.sc.engine.speculative.num_draft_tokens,
+                        lambda v: self.with_spec(num_draft_tokens=v), 2)
+            self._halve("engine.speculative.draft_full_size", lambda: self.sc.engine.speculative.draft_full_size,
+                        lambda v: self.with_spec(draft_full_size=v), 2 * page, multiple=page)
+            default_rate = SpeculativeConfig().accept_rate
+            if self.sc.engine.speculative.accept_rate != default_rate:
+                self.attempt("engine.speculative.accept_rate -> default", self.with_spec(accept_rate=default_rate))
         # fewer decode capture sizes
-        sc = self.scenario(self.data)
-        if sc.engine.cuda_graph:
-            sizes = list(sc.engine.cuda_graph_bs)
-            default = (speculative_decode_capture_sizes if sc.engine.speculative.enabled
-                       else default_decode_capture_sizes)()
+        eng = self.sc.engine
+        if eng.cuda_graph:
+            sizes = list(eng.cuda_graph_bs)
 
             def ok(items: list) -> bool:
-                d = _copy(self.data)
-                d.setdefault("engine", {})["cuda_graph_bs"] = items
-                d["engine"].pop("cuda_graph_max_bs", None)
-                return self.attempt(f"engine.cuda_graph_bs {_sizes(sizes)} -> {_sizes(items)}", d)
+                return self.attempt(f"engine.cuda_graph_bs {_sizes(sizes)} -> {_sizes(items)}",
+                                    self.with_engine(cuda_graph_bs=tuple(items)))
 
-            if len(sizes) > 1 or tuple(sizes) != default:
+            if len(sizes) > 1 or tuple(sizes) != _default_bs(eng.speculative):
                 _shrink_list(sizes, ok, lambda items: len(items) >= 1)
 
     def pass_pool(self) -> None:
-        page = self._page()
-        if page > 1:
-            d = _copy(self.data)
-            d["pool"]["page_size"] = 1
-            if self.attempt(f"pool.page_size {page} -> 1", d):
-                page = 1
-        self._halve(("pool", "full_size"), 2 * page, multiple=page)
+        page = self.sc.pool.page_size
+        if page > 1 and self.attempt(f"pool.page_size {page} -> 1", self.with_pool(page_size=1)):
+            page = 1
+        self._halve("pool.full_size", lambda: self.sc.pool.full_size, lambda v: self.with_pool(full_size=v),
+                    2 * page, multiple=page)
 
     def pass_model(self) -> None:
-        sc = self.scenario(self.data)
-        w = sc.model.window
+        w = self.sc.model.window
         while w > 1:
-            d = _copy(self.data)
-            d["model"]["window"] = w // 2
-            if not self.attempt(f"model.window {w} -> {w // 2}", d):
+            if not self.attempt(f"model.window {w} -> {w // 2}", self.with_model(window=w // 2)):
                 break
             w //= 2
 
     # ------------------------------------------------------------------ helpers
 
-    def _page(self) -> int:
-        return int(self.data.get("pool", {}).get("page_size", 1))
-
-    def _halve(self, path: tuple[str, ...], floor: int, multiple: int = 1) -> None:
+    def _halve(self, where: str, get: Callable[[], Optional[int]], make: Callable[[int], Scenario], floor: int,
+               multiple: int = 1) -> None:
         while True:
-            table = self.data
-            for p in path[:-1]:
-                table = table.get(p, {})
-            cur = table.get(path[-1])
-            if not isinstance(cur, int) or isinstance(cur, bool) or cur <= floor:
+            cur = get()
+            if cur is None or cur <= floor:
                 return
             new = max(floor, cur // 2)
             new -= new % multiple
             if new >= cur or new < floor:
                 return
-            d = _copy(self.data)
-            t = d
-            for p in path[:-1]:
-                t = t[p]
-            t[path[-1]] = new
-            if not self.attempt(f"{'.'.join(path)} {cur} -> {new}", d):
+            if not self.attempt(f"{where} {cur} -> {new}", make(new)):
                 return
+
+
+def _default_bs(spec: SpeculativeConfig) -> tuple[int, ...]:
+    return (speculative_decode_capture_sizes if spec.enabled else default_decode_capture_sizes)()
 
 
 def _shrink_list(items: list, ok: Callable[[list], bool], valid: Callable[[list], bool]) -> list:
@@ -377,18 +500,6 @@ def _shrink_list(items: list, ok: Callable[[list], bool], valid: Callable[[list]
     return items
 
 
-def _copy(d: Any) -> Any:
-    if isinstance(d, dict):
-        return {k: _copy(v) for k, v in d.items()}
-    if isinstance(d, list):
-        return [_copy(v) for v in d]
-    return d
-
-
-def _pattern(kinds: list) -> str:
-    return "".join("S" if k == "swa" else "F" for k in kinds)
-
-
 def _sizes(sizes: list) -> str:
     return str(sizes) if len(sizes) <= 6 else f"[{sizes[0]}, {sizes[1]}, ... {sizes[-1]}] ({len(sizes)})"
 
@@ -399,41 +510,56 @@ def _cpu():
     return torch.device("cpu")
 
 
+def _design_spec(sc: Scenario, run: dict, given: Optional[str], run_dir: Path) -> str:
+    """The design to minimize under: --design, else the one that ran (run.json), else the scenario's."""
+    if given:
+        return given
+    recorded = run.get("design")
+    if not recorded or recorded == sc.design:
+        return sc.design
+    if recorded in BUILTIN_DESIGNS:
+        return recorded
+    # a user design: run.json records only its name; the scenario as run has its spec (path.py:Class)
+    if ":" in sc.design:
+        return sc.design
+    raise UsageError(f"{run_dir / 'run.json'}: design {recorded!r} is not built in (a user design records only its "
+                     f"name): pass --design path/to/file.py:ClassName")
+
+
 def minimize(run_dir: Path, design_spec: Optional[str] = None,
-             log: Callable[[str], None] = lambda s: None) -> tuple[dict, Target, Minimizer]:
-    """The minimal scenario (TOML data) for a run directory's first finding."""
+             log: Callable[[str], None] = lambda s: None) -> tuple[Scenario, Target, Minimizer]:
+    """The minimal scenario for a run directory's first finding."""
     import torch
 
+    from .resources import check_resources
+
     torch.set_num_threads(1)
-    data, summary, run = read_run(run_dir)
-    spec = design_spec or run.get("design")
-    if not spec:
-        raise UsageError(f"{run_dir / 'run.json'}: no design recorded: pass --design")
-    if design_spec is None and spec not in BUILTIN_DESIGNS:
-        raise UsageError(f"{run_dir / 'run.json'}: design {spec!r} is not built in (a user design records only its "
-                         f"name): pass --design path/to/file.py:ClassName")
+    rd = read_run(run_dir)
+    spec = _design_spec(rd.scenario, rd.run, design_spec, run_dir)
     design = load_design(spec)
-    data = _copy(data)
-    data["design"] = spec
-    data["seed"] = int(run.get("seed", summary.get("seed", data.get("seed", 0))))
-    if run.get("backends"):
-        data["backends"] = list(run["backends"])
+    recorded = rd.run.get("design")
+    if design_spec is None and recorded and spec != recorded and design.name != recorded:
+        raise UsageError(f"{run_dir / 'run.json'}: the run's design is {recorded!r} but the scenario names "
+                         f"{spec!r} ({design.name}): pass --design")
+    seed = rd.run.get("seed", (rd.summary or {}).get("seed", rd.scenario.seed))
+    backends = rd.run.get("backends") or rd.scenario.backends
     try:
-        num_layers = parse_scenario(dumps(data), str(run_dir / "scenario.toml")).model.num_layers
-    except ScenarioError as e:
-        raise UsageError(str(e)) from None
-    target = find_target(summary, run, num_layers)
+        sc = rd.scenario.with_overrides(design=spec, seed=int(seed), backends=tuple(backends))
+        sc = parse_scenario(sc.to_toml(), str(run_dir / "scenario.toml"))
+    except (ScenarioError, TypeError, ValueError) as e:
+        raise UsageError(f"{run_dir}: the run's scenario with its recorded design, seed and backends is not valid: "
+                         f"{e}") from None
+    check_resources(sc, design, "cpu", "compact")
+    target = find_target(rd, sc)
+    if target.backend not in sc.backends:
+        raise UsageError(f"the first finding is on backend {target.backend!r}, which the run's scenario does not list")
     log(f"minimize: keeping {target.describe()} under {design.name}")
-    m = Minimizer(data, design, target, log)
+    m = Minimizer(sc, design, target, log)
     out = m.run()
-    out = _copy(out)
-    name = str(out.get("name", "scenario"))
-    out["name"] = name if name.endswith("-minimal") else f"{name}-minimal"
-    out["description"] = (f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
-                          f"{design.name} ({m.runs} candidate runs).")
-    # order the top-level keys like the shipped scenarios
-    order = ["name", "description", "seed", "design", "backends", "model", "pool", "workload", "engine"]
-    out = {k: out[k] for k in order if k in out} | {k: v for k, v in out.items() if k not in order}
+    name = out.name if out.name.endswith("-minimal") else f"{out.name}-minimal"
+    out = replace(out, name=name,
+                  description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
+                              f"{design.name} ({m.runs} candidate runs).")
     return out, target, m
 
 
@@ -444,7 +570,9 @@ def register(subparsers: Any) -> None:
                     "scenario (fewest backends, requests, layers, tokens, steps) that still gives the same finding "
                     "class at a layer of the same kind. Writes it as TOML (DIR/minimal.toml, or -o) and prints it; "
                     "progress goes to stderr.",
-        epilog="exit codes: 0 minimized, 2 bad input (no run directory, no finding)\n"
+        epilog="exit codes: 0 minimized, 2 bad input (no run directory, something missing, no finding),\n"
+               f"            3 internal error of slotscope (the candidate that triggered it is written to "
+               f"{ERROR_FILE})\n"
                "example: slotscope run scenarios/b1-pcg-dp-padding.toml --out out/b1 && slotscope minimize out/b1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="DIR", help="a run directory with findings")
@@ -456,21 +584,39 @@ def register(subparsers: Any) -> None:
 
 def cmd_minimize(args) -> int:
     run_dir = Path(args.run_dir)
+    out = Path(args.output) if args.output else run_dir / "minimal.toml"
+    if out.is_dir():
+        raise UsageError(f"-o {out}: is a directory; give the file to write (e.g. {out / 'minimal.toml'})")
 
     def log(line: str) -> None:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    data, target, m = minimize(run_dir, args.design, log)
-    text = dumps(data)
-    out = Path(args.output) if args.output else run_dir / "minimal.toml"
+    try:
+        sc, target, m = minimize(run_dir, args.design, log)
+    except InternalError as e:
+        return _report_internal(e, out.parent if args.output else run_dir)
+    text = sc.to_toml(defaults=False)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
-    sc = parse_scenario(text, str(out))
-    reqs = len(sc.workload.explicit) or sc.workload.requests
-    layers = "".join("S" if k == "swa" else "F" for k in sc.model.layer_kinds)
-    log(f"minimize: done in {time.perf_counter() - t0:.1f}s, {m.runs} runs: {reqs} request(s), layers {layers}, "
-        f"backend {', '.join(sc.backends)}; wrote {out}")
+    back = parse_scenario(text, str(out))
+    reqs = len(back.workload.explicit) or back.workload.requests
+    log(f"minimize: done in {time.perf_counter() - t0:.1f}s, {m.runs} runs: {reqs} request(s), layers "
+        f"{format_pattern(back.model.layer_kinds)}, backend {', '.join(back.backends)}; wrote {out}")
     print(text, end="")
     return EXIT_OK
+
+
+def _report_internal(e: InternalError, where: Path) -> int:
+    path = where / ERROR_FILE
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        path.write_text(e.candidate.to_toml(defaults=False))
+        saved = f"the candidate that triggered it is in {path} (rerun it: slotscope run {path})"
+    except OSError as ose:
+        saved = f"the candidate could not be saved ({ose.strerror or ose})"
+    sys.stderr.write(e.trace)
+    print(f"slotscope: error: internal error of slotscope while minimizing ({e.what}): {e}; the search "
+          f"stopped (this is not a 'does not reproduce'); {saved}", file=sys.stderr)
+    return EXIT_INTERNAL

@@ -112,5 +112,109 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
     summary["backends"]["triton"]["first_finding"] = {"step": 0, "layer": 0, "class": "missed"}
     (user / "summary.json").write_text(json.dumps(summary))
     assert run["design"] == "strict-slice"
+    # scenario.toml is the scenario as run: it names the user design by its spec, so minimize loads it
+    assert main(["minimize", str(user)]) == 2
+    err = capsys.readouterr().err
+    assert "under strict-slice" in err and "does not reproduce missed at a swa layer on triton" in err
+    # an older run directory (scenario.toml as the user wrote it) records only the design's name
+    (user / "scenario.toml").write_text((ROOT / "scenarios/b1-pcg-dp-padding.toml").read_text())
     assert main(["minimize", str(user)]) == 2
     assert "pass --design path/to/file.py:ClassName" in capsys.readouterr().err
+
+
+@pytest.fixture
+def b2_run(tmp_path, capsys):
+    run_dir = tmp_path / "b2"
+    assert _run(str(ROOT / "scenarios/b2-decode-stale-tail.toml"), run_dir, "--backends", "xpu") == 1
+    capsys.readouterr()
+    return run_dir
+
+
+def test_internal_error_stops_the_search_and_is_reported(b2_run, capsys, monkeypatch):
+    import simulator.run as run_mod
+
+    real = run_mod.run_simulation
+    calls = []
+
+    def flaky(sc, *a, **kw):
+        calls.append(sc)
+        if len(calls) == 3:
+            raise RuntimeError("boom in the scheduler")
+        return real(sc, *a, **kw)
+
+    monkeypatch.setattr(run_mod, "run_simulation", flaky)
+    assert main(["minimize", str(b2_run)]) == 3
+    err = capsys.readouterr().err
+    assert "RuntimeError: boom in the scheduler" in err and "Traceback" in err
+    assert "internal error of slotscope while minimizing" in err and "not a 'does not reproduce'" in err
+    assert len(calls) == 3                                   # stopped at once, no more candidates
+    saved = b2_run / "minimize-error.toml"
+    assert f"the candidate that triggered it is in {saved}" in err
+    assert parse_scenario(saved.read_text(), str(saved)) == calls[2]
+    assert not (b2_run / "minimal.toml").exists()
+
+
+def test_a_design_error_finding_or_a_refused_candidate_is_not_an_internal_error(b2_run, capsys, monkeypatch):
+    import simulator.run as run_mod
+    from simulator.scenario import ScenarioError
+
+    real = run_mod.run_simulation
+    calls = []
+
+    def refusing(sc, *a, **kw):
+        calls.append(sc)
+        if len(calls) in (2, 3):
+            raise ScenarioError("candidate.toml: workload request 0 needs 9 tokens but pool.full_size is 8")
+        return real(sc, *a, **kw)
+
+    monkeypatch.setattr(run_mod, "run_simulation", refusing)
+    assert main(["minimize", str(b2_run), "-q"]) == 0
+    assert len(calls) > 5 and parse_scenario((b2_run / "minimal.toml").read_text()).backends == ("xpu",)
+
+
+def test_incomplete_run_directory(b2_run, capsys):
+    (b2_run / "summary.json").unlink()
+    # the streamed findings still name the first finding: minimize works from them
+    assert main(["minimize", str(b2_run), "-q", "-o", str(b2_run / "m.toml")]) == 0
+    assert parse_scenario((b2_run / "m.toml").read_text()).model.layer_kinds == ("swa",)
+    capsys.readouterr()
+    (b2_run / "findings.jsonl").write_text("")
+    assert main(["minimize", str(b2_run)]) == 2
+    err = capsys.readouterr().err
+    assert (f"{b2_run}: the run is incomplete: no summary.json, and findings.jsonl is empty, so there is no "
+            f"finding to keep (missing: summary.json)") in err
+    (b2_run / "findings.jsonl").unlink()
+    (b2_run / "run.json").unlink()
+    assert main(["minimize", str(b2_run)]) == 2
+    err = capsys.readouterr().err
+    assert "no findings.jsonl either" in err and "(missing: summary.json, run.json, findings.jsonl)" in err
+    (b2_run / "scenario.toml").unlink()
+    assert main(["minimize", str(b2_run)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b2_run / 'scenario.toml'}: missing; minimize needs the scenario as run" in err
+    assert main(["minimize", str(b2_run / "steps.jsonl")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_output_that_is_a_directory(b2_run, capsys):
+    assert main(["minimize", str(b2_run), "-o", str(b2_run)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_candidates_are_scenario_objects_written_by_to_toml(b2_run, monkeypatch):
+    """Every candidate the minimizer runs is a validated Scenario that its own TOML reads back to."""
+    import simulator.run as run_mod
+    from simulator.scenario import Scenario
+
+    real = run_mod.run_simulation
+    seen = []
+
+    def spy(sc, *a, **kw):
+        assert isinstance(sc, Scenario)
+        assert parse_scenario(sc.to_toml(), "x.toml") == sc
+        seen.append(sc)
+        return real(sc, *a, **kw)
+
+    monkeypatch.setattr(run_mod, "run_simulation", spy)
+    assert main(["minimize", str(b2_run), "-q"]) == 0
+    assert len(seen) > 10 and len({s.workload for s in seen}) > 3
