@@ -1,7 +1,8 @@
-"""Capture sizes and padding rules of CUDA graphs (SGLANG_FACTS section 4).
+"""Capture sizes of CUDA graphs: which padded size a batch runs at.
 
 A decode CUDA graph is captured per batch size; a batch of b requests replays the smallest captured
-size >= b. Piecewise CUDA graphs serve EXTEND and MIXED batches by token count the same way.
+size >= b. Piecewise CUDA graphs serve EXTEND and MIXED batches by token count the same way. What
+the padded rows then hold is a padding convention (:mod:`simulator.padding_convention`).
 """
 from __future__ import annotations
 
