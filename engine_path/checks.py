@@ -131,3 +131,97 @@ def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Opt
     return {"version": api.info.version, "design": rt.design.name, "steps": len(res.steps),
             "backends": {b: s.to_json() for b, s in res.backends.items()},
             "swa_ids": {b: rt.translator.source(b) for b in sc.backends}}
+
+
+def translation_agrees(page_size: int = 1, seed: int = 0) -> dict:
+    """Per backend, the release's SWA ids for a DP-padded out_cache_loc against ``full_to_swa[loc]``."""
+    import numpy as np
+
+    api = load()
+    alloc = EngineAllocator(api, 512, 384, page_size)
+    rng = np.random.default_rng(seed)
+    reqs = [RequestSlots(128) for _ in range(5)]
+    locs = [alloc.extend(r, int(rng.integers(1, 60))) for r in reqs]
+    alloc.evict_swa(reqs[0], reqs[0].length - 3)
+    real = torch.from_numpy(np.concatenate(locs))
+    padded = torch.cat([real, torch.zeros(5, dtype=torch.int64)])
+    tr = Translator(api, alloc.kvcache, alloc.engine, page_size)
+    want = alloc.mapping[padded]
+    out = {}
+    for backend in ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa"):
+        got = tr.translate(padded, backend, num_token_non_padded=int(real.shape[0]))
+        out[backend] = {"source": tr.source(backend), "equal": bool(torch.equal(got.to(torch.int64), want)),
+                        "len": int(got.shape[0])}
+    return out
+
+
+def eviction_run(page_size: int = 1, window: int = 8) -> dict:
+    """The release's eviction rule on one growing request: the evicted length after each decode step."""
+    from .eviction import EvictionRule
+
+    api = load()
+    alloc = EngineAllocator(api, 512, 384, page_size)
+    rule = EvictionRule(alloc, window, eviction_interval=1)
+    r = RequestSlots(256)
+    alloc.extend(r, 40)
+    trail = []
+    for _ in range(40):
+        rule.evict(r, r.length)
+        alloc.check_invariants([r])
+        trail.append(r.swa_evicted)
+        alloc.extend(r, 1)
+    return {"evicted": trail, "swa_used": alloc.swa_used, "length": r.length, "api": rule.kind}
+
+
+def pool_roundtrip(page_size: int = 1) -> dict:
+    """Tagged rows written through the release's pool at allocator slots read back exactly, both sub-pools."""
+    api = load()
+    layers = [(0, "swa", 0), (1, "full", 0), (2, "swa", 1), (3, "full", 1)]
+    pool = EnginePool(api, full_size=128, swa_size=96, page_size=page_size, layers=layers)
+    alloc = EngineAllocator(api, 128, 96, page_size, kvcache=pool.pool)
+    r = RequestSlots(64)
+    full = torch.from_numpy(alloc.extend(r, 20))
+    swa = alloc.mapping[full]
+    tags = torch.arange(100, 120, dtype=torch.int64)
+    for g, kind, index in layers:
+        k, v = pool.make_rows(tags, g, kind)
+        pool.store(kind, index, swa if kind == "swa" else full, k, v)
+    out = {}
+    for kind, slots in (("full", full), ("swa", swa)):
+        kt, vt = pool.read_tags(kind, slots)
+        out[kind] = bool((kt == tags).all() and (vt == tags).all())
+        out[kind + "_mismatch_free"] = not bool(pool.mismatches(kind, slots, tags).any())
+    # an index past the buffer: counted out of range, nothing written (torch's IndexError on the CPU)
+    k, v = pool.make_rows(tags[:2], 1, "full")
+    pool.store("full", 0, torch.tensor([1, 10_000]), k, v)
+    out["out_of_range"] = pool.take_out_of_range("full")[0].tolist()
+    return out
+
+
+def release_report(scenarios: Optional[list[str]] = None) -> dict:
+    """Everything the engine tests assert on, for one release, from one process (one import)."""
+    api = load()
+    rep = {"info": api.info.to_json(), "features": api.features.to_json(),
+           "b1_longer": {b: b1_write(3, None, b) for b in ("torch_native", "flashinfer")},
+           "b1_shorter": b1_write(0, 12),
+           "alloc": {str(p): allocator_run(p) for p in (1, 16)},
+           "translation": translation_agrees(),
+           "eviction": {str(p): eviction_run(p) for p in (1, 4)},
+           "pool": pool_roundtrip(),
+           "second_release": second_release("0.5.15" if api.info.version != "0.5.15" else "0.5.14"),
+           "scenarios": {}}
+    for path in scenarios or []:
+        rep["scenarios"][path] = scenario_run(path)
+    return rep
+
+
+def second_release(version: str) -> Optional[str]:
+    """What asking this process for a second, different release says (one release per process)."""
+    from .errors import EngineError
+    from .releases import activate
+
+    try:
+        activate(f"sglang=={version}", fetch_missing=False)
+    except EngineError as e:
+        return str(e)
+    return None

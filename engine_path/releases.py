@@ -61,16 +61,16 @@ class EngineInfo:
 def parse_spec(text: str) -> EngineSpec:
     """``sglang`` or ``sglang==VERSION`` (e.g. ``sglang==0.5.23``); anything else is an EngineError."""
     raw = text.strip()
-    name, sep, version = raw.partition("==")
-    name = name.strip().lower()
+    m = re.match(r"^([A-Za-z0-9_-]*)\s*(.*)$", raw)
+    name, rest = (m.group(1).lower(), m.group(2).strip()) if m else (raw.lower(), "")
     if name not in ENGINE_NAMES:
         raise EngineError(f"--engine {text!r}: unknown engine {name!r} (known: {', '.join(ENGINE_NAMES)}); "
                           f"use 'sglang' or 'sglang==VERSION', e.g. sglang==0.5.23")
-    if not sep:
-        if raw.lower() != name:
-            raise EngineError(f"--engine {text!r}: use 'sglang' or 'sglang==VERSION' (only '==' is supported)")
+    if not rest:
         return EngineSpec(name)
-    version = version.strip()
+    if not rest.startswith("==") or rest.startswith("==="):
+        raise EngineError(f"--engine {text!r}: use 'sglang' or 'sglang==VERSION' (only '==' is supported)")
+    version = rest[2:].strip()
     if not _VERSION_RE.match(version):
         raise EngineError(f"--engine {text!r}: {version!r} is not a release version (e.g. 0.5.23, 0.5.15.post1)")
     return EngineSpec(name, version)
@@ -92,17 +92,16 @@ def is_cached(version: str, name: str = "sglang") -> bool:
 
 def _classify_pip_failure(spec: EngineSpec, out: str) -> EngineError:
     tail = "\n".join(line for line in out.strip().splitlines()[-6:])
-    if any(s in out for s in _NET_ERRORS):
-        return EngineError(f"could not fetch {spec}: the package registry cannot be reached "
-                           f"(pip install {spec} failed with a network error). Last lines:\n{tail}")
+    if any(s in out for s in _NET_ERRORS) or "(from versions: none)" in out:
+        return EngineError(f"could not fetch {spec}: the package registry cannot be reached (pip install "
+                           f"--no-deps {spec} found no release of {spec.name} at all, or failed with a network "
+                           f"error). Last lines:\n{tail}")
     if "No matching distribution" in out or "Could not find a version" in out:
         m = re.search(r"\(from versions: ([^)]*)\)", out)
         known = ""
         if m:
             versions = [v.strip() for v in m.group(1).split(",") if v.strip()]
-            known = f" Releases on the registry: {', '.join(versions[-12:])}" + (" ..." if len(versions) > 12 else "")
-            if versions == ["none"]:
-                known = " The registry lists no release of it (is the index reachable?)."
+            known = f" The newest releases on the registry: {', '.join(versions[-12:])}"
         return EngineError(f"unknown version: {spec} is not on the package registry.{known}")
     return EngineError(f"could not fetch {spec} (pip install --no-deps --target {release_dir(spec.version)} "
                        f"{spec} failed). Last lines:\n{tail}")

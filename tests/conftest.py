@@ -30,3 +30,29 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def scenario_path():
     return lambda name: SCENARIOS / f"{name}.toml"
+
+
+#: the releases the engine tests drive (CI fetches them into slotscope's cache when missing)
+ENGINE_RELEASES = ("0.5.14", "0.5.23")
+ENGINE_DEPENDENCIES = ("transformers", "msgspec", "tvm_ffi", "pydantic", "zmq", "orjson")
+
+
+@pytest.fixture(scope="session")
+def engine_releases():
+    """``{version: cache dir}`` of the engine tests' releases, fetched when missing; skips with the reason
+    when the engine's dependencies are not installed or a release cannot be fetched."""
+    import importlib.util
+
+    from engine_path.errors import EngineError
+    from engine_path.releases import EngineSpec, fetch
+
+    missing = [m for m in ENGINE_DEPENDENCIES if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"the engine's dependencies are not installed ({', '.join(missing)}): pip install -e '.[sglang]'")
+    out = {}
+    for version in ENGINE_RELEASES:
+        try:
+            out[version] = fetch(EngineSpec("sglang", version))
+        except EngineError as e:
+            pytest.skip(f"sglang=={version} is not in the cache and cannot be fetched: {e}")
+    return out

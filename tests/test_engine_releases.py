@@ -1,0 +1,135 @@
+"""SGLang's real write path against slotscope's oracle, per release (0.5.14: before the #29460 fix; 0.5.23).
+
+Each release is imported once, in a subprocess of its own (one release per process), which runs
+engine_path.checks.release_report; the two releases run at once. The tests below assert on what the
+release's own code did there.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from engine_path import isolate
+
+pytestmark = pytest.mark.engine
+
+SCENARIOS = ["scenarios/b1-pcg-dp-padding.toml", "scenarios/gap-swa-shorter.toml"]
+ALL_BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
+
+
+@pytest.fixture(scope="module")
+def reports(engine_releases):
+    with ThreadPoolExecutor(len(engine_releases)) as ex:
+        futures = {v: ex.submit(isolate.call, f"sglang=={v}", "engine_path.checks:release_report", SCENARIOS)
+                   for v in engine_releases}
+        return {v: f.result() for v, f in futures.items()}
+
+
+def test_engine_info_names_the_cached_release(reports, engine_releases):
+    for v, rep in reports.items():
+        assert rep["info"]["name"] == "sglang" and rep["info"]["version"] == v
+        assert rep["info"]["path"] == str(engine_releases[v] / "sglang")
+
+
+def test_features_are_found_by_probing(reports):
+    old, new = reports["0.5.14"]["features"], reports["0.5.23"]["features"]
+    assert not old["has_post_init_slice"] and old["write_loc_fields"] == ["loc", "swa_loc"]
+    assert not old["has_plan_ids"] and old["plan_backends"] == []
+    assert old["pool_takes_transpose_flag"] and old["eviction_api"] == "req"
+    assert not old["paged_alloc_has_cpu_path"]           # its paged allocator is Triton-only (interpreted on CPU)
+    assert new["has_post_init_slice"] and new["write_loc_fields"] == ["loc", "swa_loc", "full_loc", "physical"]
+    assert new["has_plan_ids"] and new["eviction_api"] == "kv"
+    assert new["plan_backends"] == sorted(["flashinfer", "triton", "flashattention", "trtllm_mha", "musa"])
+
+
+def test_b1_in_the_real_code_0514_raises_the_shape_error(reports):
+    for backend, r in reports["0.5.14"]["b1_longer"].items():
+        assert (r["out_cache_loc_len"], r["loc_len"], r["swa_len"]) == (17, 14, 17), backend
+        assert r["full"] == "ok"
+        assert r["swa"].startswith("KVLengthMismatch: RuntimeError: shape mismatch")
+        assert "[14, 1, 16]" in r["swa"] and "[17, 1, 16]" in r["swa"]
+
+
+def test_b1_in_the_real_code_0523_slices(reports):
+    b1 = reports["0.5.23"]["b1_longer"]
+    assert b1["flashinfer"]["translation"] == "plan" and b1["torch_native"]["translation"] == "translate"
+    for backend, r in b1.items():
+        assert (r["out_cache_loc_len"], r["loc_len"], r["swa_len"]) == (17, 14, 14), backend
+        assert r["full"] == "ok" and r["swa"] == "ok"     # and the rows read back are the tokens'
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_a_shorter_swa_loc_still_fails_the_fixes_gap(reports, version):
+    r = reports[version]["b1_shorter"]
+    assert (r["loc_len"], r["swa_len"]) == (14, 12)
+    assert r["full"] == "ok"
+    assert "shape mismatch" in r["swa"] and "[12, 1, 16]" in r["swa"]
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+@pytest.mark.parametrize("page", ["1", "16"])
+def test_engine_allocator_keeps_the_models_invariants(reports, version, page):
+    """Extends, decodes, evictions, truncations and frees at random; the model's invariants asserted after
+    every operation inside the child (a failure there fails the report)."""
+    r = reports[version]["alloc"][page]
+    assert r["extend"] > 50 and r["decode"] > 20 and r["evict"] > 5 and r["truncate"] > 5 and r["free"] > 30
+    assert r["full_used_at_end"] == 0 and r["swa_used_at_end"] == 0
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_every_backends_swa_ids_equal_the_mapping_on_the_static_pool(reports, version):
+    tr = reports[version]["translation"]
+    assert set(tr) == set(ALL_BACKENDS)
+    for backend, t in tr.items():
+        assert t["equal"], backend
+    plan = {b for b, t in tr.items() if t["source"] == "plan"}
+    assert plan == set(reports[version]["features"]["plan_backends"])
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_the_releases_eviction_rule_keeps_the_window(reports, version):
+    window = 8
+    for page, r in reports[version]["eviction"].items():
+        p = int(page)
+        want = [((40 + i) - window) // p * p for i in range(40)]       # no prefix sharing: up to the window
+        assert r["evicted"] == want, page
+        assert r["length"] == 80
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_tags_round_trip_through_the_releases_pool(reports, version):
+    r = reports[version]["pool"]
+    assert r["full"] and r["swa"] and r["full_mismatch_free"] and r["swa_mismatch_free"]
+    assert r["out_of_range"] == [1, 1]          # one index past the buffer, at position 1
+
+
+def test_one_release_per_process(reports):
+    for rep in reports.values():
+        assert "one release per process" in rep["second_release"]
+
+
+def test_b1_scenario_with_0514_gives_length_mismatch_where_the_backend_did_not_slice(reports):
+    run = reports["0.5.14"]["scenarios"]["scenarios/b1-pcg-dp-padding.toml"]
+    assert run["design"] == "sglang-0.5.14"
+    for backend, st in run["backends"].items():
+        if backend == "trtllm_mha":         # sliced its own swa_loc before the generic fix (#29457, modelled)
+            assert st["findings"]["length_mismatch"] == 0
+        else:
+            assert st["findings"]["length_mismatch"] > 0, backend
+            assert st["first_finding"]["class"] == "length_mismatch"
+        assert sum(v for k, v in st["findings"].items() if k != "length_mismatch") == 0, backend
+
+
+def test_b1_scenario_with_0523_is_clean(reports):
+    run = reports["0.5.23"]["scenarios"]["scenarios/b1-pcg-dp-padding.toml"]
+    assert run["swa_ids"]["flashinfer"] == "plan" and run["swa_ids"]["aiter"] == "translate"
+    for backend, st in run["backends"].items():
+        assert sum(st["findings"].values()) == 0, (backend, st)
+        assert st["writes"] > 0
+
+
+def test_gap_scenario_fails_in_0523s_real_code(reports):
+    run = reports["0.5.23"]["scenarios"]["scenarios/gap-swa-shorter.toml"]
+    for backend, st in run["backends"].items():
+        assert st["findings"]["length_mismatch"] > 0, backend
