@@ -534,7 +534,10 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     top = _Table(data, "", source)
     name = top.get("name", str, Path(source).stem)
     description = top.get("description", str, "")
-    seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
+    try:
+        seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
+    except ScenarioError:
+        raise top.fail("seed", f"must be an integer in [0, 2^63), got {_short(top.data['seed'])}") from None
     max_steps = top.get("max_steps", int, None, minimum=1)
     design = top.get("design", str, "sglang-post-29460")
     backends = top.get("backends", list, list(BACKENDS))

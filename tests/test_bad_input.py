@@ -145,8 +145,11 @@ def test_huge_integer_for_a_float_field(tmp_path, capsys):
     assert rc == 2 and "s.toml: pool.swa_ratio: must be a finite number" in err
 
 
-@pytest.mark.parametrize("value,msg", [(2**63, "must be <= 9223372036854775807"), (HUGE, "must be <= "),
-                                       (-1, "must be >= 0")])
+@pytest.mark.parametrize("value,msg", [(2**63, "must be an integer in [0, 2^63), got 9223372036854775808"),
+                                       (HUGE, "must be an integer in [0, 2^63), got 1180591620717411303424"),
+                                       (-1, "must be an integer in [0, 2^63), got -1"),
+                                       ('"7"', "must be an integer in [0, 2^63), got '7'"),
+                                       ("nan", "must be an integer in [0, 2^63), got nan")])
 def test_seed_outside_range(tmp_path, capsys, value, msg):
     rc, err = _run(_write(tmp_path, _with(f"seed = {value}")), tmp_path, capsys)
     assert rc == 2 and f"s.toml: seed: {msg}" in err
