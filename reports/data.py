@@ -29,7 +29,7 @@ import numpy as np
 
 #: The finding classes in the order the report lists them (the simulator's order).
 FINDING_CLASSES: tuple[str, ...] = (
-    "missed", "clobbered", "padding_slot", "evicted_slot", "out_of_range", "length_mismatch",
+    "missed", "clobbered", "padding_slot", "evicted_slot", "out_of_range", "length_mismatch", "design_error",
 )
 
 #: How many findings are kept as records (for the first divergence and the mismatch table).

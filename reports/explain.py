@@ -28,6 +28,7 @@ CLASS_WORDS = {
     "evicted_slot": "a row landed in a slot that holds no live token",
     "out_of_range": "an index outside the pool reached the store",
     "length_mismatch": "loc and swa_loc lengths disagreed; the store refused the write",
+    "design_error": "a design hook raised, or returned an index no kernel would take; that write was skipped",
 }
 
 
@@ -188,6 +189,11 @@ def _why(rec: Optional[FindingRecord], cls: str, kind: str, batch: Optional[dict
     if cls == "missed":
         return [f"Slot {slot} of the {pool} should hold {exp} after this step but holds {obs}: that token's "
                 "write never reached its slot (skipped, or sent somewhere else)."]
+    if cls == "design_error":
+        what = f": \u201c{rec.message}\u201d" if rec.message else ""
+        return [f"The design under test failed at this boundary{what}.",
+                "The write it should have located was skipped; the reference pool still expects it, so later "
+                "findings on this backend may follow from it. Fix the design's hook and run again."]
     if cls == "out_of_range":
         tail = f" ({rec.message})" if rec.message else ""
         return [f"An index outside the {pool}'s rows reached the store{tail}. slotscope catches it before the "
@@ -208,7 +214,8 @@ def first_divergence(run: RunData) -> Optional[Divergence]:
     facts = [
         Fact("Step", f"{step} \u2014 {batch_text}"),
         Fact("Backend", backend),
-        Fact("Layer", f"{layer} ({kind} layer, writes the {_pool(kind)})"),
+        Fact("Layer", f"{layer} ({kind} layer, writes the {_pool(kind)})" if layer >= 0
+             else "none (before any layer: the backend's metadata)"),
         Fact("Class", f"{cls}: {CLASS_WORDS.get(cls, 'unknown class')}"),
     ]
     if rec is not None:
@@ -218,6 +225,8 @@ def first_divergence(run: RunData) -> Optional[Divergence]:
     facts.append(Fact("loc / swa_loc lengths", f"at step {step} on {backend}: {_length_words(lengths)}"))
     if rec is not None and rec.message and cls in ("length_mismatch", "out_of_range"):
         facts.append(Fact("Kernel message", rec.message, code=True))
+    if rec is not None and rec.message and cls == "design_error":
+        facts.append(Fact("Design error", rec.message, code=True))
     same = [b.name for b in run.backends if b.first is not None and b.name != backend
             and (b.first.step, b.first.layer, b.first.cls) == (step, layer, cls)]
     clean = [b.name for b in run.backends if b.clean]
@@ -229,7 +238,8 @@ def first_divergence(run: RunData) -> Optional[Divergence]:
             label = "clean" if run.complete else "no findings in the steps that ran (the run did not finish)"
             parts.append(f"{label}: {', '.join(clean)}")
         facts.append(Fact("Other backends", "; ".join(parts)))
-    headline = f"First divergence: step {step}, {backend}, layer {layer} ({kind}) \u2014 {cls}"
+    where = f"layer {layer} ({kind})" if layer >= 0 else "metadata"
+    headline = f"First divergence: step {step}, {backend}, {where} \u2014 {cls}"
     return Divergence(headline, tuple(facts), tuple(_why(rec, cls, kind, batch, lengths)), step, backend, layer, cls)
 
 

@@ -41,6 +41,7 @@ CLASS_COLORS = {
     "evicted_slot": "#ff7f0e",
     "out_of_range": "#8c564b",
     "length_mismatch": "#1f77b4",
+    "design_error": "#e377c2",
 }
 GRAPH_COLORS = {"eager": "#c7c7c7", "decode_graph": "#6baed6", "piecewise": "#fd8d3c",
                 "draft_graph": "#2171b5", "draft_extend_graph": "#08306b"}

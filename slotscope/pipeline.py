@@ -105,6 +105,7 @@ class StreamingOutputs:
         self._findings = os.open(out / "findings.jsonl", flags, 0o644)
         self._steps = os.open(out / "steps.jsonl", flags, 0o644)
         self._pending: list[str] = []
+        self.steps_written = 0
         self.closed = False
 
     def on_run_start(self, run: RunInfo) -> None:
@@ -124,18 +125,26 @@ class StreamingOutputs:
             _write_all(self._findings, data)
 
     def on_step(self, step: StepRecord) -> None:
+        self._write_step(step)
+
+    def _write_step(self, step: StepRecord) -> None:
         self._write_findings()
         _write_all(self._steps, (json.dumps(_step_json(step), separators=(",", ":")) + "\n").encode())
+        self.steps_written += 1
 
     def on_run_end(self) -> None:
         self.close()
 
-    def close(self) -> None:
+    def close(self, steps: Sequence[StepRecord] = ()) -> None:
+        """Write what is pending and close. ``steps``: the run's step records, when it stopped; any the
+        file lacks (a signal between a step's two writes) are written first."""
         if self.closed:
             return
         self.closed = True
         try:
             self._write_findings()       # a step cut short: the findings its backends already had
+            for step in steps[self.steps_written:]:
+                self._write_step(step)
         finally:
             for fd in (self._findings, self._steps):
                 os.close(fd)
@@ -449,9 +458,12 @@ class _RunWriter:
         try:
             result = _simulate(su, ObserverFanout(observers), progress)
         except BaseException as exc:
-            streaming.close()
-            self.timings["run_s"] = time.perf_counter() - t0
             partial = getattr(exc, "partial_result", None)
+            self.timings["run_s"] = time.perf_counter() - t0
+            try:
+                streaming.close(partial.steps if partial is not None else ())
+            except Exception as e:  # noqa: BLE001 - the summary must still be written
+                self.timings["streaming_error"] = f"{type(e).__name__}: {e}"[:500]
             steps_done = len(partial.steps) if partial is not None else 0
             marker = stop_marker(exc, steps_done)
             exc.partial_outputs = marker  # type: ignore[attr-defined]
