@@ -10,6 +10,7 @@ in GiB, instead of a MemoryError (or a CUDA out-of-memory error) after the run h
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,6 +23,8 @@ from simulator.scenario import Scenario, ScenarioError
 from simulator.speculative import draft_model
 
 GIB = 2**30
+#: set to 1 to skip the comparison with available memory (a VM whose memory grows as it is used, swap)
+SKIP_ENV = "SLOTSCOPE_SKIP_MEMORY_CHECK"
 #: host bytes per generated request (its spec, the arrays it is sampled from, the sorted list): measured ~213
 REQUEST_BYTES = 256
 #: host bytes per row of a reference pool: expected tag int64 + live bool (+ evicted bool per SWA row)
@@ -149,6 +152,8 @@ def check_resources(scenario: Scenario, design, device: torch.device | str, geom
     device = torch.device(device)
     check_rows_carry_tags(scenario, geometry)
     est = estimate(scenario, design, device, geometry)
+    if os.environ.get(SKIP_ENV, "") not in ("", "0") and host_bytes is None and device_bytes is None:
+        return est
     checks = [(False, host_bytes if host_bytes is not None else host_available(), "host memory (MemAvailable)")]
     if device.type == "cuda":
         checks.append((True, device_bytes if device_bytes is not None else device_available(device),
@@ -166,7 +171,8 @@ def check_resources(scenario: Scenario, design, device: torch.device | str, geom
             f"{_gib(top.nbytes)}" + (f", the rest {_gib(others)}" if others else "")
             + f"; {_gib(need)} in all, but only {_gib(available)} of {where} is available. "
               f"Lower {top.field}" + (" or the number of layers or backends" if "pools" in top.what else "")
-            + (" or use --geometry compact" if on_device and geometry == "real" else ""))
+            + (" or use --geometry compact" if on_device and geometry == "real" else "")
+            + f" (or set {SKIP_ENV}=1 to run anyway)")
     return est
 
 

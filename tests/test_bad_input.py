@@ -224,3 +224,14 @@ def test_shipped_scenarios_fit_here():
             continue
         sc = load_scenario(path)
         check_resources(sc, load_design(sc.design), "cpu", "compact", host_bytes=4 * GIB)
+
+
+def test_memory_check_can_be_skipped(monkeypatch):
+    from slotscope import resources
+
+    sc = load_scenario(ROOT / "scenarios/scale.toml")
+    monkeypatch.setattr(resources, "host_available", lambda: GIB // 4)
+    with pytest.raises(ScenarioError, match="SLOTSCOPE_SKIP_MEMORY_CHECK=1 to run anyway"):
+        check_resources(sc, load_design(sc.design), "cpu", "compact")
+    monkeypatch.setenv("SLOTSCOPE_SKIP_MEMORY_CHECK", "1")
+    assert check_resources(sc, load_design(sc.design), "cpu", "compact").total(False) > GIB // 4
