@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
@@ -630,6 +631,23 @@ def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunDa
     )
 
 
+def _live_lock_holder(run_dir: Path) -> Optional[int]:
+    """The PID in the run's lock when that process is alive (a run still writing here), else None."""
+    try:
+        pid = int((run_dir / ".slotscope.lock").read_text(encoding="utf-8", errors="replace").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    if pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return pid
+    except OSError:
+        return None
+    return pid
+
+
 def _from_streams(run_dir: Path, run_json: Optional[dict[str, Any]], scan: _FindingScan, notes: list[str],
                   common: dict[str, Any]) -> RunData:
     """A run killed before its summary: counts from findings.jsonl, steps from steps.jsonl, names from
@@ -641,12 +659,17 @@ def _from_streams(run_dir: Path, run_json: Optional[dict[str, Any]], scan: _Find
     done = len(steps)
     max_steps = _opt_int(d.get("max_steps"))
     missing = "no summary.json" + ("" if run_json is not None else " and no run.json")
-    notes.insert(0, f"{missing}: the run did not finish; this report is built from the streamed files "
-                    "(findings.jsonl, steps.jsonl). Writes per backend were not recorded.")
+    holder = _live_lock_holder(run_dir)
+    if holder is not None:
+        reason, message = "running", (f"the run is still in progress (PID {holder}); built from the streamed "
+                                      "files so far")
+    else:
+        reason, message = "killed", f"the run did not finish ({missing}; built from the streamed files)"
+    notes.insert(0, f"{missing}: this report is built from the streamed files (findings.jsonl, steps.jsonl); "
+                    "writes per backend were not recorded.")
     return RunData(
         scenario=_str(d.get("scenario")), design=_str(d.get("design")), seed=_str(d.get("seed")),
         backends=_verdicts_from_findings(names, scan.counts, scan.firsts),
         num_steps=done, crossings=0, findings_total=scan.lines, detail_truncated=False, notes=tuple(notes),
-        incomplete=Incomplete("killed", f"the run did not finish ({missing}; built from the streamed files)",
-                              done, max_steps),
+        incomplete=Incomplete(reason, message, done, max_steps),
         max_steps=max_steps, **common)

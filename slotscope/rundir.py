@@ -6,7 +6,8 @@ previous run's files:
 * ``--out`` that is a file, cannot be created or is not writable is bad input (``UsageError``).
 * The lock is ``DIR/.slotscope.lock``, created with ``O_CREAT | O_EXCL`` and holding the PID of its
   run. A second run into the directory is refused while that PID is alive (the message names it);
-  a lock whose PID is dead (a run killed with SIGKILL) is taken over.
+  a lock whose PID is dead (a run killed with SIGKILL), or is this process's own PID (a killed run in
+  a container that gave it the same PID), is taken over.
 * A directory that already holds files must be a slotscope run directory (it has a run marker:
   summary.json, run.json, steps.jsonl, findings.jsonl or the lock); then every file slotscope
   writes there (``RUN_FILES``, and their ``.tmp`` leftovers) is removed before the run starts.
@@ -129,7 +130,9 @@ class RunDir:
                 fd = os.open(self.lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = _read_pid(self.lock)
-                if holder is not None and pid_alive(holder):
+                # our own PID in the lock is a dead run's (a container's process often has the same PID
+                # every time): no run of ours holds it yet
+                if holder is not None and holder != self.pid and pid_alive(holder):
                     raise UsageError(f"--out {self.path}: another slotscope run (PID {holder}) is writing there "
                                      f"(lock {self.lock}); wait for it, or choose another directory") from None
                 try:                 # stale: its run is gone (killed); take it over

@@ -346,6 +346,14 @@ def test_a_second_run_into_a_locked_directory_is_refused_naming_the_holder(tmp_p
     assert not (out / ".slotscope.lock").exists()
 
 
+def test_a_lock_with_this_process_pid_is_a_dead_runs_and_is_taken_over(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / ".slotscope.lock").write_text(f"{os.getpid()}\n")     # e.g. a killed run in a container
+    assert run(B1, "--out", str(out), "--max-steps", "1", "--backends", "triton", "--no-report",
+               "--trace-level", "off") in (1, 5)
+
+
 # ------------------------------------------------------------------------------------------ signals
 
 def _start(out: Path, *extra: str) -> subprocess.Popen:
@@ -377,6 +385,11 @@ def test_a_signal_stops_the_run_with_partial_outputs_and_a_red_report(tmp_path, 
                                     timeout=120)
             assert second.returncode == 2
             assert f"PID {proc.pid}" in second.stderr and "Traceback" not in second.stderr
+            # and a report of the run in progress says that it is in progress
+            live = subprocess.run([EXE, "report", str(out), "-o", str(tmp_path / "live.html")],
+                                  capture_output=True, text=True, timeout=240)
+            assert live.returncode == 0, live.stderr
+            assert f"the run is still in progress (PID {proc.pid})" in (tmp_path / "live.html").read_text()
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=240)
     finally:
