@@ -646,3 +646,16 @@ def test_export_span_with_bad_values_names_the_line(tmp_path, capsys):
     assert "e.jsonl:2: cannot convert a span: ValueError" in err
     assert cli(["export", str(path), "--chrome", "--skip-bad"]) == 0
     assert "4 spans" in capsys.readouterr().out
+
+
+def test_reading_traces_needs_no_otel_sdk():
+    import subprocess
+    import sys
+
+    from tracing import otlp_json, otlp_read
+
+    assert otlp_read.TRACE_FILE == otlp_json.TRACE_FILE
+    code = ("import sys; sys.modules['opentelemetry'] = None; import tracing.commands, tracing.analyze, "
+            "tracing.chrome; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
+    assert out.stdout.strip() == "ok", out.stderr

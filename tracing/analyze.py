@@ -23,8 +23,8 @@ from typing import Any, Iterable, Optional, Union
 from simulator.records import FINDING_CLASSES
 
 from . import attributes as A
-from .otlp_read import BadLine, TraceFormatError, attributes, missing_trace, norm_id, read_documents
-from .otlp_json import TRACE_FILE
+from .otlp_read import (TRACE_FILE, BadLine, TraceFormatError, attributes, missing_trace, norm_id,
+                        read_documents)
 from .tables import format_table
 
 __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]

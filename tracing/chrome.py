@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO, Union
 
 from . import attributes as A
-from .otlp_read import BadLine, TraceFormatError, attributes, read_documents
+from .otlp_read import TRACE_FILE, BadLine, TraceFormatError, attributes, read_documents
 
 RUN_PID = 0
 STEPS_TID = 1_000_000          # the lane of per-(step, backend) spans inside a backend process
@@ -222,7 +222,6 @@ def default_output(src: Union[str, os.PathLike[str]]) -> tuple[Path, Path]:
     DIR/trace.chrome.json; any other FILE.x -> FILE.chrome.json beside it."""
     p = Path(src)
     if p.is_dir():
-        from .otlp_json import TRACE_FILE
         return p / TRACE_FILE, p / "trace.chrome.json"
     name = p.name
     for suffix in (".otlp.jsonl", ".jsonl", ".json"):

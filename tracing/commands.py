@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .analyze import analyze_files
 from .chrome import default_output, export_chrome
-from .otlp_json import TRACE_FILE
 from .otlp_read import MAX_LINE_BYTES, TraceFormatError, missing_trace
 
 EXIT_OK = 0

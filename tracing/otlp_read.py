@@ -22,6 +22,9 @@ from typing import Any, BinaryIO, Iterator, Optional, Union
 
 _loads = json.loads
 
+#: a run directory's trace file (tracing.otlp_json.TRACE_FILE; repeated so reading needs no OTel SDK)
+TRACE_FILE = "trace.otlp.jsonl"
+
 #: the longest line (JSON lines) or document (pretty-printed) read; longer ones are rejected by
 #: number, never held in memory whole. Our own lines are a few MB (512 spans each).
 MAX_LINE_BYTES = 64 * 2**20
@@ -232,8 +235,6 @@ def _first_error(line: str) -> BaseException:
 
 def missing_trace(run_dir: Union[str, os.PathLike[str]]) -> str:
     """Why a run directory has no trace file to read, in words: what is there, what is missing."""
-    from .otlp_json import TRACE_FILE
-
     d = os.fspath(run_dir)
     expected = (TRACE_FILE, "steps.jsonl", "summary.json", "run.json", "scenario.toml")
     present = [n for n in expected if os.path.isfile(os.path.join(d, n))]
