@@ -71,6 +71,7 @@ class EngineAllocator:
         self.free_order = "engine"          # the release's own free lists decide the order
         self.requested_free_order: Optional[str] = None
         self._in_group = False
+        self._rules: dict = {}
 
     def set_free_order(self, order: str) -> None:
         """The model's knob; the release's free lists keep their own order (recorded, not applied)."""
@@ -174,6 +175,18 @@ class EngineAllocator:
         slots.swa[begin:end] = 0
         slots.swa_evicted = end
         return end - begin
+
+    def evict_out_of_window(self, slots: RequestSlots, prefix_len: int, window: int, *,
+                            protected_len: int = 0) -> int:
+        """The release's own eviction rule decides how far to free (``free_swa_out_of_window_slots``, no
+        prefix sharing, interval 1: when to ask stays the scheduler's); returns the new ``swa_evicted``."""
+        from .eviction import EvictionRule
+
+        rule = self._rules.get(window)
+        if rule is None:
+            rule = self._rules[window] = EvictionRule(self, window, eviction_interval=1)
+        rule.evict(slots, prefix_len, protected_len=protected_len)
+        return slots.swa_evicted
 
     def truncate(self, slots: RequestSlots, length: int) -> int:
         """Give back the slots of positions [length, slots.length); the kept page's tail stays with the request."""
