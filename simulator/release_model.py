@@ -187,8 +187,16 @@ class DpPlan:
     """What DP attention did to one rank's batch: its padded token count and the mode that chose it."""
 
     tokens: int
-    mode: str                       # "max" (every rank to the largest), "max_len", "sum_len", "none"
+    mode: str                       # "max" (every rank to the largest), "max_len", "sum_len"
     bucket: Optional[int] = None    # MAX_LEN's common prefill-graph bucket
+    #: the token count a graph runner picks its capture size from (None: ``tokens``)
+    graph_tokens: Optional[int] = None
+    #: False: no prefill (piecewise) graph may run this batch (the ranks cannot agree on a bucket)
+    prefill_graph: bool = True
+
+    @property
+    def graph_basis(self) -> int:
+        return self.tokens if self.graph_tokens is None else max(self.graph_tokens, self.tokens)
 
 
 class MaxPadding:
@@ -208,8 +216,11 @@ class DpPaddingModes:
     ranks uses SUM_LEN (each rank keeps its own aligned count, no padding beyond the alignment);
     a decode batch takes the cheaper gather: MAX_LEN when ``2 * sum >= max * dp_size``, else
     SUM_LEN. An extend whose largest count fits a prefill (piecewise) graph is forced to MAX_LEN
-    with every rank at the smallest captured size that holds the largest count. MAX_LEN pads every
-    rank to the largest (aligned) count. The pad value is the convention's (0 in SGLang).
+    with every rank at the smallest captured size that holds the largest count; a larger one runs
+    eagerly (the ranks' vote on the prefill graph fails). MAX_LEN pads every rank to the largest
+    (aligned) count. A decode graph replays at the capture size that holds the largest raw request
+    count over the ranks (``_max_dp_batch_size``), whatever the mode. The pad value is the
+    convention's (0 in SGLang).
     """
 
     name = "modes"
@@ -218,15 +229,16 @@ class DpPaddingModes:
              prefill_graph_sizes: Optional[Sequence[int]]) -> DpPlan:
         counts = [ceil_align(real, attn_tp_size)] + [ceil_align(int(o), attn_tp_size) for o in others]
         mx, total = max(counts), sum(counts)
-        if extend and prefill_graph_sizes:
-            bucket = smallest_capture(tuple(prefill_graph_sizes), mx)
-            if bucket is not None:
-                return DpPlan(bucket, "max_len", bucket)
         if extend:
-            return DpPlan(counts[0], "sum_len")
+            if prefill_graph_sizes:
+                bucket = smallest_capture(tuple(prefill_graph_sizes), mx)
+                if bucket is not None:
+                    return DpPlan(bucket, "max_len", bucket)
+            return DpPlan(counts[0], "sum_len", prefill_graph=False)
+        raw_max = max([real] + [int(o) for o in others])
         if total * 2 >= mx * dp_size:
-            return DpPlan(mx, "max_len")
-        return DpPlan(counts[0], "sum_len")
+            return DpPlan(mx, "max_len", graph_tokens=raw_max)
+        return DpPlan(counts[0], "sum_len", graph_tokens=raw_max)
 
 
 # --------------------------------------------------------------------------- the release

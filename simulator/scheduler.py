@@ -430,22 +430,24 @@ class Scheduler:
                 # other ranks decode too: their batch sizes, bounded like ours
                 others = np.minimum(others, max(eng.cuda_graph_bs[-1] * per_request, real))
             extend = mode in ("extend", "mixed")
-            dp_len = self.release.dp_padding.plan(
+            plan = self.release.dp_padding.plan(
                 real=real, others=others, extend=extend, dp_size=eng.dp_size, attn_tp_size=eng.attn_tp_size,
-                prefill_graph_sizes=eng.piecewise_capture_sizes if extend and eng.piecewise_cuda_graph else None,
-            ).tokens
+                prefill_graph_sizes=eng.piecewise_capture_sizes if extend and eng.piecewise_cuda_graph else None)
+            dp_len, basis, prefill_graph = plan.tokens, plan.graph_basis, plan.prefill_graph
+        else:
+            basis, prefill_graph = dp_len, True
         graph, padded = "eager", dp_len
         if mode == "decode" and eng.cuda_graph:
-            cap = smallest_capture(eng.cuda_graph_bs, dp_len)
+            cap = smallest_capture(eng.cuda_graph_bs, basis)
             if cap is not None:
                 graph, padded = "decode_graph", cap
         elif mode in ("extend", "mixed") and eng.piecewise_cuda_graph:
-            cap = smallest_capture(eng.piecewise_capture_sizes, dp_len)
+            cap = smallest_capture(eng.piecewise_capture_sizes, basis) if prefill_graph else None
             if cap is not None:
                 graph, padded = "piecewise", cap
         elif graph_kind is not None and eng.cuda_graph:
             # captured per batch size (requests), num_draft_tokens rows each for TARGET_VERIFY / DRAFT_EXTEND
-            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-dp_len // per_request)))
+            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-basis // per_request)))
             if cap is not None:
                 graph, padded = graph_kind, cap * per_request
         if self.pad_to_capture and graph in STATIC_GRAPHS:

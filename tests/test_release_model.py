@@ -197,12 +197,15 @@ def test_dp_padding_modes_by_hand():
     p = modes.plan(real=5, others=[3, 12], extend=True, prefill_graph_sizes=(4, 8, 16, 32), **kw)
     assert (p.tokens, p.mode, p.bucket) == (16, "max_len", 16)  # fits a prefill graph: common bucket
     p = modes.plan(real=5, others=[3, 40], extend=True, prefill_graph_sizes=(4, 8, 16, 32), **kw)
-    assert (p.tokens, p.mode) == (8, "sum_len")                 # too large for the graphs: eager SUM_LEN
-    p = modes.plan(real=5, others=[3, 12], extend=False, prefill_graph_sizes=None, **kw)
+    assert (p.tokens, p.mode, p.prefill_graph) == (8, "sum_len", False)   # too large for the graphs: eager
+    p = modes.plan(real=5, others=[3, 11], extend=False, prefill_graph_sizes=None, **kw)
     assert (p.tokens, p.mode) == (12, "max_len")                # decode: 2 * 24 >= 12 * 3
-    p = modes.plan(real=5, others=[0, 40], extend=False, prefill_graph_sizes=None, **kw)
+    assert p.graph_basis == 12                                  # the decode graph keys on raw counts (11)
+    p = modes.plan(real=5, others=[0, 39], extend=False, prefill_graph_sizes=None, **kw)
     assert (p.tokens, p.mode) == (8, "sum_len")                 # decode: 2 * 48 < 40 * 3
-    assert plain.plan(real=5, others=[3, 12], extend=True, prefill_graph_sizes=None, **kw).tokens == 12
+    assert p.graph_basis == 39                                  # ... but replays at the largest rank's size
+    p = plain.plan(real=5, others=[3, 12], extend=True, prefill_graph_sizes=None, **kw)
+    assert (p.tokens, p.graph_basis, p.prefill_graph) == (12, 12, True)
 
 
 DP = """
@@ -224,8 +227,10 @@ piecewise_cuda_graph = {pcg}
 """
 
 
-@pytest.mark.parametrize("pcg,extend_len,graph", [("false", 8, "eager"), ("true", 12, "piecewise")])
+@pytest.mark.parametrize("pcg,extend_len,graph", [("false", 8, "eager"), ("true", 12, "piecewise"),
+                                                  ("true\npiecewise_max_tokens = 8", 8, "eager")])
 def test_dp_padding_modes_in_the_scheduler(pcg, extend_len, graph):
+    # the third: the other rank's 12 tokens fit no prefill graph (captures up to 8): SUM_LEN, eager
     sc = tiny(DP.format(pcg=pcg))
     rng = np.random.default_rng(0)
     alloc = HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1)
@@ -239,6 +244,8 @@ def test_dp_padding_modes_in_the_scheduler(pcg, extend_len, graph):
     mid = list(Scheduler(sc, HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1),
                          make_requests(sc.workload, np.random.default_rng(0)), np.random.default_rng(0)).steps())
     assert mid[0][0].dp_padded_len == 10                        # mid-2026: the largest count, unaligned
+    if graph == "piecewise":
+        assert mid[0][0].padded_len == 12
 
 
 def test_eager_layer_rows():
