@@ -512,6 +512,7 @@ class _RunWriter:
         if self.trace is not None:
             try:
                 self.timings["trace"] = self.trace.finish(partial.info, live_failure="report")
+                self.live_export_error = self.timings["trace"].get("live_export_error")
             except Exception as e:  # noqa: BLE001 - the run's own failure is what gets reported
                 self.timings["trace_error"] = f"{type(e).__name__}: {e}"[:500]
         if self.su.opts.report:

@@ -149,3 +149,27 @@ def test_hostile_report_runs_no_injected_script(runs, tmp_path):
     _assert_rendered(r, 4)
     assert "injected" not in "\n".join(r.console)
     assert "<script>console.error('injected')" not in r.dom
+
+
+def _red_rows(png: Path) -> np.ndarray:
+    """Row indices of the screenshot that hold a band of the report's red (#b42318 as a background)."""
+    from PIL import Image
+
+    rgb = np.asarray(Image.open(png).convert("RGB")).astype(np.int16)
+    red = (np.abs(rgb - np.array([0xb4, 0x23, 0x18])).max(axis=2) < 24)
+    return np.nonzero(red.mean(axis=1) > 0.3)[0]
+
+
+@needs_chromium
+def test_incomplete_run_shows_a_red_banner_first(runs, tmp_path):
+    """b1 ran with --max-steps 4: its report must open with the red "Incomplete run" banner, above the
+    title, and nothing green."""
+    page = write_report(runs["b1"])
+    r = render(page, tmp_path / "b1.png", height=900)
+    _assert_rendered(r, 4)
+    dom = r.dom
+    assert 'id="incomplete"' in dom and dom.index('id="incomplete"') < dom.index("<h1")
+    rows = _red_rows(r.screenshot)
+    assert rows.size > 10, "no red banner in the screenshot"
+    assert rows.min() < 120, f"the red banner is not at the top (first red row {rows.min()})"
+    assert "verdict ok" not in dom and 'class="tag clean"' not in dom
