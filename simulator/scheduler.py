@@ -394,6 +394,17 @@ class Scheduler:
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         s = req.slots
         begin = s.swa_evicted
+        release_rule = getattr(self.alloc, "evict_out_of_window", None)
+        if release_rule is not None:
+            # an engine's allocator (engine_path) applies the release's own rule for how far to free;
+            # when to ask stays this scheduler's cadence
+            swa_before, full_before = s.swa[begin:s.length].copy(), s.full[begin:s.length].copy()
+            end = release_rule(s, prefix_len, self.window)
+            if end > begin:
+                self._mapping_changed.append(full_before[:end - begin])
+                self._freed_swa.append(swa_before[:end - begin])
+                self._evicted_swa.append(swa_before[:end - begin])
+            return
         end = eviction_end(prefix_len, self.window, self.page)
         if end > begin:
             swa = s.swa[begin:end].copy()

@@ -349,3 +349,34 @@ def test_sglang_0523_runs_clean_on_shipped_scenarios(name, page, monkeypatch):
         assert found == expected, (name, page, found)
     else:
         assert not found, (name, page, {b: st.to_json() for b, st in res.backends.items() if st.total})
+
+
+class _RuleAllocator(HybridAllocator):
+    """An allocator that decides how far to evict itself (the seam engine_path's allocator uses)."""
+
+    calls: list
+
+    def evict_out_of_window(self, slots, prefix_len, window):
+        from simulator.release_model import eviction_end
+
+        self.calls.append((slots.swa_evicted, prefix_len, window))
+        self.evict_swa(slots, eviction_end(prefix_len, window, self.page_size))
+        return slots.swa_evicted
+
+
+@pytest.mark.parametrize("page", [1, 16])
+def test_an_allocator_with_its_own_eviction_rule_is_asked_at_the_same_cadence(page):
+    sc = tiny(CADENCE.format(page=page, prompt=200, output=60))
+
+    def run(alloc_cls):
+        rng = np.random.default_rng(0)
+        alloc = alloc_cls(sc.pool.full_size, sc.pool.swa_size, page)
+        alloc.calls = []
+        sched = Scheduler(sc, alloc, make_requests(sc.workload, rng), rng, release=SGLANG_0_5_23)
+        out = [(b.step, t.evicted_swa.tolist(), t.freed_swa.tolist(), t.mapping_changed.tolist())
+               for b, t in sched.steps()]
+        return out, alloc.calls
+
+    plain, _ = run(HybridAllocator)
+    ruled, calls = run(_RuleAllocator)
+    assert ruled == plain and calls and all(w == 32 for _, _, w in calls)
