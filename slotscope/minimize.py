@@ -553,6 +553,9 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
     target = find_target(rd, sc)
     if target.backend not in sc.backends:
         raise UsageError(f"the first finding is on backend {target.backend!r}, which the run's scenario does not list")
+    if rd.summary is None:
+        print(f"slotscope: note: {run_dir} has no summary.json (the run did not finish): minimizing the first "
+              f"finding streamed to findings.jsonl", file=sys.stderr)
     log(f"minimize: keeping {target.describe()} under {design.name}")
     m = Minimizer(sc, design, target, log)
     out = m.run()

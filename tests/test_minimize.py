@@ -177,7 +177,8 @@ def test_incomplete_run_directory(b2_run, capsys):
     # the streamed findings still name the first finding: minimize works from them
     assert main(["minimize", str(b2_run), "-q", "-o", str(b2_run / "m.toml")]) == 0
     assert parse_scenario((b2_run / "m.toml").read_text()).model.layer_kinds == ("swa",)
-    capsys.readouterr()
+    assert "has no summary.json (the run did not finish): minimizing the first finding streamed" in \
+        capsys.readouterr().err
     (b2_run / "findings.jsonl").write_text("")
     assert main(["minimize", str(b2_run)]) == 2
     err = capsys.readouterr().err
