@@ -63,7 +63,7 @@ def _seed(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^63), got {text!r}") from None
     if not 0 <= value <= MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2^63), got {value}")
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^63), got {value}")
     return value
 
 
