@@ -26,7 +26,6 @@ corpus's designs beyond SGLang's own states live in :mod:`simulator.corpus_desig
 from __future__ import annotations
 
 import copy
-import dataclasses
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -89,7 +88,10 @@ class BoundaryContext:
     kind: Optional[str] = None     # "full" | "swa" (per-layer hooks only)
 
     def at_layer(self, layer: int, kind: str) -> "BoundaryContext":
-        return dataclasses.replace(self, layer=layer, kind=kind)
+        """This forward's context at one layer (built field by field: twice as fast as dataclasses.replace)."""
+        return BoundaryContext(self.step, self.backend, self.side, self.mode, self.graph, self.runner, self.page_size,
+                               self.num_token_non_padded, self.dp_padded_len, self.padded_len, self.spec,
+                               self.padding, self.loc_pad, self.swa_pad, layer, kind)
 
 
 class Design:
@@ -98,6 +100,12 @@ class Design:
     Override what your design changes. Every hook gets the ``ctx`` of its call. Tensors handed to a
     hook are on the run's device; ``out_cache_loc`` and ``full_to_swa`` are int64. Hooks must not
     mutate their tensor arguments, except the ``buffer`` of the ``fill_graph_*`` hooks.
+
+    Per forward of each backend, in order: ``fill_graph_loc_buffer`` (graph runners only), then
+    ``translate``, then ``fill_graph_swa_buffer`` (graph runners only), then ``make_write_loc`` once
+    per layer. A per-forward hook that fails skips that backend's forward (one ``design_error``,
+    layer -1); a failing ``make_write_loc`` skips that layer's write. The instance a hook runs on
+    belongs to one (backend, model side) for the whole run.
     """
 
     name: str = "design"
@@ -151,7 +159,8 @@ class Design:
         ``loc`` is ``out_cache_loc`` as the layer sees it (narrowed to the real tokens under piecewise
         graphs), ``swa_loc`` the metadata's (after the backend's own slicing, if ``ctx.spec`` says it
         slices). Full layers write at ``loc``, SWA layers at ``swa_loc``: its length must equal the
-        layer's K/V rows (``len(loc)``), or the store raises a length mismatch.
+        layer's K/V rows (``len(loc)``), or the store raises a length mismatch. Under real CUDA graphs
+        (cuda_path) a replayed decode graph calls it only while capturing, as the engine's graphs do.
         """
         if swa_loc is not None and swa_loc.shape[0] != loc.shape[0]:
             swa_loc = swa_loc[: loc.shape[0]]
@@ -282,7 +291,11 @@ def check_write_loc(wl: Any, kind: str, device: torch.device) -> KVWriteLoc:
 
 def design_instance(design: Design) -> Design:
     """A fresh instance of a design for one (backend, model side): a deep copy of the given one."""
-    return copy.deepcopy(design)
+    try:
+        return copy.deepcopy(design)
+    except Exception as e:
+        raise DesignError(f"design {design.name}: the run makes one copy per backend and model side, and "
+                          f"copy.deepcopy failed: {type(e).__name__}: {e}") from e
 
 
 def load_design(spec: str) -> Design:

@@ -272,6 +272,14 @@ def check_contexts(r, calls, page):
             assert ctx.runner in ("decode", "target_verify", "draft_decode", "draft_extend")
 
 
+def test_a_layer_context_is_the_forward_context_plus_the_layer(recorded):
+    import dataclasses
+
+    _, calls = recorded["spec"]
+    ctx = next(c for hook, _, c in calls if hook == "translate")
+    assert ctx.at_layer(5, "swa") == dataclasses.replace(ctx, layer=5, kind="swa")
+
+
 def test_one_design_instance_per_backend_and_side(recorded):
     _, calls = recorded["spec"]
     ids = defaultdict(set)
@@ -371,3 +379,36 @@ def test_the_example_design_closes_the_gap():
 def test_sglang_pre_24743_still_has_b2():
     sc = scenario("b2-decode-stale-tail").with_overrides(backends=("aiter",))
     assert counts(run(sc, SGLangPre24743())) == {"aiter": {"clobbered": 360, "evicted_slot": 264}}
+
+
+# ------------------------------------------------------------------------------ on a GPU, through real CUDA graphs
+
+class RaiseOnSwaLayers(Design):
+    name = "raise-on-swa-layers"
+
+    def make_write_loc(self, loc, swa_loc, ctx):
+        if ctx.kind == "swa" and ctx.mode in ("mixed", "decode"):
+            raise IndexError("past the batch")
+        return super().make_write_loc(loc, swa_loc, ctx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("design", [RaiseOnSwaLayers, RaiseOnMixed, StaleLocTail])
+def test_design_errors_and_stale_loc_tails_agree_between_gpu_graphs_and_cpu(design):
+    from cuda_path.graphs import CudaGraphExecutor
+
+    sc = tiny(MIXED)
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, device="cuda", geometry="real", store_impl="triton",
+                            skip_index=skip)
+
+    ex = CudaGraphExecutor()
+    gpu = run_simulation(sc, design(), make, device="cuda", executor=ex)
+    cpu = run(sc, design())
+    assert counts(gpu) == counts(cpu)
+    assert [(f.step, f.backend, f.layer, f.cls, f.slot) for f in gpu.findings] == \
+        [(f.step, f.backend, f.layer, f.cls, f.slot) for f in cpu.findings]
+    if design is RaiseOnSwaLayers:
+        assert counts(cpu)["aiter"] == {"design_error": 38}
+    assert ex.replays + ex.piece_replays > 0
