@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import inspect
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -99,7 +100,9 @@ class ReleaseAPI:
 
 def _import(name: str, info: EngineInfo) -> ModuleType:
     try:
-        return importlib.import_module(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return importlib.import_module(name)
     except ModuleNotFoundError as e:
         if e.name and (e.name == name or name.startswith(e.name + ".")) and e.name.startswith("sglang"):
             raise EngineError(f"sglang {info.version} at {info.path}: the adapter does not know this API: "
@@ -114,7 +117,9 @@ def _import(name: str, info: EngineInfo) -> ModuleType:
 
 def _optional(name: str) -> Optional[ModuleType]:
     try:
-        return importlib.import_module(name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return importlib.import_module(name)
     except Exception:
         return None
 

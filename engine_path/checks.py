@@ -225,3 +225,9 @@ def second_release(version: str) -> Optional[str]:
     except EngineError as e:
         return str(e)
     return None
+
+
+def info() -> dict:
+    """What the process imported: the release and its features."""
+    api = load()
+    return {"info": api.info.to_json(), "features": api.features.to_json()}

@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
@@ -132,8 +133,13 @@ def fetch(spec: EngineSpec, *, quiet: bool = True) -> Path:
         raise _classify_pip_failure(spec, proc.stdout + proc.stderr)
     if not quiet:
         sys.stderr.write(proc.stdout[-2000:])
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)     # atomic: a half-installed release is never seen as cached
+    try:
+        os.replace(tmp, final)     # atomic: a half-installed release is never seen as cached
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_cached(spec.version, spec.name):   # not another process that won the race
+            raise EngineError(f"could not fetch {spec}: cannot move it into {final} (a broken directory is "
+                              f"there: remove it)") from None
     return final
 
 
@@ -196,7 +202,10 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInf
 
     shims.install()
     try:
-        mod = importlib.import_module("sglang")
+        with warnings.catch_warnings():
+            # import-time notices of a CPU-only machine ("Only CUDA ... support AWQ", "Triton is not supported")
+            warnings.simplefilter("ignore", UserWarning)
+            mod = importlib.import_module("sglang")
     except ModuleNotFoundError as e:
         _forget(spec)
         raise EngineError(f"importing {where} failed: module {e.name!r} is missing; install the engine's "

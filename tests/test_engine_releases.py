@@ -133,3 +133,12 @@ def test_gap_scenario_fails_in_0523s_real_code(reports):
     run = reports["0.5.23"]["scenarios"]["scenarios/gap-swa-shorter.toml"]
     for backend, st in run["backends"].items():
         assert st["findings"]["length_mismatch"] > 0, backend
+
+
+def test_installed_sglang_is_used_as_it_is(engine_releases):
+    """``--engine sglang``: whatever ``import sglang`` finds (here the cached 0.5.23 put on PYTHONPATH, as an
+    installed or editable checkout would be), reported with its own version and path."""
+    where = engine_releases["0.5.23"]
+    got = isolate.call("sglang", "engine_path.checks:info", env={"PYTHONPATH": str(where)})
+    assert got["info"] == {"name": "sglang", "version": "0.5.23", "path": str(where / "sglang")}
+    assert got["features"]["has_post_init_slice"]
