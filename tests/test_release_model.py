@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import simulator.release_designs  # noqa: F401  (registers sglang-0.5.23 even before designs.py imports it)
 import simulator.run as run_mod
 from simulator.allocator import HybridAllocator, RequestSlots
 from simulator.release_model import (MID_2026, SGLANG_0_5_23, DpPaddingModes, EvictionContext, FreeLists,
