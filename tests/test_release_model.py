@@ -62,6 +62,52 @@ def test_fifo_ring_wraps_and_checks_double_frees():
         alloc._full.push(np.array([live[-1].full[0]]))
 
 
+@pytest.mark.parametrize("page", [1, 4])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_fifo_matches_a_reference_queue_under_random_traffic(page, grouped):
+    """Random extends, evictions and frees: every page comes out of the queue in the order it went in."""
+    from collections import deque
+
+    rng = np.random.default_rng(page * 10 + grouped)
+    n_pages = 40
+    alloc = HybridAllocator(n_pages * page, n_pages * page, page, free_order="fifo")
+    ref_full, ref_swa = deque(range(1, n_pages + 1)), deque(range(1, n_pages + 1))
+    live: list[RequestSlots] = []
+    for _ in range(400):
+        op = rng.integers(3)
+        if op == 0 and alloc.full_free >= 3 * page and alloc.swa_free >= 3 * page:
+            s = live[rng.integers(len(live))] if live and rng.random() < 0.5 else None
+            if s is None or s.length + 2 * page > s.capacity:
+                s = RequestSlots(12 * page)
+                live.append(s)
+            before = s.length
+            k = alloc.pages_needed(s, 2 * page - 1)
+            alloc.extend(s, 2 * page - 1)
+            new_pages = [int(x) // page for x in s.full[before:s.length] if x % page == 0]
+            assert new_pages == [ref_full.popleft() for _ in range(k)]
+            assert [int(x) // page for x in s.swa[before:s.length] if x % page == 0] == \
+                [ref_swa.popleft() for _ in range(k)]
+        elif op == 1 and live:
+            s = live[rng.integers(len(live))]
+            end = s.length - page
+            pages = [int(x) // page for x in s.swa[s.swa_evicted:max(end - end % page, s.swa_evicted):page]]
+            with alloc.free_group(grouped):
+                alloc.evict_swa(s, end)
+            ref_swa.extend(pages)
+        elif op == 2 and live:
+            victims = [live.pop(rng.integers(len(live))) for _ in range(min(len(live), 1 + rng.integers(2)))]
+            with alloc.free_group(grouped):
+                for s in victims:
+                    first = s.swa_evicted - s.swa_evicted % page
+                    ref_swa.extend(int(x) // page for x in s.swa[first:s.length:page] if x > 0)
+                    ref_full.extend(int(x) // page for x in s.full[0:s.length:page])
+                    alloc.free(s)
+        alloc.check_invariants(live)
+        assert alloc.full_free == len(ref_full) * page and alloc.swa_free == len(ref_swa) * page
+        assert alloc._full.in_order().tolist() == list(ref_full)
+        assert alloc._swa.in_order().tolist() == list(ref_swa)
+
+
 def test_switching_order_keeps_the_free_pages_in_hand_out_order():
     alloc = HybridAllocator(8, 8, 1)
     a = _alloc(3, alloc)                                        # 1 2 3
