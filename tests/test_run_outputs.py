@@ -318,8 +318,40 @@ def test_out_that_is_a_file_or_unusable_is_bad_input(tmp_path, capsys):
     assert f"--out {f / 'sub'}" in capsys.readouterr().err
 
 
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process cannot write: chmod 555 for a normal user; for root (which ignores
+    modes) a read-only tmpfs, where mounting is allowed."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        yield d
+        d.chmod(0o755)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(d)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("running as root and cannot mount a read-only tmpfs")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def test_out_and_o_that_are_not_writable_are_bad_input(read_only_dir, small_run, capsys):
+    assert run(B1, "--out", str(read_only_dir), "--max-steps", "1") == 2
+    err = capsys.readouterr().err
+    assert f"--out {read_only_dir}: not writable" in err and "Traceback" not in err
+    assert run(B1, "--out", str(read_only_dir / "sub"), "--max-steps", "1") == 2
+    assert f"--out {read_only_dir / 'sub'}: cannot create the directory" in capsys.readouterr().err
+    target = read_only_dir / "r.html"
+    assert main(["report", str(small_run), "-o", str(target)]) == 2
+    assert f"{target}: cannot write" in capsys.readouterr().err
+    assert list(read_only_dir.iterdir()) == []
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc")
-def test_out_that_is_not_writable_is_bad_input(capsys):
+def test_out_that_cannot_be_created_is_bad_input(capsys):
     target = "/proc/self/slotscope-out"           # not writable even for root
     assert run(B1, "--out", target, "--max-steps", "1") == 2
     err = capsys.readouterr().err
