@@ -117,7 +117,8 @@ def scenario_data(draw) -> dict:
                            ("piecewise_capture_sizes", st.sets(st.integers(1, 9000), min_size=1, max_size=8).map(sorted)),
                            ("piecewise_shrink", st.booleans()), ("cuda_graph", st.booleans()),
                            ("cuda_graph_max_bs", st.integers(1, 600)),
-                           ("cuda_graph_bs", st.sets(st.integers(1, 600), min_size=1, max_size=8).map(sorted))):
+                           ("cuda_graph_bs", st.sets(st.integers(1, 600), min_size=1, max_size=8).map(sorted)),
+                           ("attn_tp_size", st.integers(1, 1024)), ("swa_eviction_interval", st.integers(1, 10**6))):
             if draw(st.booleans()):
                 eng[key] = draw(strat)
         if spec:
