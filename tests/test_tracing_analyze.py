@@ -659,3 +659,21 @@ def test_reading_traces_needs_no_otel_sdk():
             "tracing.chrome; print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parents[1])
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_truncated_or_corrupt_gzip_is_a_bad_line(tmp_path, capsys):
+    body = "".join(json.dumps(sglang_doc(r)) + "\n" for r in range(1, 200)).encode()
+    data = gzip.compress(body)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match=r"cut\.jsonl\.gz:\d+: the compressed file is cut short or corrupt"):
+        analyze_files([cut])
+    res = analyze_files([cut], skip_bad=True)
+    assert res.bad_lines == 1 and 0 < res.files[0]["documents"] < 199
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b" + b"garbage" * 10)
+    assert cli(["analyze", str(bad)]) == 2
+    assert "bad.jsonl.gz:1: the compressed file is cut short or corrupt" in capsys.readouterr().err
+    assert cli(["export", str(cut), "--chrome"]) == 2
+    err = capsys.readouterr().err
+    assert "cut.jsonl.gz:" in err and "cut short" in err and "Traceback" not in err

@@ -17,6 +17,7 @@ import binascii
 import gzip
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator, Optional, Union
 
@@ -85,12 +86,28 @@ def _too_long(limit: int, seen: int) -> str:
             f"holds one export batch: split the file, or raise the limit)")
 
 
+_COMPRESSED_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+class _Broken(bytes):
+    """Stands for a line that could not be read at all (a truncated or corrupt .gz); carries why."""
+
+    def __new__(cls, reason: str) -> "_Broken":
+        obj = super().__new__(cls, b"")
+        obj.reason = reason  # type: ignore[attr-defined]
+        return obj
+
+
 def _read_lines(fh: BinaryIO, line_no: int, limit: int) -> Iterator[tuple[int, Optional[bytes], int]]:
     """(line number, bytes or None when longer than ``limit``, length) per line, never holding
     more than ``limit`` bytes of one line: an over-long line is skipped in chunks."""
     readline = fh.readline
     while True:
-        raw = readline(limit + 1)
+        try:
+            raw = readline(limit + 1)
+        except _COMPRESSED_ERRORS as exc:
+            yield line_no + 1, _Broken(f"the compressed file is cut short or corrupt: {exc}"), 0
+            return
         if not raw:
             return
         line_no += 1
@@ -100,7 +117,10 @@ def _read_lines(fh: BinaryIO, line_no: int, limit: int) -> Iterator[tuple[int, O
         seen = len(raw)
         del raw
         while True:
-            chunk = readline(_SKIP_CHUNK)
+            try:
+                chunk = readline(_SKIP_CHUNK)
+            except _COMPRESSED_ERRORS:
+                chunk = b""
             seen += len(chunk)
             if not chunk or chunk.endswith(b"\n"):
                 break
@@ -122,6 +142,9 @@ def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[
     with _open(p) as fh:
         lines = _read_lines(fh, 0, limit)
         for first_no, first, length in lines:
+            if isinstance(first, _Broken):
+                yield BadLine(first_no, first.reason)  # type: ignore[attr-defined]
+                return
             if first is None:
                 # an over-long first line: JSON lines with a huge batch (a pretty document has short lines)
                 yield BadLine(first_no, _too_long(limit, length))
@@ -146,7 +169,11 @@ def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[
             yield (first_no, obj)
             yield from _jsonl_rest(lines, limit)
             return
-        rest = fh.read(limit - len(first) + 1)
+        try:
+            rest = fh.read(limit - len(first) + 1)
+        except _COMPRESSED_ERRORS as exc:
+            yield BadLine(first_no, f"the compressed file is cut short or corrupt: {exc}")
+            return
         if len(first) + len(rest) > limit:
             yield BadLine(first_no, f"a pretty-printed JSON document larger than the {_mib(limit)} limit; not "
                                     f"read (write the trace as JSON lines, one document per line)")
@@ -158,6 +185,9 @@ def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[
 def _jsonl_rest(lines: Iterator[tuple[int, Optional[bytes], int]], limit: int = 0) -> Iterator[Item]:
     loads = _loads
     for line_no, raw, length in lines:
+        if isinstance(raw, _Broken):
+            yield BadLine(line_no, raw.reason)  # type: ignore[attr-defined]
+            return
         if raw is None:
             yield BadLine(line_no, _too_long(limit or MAX_LINE_BYTES, length))
             continue
