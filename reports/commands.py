@@ -77,13 +77,30 @@ def _write(build) -> int:
     return EXIT_OK
 
 
+def _say_incomplete(run_dirs) -> None:
+    """One line on stderr per run that did not finish: the page says it first, so does the command."""
+    from .data import RunDirError, load_run
+
+    for d in run_dirs:
+        try:
+            run = load_run(d, detail_cap=0)
+        except RunDirError:
+            continue
+        if run.incomplete is not None:
+            done = "" if run.incomplete.steps_done is None else f"; {run.incomplete.steps_done:,} steps done"
+            print(f"slotscope: note: {d}: {run.incomplete.message}{done}: not a clean verdict", file=sys.stderr)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     problem = _check_dir(args.run_dir) or _check_output(args.output)
     if problem:
         return _fail(problem)
     from .html import write_report
 
-    return _write(lambda: write_report(args.run_dir, args.output))
+    rc = _write(lambda: write_report(args.run_dir, args.output))
+    if rc == EXIT_OK:
+        _say_incomplete([args.run_dir])
+    return rc
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -98,4 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return _fail(problem)
     from .html import write_comparison
 
-    return _write(lambda: write_comparison(args.run_dirs, args.output))
+    rc = _write(lambda: write_comparison(args.run_dirs, args.output))
+    if rc == EXIT_OK:
+        _say_incomplete(args.run_dirs)
+    return rc

@@ -457,6 +457,7 @@ def test_after_sigkill_the_streamed_files_are_whole_and_report_still_works(tmp_p
     assert (out / "run.json").is_file() and (out / "scenario.toml").is_file()
     rep = subprocess.run([EXE, "report", str(out)], capture_output=True, text=True, timeout=240)
     assert rep.returncode == 0, rep.stderr
+    assert "the run did not finish" in rep.stderr and "not a clean verdict" in rep.stderr
     page = (out / "report.html").read_text()
     assert_red(page, "the run did not finish")
     assert "built from the streamed files" in page and f"{n} step(s) done" in page
@@ -525,11 +526,14 @@ def test_report_to_an_unwritable_place_is_bad_input_and_leaves_no_tmp(small_run,
     no_tmp_left(tmp_path)
 
 
-def test_compare_says_which_run_is_incomplete(small_run, tmp_path):
+def test_compare_says_which_run_is_incomplete(small_run, tmp_path, capsys):
     full = tmp_path / "full"
     assert run(B1, "--design", "sglang-post-29460", "--backends", "flashinfer,trtllm_mha", "--out", str(full),
                "--no-report", "--trace-level", "off") == 0
+    capsys.readouterr()
     assert main(["compare", str(full), str(small_run), "-o", str(tmp_path / "c.html")]) == 0
+    notes = [l for l in capsys.readouterr().err.splitlines() if "not a clean verdict" in l]
+    assert len(notes) == 1 and str(small_run) in notes[0] and "max_steps = 2" in notes[0]
     page = (tmp_path / "c.html").read_text()
     assert 'id="incomplete-B"' in page and 'id="incomplete-A"' not in page
     assert page.index('id="incomplete-B"') < page.index("<header")
