@@ -579,7 +579,8 @@ def register(subparsers: Any) -> None:
                "example: slotscope run scenarios/b1-pcg-dp-padding.toml --out out/b1 && slotscope minimize out/b1",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="DIR", help="a run directory with findings")
-    p.add_argument("-o", "--output", metavar="PATH", help="where to write the minimal scenario (default DIR/minimal.toml)")
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="where to write the minimal scenario (default DIR/minimal.toml)")
     p.add_argument("--design", help="the run's design, when it was a user design (path/to/file.py:ClassName)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_minimize)
