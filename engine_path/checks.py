@@ -208,6 +208,8 @@ def release_report(scenarios: Optional[list[str]] = None) -> dict:
            "translation": translation_agrees(),
            "eviction": {str(p): eviction_run(p) for p in (1, 4)},
            "pool": pool_roundtrip(),
+           "differential": allocator_differentials(),
+           "design": design_hooks(),
            "second_release": second_release("0.5.15" if api.info.version != "0.5.15" else "0.5.14"),
            "scenarios": {}}
     for path in scenarios or []:
@@ -231,3 +233,90 @@ def info() -> dict:
     """What the process imported: the release and its features."""
     api = load()
     return {"info": api.info.to_json(), "features": api.features.to_json()}
+
+
+def allocator_differential(page_size: int, order: str, seed: int = 0, ops: int = 300) -> dict:
+    """The same random operations on the model's HybridAllocator (free order ``order``) and the release's:
+    the first operation where the slots handed out differ (None: identical throughout)."""
+    import numpy as np
+
+    from simulator.allocator import HybridAllocator, OutOfSlots
+
+    api = load()
+    model = HybridAllocator(512, 384, page_size, free_order=order)
+    eng = EngineAllocator(api, 512, 384, page_size)
+    rng = np.random.default_rng(seed)
+    pairs: list[tuple[RequestSlots, RequestSlots]] = []
+    for i in range(ops):
+        op = int(rng.integers(0, 4))
+        n = int(rng.integers(1, 48)) if op == 0 else (1 if rng.random() < 0.7 else int(rng.integers(2, 30)))
+        cut = int(rng.integers(1, 40))
+        pick = int(rng.integers(len(pairs))) if pairs else 0
+        if not pairs:
+            op = 0
+        try:
+            if op == 0:
+                a, b = RequestSlots(256), RequestSlots(256)
+                fa, fb = model.extend(a, n), eng.extend(b, n)
+                pairs.append((a, b))
+            elif op == 1:
+                a, b = pairs[pick]
+                fa, fb = model.extend(a, n), eng.extend(b, n)
+            elif op == 2:
+                a, b = pairs[pick]
+                model.evict_swa(a, a.length - cut)
+                eng.evict_swa(b, b.length - cut)
+                fa = fb = np.zeros(0)
+            else:
+                a, b = pairs.pop(pick)
+                model.free(a)
+                eng.free(b)
+                fa = fb = np.zeros(0)
+        except (OutOfSlots, ValueError) as e:
+            return {"first_difference": None, "stopped": f"op {i}: {e}", "ops": i}
+        same = (np.array_equal(fa, fb) and a.length == b.length and np.array_equal(a.full[:a.length], b.full[:b.length])
+                and np.array_equal(a.swa[:a.length], b.swa[:b.length])
+                and model.full_used == eng.full_used and model.swa_used == eng.swa_used)
+        if not same:
+            return {"first_difference": i, "op": ["extend", "grow", "evict", "free"][op], "n": n,
+                    "model": {"out": np.asarray(fa).tolist()[:8], "used": [model.full_used, model.swa_used]},
+                    "engine": {"out": np.asarray(fb).tolist()[:8], "used": [eng.full_used, eng.swa_used]}}
+    return {"first_difference": None, "ops": ops}
+
+
+def allocator_differentials(seed: int = 0) -> dict:
+    """:func:`allocator_differential` at page sizes 1 and 16, under both of the model's free orders."""
+    return {f"page {p} {order}": allocator_differential(p, order, seed) for p in (1, 16) for order in ("lifo", "fifo")}
+
+
+def design_hooks() -> dict:
+    """EngineDesign's hooks against the design interface: copies share the engine objects, backend_spec
+    names the release's SWA-id source, make_write_loc returns the simulator's KVWriteLoc as the release
+    built it, translate equals the mapping."""
+    import copy
+
+    from simulator.backends import BACKEND_SPECS
+    from simulator.designs import KVWriteLoc as SimKVWriteLoc
+
+    from .runtime import EngineRuntime
+
+    api = load()
+    rt = EngineRuntime(api)
+    alloc = rt.allocator_factory(256, 192, 1)
+    r = RequestSlots(64)
+    full = torch.from_numpy(alloc.extend(r, 10))
+    twin = copy.deepcopy(rt.design)
+    padded = torch.cat([full, torch.zeros(3, dtype=torch.int64)])
+    ctx = type("Ctx", (), {"backend": "flashinfer", "num_token_non_padded": 10})()
+    swa = twin.translate(padded, alloc.mapping, ctx)
+    wl = twin.make_write_loc(full, swa, ctx)
+    return {
+        "name": rt.design.name,
+        "shares_translator": twin.translator is rt.design.translator and twin.api is rt.design.api,
+        "swa_ids": {b: twin.backend_spec(BACKEND_SPECS[b]).swa_ids for b in BACKEND_SPECS},
+        "translate_equal": bool(torch.equal(swa, alloc.mapping[padded])),
+        "write_loc_type": type(wl).__module__ + "." + type(wl).__name__,
+        "is_sim_write_loc": isinstance(wl, SimKVWriteLoc),
+        "lens": [int(wl.loc.shape[0]), int(wl.swa_loc.shape[0])],
+        "describe": rt.describe(),
+    }

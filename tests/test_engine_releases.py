@@ -142,3 +142,27 @@ def test_installed_sglang_is_used_as_it_is(engine_releases):
     got = isolate.call("sglang", "engine_path.checks:info", env={"PYTHONPATH": str(where)})
     assert got["info"] == {"name": "sglang", "version": "0.5.23", "path": str(where / "sglang")}
     assert got["features"]["has_post_init_slice"]
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_page1_fifo_model_hands_out_the_engines_slots(reports, version):
+    """Conformance of the allocator model: at page size 1 the model's FIFO free lists give exactly the slots
+    the release gives, op for op, until the pool runs out; LIFO does not. At page size 16 the release hands
+    the most recently freed pages out first, so neither order of the model matches it throughout
+    (docs/ENGINE.md)."""
+    d = reports[version]["differential"]
+    assert d["page 1 fifo"]["first_difference"] is None and d["page 1 fifo"]["ops"] > 200
+    assert d["page 1 lifo"]["first_difference"] is not None
+    assert d["page 16 fifo"]["first_difference"] is not None
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_engine_design_follows_the_design_interface(reports, version):
+    d = reports[version]["design"]
+    assert d["name"] == f"sglang-{version}"
+    assert d["shares_translator"]                      # the run's deep copies read one live mapping
+    assert d["is_sim_write_loc"] and d["translate_equal"]
+    assert d["lens"] == ([10, 13] if version == "0.5.14" else [10, 10])     # the release's __post_init__
+    plan = set(reports[version]["features"]["plan_backends"])
+    assert {b for b, s in d["swa_ids"].items() if s == "plan"} == plan
+    assert "SWATokenToKVPoolAllocator" in d["describe"]["allocator"]
