@@ -96,10 +96,6 @@ class BackendBoundary:
         # each graph runner's static buffers, allocated at its first replay and reused like the engine's
         self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
     def context(self, batch: ForwardBatch) -> BoundaryContext:
         return BoundaryContext(
             step=batch.step, backend=self.spec.name, side=self.side, mode=batch.mode, graph=batch.graph,

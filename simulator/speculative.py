@@ -40,8 +40,6 @@ class ModelSide:
     pools: dict[str, PoolWriter]
     reference: ReferencePool
     checker: Checker
-    full_size: int = 0
-    swa_size: int = 0
 
 
 def draft_model(target: Model, scenario: Scenario) -> Model:
@@ -73,8 +71,7 @@ def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator
         layers=scenario.model.layers(),
         boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad),
         pools={b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends},
-        reference=reference, checker=Checker(reference, owner_of, reserved),
-        full_size=alloc.full_size, swa_size=alloc.swa_size)
+        reference=reference, checker=Checker(reference, owner_of, reserved))
 
 
 def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario) -> tuple[int, int]:
@@ -115,4 +112,4 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
     checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
     return ModelSide(layers=draft_layers(target, draft),
                      boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad), pools=pools,
-                     reference=reference, checker=checker, full_size=full_size, swa_size=swa_size)
+                     reference=reference, checker=checker)
