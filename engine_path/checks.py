@@ -320,3 +320,20 @@ def design_hooks() -> dict:
         "lens": [int(wl.loc.shape[0]), int(wl.swa_loc.shape[0])],
         "describe": rt.describe(),
     }
+
+
+def verdicts(paths: list[str]) -> dict:
+    """One release's verdict on each scenario (findings by class, summed over backends) and its features:
+    one row of a table across releases (what a bisection prints)."""
+    api = load()
+    out = {"info": api.info.to_json(), "features": api.features.to_json(), "scenarios": {}}
+    for path in paths:
+        run = scenario_run(path)
+        by_class: dict[str, int] = {}
+        for st in run["backends"].values():
+            for cls, n in st["findings"].items():
+                if n:
+                    by_class[cls] = by_class.get(cls, 0) + n
+        out["scenarios"][path] = {"findings": by_class, "backends_with_findings": sorted(
+            b for b, st in run["backends"].items() if sum(st["findings"].values()))}
+    return out

@@ -56,8 +56,9 @@ def build_swa_pool(api: ReleaseAPI, *, size: int, size_swa: int, page_size: int,
     try:
         return api.SWAKVPool(**kwargs)
     except Exception as e:
-        raise EngineError(f"sglang {api.info.version}: SWAKVPool({', '.join(f'{k}={v!r}' for k, v in kwargs.items() if 'layer' not in k)}) "
-                          f"failed on {device}: {type(e).__name__}: {e}") from None
+        args = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if "layer" not in k)
+        raise EngineError(f"sglang {api.info.version}: SWAKVPool({args}) failed on {device}: "
+                          f"{type(e).__name__}: {e}") from None
 
 
 def _layer(layer_id: int):

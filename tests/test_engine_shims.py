@@ -28,15 +28,16 @@ def _python(code: str, env: dict | None = None, timeout: int = 300) -> subproces
 
 # --- spec and cache ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, version", [("sglang", None), ("sglang==0.5.23", "0.5.23"), (" SGLang==0.5.15.post1 ", "0.5.15.post1"),
+@pytest.mark.parametrize("text, version", [("sglang", None), ("sglang==0.5.23", "0.5.23"),
+                                           (" SGLang==0.5.15.post1 ", "0.5.15.post1"),
                                            ("sglang==0.5.0rc2", "0.5.0rc2")])
 def test_parse_spec(text, version):
     assert parse_spec(text) == EngineSpec("sglang", version)
 
 
 @pytest.mark.parametrize("text, says", [("vllm", "unknown engine 'vllm'"), ("sglang>=0.5", "only '=='"),
-                                        ("sglang==latest", "not a release version"), ("sglang==", "not a release version"),
-                                        ("", "unknown engine")])
+                                        ("sglang==latest", "not a release version"),
+                                        ("sglang==", "not a release version"), ("", "unknown engine")])
 def test_bad_spec_is_one_clear_error(text, says):
     with pytest.raises(EngineError, match=says):
         parse_spec(text)
