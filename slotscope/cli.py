@@ -17,7 +17,7 @@ from simulator.designs import BUILTIN_DESIGNS, DesignError
 from simulator.scenario import BACKENDS, MAX_SEED, ScenarioError
 
 from . import __version__
-from .pipeline import RunStopped, UsageError
+from .pipeline import RunStopped, UsageError, stop_on_signals
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_LIVE_EXPORT, EXIT_CUT = 4, 5
@@ -111,7 +111,7 @@ def _add_run(sub) -> None:
 
 
 def cmd_run(args) -> int:
-    from .pipeline import RunOptions, run_scenario, stop_on_signals
+    from .pipeline import RunOptions, run_scenario
     from .progress import Progress
     from simulator.scenario import load_scenario
 
@@ -119,12 +119,11 @@ def cmd_run(args) -> int:
     out = args.out or str(Path("out") / scenario.name)
     progress = None if args.quiet else Progress(scenario.name)
     try:
-        with stop_on_signals():
-            res = run_scenario(scenario, out, RunOptions(
-                design=args.design, backends=args.backends, seed=args.seed, device=args.device,
-                geometry=args.geometry, store=args.store, trace_level=args.trace_level,
-                otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-                max_steps=args.max_steps, progress=progress))
+        res = run_scenario(scenario, out, RunOptions(
+            design=args.design, backends=args.backends, seed=args.seed, device=args.device,
+            geometry=args.geometry, store=args.store, trace_level=args.trace_level,
+            otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
+            max_steps=args.max_steps, progress=progress))
     except BaseException as exc:
         if progress is not None:
             progress.close()
@@ -189,7 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        return int(args.func(args))
+        with stop_on_signals():   # SIGTERM like ^C: every command stops cleanly (a run keeps partial outputs)
+            return int(args.func(args))
     except (ScenarioError, DesignError, UsageError) as e:
         print(f"slotscope: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
