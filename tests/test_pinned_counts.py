@@ -1,0 +1,166 @@
+"""Pinned results: exact finding counts and first findings of every shipped bug scenario and corpus case.
+
+Every case of the known-bug corpus (scenarios/corpus.toml, run by ``slotscope bugs``) under the design that had
+the bug and the one that fixed it, and the shipped path scenarios under their own (fixed) design and under a
+design that had a known bug, on all eight backends. Per backend the pin is (writes, the finding classes that
+are non-zero with their counts, the first finding as (step, layer, class)); a class missing from a pin must be
+zero (classes added later, e.g. ``design_error``, included). A silent drift in the scheduler, the allocator,
+a backend or the checker changes these numbers and fails here: check the new numbers by hand (the comments say
+how each one follows from its scenario), then update the pin in the same commit as the change.
+
+The bug scenarios (b1-..., b2-..., b3-..., b4-..., gap-...) are pinned through their corpus cases: each one's
+declared design is its case's ``buggy`` design, so the case runs it under its own design and under the fix.
+"""
+from __future__ import annotations
+
+import pytest
+
+from simulator.scenario import BACKENDS, load_scenario
+from slotscope.corpus import load_corpus, run_case
+from slotscope.pipeline import RunOptions, run_scenario
+
+from helpers import ROOT
+
+
+def pinned(design: str, steps: int, every: tuple, **per_backend: tuple) -> dict:
+    """The pin of one run: its design, its step count, and per backend (writes, {class: count}, first)."""
+    return {"design": design, "steps": steps, "backends": {b: per_backend.get(b, every) for b in BACKENDS}}
+
+
+def observed(summary: dict) -> dict:
+    backends = {}
+    for b, s in summary["backends"].items():
+        ff = s["first_finding"]
+        backends[b] = (s["writes"], {c: n for c, n in s["findings"].items() if n},
+                       None if ff is None else (ff["step"], ff["layer"], ff["class"]))
+    return {"design": summary["design"], "steps": summary["steps"], "backends": backends}
+
+
+# How the numbers follow from the scenarios (L = layers, S = SWA layers; writes = one per layer per forward):
+#  B1      gpt-oss-120b, L 36 / S 18, 9 forwards: writes 36 x 9 = 324; one DP-padded piecewise batch (step 1)
+#          -> one length_mismatch per SWA layer = 18, first at SWA layer 0; trtllm_mha slices its own swa_loc.
+#  B1/p16  the same schedule on pages of 16: the same counts.
+#  B2      gpt-oss-20b, L 24 / S 12, 61 forwards: 1464 writes; every stale tail row is counted once per SWA layer
+#          (360 = 12 x 30 clobbered live slots, 264 = 12 x 22 freed ones), backend-independent; skip-1 has the
+#          same stale SWA indices (its -1 sits in loc only); the dummy request leaves no tail: clean.
+#  B2/p16  the same schedule, and the same stale rows, on pages of 16: the same counts.
+#  gap     gpt-oss-20b, 5 forwards: 120 writes; one unshrunk piecewise batch -> 12 length_mismatch, every backend.
+#  B3      SFSF + draft F: 23 extend and 10 verify target forwards x 4 layers + 63 draft forwards x 1 = 195;
+#          out_of_range only at the draft layer (global id 4).
+#  B4      SFSF + draft FS: (27 + 10) x 4 + 67 x 2 = 282; only triton, first at the draft's SWA layer (id 5).
+#  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
+#          SWA layers = 32 length_mismatch (trtllm_mha clean).
+#  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
+#  paths-spec       36 target forwards x 4 + 111 draft forwards x 2 = 366; B4 on triton only, first at the
+#                   draft's SWA layer (id 5); B3's undersized pools: out_of_range from the draft's SWA layer on.
+#  paths-spec-paged 25 x 4 + 67 x 2 = 234.
+#  paths-noshrink   4 layers x 27 = 108; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
+#  paths-big-pool   2 layers x 21 = 42.
+PINNED_CORPUS = {
+    ("B1", "buggy"): pinned("sglang-pre-29460", steps=9,
+        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
+        trtllm_mha=(324, {}, None)),
+    ("B1", "fixed"): pinned("sglang-post-29460", steps=9,
+        every=(324, {}, None)),
+    ("B1/p16", "buggy"): pinned("sglang-pre-29460", steps=9,
+        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
+        trtllm_mha=(324, {}, None)),
+    ("B1/p16", "fixed"): pinned("sglang-post-29460", steps=9,
+        every=(324, {}, None)),
+    ("B2", "buggy"): pinned("sglang-pre-24743", steps=61,
+        every=(1464, {"clobbered": 360, "evicted_slot": 264}, (7, 0, "clobbered"))),
+    ("B2", "fixed"): pinned("sglang-post-29460", steps=61,
+        every=(1464, {}, None)),
+    ("B2/skip-1", "buggy"): pinned("vllm-skip-1-pre-24743", steps=61,
+        every=(1464, {"clobbered": 360, "evicted_slot": 264}, (7, 0, "clobbered"))),
+    ("B2/skip-1", "fixed"): pinned("vllm-skip-1", steps=61,
+        every=(1464, {}, None)),
+    ("B2/dummy", "buggy"): pinned("mini-sglang-dummy-pre-24743", steps=61,
+        every=(1464, {}, None)),
+    ("B2/dummy", "fixed"): pinned("mini-sglang-dummy", steps=61,
+        every=(1464, {}, None)),
+    ("B2/p16", "buggy"): pinned("sglang-pre-24743", steps=61,
+        every=(1464, {"clobbered": 360, "evicted_slot": 264}, (7, 0, "clobbered"))),
+    ("B2/p16", "fixed"): pinned("sglang-post-29460", steps=61,
+        every=(1464, {}, None)),
+    ("gap", "buggy"): pinned("sglang-post-29460", steps=5,
+        every=(120, {"length_mismatch": 12}, (0, 0, "length_mismatch"))),
+    ("gap", "fixed"): pinned("kvwriteloc-strict", steps=5,
+        every=(120, {}, None)),
+    ("B3", "buggy"): pinned("sglang-pre-17630", steps=96,
+        every=(195, {"out_of_range": 526}, (33, 4, "out_of_range"))),
+    ("B3", "fixed"): pinned("sglang-post-29460", steps=96,
+        every=(195, {}, None)),
+    ("B4", "buggy"): pinned("sglang-post-29460", steps=104,
+        every=(282, {}, None),
+        triton=(282, {"missed": 12, "clobbered": 2, "evicted_slot": 10, "out_of_range": 49}, (58, 5, "out_of_range"))),
+    ("B4", "fixed"): pinned("sglang-pr-29858", steps=104,
+        every=(282, {}, None)),
+}
+
+#: shipped path scenarios: (scenario, design or "own") -> pin
+PINNED_SCENARIOS = {
+    ("smoke", "own"): pinned("sglang-post-29460", steps=33,
+        every=(528, {}, None)),
+    ("smoke", "sglang-pre-29460"): pinned("sglang-pre-29460", steps=33,
+        every=(528, {"length_mismatch": 32}, (5, 0, "length_mismatch")),
+        trtllm_mha=(528, {}, None)),
+    ("paths-paged", "own"): pinned("sglang-post-29460", steps=57,
+        every=(228, {}, None)),
+    ("paths-paged", "sglang-pre-24743"): pinned("sglang-pre-24743", steps=57,
+        every=(228, {"clobbered": 14}, (36, 0, "clobbered"))),
+    ("paths-spec", "own"): pinned("sglang-pr-29858", steps=147,
+        every=(366, {}, None)),
+    ("paths-spec", "sglang-post-29460"): pinned("sglang-post-29460", steps=147,
+        every=(366, {}, None),
+        triton=(366, {"missed": 65, "evicted_slot": 72, "out_of_range": 13}, (37, 5, "missed"))),
+    ("paths-spec", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=147,
+        every=(366, {"out_of_range": 836}, (6, 5, "out_of_range"))),
+    ("paths-spec-paged", "own"): pinned("sglang-pr-29858", steps=92,
+        every=(234, {}, None)),
+    ("paths-noshrink", "own"): pinned("kvwriteloc-strict", steps=27,
+        every=(108, {}, None)),
+    ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=27,
+        every=(108, {"length_mismatch": 10}, (1, 0, "length_mismatch"))),
+    ("paths-big-pool", "own"): pinned("sglang-post-29460", steps=21,
+        every=(42, {}, None)),
+}
+
+BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
+                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-")))
+PATH_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem.startswith(("paths-", "smoke")))
+
+
+def test_every_corpus_case_is_pinned_under_both_designs():
+    assert sorted(PINNED_CORPUS) == sorted((c.id, role) for c in load_corpus() for role in ("buggy", "fixed"))
+
+
+def test_every_bug_scenario_is_a_corpus_case_under_its_own_design():
+    plain = {(c.scenario.stem, c.buggy) for c in load_corpus() if not c.overrides}
+    assert len(BUG_SCENARIOS) >= 5
+    for name in BUG_SCENARIOS:
+        own = load_scenario(ROOT / "scenarios" / f"{name}.toml").design
+        assert (name, own) in plain, f"{name} under {own} has no corpus case: add one (and its pin)"
+
+
+def test_every_path_scenario_is_pinned_under_its_own_design():
+    assert sorted(n for n, d in PINNED_SCENARIOS if d == "own") == PATH_SCENARIOS
+
+
+@pytest.mark.parametrize("key", list(PINNED_CORPUS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_corpus_case_counts_are_pinned(key):
+    case = next(c for c in load_corpus() if c.id == key[0])
+    outcome = run_case(case, key[1])
+    assert "incomplete" not in outcome.summary
+    assert observed(outcome.summary) == PINNED_CORPUS[key]
+    assert outcome.holds                        # and the corpus's own verdict agrees
+
+
+@pytest.mark.parametrize("key", list(PINNED_SCENARIOS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_path_scenario_counts_are_pinned(key):
+    name, design = key
+    res = run_scenario(ROOT / "scenarios" / f"{name}.toml", None,
+                       RunOptions(design=None if design == "own" else design, device="cpu", trace_level="off",
+                                  report=False))
+    assert "incomplete" not in res.summary
+    assert observed(res.summary) == PINNED_SCENARIOS[key]
