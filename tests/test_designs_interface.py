@@ -2,6 +2,7 @@
 padding conventions as values, backend specs, and design errors reported as findings."""
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, defaultdict
 
 import pytest
@@ -412,3 +413,21 @@ def test_design_errors_and_stale_loc_tails_agree_between_gpu_graphs_and_cpu(desi
     if design is RaiseOnSwaLayers:
         assert counts(cpu)["aiter"] == {"design_error": 38}
     assert ex.replays + ex.piece_replays > 0
+
+
+class NoLocRefresh(Design):
+    """An engine whose graph runners never refresh the static full-pool loc buffer (only the SWA one)."""
+    name = "no-loc-refresh"
+
+    def backend_spec(self, spec):
+        return dataclasses.replace(super().backend_spec(spec), static_buffers=("swa_loc",))
+
+
+def test_a_static_buffer_the_backend_does_not_refresh_keeps_its_contents():
+    sc = tiny(MIXED)
+    r = run(sc, NoLocRefresh())
+    decode_tokens = sum(s.real_tokens for s in r.steps if s.graph == "decode_graph")
+    assert decode_tokens == 26
+    # the never-written loc buffer holds zeros: every real decode token's full-layer row goes to slot 0
+    assert counts(r) == {"flashinfer": {"padding_slot": 2 * decode_tokens}, "aiter": {"padding_slot": 2 * decode_tokens}}
+    assert {f.kind for f in r.findings} == {"full"}
