@@ -625,7 +625,7 @@ def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunDa
         findings_total=_int(summary.get("findings_total", 0), f"{where}: findings_total"),
         detail_truncated=bool(summary.get("findings_detail_truncated", False)),
         notes=tuple(notes),
-        incomplete=_incomplete(summary),
+        incomplete=_incomplete(summary) or _incomplete(run_json or {}),   # either file saying so is enough
         max_steps=_opt_int(summary.get("max_steps")),
         **common,
     )

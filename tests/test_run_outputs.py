@@ -594,3 +594,14 @@ def test_not_a_run_directory_is_still_refused(tmp_path, capsys):
     (d / "notes.txt").write_text("x")
     assert main(["report", str(d)]) == 2
     assert "not a slotscope run directory" in capsys.readouterr().err
+
+
+def test_either_file_saying_incomplete_is_enough(small_run, tmp_path):
+    """A summary.json edited (or written by an older tool) without its "incomplete" entry still gets the red
+    banner when run.json says the run did not finish."""
+    d = _copy_run(small_run, tmp_path / "edited")
+    s = summary(d)
+    del s["incomplete"]
+    (d / "summary.json").write_text(json.dumps(s))
+    assert main(["report", str(d)]) == 0
+    assert_red((d / "report.html").read_text(), "max_steps = 2")
