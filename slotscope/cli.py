@@ -89,7 +89,9 @@ def _add_run(sub) -> None:
     p.add_argument("--design", help=f"design to test: one of {', '.join(sorted(BUILTIN_DESIGNS))}, or "
                                     f"path/to/file.py:ClassName (default: the scenario's)")
     p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
-    p.add_argument("--out", default=None, help="output directory (default: out/<scenario name>)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: out/<scenario name>): an empty one, or a run directory, whose "
+                        "earlier run's files are removed first; one run at a time (DIR/.slotscope.lock)")
     p.add_argument("--seed", type=_seed, help="override the scenario's seed (an integer in [0, 2^63))")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="where the pool under test lives (default: cuda if available)")
@@ -105,7 +107,7 @@ def _add_run(sub) -> None:
                                            "(OTEL_EXPORTER_OTLP_* variables are honoured)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     p.add_argument("--max-steps", type=_positive, metavar="N",
-                   help="stop after N forward steps (N >= 1); the run is then marked incomplete, never clean")
+                   help="stop after N forward steps (N >= 1); a run cut there is marked incomplete, never clean")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 
