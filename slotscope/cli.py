@@ -136,7 +136,7 @@ def cmd_run(args) -> int:
     if progress is not None:
         progress.close()
     if res.incomplete is not None:
-        print(f"slotscope: INCOMPLETE: {res.incomplete['message']} after {res.incomplete['steps_done']} steps: "
+        print(f"slotscope: INCOMPLETE after {res.incomplete['steps_done']} steps ({res.incomplete['message']}): "
               "the counts cover those steps only, not a clean verdict", file=sys.stderr)
     if not args.quiet:
         from .pipeline import format_table
