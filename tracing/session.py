@@ -103,7 +103,7 @@ def _reason(text: str) -> str:
 class _Captured(logging.Handler):
     """Holds the OpenTelemetry exporter's log records (its retries and failures) while active."""
 
-    LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk")
+    LOGGERS = ("opentelemetry.exporter", "opentelemetry.sdk", "urllib3")
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
