@@ -8,8 +8,8 @@ previous run's files:
   run. A second run into the directory is refused while that PID is alive (the message names it);
   a lock whose PID is dead (a run killed with SIGKILL), or is this process's own PID (a killed run in
   a container that gave it the same PID), is taken over.
-* A directory that already holds files must be a slotscope run directory (it has a run marker:
-  summary.json, run.json, steps.jsonl, findings.jsonl or the lock); then every file slotscope
+* A directory that already holds files must be a slotscope run directory (the lock, or a summary.json,
+  run.json, steps.jsonl or findings.jsonl that looks like slotscope's); then every file slotscope
   writes there (``RUN_FILES``, and their ``.tmp`` leftovers) is removed before the run starts.
   Other files are never touched; a non-empty directory that is not a run directory is refused.
 
@@ -37,8 +37,6 @@ class UsageError(ValueError):
 RUN_FILES = ("summary.json", "findings.jsonl", "steps.jsonl", "shapes.jsonl", "scenario.toml", "run.json",
              "trace.otlp.jsonl", "report.html", "trace.chrome.json", "minimal.toml")
 
-#: Files whose presence makes a directory a run directory.
-MARKERS = ("summary.json", "run.json", "steps.jsonl", "findings.jsonl", LOCK_FILE)
 
 
 def write_atomic(path: Path, text: str) -> Path:
@@ -84,8 +82,36 @@ def _read_pid(lock: Path) -> Optional[int]:
         return None
 
 
+def _json_head(path: Path, limit: int = 1 << 20) -> object:
+    """The JSON of a small file, or of the first line of a JSON-lines file; None if it is not JSON."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(limit) if path.suffix == ".json" else f.readline(limit)
+        return json.loads(text)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def is_run_dir(path: Path) -> bool:
-    return any((path / m).exists() for m in MARKERS)
+    """Whether ``path`` holds a slotscope run: its lock, or a marker file that looks like ours (so a user's
+    own run.json or summary.json does not make their directory one, and get it cleared)."""
+    if (path / LOCK_FILE).is_file():
+        return True
+    summary = _json_head(path / "summary.json") if (path / "summary.json").is_file() else None
+    if isinstance(summary, dict) and isinstance(summary.get("backends"), dict) and "design" in summary:
+        return True
+    run = _json_head(path / "run.json") if (path / "run.json").is_file() else None
+    if isinstance(run, dict) and (run.get("tool") == "slotscope" or {"version", "scenario_hash"} <= run.keys()):
+        return True
+    for name in ("steps.jsonl", "findings.jsonl"):
+        p = path / name
+        if p.is_file():
+            if p.stat().st_size == 0:
+                return True          # a run stopped before its first step or finding
+            head = _json_head(p)
+            if isinstance(head, dict) and "step" in head:
+                return True
+    return False
 
 
 class RunDir:

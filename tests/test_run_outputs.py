@@ -605,3 +605,13 @@ def test_either_file_saying_incomplete_is_enough(small_run, tmp_path):
     (d / "summary.json").write_text(json.dumps(s))
     assert main(["report", str(d)]) == 0
     assert_red((d / "report.html").read_text(), "max_steps = 2")
+
+
+def test_a_users_own_run_json_does_not_make_a_run_directory(tmp_path, capsys):
+    d = tmp_path / "theirs"
+    d.mkdir()
+    (d / "run.json").write_text('{"experiment": 4}')
+    (d / "summary.json").write_text("my notes")
+    assert run(B1, "--out", str(d), "--max-steps", "1") == 2
+    assert "not a slotscope run directory" in capsys.readouterr().err
+    assert (d / "run.json").read_text() == '{"experiment": 4}' and (d / "summary.json").read_text() == "my notes"
