@@ -314,6 +314,50 @@ class TranslateRealThenReplicate(Fixed):
         return swa
 
 
+class TranslateIdentity(Fixed):
+    """Skips the translation altogether ("full and SWA slots share one numbering"): SWA layers address
+    the smaller SWA pool with full-pool indices."""
+
+    name = "mutant-translate-identity"
+
+    def translate(self, out_cache_loc, full_to_swa, ctx):
+        return out_cache_loc.clone()
+
+
+class TranslatePlanIdsTwice(Fixed):
+    """On the backends that take SWA ids from SGLang's plan (``ctx.spec.swa_ids == "plan"``) translates
+    those ids again, as the self-translating backends do: ``full_to_swa[full_to_swa[loc]]``."""
+
+    name = "mutant-translate-plan-ids-twice"
+
+    def translate(self, out_cache_loc, full_to_swa, ctx):
+        swa = full_to_swa[out_cache_loc]
+        return full_to_swa[swa] if ctx.spec.swa_ids == "plan" else swa
+
+
+class TranslateLagsOneForward(Fixed):
+    """Translates through the mapping as it was at the previous forward (a copy refreshed after use, as
+    an overlapped scheduler's stale read would see it): this forward's new tokens are still unmapped."""
+
+    name = "mutant-translate-lags-one-forward"
+
+    def translate(self, out_cache_loc, full_to_swa, ctx):
+        table = self.__dict__.get("_previous", full_to_swa)
+        swa = table[out_cache_loc]
+        self._previous = full_to_swa.clone()
+        return swa
+
+
+class TranslateUint16(Fixed):
+    """Keeps the translated SWA ids in a uint16 staging buffer (ample for a test pool): in a deployment-size
+    pool SWA slots past 65,535 wrap to other tokens' slots."""
+
+    name = "mutant-translate-uint16"
+
+    def translate(self, out_cache_loc, full_to_swa, ctx):
+        return full_to_swa[out_cache_loc] % 65536
+
+
 # ------------------------------------------------------------------------------------ fill_graph_swa_buffer
 
 
@@ -440,6 +484,19 @@ class LocBufferInt16(Fixed):
         buffer[loc.shape[0]:padded].fill_(ctx.loc_pad)
 
 
+class LocTailRepeatsLast(Fixed):
+    """Fills the static full-pool ``loc`` buffer's tail with the last real entry (a live slot) instead of
+    the pad value: the padded rows overwrite the batch's last token's full-layer rows."""
+
+    name = "mutant-loc-tail-repeats-last"
+
+    def fill_graph_loc_buffer(self, buffer, loc, padded, ctx):
+        n = loc.shape[0]
+        buffer[:n].copy_(loc)
+        if n:
+            buffer[n:padded].fill_(int(loc[-1]))
+
+
 # ------------------------------------------------------------------------------------ backend_spec
 
 
@@ -487,6 +544,10 @@ CATCHER: dict[type, tuple[str, str]] = {
     TranslateDraftIdentity: ("paths-spec-paged", "missed"),
     TranslateClampsPadding: ("paths-noshrink", "clobbered"),
     TranslateRealThenReplicate: ("paths-noshrink", "clobbered"),
+    TranslateIdentity: ("paths-noshrink", "missed"),
+    TranslatePlanIdsTwice: ("paths-noshrink", "padding_slot"),
+    TranslateLagsOneForward: ("paths-noshrink", "padding_slot"),
+    TranslateUint16: ("paths-big-pool", "clobbered"),
     SwaBufferUpToNMinus1: ("paths-noshrink", "padding_slot"),
     SwaTailOffByOne: ("paths-noshrink", "clobbered"),
     SwaTailRepeatsLast: ("paths-noshrink", "clobbered"),
@@ -497,6 +558,7 @@ CATCHER: dict[type, tuple[str, str]] = {
     LocUpToNMinus1: ("paths-noshrink", "padding_slot"),
     LocTailMinus1: ("paths-noshrink", "out_of_range"),
     LocBufferInt16: ("paths-big-pool", "clobbered"),
+    LocTailRepeatsLast: ("paths-noshrink", "clobbered"),
     ForgetsWindowGraphFix: ("paths-spec-paged", "out_of_range"),
     ReplayRefreshesSwaOnly: ("paths-noshrink", "padding_slot"),
 }

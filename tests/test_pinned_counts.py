@@ -55,7 +55,8 @@ def observed(summary: dict) -> dict:
 #                   draft's SWA layer (id 5); B3's undersized pools: out_of_range from the draft's SWA layer on.
 #  paths-spec-paged 25 x 4 + 67 x 2 = 234.
 #  paths-noshrink   4 layers x 27 = 108; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
-#  paths-big-pool   2 layers x 21 = 42.
+#  paths-big-pool   2 layers x 14 = 28; B2's stale tail: steps 6-8 replay 3 rows in capture size 4, one stale row
+#                   each x 1 SWA layer = 3 clobbered.
 PINNED_CORPUS = {
     ("B1", "buggy"): pinned("sglang-pre-29460", steps=9,
         every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
@@ -122,8 +123,10 @@ PINNED_SCENARIOS = {
         every=(108, {}, None)),
     ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=27,
         every=(108, {"length_mismatch": 10}, (1, 0, "length_mismatch"))),
-    ("paths-big-pool", "own"): pinned("sglang-post-29460", steps=21,
-        every=(42, {}, None)),
+    ("paths-big-pool", "own"): pinned("sglang-post-29460", steps=14,
+        every=(28, {}, None)),
+    ("paths-big-pool", "sglang-pre-24743"): pinned("sglang-pre-24743", steps=14,
+        every=(28, {"clobbered": 3}, (6, 0, "clobbered"))),
 }
 
 BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")

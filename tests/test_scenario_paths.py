@@ -42,7 +42,7 @@ COVERS = {
     "paths-spec": SPECULATIVE,
     # every prefill chunk fits the largest piecewise capture size
     "paths-spec-paged": SPECULATIVE - {("extend", "eager")},
-    "paths-big-pool": {("extend", "piecewise"), ("decode", "decode_graph")},
+    "paths-big-pool": {("extend", "eager"), ("extend", "piecewise"), ("decode", "decode_graph")},
 }
 
 
@@ -144,8 +144,11 @@ def test_unshrunk_piecewise_hands_a_shorter_swa_loc(runs):
 
 
 def test_big_pool_is_deployment_size_and_its_indices_pass_16_bits(runs):
+    """Low pages are handed out first, so occupancy past 65,536 means indices past 65,535 in both pools."""
     sc, steps, summary = runs["paths-big-pool"]
     assert sc.pool.full_size == 262144
     assert {s["full_size"] for s in steps} == {262144} and {s["swa_size"] for s in steps} == {209715}
-    assert max(s["full_used"] for s in steps) > 65536
+    assert max(s["full_used"] for s in steps) > 65536 and max(s["swa_used"] for s in steps) > 65536
+    # the decode graph replays at full-pool indices past 65,535 too (the long request keeps its slots)
+    assert any(s["graph"] == "decode_graph" and s["full_used"] > 70000 for s in steps)
     assert summary["steps"] == len(steps) <= 32        # kept fast by a short workload
