@@ -27,6 +27,11 @@ class OutOfSlots(RuntimeError):
     """The pool has fewer free pages than asked for (the scheduler should have prevented this)."""
 
 
+class OverFree(RuntimeError):
+    """An unchecked free would leave more free pages than the pool holds: SGLang's
+    ``available_size() <= size`` assert (the symptom of A2, R8 and other double frees)."""
+
+
 class _PageStack:
     """Free pages 1..num_pages as a stack; page 0 is the reserved page."""
 
@@ -49,10 +54,15 @@ class _PageStack:
         self._live[pages] = True
         return pages
 
-    def push(self, pages: np.ndarray) -> None:
+    def push(self, pages: np.ndarray, checked: bool = True) -> None:
+        """``checked=False``: SGLang's ``free_page_ids`` (no page twice, no dedup): a page that is
+        already free, or the reserved page 0, goes in again; only over-capacity is refused."""
         if pages.size == 0:
             return
-        if not self._live[pages].all() or np.unique(pages).size != pages.size:
+        if not checked:
+            if self._top + pages.size > self.num_pages:
+                raise OverFree(f"freeing {pages.size} pages leaves {self._top + pages.size} free of {self.num_pages}")
+        elif not self._live[pages].all() or np.unique(pages).size != pages.size:
             raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
         self._live[pages] = False
         k = pages.size
@@ -96,10 +106,14 @@ class _PageQueue:
         self._live[pages] = True
         return pages
 
-    def push(self, pages: np.ndarray) -> None:
+    def push(self, pages: np.ndarray, checked: bool = True) -> None:
+        """``checked=False``: as :meth:`_PageStack.push`."""
         if pages.size == 0:
             return
-        if not self._live[pages].all() or np.unique(pages).size != pages.size:
+        if not checked:
+            if self._count + pages.size > self.num_pages:
+                raise OverFree(f"freeing {pages.size} pages leaves {self._count + pages.size} free of {self.num_pages}")
+        elif not self._live[pages].all() or np.unique(pages).size != pages.size:
             raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
         self._live[pages] = False
         self._ring[self._span(self._head + self._count, pages.size)] = pages
@@ -125,21 +139,23 @@ def _free_list(order: str, num_pages: int, initial: Optional[np.ndarray] = None)
 class _Deferred:
     """A free list's frees held inside a free group, released in one push when the group ends."""
 
-    __slots__ = ("target", "held")
+    __slots__ = ("target", "held", "checked")
 
     def __init__(self, target):
         self.target = target
         self.held: list[np.ndarray] = []
+        self.checked = True            # False once an unchecked free joined the group
 
-    def push(self, pages: np.ndarray) -> None:
+    def push(self, pages: np.ndarray, checked: bool = True) -> None:
         if pages.size:
             self.held.append(np.asarray(pages, dtype=np.int64).copy())
+            self.checked = self.checked and checked
 
     def release(self) -> None:
         if self.held:
             pages = np.concatenate(self.held)
             self.held = []
-            self.target.push(pages)
+            self.target.push(pages, self.checked)
 
 
 @dataclass(slots=True)
@@ -171,6 +187,9 @@ class HybridAllocator:
         # 0 = no SWA slot; the last entry is the -1 sentinel (a -1 index translates to -1)
         self.full_to_swa = np.zeros(full_size + page_size + 1, dtype=np.int64)
         self.full_to_swa[-1] = -1
+        #: called when a free group ends, before its frees are released (the prefix cache resolves
+        #: frees deferred to the flush there: its R7 switch)
+        self.group_end_hooks: list = []
 
     def set_free_order(self, order: str) -> None:
         """Switch both free lists to ``order`` ("lifo" | "fifo"), keeping the free pages and the order
@@ -200,15 +219,68 @@ class HybridAllocator:
         try:
             yield
         finally:
+            for hook in self.group_end_hooks:
+                hook()
             self._groups = None
             groups[0].release()
             groups[1].release()
 
-    def _push_full(self, pages: np.ndarray) -> None:
-        (self._groups[0] if self._groups is not None else self._full).push(pages)
+    def _push_full(self, pages: np.ndarray, checked: bool = True) -> None:
+        (self._groups[0] if self._groups is not None else self._full).push(pages, checked)
 
-    def _push_swa(self, pages: np.ndarray) -> None:
-        (self._groups[1] if self._groups is not None else self._swa).push(pages)
+    def _push_swa(self, pages: np.ndarray, checked: bool = True) -> None:
+        (self._groups[1] if self._groups is not None else self._swa).push(pages, checked)
+
+    # ---- page-level entry points for the prefix cache (simulator/prefix_cache.py)
+
+    @property
+    def in_free_group(self) -> bool:
+        return self._groups is not None
+
+    def free_full_pages(self, pages: np.ndarray, *, checked: bool = True) -> None:
+        """Give full pages back (held while a free group is open); the mapping is not touched."""
+        self._push_full(np.asarray(pages, dtype=np.int64), checked)
+
+    def free_swa_pages(self, pages: np.ndarray, *, checked: bool = True) -> None:
+        """Give SWA pages back (held while a free group is open); the mapping is not touched."""
+        self._push_swa(np.asarray(pages, dtype=np.int64), checked)
+
+    def set_mapping(self, full: np.ndarray, swa: np.ndarray) -> None:
+        self.full_to_swa[np.asarray(full, dtype=np.int64)] = swa
+
+    def clear_mapping(self, full: np.ndarray) -> None:
+        self.full_to_swa[np.asarray(full, dtype=np.int64)] = 0
+
+    def free_pages(self) -> tuple[np.ndarray, np.ndarray]:
+        """The free full and SWA pages, each in hand-out order (duplicates kept: an unchecked double free)."""
+        return self._full.in_order(), self._swa.in_order()
+
+    def extend_swa_tail(self, slots: RequestSlots, n: int, tail: int, *, clear_stale: bool = True) -> np.ndarray:
+        """SGLang's ``alloc_extend_swa_tail`` (PD decode, page_size > 1): full slots for n tokens of an
+        empty request, SWA slots only for the last ``tail``. ``clear_stale`` (0.5.23, #25805) clears the
+        non-tail full ids' mapping; without it they keep what a previous owner of the recycled full
+        pages left there (A2). The model keeps full and SWA offsets equal within a page, so the tail
+        must start on a page boundary."""
+        p = self.page_size
+        if slots.length or not 0 <= tail <= n or (n - tail) % p:
+            raise ValueError(f"SWA-tail allocation needs an empty request and a page-aligned tail start "
+                             f"(n={n}, tail={tail}, page_size={p})")
+        if n > slots.capacity:
+            raise ValueError(f"request grows to {n} tokens, past its capacity {slots.capacity}")
+        kf, ks = -(-n // p), -(-tail // p)
+        if kf > self._full.free or ks > self._swa.free:
+            raise OutOfSlots(f"need {kf} full and {ks} SWA pages; {self._full.free} and {self._swa.free} free")
+        offs = np.arange(p, dtype=np.int64)
+        full = (self._full.pop(kf)[:, None] * p + offs).ravel()[:n]
+        slots.full[:n] = full
+        head = n - tail
+        if tail:
+            slots.swa[head:n] = (self._swa.pop(ks)[:, None] * p + offs).ravel()[:tail]
+            self.full_to_swa[full[head:]] = slots.swa[head:n]
+        if clear_stale and head:
+            self.full_to_swa[full[:head]] = 0
+        slots.length, slots.swa_evicted = n, head
+        return full.copy()
 
     # rows of the K/V buffers: slots 0 .. size + page_size - 1
     @property
