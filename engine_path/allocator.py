@@ -228,6 +228,15 @@ class EngineAllocator:
         slots.length = 0
         slots.swa_evicted = 0
 
+    @property
+    def found(self) -> dict:
+        """What this adapter found in the release (probed, not by version)."""
+        f = self.api.features
+        return {"paged_alloc_has_cpu_path": f.paged_alloc_has_cpu_path, "has_free_full": f.has_free_full,
+                "has_free_swa_segment": f.has_free_swa_segment,
+                "has_free_groups": hasattr(self.engine, "free_group_begin"),
+                "has_clear_full_to_swa_mapping": hasattr(self.engine, "clear_full_to_swa_mapping")}
+
     def check_invariants(self, requests: list[RequestSlots]) -> None:
         """The model's invariants, asserted against the engine's state (tests)."""
         HybridAllocator.check_invariants(self, requests)  # type: ignore[arg-type]

@@ -58,7 +58,7 @@ class Features:
     plan_backends: frozenset[str]
     #: SWAKVPool.__init__ takes enable_kvcache_transpose (0.5.14)
     pool_takes_transpose_flag: bool
-    #: the eviction rule's request interface: "kv" (req.kv: ReqKvInfo) or "req" (fields on the request)
+    #: the eviction rule's request interface: "kv" (it reads req.kv, a ReqKvInfo) or "req" (fields on the request)
     eviction_api: str
     #: parameters of free_swa_out_of_window_slots beyond the common ones
     eviction_params: tuple[str, ...]
@@ -205,10 +205,14 @@ def load(spec: EngineSpec | str | None = None) -> ReleaseAPI:
     if not common.issubset(params):
         raise EngineError(f"sglang {info.version} at {info.path}: free_swa_out_of_window_slots{params} is not an "
                           f"eviction rule the adapter knows")
-    sched = None
+    try:
+        rule_src = inspect.getsource(rule)
+    except (OSError, TypeError):
+        rule_src = ""
+    uses_req_kv = "req.kv" in rule_src
+    sched = _optional("sglang.srt.managers.schedule_batch") if uses_req_kv else None
     comp = None
     if "component_type" in params:
-        sched = _optional("sglang.srt.managers.schedule_batch")
         comp_mod = _optional("sglang.srt.mem_cache.unified_cache.component_type")
         comp = getattr(comp_mod, "ComponentType", None)
     alloc_cls = got["SWATokenToKVPoolAllocator"]
@@ -218,7 +222,7 @@ def load(spec: EngineSpec | str | None = None) -> ReleaseAPI:
         has_plan_ids=has_plan,
         plan_backends=probe_plan_backends(Path(info.path), has_plan),
         pool_takes_transpose_flag="enable_kvcache_transpose" in inspect.signature(got["SWAKVPool"].__init__).parameters,
-        eviction_api="kv" if "component_type" in params else "req",
+        eviction_api="kv" if uses_req_kv else "req",
         eviction_params=tuple(p for p in params if p not in common),
         paged_alloc_has_cpu_path=_has_cpu_paged_path(_optional("sglang.srt.mem_cache.allocator.paged")),
         has_free_swa_segment=hasattr(alloc_cls, "free_swa_segment"),

@@ -170,7 +170,7 @@ def eviction_run(page_size: int = 1, window: int = 8) -> dict:
         alloc.check_invariants([r])
         trail.append(r.swa_evicted)
         alloc.extend(r, 1)
-    return {"evicted": trail, "swa_used": alloc.swa_used, "length": r.length, "api": rule.kind}
+    return {"evicted": trail, "swa_used": alloc.swa_used, "length": r.length, "api": rule.kind, "found": rule.found}
 
 
 def pool_roundtrip(page_size: int = 1) -> dict:
@@ -319,7 +319,20 @@ def design_hooks() -> dict:
         "is_sim_write_loc": isinstance(wl, SimKVWriteLoc),
         "lens": [int(wl.loc.shape[0]), int(wl.swa_loc.shape[0])],
         "describe": rt.describe(),
+        "found": {"allocator": alloc.found, "translator": rt.translator.found,
+                  "pool": rt.pool_factory(_TwoLayerModel())(alloc.full_rows, alloc.swa_rows).found},
     }
+
+
+class _TwoLayerModel:
+    """What EngineRuntime.pool_factory reads of a model: its layers (one SWA, one full) and KV dtype."""
+
+    kv_dtype = "bf16"
+
+    def layers(self):
+        from simulator.records import LayerInfo
+
+        return (LayerInfo(0, "swa", 0), LayerInfo(1, "full", 0))
 
 
 def verdicts(paths: list[str]) -> dict:

@@ -193,9 +193,17 @@ class EnginePool:
         self._oor[kind][:, 1] = NO_POSITION
         return out
 
+    @property
+    def found(self) -> dict:
+        """What this adapter found in the release's pool."""
+        k0, v0 = self.pool.full_kv_pool.k_buffer[0], self.pool.full_kv_pool.v_buffer[0]
+        return {"pool_takes_transpose_flag": self.api.features.pool_takes_transpose_flag,
+                "kv_halves_of_one_allocation": k0.untyped_storage().data_ptr() == v0.untyped_storage().data_ptr(),
+                "layout": getattr(self.pool.full_kv_pool, "kv_cache_layout", "nhd")}
+
     # --- what the report names -----------------------------------------------------------------
     def describe(self) -> dict:
-        return {"pool": f"{type(self.pool).__module__}.{type(self.pool).__name__}",
+        return {"pool": f"{type(self.pool).__module__}.{type(self.pool).__name__}", "found": self.found,
                 "store": f"{type(self.pool.full_kv_pool).__name__}.set_kv_buffer"
                          + (" (CPU fallback k_cache[loc] = k)" if self.device.type == "cpu" else ""),
                 "engine": self.api.info.to_json()}

@@ -39,6 +39,14 @@ class Translator:
                 token_to_kv_pool_allocator=allocator_engine, token_to_kv_pool=pool, page_size=page_size,
                 device=device)
 
+    @property
+    def found(self) -> dict:
+        """What this adapter found in the release: the plan and the backends that take its ids; the
+        release's KVWriteLoc and whether its __post_init__ slices."""
+        f = self.api.features
+        return {"has_plan_ids": f.has_plan_ids, "plan_backends": sorted(f.plan_backends),
+                "write_loc_fields": list(f.write_loc_fields), "has_post_init_slice": f.has_post_init_slice}
+
     def source(self, backend: str) -> str:
         """"plan" or "translate": where this release's backend takes its SWA ids from."""
         return "plan" if self._plan is not None and backend in self.api.features.plan_backends else "translate"

@@ -166,3 +166,16 @@ def test_engine_design_follows_the_design_interface(reports, version):
     plan = set(reports[version]["features"]["plan_backends"])
     assert {b for b, s in d["swa_ids"].items() if s == "plan"} == plan
     assert "SWATokenToKVPoolAllocator" in d["describe"]["allocator"]
+
+
+def test_each_adapter_says_what_it_found(reports):
+    old, new = reports["0.5.14"]["design"]["found"], reports["0.5.23"]["design"]["found"]
+    assert not old["allocator"]["has_free_full"] and new["allocator"]["has_free_full"]
+    assert not old["allocator"]["paged_alloc_has_cpu_path"] and new["allocator"]["paged_alloc_has_cpu_path"]
+    assert not old["translator"]["has_post_init_slice"] and new["translator"]["has_post_init_slice"]
+    assert old["translator"]["plan_backends"] == [] and "flashinfer" in new["translator"]["plan_backends"]
+    assert old["pool"]["pool_takes_transpose_flag"] and not new["pool"]["pool_takes_transpose_flag"]
+    assert not old["pool"]["kv_halves_of_one_allocation"] and new["pool"]["kv_halves_of_one_allocation"]
+    assert reports["0.5.14"]["eviction"]["1"]["found"]["options_passed"] == {"drop_page_margin": True}
+    assert reports["0.5.23"]["eviction"]["1"]["found"]["options_passed"] == {"supports_prefix_sharing": False,
+                                                                            "eviction_interval": 1}
