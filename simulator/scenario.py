@@ -180,6 +180,9 @@ class Scenario:
     workload: WorkloadConfig
     engine: EngineConfig
     max_steps: Optional[int] = None            # stop after this many forward steps (None: run to the end)
+    # the real engine in the write path ("sglang" or "sglang==VERSION"; None: the design's model).
+    # Checked by slotscope (engine_path.releases.parse_spec), never imported here.
+    engine_release: Optional[str] = None
     # where the scenario came from and its text: provenance, not part of the experiment (not compared)
     source: str = field(default="<inline>", compare=False)
     raw: str = field(default="", compare=False)   # the file's text, for the scenario hash
@@ -189,7 +192,8 @@ class Scenario:
         return hashlib.sha256(self.raw.encode()).hexdigest()[:16]
 
     def with_overrides(self, *, design: Optional[str] = None, backends: Optional[tuple[str, ...]] = None,
-                       seed: Optional[int] = None, max_steps: Optional[int] = None) -> "Scenario":
+                       seed: Optional[int] = None, max_steps: Optional[int] = None,
+                       engine_release: Optional[str] = None) -> "Scenario":
         """The scenario with command-line overrides; None keeps the file's value."""
         if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
             raise ScenarioError(f"seed must be an integer in [0, 2^63), got {seed!r}")
@@ -201,6 +205,7 @@ class Scenario:
             backends=tuple(backends) if backends is not None else self.backends,
             seed=seed if seed is not None else self.seed,
             max_steps=max_steps if max_steps is not None else self.max_steps,
+            engine_release=engine_release if engine_release is not None else self.engine_release,
         )
 
     def to_toml(self, *, defaults: bool = True) -> str:
@@ -539,6 +544,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     except ScenarioError:
         raise top.fail("seed", f"must be an integer in [0, 2^63), got {_short(top.data['seed'])}") from None
     max_steps = top.get("max_steps", int, None, minimum=1)
+    engine_release = top.get("engine_release", str, None)
     design = top.get("design", str, "sglang-post-29460")
     backends = top.get("backends", list, list(BACKENDS))
     for i, b in enumerate(backends):
@@ -556,6 +562,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     top.done()
     return Scenario(name=name, description=description, seed=seed, design=design, backends=tuple(backends),
                     model=model, pool=pool, workload=workload, engine=engine, max_steps=max_steps,
+                    engine_release=engine_release,
                     source=source, raw=text)
 
 
@@ -596,6 +603,8 @@ def scenario_data(sc: Scenario, *, defaults: bool = True) -> dict[str, Any]:
     out["backends"] = list(sc.backends)
     if sc.max_steps is not None:
         out["max_steps"] = sc.max_steps
+    if sc.engine_release is not None:
+        out["engine_release"] = sc.engine_release
     out["model"] = _model_data(sc.model, defaults)
     out["pool"] = _pool_data(sc.pool, defaults)
     out["workload"] = _workload_data(sc.workload, defaults)
