@@ -72,6 +72,9 @@ class EngineAllocator:
         self.requested_free_order: Optional[str] = None
         self._in_group = False
         self._rules: dict = {}
+        #: calls made into the release, by kind (what a run's report can say the engine did)
+        self.calls = dict.fromkeys(("alloc", "alloc_extend", "alloc_decode", "free", "free_full", "free_swa",
+                                    "eviction_rule"), 0)
 
     def set_free_order(self, order: str) -> None:
         """The model's knob; the release's free lists keep their own order (recorded, not applied)."""
@@ -139,15 +142,18 @@ class EngineAllocator:
         start, p = slots.length, self.page_size
         if p == 1:
             out = self.engine.alloc(n)
+            self.calls["alloc"] += 1
         else:
             last = int(slots.full[start - 1]) if start > 0 else -1
             if start > 0 and n == 1:
                 seq = torch.tensor([start + 1], dtype=torch.int64)
                 out = self.engine.alloc_decode(seq.to(self.device), seq, self._t([last]))
+                self.calls["alloc_decode"] += 1
             else:
                 pre = torch.tensor([start], dtype=torch.int64)
                 seq = torch.tensor([start + n], dtype=torch.int64)
                 out = self.engine.alloc_extend(pre.to(self.device), pre, seq.to(self.device), seq, self._t([last]), n)
+                self.calls["alloc_extend"] += 1
         if out is None:
             raise OutOfSlots(f"the engine's allocator refused {n} tokens; full pool has {self.full_free} free slots, "
                              f"SWA pool {self.swa_free}")
@@ -172,6 +178,7 @@ class EngineAllocator:
             self.engine.free_swa_segment(idx, start_pos=begin)
         else:
             self.engine.free_swa(idx)
+        self.calls["free_swa"] += 1
         slots.swa[begin:end] = 0
         slots.swa_evicted = end
         return end - begin
@@ -186,6 +193,7 @@ class EngineAllocator:
         if rule is None:
             rule = self._rules[window] = EvictionRule(self, window, eviction_interval=1)
         rule.evict(slots, prefix_len, protected_len=protected_len)
+        self.calls["eviction_rule"] += 1
         return slots.swa_evicted
 
     def truncate(self, slots: RequestSlots, length: int) -> int:
@@ -199,6 +207,7 @@ class EngineAllocator:
         kept_end = -(-length // p) * p
         if kept_end < n:
             self.engine.free(self._t(slots.full[kept_end:n]))
+            self.calls["free"] += 1
         if length < kept_end:
             tail = self._t(slots.full[length:kept_end])
             clear = getattr(self.engine, "clear_full_to_swa_mapping", None)
@@ -219,10 +228,13 @@ class EngineAllocator:
         lo = slots.swa_evicted - slots.swa_evicted % self.page_size
         if self.api.features.has_free_full and lo > 0:
             self.engine.free_full(self._t(slots.full[:lo]))
+            self.calls["free_full"] += 1
             if n > lo:
                 self.engine.free(self._t(slots.full[lo:n]))
+                self.calls["free"] += 1
         else:
             self.engine.free(self._t(slots.full[:n]))
+            self.calls["free"] += 1
         slots.full[:n] = 0
         slots.swa[:n] = 0
         slots.length = 0

@@ -14,7 +14,7 @@ from engine_path import isolate
 
 pytestmark = pytest.mark.engine
 
-SCENARIOS = ["scenarios/b1-pcg-dp-padding.toml", "scenarios/gap-swa-shorter.toml"]
+SCENARIOS = ["scenarios/b1-pcg-dp-padding.toml", "scenarios/gap-swa-shorter.toml", "scenarios/paths-paged.toml"]
 ALL_BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
 
 
@@ -179,3 +179,20 @@ def test_each_adapter_says_what_it_found(reports):
     assert reports["0.5.14"]["eviction"]["1"]["found"]["options_passed"] == {"drop_page_margin": True}
     assert reports["0.5.23"]["eviction"]["1"]["found"]["options_passed"] == {"supports_prefix_sharing": False,
                                                                             "eviction_interval": 1}
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_paged_scenario_runs_on_the_releases_allocator_and_eviction_rule(reports, version):
+    """Page size 16 end to end: the release's alloc_extend / alloc_decode and its eviction rule ran (0.5.14's
+    through the Triton interpreter); 0.5.23 is clean, 0.5.14 shows only B1 (the scenario pads DP ranks
+    under piecewise graphs)."""
+    run = reports[version]["scenarios"]["scenarios/paths-paged.toml"]
+    calls = run["engine_calls"]
+    assert run["page_size"] == 16
+    assert calls["alloc_extend"] > 0 and calls["alloc_decode"] > 0 and calls["eviction_rule"] > 0 and calls["free"] > 0
+    assert calls["alloc"] == 0
+    for backend, st in run["backends"].items():
+        others = sum(n for cls, n in st["findings"].items() if cls != "length_mismatch")
+        assert others == 0, (backend, st)
+        if version == "0.5.23" or backend == "trtllm_mha":
+            assert st["findings"]["length_mismatch"] == 0, (backend, st)
