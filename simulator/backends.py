@@ -21,6 +21,7 @@ from .batch import ForwardBatch
 from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, call_hook, check_index, check_write_loc,
                       design_padding, graph_runner)
 from .records import GRAPH_PATHS, STATIC_GRAPHS
+from .release_model import release_of
 from .scenario import BACKENDS, EngineConfig
 
 #: Static buffers a graph runner's replay can refresh: the full-pool loc and the SWA locations.
@@ -122,8 +123,10 @@ class BackendBoundary:
                 loc = torch.full((batch.padded_len,), batch.pad_value, dtype=out_cache_loc.dtype, device=self.device)
                 loc[:real] = out_cache_loc[:real]
             return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
-        return ForwardMetadata(layer_loc=out_cache_loc, swa_loc=swa, rows=int(out_cache_loc.shape[0]), ctx=ctx,
-                               window=window)
+        # eager DP-padded extends are narrowed per layer too where the release does it (0.5.23)
+        rows = release_of(self.design).eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
+        loc = out_cache_loc if rows is None else out_cache_loc[:rows]
+        return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
 
     def _swa_ids(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
         swa = call_hook("translate", self.design.translate, out_cache_loc, full_to_swa, ctx)

@@ -22,6 +22,7 @@ from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
 from .padding_convention import PaddingConvention
 from .pool import PoolWriter
+from .release_model import release_of
 from .records import DRAFT_MODES, FINDING_CLASSES, Finding, RunInfo, StepRecord
 from .scenario import Scenario
 from .scheduler import Scheduler
@@ -105,7 +106,8 @@ class Run:
         pad = run_padding(design_padding(design), alloc)
         self.pad_slots = pad.pad_slots
         self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                   pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request)
+                                   pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
+                                   release=release_of(design))
         owner_of = self.scheduler.owner_of
         self.target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved,
                                         device, pad.swa_pad)
