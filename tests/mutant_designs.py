@@ -226,6 +226,16 @@ class DraftSwaPoolPageShort(Fixed):
         return max(draft_full, target_full), max(draft_swa, target_swa) - PAGE
 
 
+class DraftSwaPoolSlotShort(Fixed):
+    """Takes one slot off the draft's SWA pool for the reserved slot 0, which the pool's extra page holds
+    already: the SWA pool's very last slot has no row in the draft's."""
+
+    name = "mutant-draft-swa-pool-slot-short"
+
+    def size_draft_pools(self, target_full, target_swa, draft_full, draft_swa):
+        return max(draft_full, target_full), max(draft_swa, target_swa) - 1
+
+
 class DraftPoolsFromRatio(Fixed):
     """Sizes the draft's SWA pool from the draft's configured ratio applied to the enlarged full pool
     (``full * draft_swa / draft_full``) instead of taking the target's SWA size."""
@@ -537,6 +547,7 @@ CATCHER: dict[type, tuple[str, str]] = {
     DraftPoolsSwapped: ("paths-spec-paged", "out_of_range"),
     DraftFullPoolPageShort: ("paths-spec-paged", "out_of_range"),
     DraftSwaPoolPageShort: ("paths-spec-paged", "out_of_range"),
+    DraftSwaPoolSlotShort: ("paths-spec-paged", "out_of_range"),
     DraftPoolsFromRatio: ("paths-spec", "out_of_range"),
     TranslateStaleSnapshot: ("paths-paged", "padding_slot"),
     TranslateMemoByLength: ("paths-spec-paged", "clobbered"),

@@ -53,7 +53,9 @@ def observed(summary: dict) -> dict:
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
 #  paths-spec       36 target forwards x 4 + 111 draft forwards x 2 = 366; B4 on triton only, first at the
 #                   draft's SWA layer (id 5); B3's undersized pools: out_of_range from the draft's SWA layer on.
-#  paths-spec-paged 25 x 4 + 67 x 2 = 234.
+#  paths-spec-paged 40 target forwards x 4 + 103 draft forwards x 2 = 366; B3: the draft's full pool has
+#                   256 + 16 rows and position p sits in slot 16 + p, so the prefill chunk over positions
+#                   256..319 (its draft extend is step 9) is the first out of range, at the draft's full layer (id 4).
 #  paths-noshrink   4 layers x 27 = 108; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
 #  paths-big-pool   2 layers x 14 = 28; B2's stale tail: steps 6-8 replay 3 rows in capture size 4, one stale row
 #                   each x 1 SWA layer = 3 clobbered.
@@ -117,8 +119,10 @@ PINNED_SCENARIOS = {
         triton=(366, {"missed": 65, "evicted_slot": 72, "out_of_range": 13}, (37, 5, "missed"))),
     ("paths-spec", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=147,
         every=(366, {"out_of_range": 836}, (6, 5, "out_of_range"))),
-    ("paths-spec-paged", "own"): pinned("sglang-pr-29858", steps=92,
-        every=(234, {}, None)),
+    ("paths-spec-paged", "own"): pinned("sglang-pr-29858", steps=143,
+        every=(366, {}, None)),
+    ("paths-spec-paged", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=143,
+        every=(366, {"out_of_range": 881}, (9, 4, "out_of_range"))),
     ("paths-noshrink", "own"): pinned("kvwriteloc-strict", steps=27,
         every=(108, {}, None)),
     ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=27,
