@@ -83,13 +83,74 @@ CUSTOM_MODEL = Model(name="custom", layer_kinds=(), window=0, full=KVGeometry(8,
 DEFAULT_PROMPT_LEN = Distribution("fixed", value=128)
 DEFAULT_OUTPUT_LEN = Distribution("fixed", value=16)
 DEFAULT_DP_OTHER_TOKENS = Distribution("uniform", min=0, max=512)
+DEFAULT_SYSTEM_PROMPT_LEN = Distribution("fixed", value=256)
+ONE_TURN = Distribution("fixed", value=1)
+NO_THINK_TIME = Distribution("fixed", value=0)
+
+_MASK63 = (1 << 63) - 1
+
+
+def _source_id(name: str) -> int:
+    """A stable 64-bit id of a token source (a prefix group, a conversation, a request)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def content_ids(source: str, lo: int, hi: int):
+    """Deterministic token-content ids of positions [lo, hi) of ``source``: equal (source, position),
+    equal id; different ones collide with probability about 2^-63 (a splitmix64 of the two)."""
+    import numpy as np
+
+    z = np.arange(lo, hi, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(_source_id(source))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(_MASK63)).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
+    """One request. Token *content* (what prefix matching compares) is not stored: :meth:`tokens`
+    computes it. Positions [0, prefix_len) are the prefix group's; a conversation's turns share every
+    position (turn k's prompt is turn k-1's prompt and output, then its own message); other positions
+    are the request's own (keyed by ``uid``, the request's index in the workload)."""
+
     arrival_step: int
     prompt_len: int
     output_len: int
+    prefix_group: Optional[str] = None     # the first prefix_len tokens are this group's
+    prefix_len: int = 0
+    conversation: Optional[str] = None     # a turn of this conversation
+    turn: int = 0                          # 1, 2, ... within the conversation (0: not a turn)
+    think_time: int = 0                    # turn > 1: steps after the previous turn finished, at least
+    uid: int = field(default=-1, compare=False)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+    @property
+    def content_key(self) -> str:
+        """The source of the positions past the prefix group's."""
+        if self.conversation is not None:
+            return f"conversation:{self.conversation}"
+        if self.uid < 0:
+            raise ValueError("a request outside a conversation needs its uid (make_requests sets it) for its tokens")
+        return f"request:{self.uid}"
+
+    def tokens(self, lo: int = 0, hi: Optional[int] = None):
+        """Content ids of positions [lo, hi) (default: the prompt and the output)."""
+        import numpy as np
+
+        hi = self.total_len if hi is None else hi
+        if not 0 <= lo <= hi:
+            raise ValueError(f"bad token range [{lo}, {hi})")
+        cut = min(max(self.prefix_len if self.prefix_group is not None else 0, lo), hi)
+        parts = []
+        if cut > lo:
+            parts.append(content_ids(f"group:{self.prefix_group}", lo, cut))
+        if hi > cut:
+            parts.append(content_ids(self.content_key, cut, hi))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +173,12 @@ class WorkloadConfig:
     prompt_len: Distribution = DEFAULT_PROMPT_LEN
     output_len: Distribution = DEFAULT_OUTPUT_LEN
     explicit: tuple[RequestSpec, ...] = ()     # when given, replaces the generated requests
+    # sharing (generated requests): system prompts and multi-turn conversations
+    system_prompts: int = 0                    # distinct shared system prompts
+    system_prompt_len: Distribution = DEFAULT_SYSTEM_PROMPT_LEN
+    share: float = 1.0                         # fraction of requests that start with a system prompt
+    turns: Distribution = ONE_TURN             # turns per conversation (each generated request is turn 1)
+    think_time: Distribution = NO_THINK_TIME   # steps between a turn's finish and the next turn's arrival
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +215,12 @@ class SpeculativeConfig:
 NO_SPECULATIVE = SpeculativeConfig()
 
 
+#: engine.war_barrier values ("release": the design's release chooses; the rest: simulator.timeline.BARRIERS)
+WAR_BARRIERS = ("release", "none", "loop_top", "read_done_after_metadata", "after_launch", "coarse")
+PLATFORMS = ("cuda", "rocm")
+RESERVES = ("whole", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     chunked_prefill_size: int = 8192
@@ -166,6 +239,21 @@ class EngineConfig:
     #: SGLANG_SWA_EVICTION_INTERVAL: tokens past the window a request accumulates before SGLang 0.5.23
     #: evicts them in decode (read by the 0.5.23 release model only)
     swa_eviction_interval: int = 128
+    #: the radix prefix cache (simulator/prefix_cache.py); SGLang's default is on, slotscope's stays off
+    #: until the scheduler uses it, so existing scenarios keep their results
+    radix_cache: bool = False
+    #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
+    #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
+    #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
+    overlap: bool = False
+    #: the overlap scheduler's WAR barrier: "release" (the design's release decides, per platform) or one
+    #: of simulator.timeline.BARRIERS (none, loop_top, read_done_after_metadata, after_launch, coarse)
+    war_barrier: str = "release"
+    #: the accelerator platform: 0.5.23 enables the WAR barrier on CUDA only (ROCm: W7)
+    platform: str = "cuda"
+    #: what admission reserves: "whole" (prompt and output, so allocation never fails) or "none" (the
+    #: prompt only; decode grows each request and retracts requests when the pools run out)
+    reserve: str = "whole"
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,17 +522,33 @@ def _workload(t: _Table) -> WorkloadConfig:
     raw_requests = t.data.get("request", [])
     if not isinstance(raw_requests, list):
         raise t.fail("request", "must be an array of tables ([[workload.request]])")
+    tables = []
     for i, r in enumerate(raw_requests):
         rt = _Table(r, f"{t.path}.request[{i}]", t.source)
-        explicit.append(RequestSpec(
-            arrival_step=rt.get("arrival_step", int, 0, minimum=0),
-            prompt_len=rt.get("prompt_len", int, minimum=1),
-            output_len=rt.get("output_len", int, minimum=0),
-        ))
+        spec = _request(rt, i)
         rt.done()
+        explicit.append(spec)
+        tables.append(rt)
+    explicit = _resolve_conversations(explicit, tables)
     requests = t.get("requests", int, len(explicit), minimum=0 if explicit else 1)
     if explicit and t.has("requests") and requests != len(explicit):
         raise t.fail("requests", f"is {requests} but {len(explicit)} [[workload.request]] tables are given")
+    sharing = ("system_prompts", "system_prompt_len", "share", "turns", "think_time")
+    if explicit:
+        for key in sharing:
+            if t.has(key):
+                t.seen.add(key)
+                raise t.fail(key, "applies to generated requests only; explicit [[workload.request]] tables share "
+                                  "through prefix_group / prefix_len and conversation / turn")
+    system_prompts = t.get("system_prompts", int, 0, minimum=0)
+    for key in ("system_prompt_len", "share"):
+        if t.has(key) and system_prompts == 0:
+            t.seen.add(key)
+            raise t.fail(key, "needs workload.system_prompts >= 1")
+    turns = _distribution(t, "turns", ONE_TURN, minimum=1)
+    if t.has("think_time") and turns == ONE_TURN:
+        t.seen.add("think_time")
+        raise t.fail("think_time", "needs workload.turns (more than one turn per conversation)")
     cfg = WorkloadConfig(
         requests=requests,
         arrival=t.get("arrival", str, "all_at_once", allowed=ARRIVALS),
@@ -452,9 +556,81 @@ def _workload(t: _Table) -> WorkloadConfig:
         prompt_len=_distribution(t, "prompt_len", DEFAULT_PROMPT_LEN, minimum=1),
         output_len=_distribution(t, "output_len", DEFAULT_OUTPUT_LEN, minimum=0),
         explicit=tuple(explicit),
+        system_prompts=system_prompts,
+        system_prompt_len=_distribution(t, "system_prompt_len", DEFAULT_SYSTEM_PROMPT_LEN, minimum=1),
+        share=t.get("share", float, 1.0, minimum=0.0, maximum=1.0),
+        turns=turns,
+        think_time=_distribution(t, "think_time", NO_THINK_TIME, minimum=0),
     )
     t.done()
     return cfg
+
+
+def _request(rt: _Table, i: int) -> RequestSpec:
+    """One [[workload.request]] table (its sharing fields checked on their own)."""
+    prompt_len = rt.get("prompt_len", int, minimum=1)
+    group = rt.get("prefix_group", str, None)
+    if group is not None and not group:
+        raise rt.fail("prefix_group", "must not be empty")
+    prefix_len = rt.get("prefix_len", int, None, minimum=1)
+    if group is not None and prefix_len is None:
+        raise rt.fail("prefix_len", "is required with prefix_group (the tokens shared with the group)")
+    if group is None and prefix_len is not None:
+        raise rt.fail("prefix_len", "needs prefix_group (the group whose first tokens these are)")
+    if prefix_len is not None and prefix_len > prompt_len:
+        raise rt.fail("prefix_len", f"{prefix_len} is larger than prompt_len {prompt_len}")
+    conversation = rt.get("conversation", str, None)
+    if conversation is not None and not conversation:
+        raise rt.fail("conversation", "must not be empty")
+    turn = rt.get("turn", int, None, minimum=1)
+    if conversation is not None and turn is None:
+        raise rt.fail("turn", "is required with conversation (1 for its first turn)")
+    if conversation is None and turn is not None:
+        raise rt.fail("turn", "needs conversation (the conversation this is a turn of)")
+    think_time = rt.get("think_time", int, None, minimum=0)
+    if think_time is not None and (turn is None or turn < 2):
+        raise rt.fail("think_time", "applies to a conversation's turns after the first (turn >= 2)")
+    return RequestSpec(
+        arrival_step=rt.get("arrival_step", int, 0, minimum=0),
+        prompt_len=prompt_len,
+        output_len=rt.get("output_len", int, minimum=0),
+        prefix_group=group, prefix_len=prefix_len or 0,
+        conversation=conversation, turn=turn or 0, think_time=think_time or 0, uid=i,
+    )
+
+
+def _resolve_conversations(specs: list[RequestSpec], tables: list[_Table]) -> list[RequestSpec]:
+    """Check each conversation's turns (1..n, each once; each prompt holds the whole previous turn) and
+    give later turns the first turn's prefix group."""
+    by_conv: dict[str, dict[int, int]] = {}
+    for i, r in enumerate(specs):
+        if r.conversation is None:
+            continue
+        turns = by_conv.setdefault(r.conversation, {})
+        if r.turn in turns:
+            raise tables[i].fail("turn", f"turn {r.turn} of conversation {r.conversation!r} is given twice "
+                                         f"(also request[{turns[r.turn]}])")
+        turns[r.turn] = i
+    out = list(specs)
+    for conv, turns in by_conv.items():
+        missing = sorted(set(range(1, max(turns) + 1)) - set(turns))
+        if missing:
+            last = turns[max(turns)]
+            raise tables[last].fail("turn", f"conversation {conv!r} has turn {max(turns)} but no turn {missing[0]}")
+        first = specs[turns[1]]
+        for k in range(2, max(turns) + 1):
+            i, prev = turns[k], specs[turns[k - 1]]
+            r = specs[i]
+            if r.prompt_len <= prev.total_len:
+                raise tables[i].fail("prompt_len", f"turn {k} of conversation {conv!r} starts with the whole of turn "
+                                                   f"{k - 1} ({prev.prompt_len} + {prev.output_len} tokens), so its "
+                                                   f"prompt must be longer than {prev.total_len}, got {r.prompt_len}")
+            if r.prefix_group is not None and (r.prefix_group, r.prefix_len) != (first.prefix_group, first.prefix_len):
+                raise tables[i].fail("prefix_group", f"a later turn inherits turn 1's prefix "
+                                                     f"({first.prefix_group!r}, {first.prefix_len} tokens); "
+                                                     f"leave it out or give the same")
+            out[i] = replace(r, prefix_group=first.prefix_group, prefix_len=first.prefix_len)
+    return out
 
 
 def _sorted_unique(t: _Table, key: str, values: tuple[int, ...]) -> tuple[int, ...]:
@@ -517,7 +693,17 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
         speculative=spec,
         attn_tp_size=t.get("attn_tp_size", int, d.attn_tp_size, minimum=1, maximum=1024),
         swa_eviction_interval=t.get("swa_eviction_interval", int, d.swa_eviction_interval, minimum=1),
+        radix_cache=t.get("radix_cache", bool, d.radix_cache),
+        overlap=t.get("overlap", bool, d.overlap),
+        war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
+        platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
+        reserve=t.get("reserve", str, d.reserve, allowed=RESERVES),
     )
+    if cfg.overlap and spec.enabled:
+        raise t.fail("overlap", "cannot be true with speculative decoding yet (the overlap timeline models "
+                                "plain extend and decode forwards)")
+    if cfg.reserve == "none" and (spec.enabled or cfg.mixed_chunk):
+        raise t.fail("reserve", "\"none\" (retraction) is modelled without speculative decoding and mixed chunks")
     if spec.enabled and cfg.mixed_chunk:
         raise t.fail("mixed_chunk", "cannot be true with speculative decoding (SGLang turns mixed chunked "
                                     "prefill off under speculative decoding)")
@@ -660,9 +846,28 @@ def _workload_data(w: WorkloadConfig, defaults: bool) -> dict[str, Any]:
         value = getattr(w, key)
         if defaults or value != default:
             d[key] = _dist_data(value, defaults)
+    if w.system_prompts:
+        d["system_prompts"] = w.system_prompts
+        if defaults or w.system_prompt_len != DEFAULT_SYSTEM_PROMPT_LEN:
+            d["system_prompt_len"] = _dist_data(w.system_prompt_len, defaults)
+        _put(d, "share", w.share, 1.0, defaults)
+    if w.turns != ONE_TURN:
+        d["turns"] = _dist_data(w.turns, defaults)
+        if defaults or w.think_time != NO_THINK_TIME:
+            d["think_time"] = _dist_data(w.think_time, defaults)
     if w.explicit:
-        d["request"] = [{"arrival_step": r.arrival_step, "prompt_len": r.prompt_len, "output_len": r.output_len}
-                        for r in w.explicit]
+        d["request"] = [_request_data(r) for r in w.explicit]
+    return d
+
+
+def _request_data(r: RequestSpec) -> dict[str, Any]:
+    d: dict[str, Any] = {"arrival_step": r.arrival_step, "prompt_len": r.prompt_len, "output_len": r.output_len}
+    if r.prefix_group is not None and r.turn <= 1:      # later turns inherit turn 1's
+        d["prefix_group"], d["prefix_len"] = r.prefix_group, r.prefix_len
+    if r.conversation is not None:
+        d["conversation"], d["turn"] = r.conversation, r.turn
+        if r.think_time:
+            d["think_time"] = r.think_time
     return d
 
 
@@ -692,7 +897,8 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
-    for key in ("attn_tp_size", "swa_eviction_interval"):
+    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "overlap", "war_barrier", "platform",
+                "reserve"):
         _put(d, key, getattr(e, key), getattr(base, key), False)
     if e.speculative != NO_SPECULATIVE:
         d["speculative"] = _speculative_data(e.speculative, defaults)
