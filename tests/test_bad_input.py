@@ -235,3 +235,57 @@ def test_memory_check_can_be_skipped(monkeypatch):
         check_resources(sc, load_design(sc.design), "cpu", "compact")
     monkeypatch.setenv("SLOTSCOPE_SKIP_MEMORY_CHECK", "1")
     assert check_resources(sc, load_design(sc.design), "cpu", "compact").total(False) > GIB // 4
+
+
+# --------------------------------------------------------------------------- sharing fields
+
+def _explicit(*reqs: str) -> str:
+    return BASE.replace("requests = 2\n", "") + "".join(f"\n[[workload.request]]\n{r}\n" for r in reqs)
+
+
+@pytest.mark.parametrize("text,field,msg", [
+    (_with("share = 0.5", "requests = 2"), "workload.share", "needs workload.system_prompts >= 1"),
+    (_with("system_prompts = 1\nshare = 1.5", "requests = 2"), "workload.share", "must be <= 1.0"),
+    (_with("system_prompts = -1", "requests = 2"), "workload.system_prompts", "must be >= 0"),
+    (_with("system_prompt_len = 9", "requests = 2"), "workload.system_prompt_len", "needs workload.system_prompts"),
+    (_with("system_prompts = 1\nsystem_prompt_len = 0", "requests = 2"), "workload.system_prompt_len", "must be >= 1"),
+    (_with("turns = 0", "requests = 2"), "workload.turns", "must be >= 1"),
+    (_with("think_time = 2", "requests = 2"), "workload.think_time", "needs workload.turns"),
+    (_with("turns = 2\nthink_time = -1", "requests = 2"), "workload.think_time", "must be >= 0"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nprefix_group = "g"\nprefix_len = 11'),
+     "workload.request[0].prefix_len", "11 is larger than prompt_len 10"),
+    (_explicit("prompt_len = 10\noutput_len = 1\nprefix_len = 4"), "workload.request[0].prefix_len", "needs prefix_group"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nprefix_group = "g"'), "workload.request[0].prefix_len", "is required"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nprefix_group = ""\nprefix_len = 1'),
+     "workload.request[0].prefix_group", "must not be empty"),
+    (_explicit("prompt_len = 10\noutput_len = 1\nturn = 1"), "workload.request[0].turn", "needs conversation"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"'), "workload.request[0].turn", "is required"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"\nturn = 0'), "workload.request[0].turn", "must be >= 1"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"\nturn = 1\nthink_time = 2'),
+     "workload.request[0].think_time", "turn >= 2"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"\nturn = 1',
+               'prompt_len = 30\noutput_len = 1\nconversation = "c"\nturn = 3'),
+     "workload.request[1].turn", "has turn 3 but no turn 2"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"\nturn = 1',
+               'prompt_len = 30\noutput_len = 1\nconversation = "c"\nturn = 1'),
+     "workload.request[1].turn", "turn 1 of conversation 'c' is given twice (also request[0])"),
+    (_explicit('prompt_len = 10\noutput_len = 5\nconversation = "c"\nturn = 1',
+               'prompt_len = 15\noutput_len = 1\nconversation = "c"\nturn = 2'),
+     "workload.request[1].prompt_len", "must be longer than 15, got 15"),
+    (_explicit('prompt_len = 10\noutput_len = 1\nconversation = "c"\nturn = 1\nprefix_group = "a"\nprefix_len = 4',
+               'prompt_len = 20\noutput_len = 1\nconversation = "c"\nturn = 2\nprefix_group = "b"\nprefix_len = 4'),
+     "workload.request[1].prefix_group", "inherits turn 1's prefix ('a', 4 tokens)"),
+    (_explicit("prompt_len = 10\noutput_len = 1").replace("[workload]\n", "[workload]\nturns = 2\n"),
+     "workload.turns", "applies to generated requests only"),
+    (_with("[engine]\nradix_cache = 1", "requests = 2"), "engine.radix_cache", "must be true or false"),
+])
+def test_sharing_fields_are_validated_by_name(text, field, msg):
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(text, "s.toml")
+    assert f"s.toml: {field}: " in str(e.value) and msg in str(e.value), str(e.value)
+
+
+def test_sharing_field_error_through_the_cli(tmp_path, capsys):
+    text = _explicit('prompt_len = 10\noutput_len = 1\nprefix_group = "g"\nprefix_len = 99')
+    rc, err = _run(_write(tmp_path, text), tmp_path, capsys)
+    assert rc == 2 and "s.toml: workload.request[0].prefix_len: 99 is larger than prompt_len 10" in err

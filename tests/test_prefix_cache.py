@@ -1,0 +1,507 @@
+"""The radix prefix cache (simulator/prefix_cache.py): hand-computed cases for matching, recovery
+(locked and unlocked), grouped frees, release and each bug switch, and a state machine over random
+inserts, matches, evictions and releases that checks the tree + allocator invariants after every step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from simulator.allocator import HybridAllocator, OverFree, RequestSlots
+from simulator.prefix_cache import (ADOPT, AVAILABLE, BUG_SWITCHES, FIXED, FREE, LOCK, MAP, SGLANG_0_5_23,
+                                    CachedRequest, PrefixCache, bugs_of, with_bug)
+
+W = 4          # the sliding window of the hand-computed cases
+
+
+def setup(page=1, full=32, swa=32, order="fifo", behaviour=SGLANG_0_5_23, window=W):
+    alloc = HybridAllocator(full * page, swa * page, page, order)
+    return alloc, PrefixCache(alloc, window, behaviour)
+
+
+def req(rid, tokens, capacity=None):
+    tokens = np.asarray(tokens, np.int64)
+    return CachedRequest(rid, RequestSlots(capacity or tokens.size), tokens)
+
+
+def run(cache, r, upto=None, limit=None):
+    """Admit (matching up to len - 1), then allocate the rest of positions [0, upto)."""
+    cache.admit(r, limit if limit is not None else r.tokens.size - 1)
+    n = (upto if upto is not None else r.tokens.size) - r.slots.length
+    cache.alloc.extend(r.slots, n)
+    return r
+
+
+def free_lists(alloc):
+    f, s = alloc.free_pages()
+    return f.tolist(), s.tolist()
+
+
+def chain(cache, rid, tokens, cut):
+    """A finished request whose KV sits in the tree as two nodes, [0, cut) and [cut, len)."""
+    r = run(cache, req(rid, tokens))
+    cache.cache_unfinished(r, cut)
+    cache.cache_finished(r)
+    return r
+
+
+T = list(range(1, 13))          # a shared 12-token prefix
+
+
+# --------------------------------------------------------------------------- switches
+
+def test_switches_name_one_field_each_and_defaults_are_0523():
+    assert bugs_of(SGLANG_0_5_23) == ("R8",)          # R8's unfiltered SWA free is live in 0.5.23
+    assert bugs_of(FIXED) == ()
+    for bug in BUG_SWITCHES:
+        assert bugs_of(with_bug(bug)) == (bug,)
+    assert with_bug("R8").linker_frees_tombstones
+    with pytest.raises(KeyError, match="U1"):
+        with_bug("U1")
+
+
+# --------------------------------------------------------------------------- matching
+
+def test_match_shares_a_prefix_and_frees_duplicates():
+    alloc, c = setup()
+    a = run(c, req(1, T + [100]))
+    c.cache_finished(a)
+    assert free_lists(alloc) == (list(range(14, 33)), list(range(14, 33)))
+    b = req(2, T + [200, 201])
+    m = c.admit(b, 13)                       # T + [100] vs T + [200]: the node is split after T
+    assert m.length == 12 and m.full.tolist() == list(range(1, 13)) and m.swa.tolist() == list(range(1, 13))
+    assert b.protected == 12 and b.slots.length == 12 and len(c.nodes) == 3
+    c.check_invariants([b])
+    alloc.extend(b.slots, 2)
+    assert b.slots.full[:14].tolist() == list(range(1, 13)) + [14, 15]
+    c.check_invariants([b])
+
+
+def test_match_split_and_duplicates_of_a_request_computed_alongside():
+    alloc, c = setup()
+    a = run(c, req(1, T + [100]))
+    b = run(c, req(2, T + [200]))            # admitted on an empty tree: computes everything
+    assert b.slots.full[:13].tolist() == list(range(14, 27))
+    c.cache_finished(a)
+    c.drain_events()
+    c.cache_finished(b)
+    ev = c.drain_events()
+    dup = [e for e in ev if e.kind == FREE and e.cause == "dedup"]
+    assert [(e.pool, e.slots.tolist()) for e in dup] == [("swa", list(range(14, 26))), ("full", list(range(14, 26)))]
+    assert free_lists(alloc) == (list(range(27, 33)) + list(range(14, 26)), list(range(27, 33)) + list(range(14, 26)))
+    c.check_invariants([])
+    # tree: T -> {100, 200}
+    root_child = next(iter(c.root.children.values()))
+    assert root_child.key.tolist() == T and len(root_child.children) == 2
+
+
+def test_match_stops_where_the_swa_window_rules_do():
+    alloc, c = setup()
+    a = run(c, req(1, T))
+    c.free_out_of_window(a, 6)               # positions [0, 6) lose their SWA slots
+    c.cache_finished(a)                      # tree: tombstone [0, 6) -> live [6, 12)
+    x = next(iter(c.root.children.values()))
+    y = next(iter(x.children.values()))
+    assert x.tombstone and len(x.key) == 6 and not y.tombstone and len(y.key) == 6
+    c.check_invariants([])
+    # 6 live tokens after the tombstone cover the window: the whole prefix matches
+    m = c.match_prefix(np.array(T + [99]), 12)
+    assert m.length == 12 and m.swa_live_from == 6
+    assert m.swa.tolist() == [0] * 6 + list(range(7, 13)) and m.full.tolist() == list(range(1, 13))
+    # only 2 live tokens after the tombstone: not a usable match, although Full KV holds 8
+    m = c.match_prefix(np.array(T[:8] + [99, 98]), 9)
+    assert m.length == 0 and m.full_hit == 8
+    # no tombstone on the path: any prefix matches
+    alloc2, c2 = setup()
+    c2.cache_finished(run(c2, req(1, T)))
+    assert c2.match_prefix(np.array(T[:3] + [50]), 4).length == 3
+
+
+def test_match_at_page_16_is_page_granular():
+    alloc, c = setup(page=16, full=8, swa=8)
+    toks = list(range(1, 41))
+    a = run(c, req(1, toks))
+    c.cache_finished(a)
+    # 40 tokens: the tree keeps two pages (32 tokens); the tail page goes back
+    node = next(iter(c.root.children.values()))
+    assert len(node.key) == 32
+    m = c.match_prefix(np.array(toks[:20] + [0] * 20), 39)
+    assert m.length == 16 and m.full.tolist() == list(range(16, 32))
+    c.check_invariants([])
+
+
+# --------------------------------------------------------------------------- recovery
+
+def _tombstone_then(c, a_tokens, cut=6):
+    """Request 1 finishes with [0, cut) out of the window: the tree has a tombstone [0, cut)."""
+    a = run(c, req(1, a_tokens))
+    c.free_out_of_window(a, cut)
+    c.cache_finished(a)
+    return next(iter(c.root.children.values()))
+
+
+def test_recovery_with_the_full_unlocked_adopts_the_incoming_ids():
+    alloc, c = setup()
+    x = _tombstone_then(c, T[:8] + [100, 101])
+    assert x.tombstone and x.full.tolist() == [1, 2, 3, 4, 5, 6]
+    assert free_lists(alloc)[1] == list(range(11, 33)) + [1, 2, 3, 4, 5, 6]
+    b = run(c, req(2, T[:8] + [200, 201, 202]))
+    assert b.protected == 0                     # the tombstone is no usable prefix
+    assert b.slots.full[:11].tolist() == list(range(11, 22)) and b.slots.swa[:11].tolist() == list(range(11, 22))
+    c.drain_events()
+    c.cache_finished(b)
+    ev = c.drain_events()
+    assert x.full.tolist() == list(range(11, 17)) and x.swa.tolist() == list(range(11, 17))
+    assert [(e.kind, e.pool, e.slots.tolist(), e.cause) for e in ev if e.cause == "recover" and e.kind != AVAILABLE] == [
+        (ADOPT, "full", list(range(11, 17)), "recover"),
+        (FREE, "full", [1, 2, 3, 4, 5, 6], "recover"),
+        (ADOPT, "swa", list(range(11, 17)), "recover")]
+    # [6, 8) duplicates the live node [7, 8]: freed both sides; the tail [200, 201, 202] is a new leaf
+    assert free_lists(alloc) == (list(range(22, 33)) + [1, 2, 3, 4, 5, 6, 17, 18],
+                                 list(range(22, 33)) + [1, 2, 3, 4, 5, 6, 17, 18])
+    c.check_invariants([])
+
+
+def _locked_tombstone(behaviour):
+    """A running request (3) holds [0, 12) through nodes X = [0, 6) and Y = [6, 12), its SWA lock only on
+    Y; X is then SWA-evicted (tombstoned, its Full still locked). Request 2 (admitted before X existed)
+    computed [0, 6) itself."""
+    alloc, c = setup(behaviour=behaviour)
+    b = run(c, req(2, T[:6] + [400, 401]))                    # full/swa 1..8
+    chain(c, 1, T, 6)                                          # A: full/swa 9..20 -> X, Y
+    x = next(iter(c.root.children.values()))
+    run_c = run(c, req(3, T + [300]), limit=12)                # matches 12, locks
+    assert run_c.protected == 12 and x.full_lock == 1 and x.swa_lock == 0
+    return alloc, c, b, run_c, x
+
+
+def test_recovery_with_the_full_locked_repoints_the_kept_ids():
+    alloc, c, b, cr, x = _locked_tombstone(SGLANG_0_5_23)
+    assert c.evict(swa_tokens=6) == (0, 6)
+    assert x.tombstone and x.full.tolist() == list(range(9, 15))
+    assert (alloc.full_to_swa[9:15] == 0).all()
+    c.drain_events()
+    c.cache_finished(b)
+    ev = c.drain_events()
+    # kept: X's locked full ids 9..14; B's SWA slots 1..6 move onto them; B's full 1..6 go back full-only
+    assert x.full.tolist() == list(range(9, 15)) and x.swa.tolist() == [1, 2, 3, 4, 5, 6]
+    assert alloc.full_to_swa[9:15].tolist() == [1, 2, 3, 4, 5, 6] and (alloc.full_to_swa[1:7] == 0).all()
+    assert [(e.kind, e.pool, e.slots.tolist()) for e in ev if e.cause == "recover_locked" and e.kind != AVAILABLE] == [
+        (MAP, "full", [1, 2, 3, 4, 5, 6]), (MAP, "full", list(range(9, 15))),
+        (FREE, "full", [1, 2, 3, 4, 5, 6]), (ADOPT, "swa", [1, 2, 3, 4, 5, 6])]
+    assert cr.slots.full[:6].tolist() == list(range(9, 15))     # the running reader's slots untouched
+    c.check_invariants([cr])
+
+
+def test_r2_frees_the_locked_full_under_the_running_request():
+    alloc, c, b, cr, x = _locked_tombstone(with_bug("R2"))
+    c.evict(swa_tokens=6)
+    c.cache_finished(b)
+    # the node took B's ids and freed its own: the slots request 3 still reads are in the free list
+    assert x.full.tolist() == [1, 2, 3, 4, 5, 6]
+    reader = cr.slots.full[:6].tolist()
+    assert reader == list(range(9, 15)) and set(reader) <= set(free_lists(alloc)[0])
+    with pytest.raises(AssertionError, match="prefix is not its node's path"):
+        c.check_invariants([cr])
+
+
+# --------------------------------------------------------------------------- grouped frees
+
+def test_grouped_frees_resolve_swa_at_enqueue():
+    alloc, c, b, cr, x = _locked_tombstone(SGLANG_0_5_23)
+    p_old = x.swa.tolist()                                     # 9..14
+    with c.free_group():
+        c.evict(swa_tokens=6)                                  # tombstone X: its SWA resolved now
+        assert free_lists(alloc)[1] == list(range(22, 33))     # held until the group ends
+        c.cache_finished(b)                                    # locked recovery re-points X's full ids
+        assert alloc.full_to_swa[9:15].tolist() == [1, 2, 3, 4, 5, 6]
+    assert x.swa.tolist() == [1, 2, 3, 4, 5, 6]
+    assert set(p_old) <= set(free_lists(alloc)[1]) and not {1, 2, 3, 4, 5, 6} & set(free_lists(alloc)[1])
+    c.check_invariants([cr])
+    avail = [e for e in c.events if e.kind == AVAILABLE]
+    assert all(e.cause == "flush" for e in avail)
+
+
+def test_r7_flush_frees_the_repointed_page_and_the_old_one_leaks():
+    alloc, c, b, cr, x = _locked_tombstone(with_bug("R7"))
+    p_old = x.swa.tolist()
+    with c.free_group():
+        c.evict(swa_tokens=6)
+        c.cache_finished(b)
+    swa_free = free_lists(alloc)[1]
+    # the flush translated X's full ids after the recovery: it freed B's pages 1..6, which X now holds
+    assert x.swa.tolist() == [1, 2, 3, 4, 5, 6] and {1, 2, 3, 4, 5, 6} <= set(swa_free)
+    assert not set(p_old) & set(swa_free)                       # 9..14: owned by nobody, never freed
+    assert (alloc.full_to_swa[9:15] == 0).all()
+    flush = [e for e in c.events if e.kind == FREE and e.cause.endswith("@flush")]
+    assert [e.slots.tolist() for e in flush] == [[1, 2, 3, 4, 5, 6]]
+    with pytest.raises(AssertionError):
+        c.check_invariants([cr])
+
+
+# --------------------------------------------------------------------------- release
+
+def test_release_gives_the_evicted_range_back_full_side_only():
+    alloc, c = setup()
+    chain(c, 1, T[:4] + [7, 7, 7, 7], 4)                       # tree: [0, 4) -> [4, 8)
+    r = req(2, T[:4] + [50 + i for i in range(12)])
+    run(c, r, upto=16, limit=4)                                 # matches 4 (one window), computes 12
+    assert r.protected == 4 and r.slots.full[:16].tolist() == [1, 2, 3, 4] + list(range(9, 21))
+    c.free_out_of_window(r, 10)                                 # SWA of [4, 10) freed (never the tree's)
+    assert r.slots.swa_evicted == 10
+    full_before, swa_before = free_lists(alloc)
+    c.drain_events()
+    c.release(r)                                                # no insert: abort / retract
+    f, s = free_lists(alloc)
+    assert f == full_before + list(range(9, 21))                # [4, 10) full-only, then [10, 16) both
+    assert s == swa_before + list(range(15, 21))
+    assert [(e.kind, e.pool, e.slots.tolist()) for e in c.drain_events() if e.kind == FREE] == [
+        (FREE, "full", list(range(9, 15))), (FREE, "swa", list(range(15, 21))), (FREE, "full", list(range(15, 21)))]
+    c.check_invariants([])
+    assert all(n.full_lock == 0 and n.swa_lock == 0 for n in c.nodes.values())
+
+
+def test_tree_eviction_frees_lru_unlocked_leaves():
+    alloc, c = setup()
+    c.cache_finished(run(c, req(1, [1, 2, 3, 4, 5])))
+    c.cache_finished(run(c, req(2, [9, 9, 9, 9, 9])))
+    held = run(c, req(3, [1, 2, 3, 4, 5, 6]), limit=5)         # locks request 1's node
+    assert c.evict(full_tokens=1) == (5, 5)                     # the other leaf, not the locked one
+    assert [n.key.tolist() for n in c.nodes.values() if n is not c.root] == [[1, 2, 3, 4, 5]]
+    c.check_invariants([held])
+    c.release(held)
+    assert c.evict(full_tokens=100) == (5, 5) and len(c.nodes) == 1
+    c.check_invariants([])
+    assert [e.kind for e in c.events].count(LOCK) >= 1
+
+
+# --------------------------------------------------------------------------- the other bug switches
+
+def test_r3_stale_tombstone_mapping_frees_a_live_slot():
+    for behaviour, leaks in ((SGLANG_0_5_23, False), (with_bug("R3"), True)):
+        alloc, c = setup(full=48, order="lifo", behaviour=behaviour)
+        chain(c, 1, T[:8] + [20, 21, 22, 23, 24, 25], 8)         # N = full/swa 1..8, leaf 9..14
+        n = next(iter(c.root.children.values()))
+        b = run(c, req(2, T[:8] + [500, 501]), limit=0)         # computes [0, 10) itself: 15..24
+        e = run(c, req(5, T[:8] + [20, 21, 22, 23, 24, 25, 26]), limit=14)   # reader: SWA lock on the leaf
+        c.evict(swa_tokens=8)                                   # N tombstoned (internal)
+        assert n.tombstone
+        c.release(e)
+        cr = run(c, req(3, [900 + i for i in range(9)]))        # LIFO: takes the SWA slots N just gave back
+        assert set(range(1, 9)) <= set(cr.slots.swa[:9].tolist())
+        c.cache_finished(b)                                     # recovery over N, Full unlocked
+        swa_free = set(free_lists(alloc)[1])
+        live_freed = set(cr.slots.swa[:9].tolist()) & swa_free
+        if leaks:
+            assert live_freed == set(range(1, 9))               # C's live SWA slots, freed by the stale mapping
+            with pytest.raises(AssertionError):
+                c.check_invariants([cr])
+        else:
+            assert not live_freed
+            c.check_invariants([cr])
+
+
+def test_r8_sink_page_enters_the_swa_free_list():
+    for page in (1, 16):
+        for behaviour, sink in ((with_bug("R8"), True), (replace_linker(FIXED), False)):
+            alloc, c = setup(page=page, full=16, swa=16, order="lifo", behaviour=behaviour)
+            toks = list(range(1, 4 * page + 1))
+            keep = run(c, req(9, [7000 + i for i in range(4 * page)]))     # holds SWA pages
+            a = run(c, req(1, toks))
+            c.free_out_of_window(a, 2 * page)
+            c.cache_finished(a)                                  # tombstone [0, 2 pages) -> live leaf
+            c.evict(full_tokens=10**6)                           # the live leaf, then the tombstone leaf
+            swa_free = free_lists(alloc)[1]
+            assert (0 in swa_free) == sink, (page, behaviour.name)
+            if sink:
+                assert swa_free.count(0) == (2 * page if page == 1 else 2)   # once per representative
+                nxt = run(c, req(4, [8000 + i for i in range(page)]))       # LIFO: the sink comes back first
+                assert nxt.slots.swa[0] == 0
+            else:
+                c.check_invariants([keep])
+
+
+def replace_linker(b):
+    from dataclasses import replace
+    return replace(b, linker_frees_tombstones=True)
+
+
+def test_r8_over_free_is_the_capacity_assert():
+    alloc, c = setup(full=8, swa=8, behaviour=with_bug("R8"))
+    a = run(c, req(1, list(range(1, 9))))
+    c.free_out_of_window(a, 6)
+    c.cache_finished(a)
+    with pytest.raises(OverFree, match="free of 8"):
+        c.evict(full_tokens=100)          # 6 sink frees on top of a full free list
+
+
+def test_a1_paged_free_swa_clearing_only_the_tokens_double_frees_the_page():
+    for behaviour, twice in ((SGLANG_0_5_23, False), (with_bug("A1"), True)):
+        alloc, c = setup(page=16, full=4, swa=4, behaviour=behaviour)
+        run(c, req(9, list(range(900, 932))), limit=0)            # holds two pages: room for a double free
+        r = run(c, req(1, list(range(100, 116))), limit=0)
+        sp = int(r.slots.swa[0]) // 16
+        c.free_swa(r.slots.full[:1], r.owner, "test")
+        c.free_swa(r.slots.full[1:2], r.owner, "test")
+        assert free_lists(alloc)[1].count(sp) == (2 if twice else 1)
+        assert (alloc.full_to_swa[r.slots.full[2:16]] != 0).all() == twice
+
+
+def test_a2_swa_tail_allocation_keeps_stale_mappings_on_recycled_full_pages():
+    for behaviour, bug in ((SGLANG_0_5_23, False), (with_bug("A2"), True)):
+        alloc, c = setup(page=16, full=8, swa=4, order="lifo", behaviour=behaviour)
+        run(c, req(1, list(range(100, 116))), limit=0)               # full page 1, SWA page 1
+        # its previous owner gives the pages back leaving the full page's mapping (e.g. A1's partial clear)
+        alloc.free_swa_pages(np.array([1]))
+        other = run(c, req(3, list(range(300, 316))), limit=0)      # LIFO: SWA page 1 again, full page 2
+        assert other.slots.swa[0] == 16 and other.slots.full[0] == 32
+        alloc.free_full_pages(np.array([1]))
+        tail = req(2, list(range(200, 232)))
+        c.extend_swa_tail(tail, 32, 16)                             # recycled full page 1, then 3; SWA page 2
+        assert tail.slots.full[0] == 16 and tail.slots.swa[16] == 32 and tail.slots.swa_evicted == 16
+        stale = alloc.full_to_swa[tail.slots.full[:16]]
+        assert (stale == np.arange(16, 32)).all() == bug and (stale == 0).all() != bug
+        c.free_swa(tail.slots.full[:16], tail.owner, "evict")      # the non-tail range
+        assert (1 in free_lists(alloc)[1]) == bug                   # request 3's live SWA page freed
+
+
+# --------------------------------------------------------------------------- state machine
+
+FAMILIES = [list(range(1000 * f + 1, 1000 * f + 65)) for f in range(3)]
+
+
+class CacheMachine(RuleBasedStateMachine):
+    page = 1
+    order = "lifo"
+    behaviour = SGLANG_0_5_23
+
+    def __init__(self):
+        super().__init__()
+        p = self.page
+        self.window = 3 * p if p > 1 else 5
+        self.alloc = HybridAllocator(40 * p, 28 * p, p, self.order)
+        self.cache = PrefixCache(self.alloc, self.window, self.behaviour)
+        self.live: list[CachedRequest] = []
+        self.done: list[np.ndarray] = []        # finished requests' tokens (for multi-turn)
+        self.rid = 0
+
+    def _make_room(self, r, n):
+        need = self.alloc.pages_needed(r.slots, n)
+        if need > self.alloc._full.free or need > self.alloc._swa.free:
+            self.cache.evict(full_tokens=need * self.page, swa_tokens=need * self.page)
+        return need <= self.alloc._full.free and need <= self.alloc._swa.free
+
+    @rule(family=st.integers(0, 2), shared=st.integers(0, 64), own=st.integers(1, 40), out=st.integers(0, 24),
+          turn=st.booleans(), fresh=st.booleans())
+    def start(self, family, shared, own, out, turn, fresh):
+        """A new request; ``fresh``: admitted without a match (in flight together with the requests that
+        insert its prefix, as in a batch), so its insert meets duplicates and tombstones."""
+        self.rid += 1
+        if turn and self.done:
+            head = self.done[self.rid % len(self.done)]
+        else:
+            head = np.asarray(FAMILIES[family][:shared], np.int64)
+        body = np.arange(own + out, dtype=np.int64) + 10**6 * self.rid
+        tokens = np.concatenate([head, body])
+        r = req(self.rid, tokens)
+        r.prompt = head.size + own
+        self.cache.admit(r, 0 if fresh else r.prompt - 1)
+        n = r.prompt - r.slots.length
+        if not self._make_room(r, n):
+            self.cache.release(r)
+            return
+        self.alloc.extend(r.slots, n)
+        self.live.append(r)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100), n=st.integers(1, 8))
+    def decode(self, i, n):
+        r = self.live[i % len(self.live)]
+        n = min(n, r.tokens.size - r.slots.length)
+        if n and self._make_room(r, n):
+            self.alloc.extend(r.slots, n)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def out_of_window(self, i):
+        r = self.live[i % len(self.live)]
+        self.cache.free_out_of_window(r, r.slots.length - self.window)
+
+    @precondition(lambda self: self.done)
+    @rule(i=st.integers(0, 100), extra=st.integers(1, 20))
+    def recompute(self, i, extra):
+        """A request with a finished request's tokens (and more), admitted without a match and computed
+        whole, then finished: its insert meets the tree's duplicates and, where the tree's SWA was
+        evicted, tombstones (recovery, Full locked or not)."""
+        head = self.done[i % len(self.done)]
+        self.rid += 1
+        r = req(self.rid, np.concatenate([head, np.arange(extra, dtype=np.int64) + 10**6 * self.rid]))
+        r.prompt = r.tokens.size
+        self.cache.admit(r, 0)
+        if not self._make_room(r, r.prompt):
+            self.cache.release(r)
+            return
+        self.alloc.extend(r.slots, r.prompt)
+        self.cache.evict(swa_tokens=head.size // 2)          # tombstone some of the tree's copy first
+        self.cache.cache_finished(r)
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100))
+    def chunk(self, i):
+        self.cache.cache_unfinished(self.live[i % len(self.live)])
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 100), grouped=st.booleans(), abort=st.booleans())
+    def finish(self, i, grouped, abort):
+        r = self.live.pop(i % len(self.live))
+        with self.cache.free_group() if grouped else _null():
+            if abort:
+                self.cache.release(r)
+            else:
+                self.done.append(r.tokens[:r.slots.length].copy())
+                self.cache.cache_finished(r)
+            if grouped and self.live:
+                # a second mutation in the same group: SWA eviction (tombstones)
+                self.cache.evict(swa_tokens=self.page)
+
+    @rule(full=st.integers(0, 40), swa=st.integers(0, 40))
+    def evict(self, full, swa):
+        self.cache.evict(full_tokens=full * self.page // 4, swa_tokens=swa * self.page // 2)
+
+    @rule(family=st.integers(0, 2), k=st.integers(0, 64))
+    def match_only(self, family, k):
+        m = self.cache.match_prefix(np.asarray(FAMILIES[family][:k], np.int64))
+        assert m.length % self.page == 0 and m.length <= k
+        assert m.full.size == m.length == m.swa.size
+
+    @invariant()
+    def consistent(self):
+        self.cache.check_invariants(self.live)
+        free_full, free_swa = self.alloc.free_pages()
+        assert free_full.size <= self.alloc.full_size // self.page
+        assert free_swa.size <= self.alloc.swa_size // self.page
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _machine(page, order, behaviour=SGLANG_0_5_23):
+    cls = type(f"Machine_p{page}_{order}", (CacheMachine,), {"page": page, "order": order, "behaviour": behaviour})
+    case = cls.TestCase
+    case.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow])
+    return case
+
+
+TestMachinePage1Lifo = _machine(1, "lifo")
+TestMachinePage1Fifo = _machine(1, "fifo")
+TestMachinePage16Lifo = _machine(16, "lifo")
+TestMachinePage16Fifo = _machine(16, "fifo")
+TestMachineFixedPage1 = _machine(1, "fifo", FIXED)
