@@ -131,7 +131,8 @@ def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Opt
     return {"version": api.info.version, "design": rt.design.name, "steps": len(res.steps),
             "backends": {b: s.to_json() for b, s in res.backends.items()},
             "swa_ids": {b: rt.translator.source(b) for b in sc.backends},
-            "engine_calls": dict(rt.allocator.calls), "page_size": rt.allocator.page_size}
+            "engine_calls": dict(rt.allocator.calls), "page_size": rt.allocator.page_size,
+            "wall_s": round(res.wall_s, 3)}
 
 
 def translation_agrees(page_size: int = 1, seed: int = 0) -> dict:

@@ -52,6 +52,11 @@ def _main(argv: list[str]) -> int:
     spec, target = argv[0], argv[1]
     args = json.loads(sys.stdin.read() or "[]")
     try:
+        import torch
+
+        # one thread, as slotscope run: on a busy CPU torch's thread pool spins and a CPU-fallback store
+        # (index assignment of a few hundred rows) costs milliseconds instead of microseconds
+        torch.set_num_threads(int(os.environ.get("SLOTSCOPE_TORCH_THREADS", "1")))
         from .api import load
 
         load(spec)
