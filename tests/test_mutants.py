@@ -2,7 +2,8 @@
 
 Each mutant of tests/mutant_designs.py is the fixed design (``kvwriteloc-strict``) with one mistake in one
 hook. It runs, in-process and without report or trace, on the shipped scenario named for it, and must show a
-finding there (the run stops at the first one); the fixed design must show none on the same scenarios. A
+finding of the class named for it there (the run stops at the first one); the fixed design must show none on the
+same scenarios. A
 mutant that no shipped scenario catches means the scenarios miss a path: improve them, don't drop the mutant.
 """
 from __future__ import annotations
@@ -22,12 +23,20 @@ HOOKS = ("translate", "fill_graph_loc_buffer", "fill_graph_swa_buffer", "make_wr
 SCENARIOS = sorted({sc for sc, _ in CATCHER.values()})
 
 
-class FirstFinding(Exception):
-    """Raised by :class:`StopAtFirstFinding`; carries the finding."""
+class Caught(Exception):
+    """Raised by :class:`StopWhenCaught`; carries the finding of the expected class and the run's first finding."""
 
 
-class StopAtFirstFinding:
-    """A run observer that ends the run at its first finding (a mutant needs one, not all)."""
+class StopWhenCaught:
+    """A run observer that ends the run at the first finding of a class (a mutant needs one, not all).
+
+    It keeps the run's first finding of any class too, so a mutant whose first sign is something else
+    (a ``design_error``: the mistake crashed instead of writing wrong) is told apart.
+    """
+
+    def __init__(self, cls: str):
+        self.cls = cls
+        self.first = None
 
     def on_run_start(self, run) -> None:
         pass
@@ -39,8 +48,11 @@ class StopAtFirstFinding:
         pass
 
     def on_findings(self, findings) -> None:
-        if findings:
-            raise FirstFinding(findings[0])
+        if findings and self.first is None:
+            self.first = findings[0]
+        hit = next((f for f in findings if f.cls == self.cls), None)
+        if hit is not None:
+            raise Caught(hit, self.first)
 
     def on_run_end(self) -> None:
         pass
@@ -77,8 +89,11 @@ def test_fixed_design_is_clean_where_the_mutants_run(scenario):
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.__name__)
 def test_mutant_is_caught_by_a_shipped_scenario(mutant):
+    """The mutant's mistake shows as the write-side class named for it (the run stops there)."""
     scenario, cls = CATCHER[mutant]
-    with pytest.raises(FirstFinding) as caught:
-        run(scenario, f"{MODULE}:{mutant.__name__}", [StopAtFirstFinding()])
-    finding = caught.value.args[0]
-    assert finding.cls == cls, (mutant.__name__, scenario, finding.to_json())
+    stop = StopWhenCaught(cls)
+    with pytest.raises(Caught) as caught:
+        run(scenario, f"{MODULE}:{mutant.__name__}", [stop])
+    finding, first = caught.value.args
+    assert finding.cls == cls
+    assert first.cls != "design_error", (mutant.__name__, first.to_json())
