@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from engine_path.errors import EngineError
 from simulator.designs import BUILTIN_DESIGNS, DesignError
 from simulator.scenario import BACKENDS, MAX_SEED, ScenarioError
 
@@ -28,6 +29,8 @@ examples:
   slotscope run scenarios/b1-pcg-dp-padding.toml --out out/b1
   slotscope run scenarios/b1-pcg-dp-padding.toml --design sglang-post-29460 --out out/b1-fixed
   slotscope run scenarios/smoke.toml --design my_fix.py:MyDesign --backends flashinfer,trtllm_mha
+  slotscope run scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.14 --out out/b1-0514
+  slotscope bisect scenarios/b1-pcg-dp-padding.toml --engine sglang --versions 0.5.14..0.5.23
   slotscope compare out/b1 out/b1-fixed -o out/b1-compare.html
   slotscope analyze out/b1/trace.otlp.jsonl
   slotscope bugs                     # every known bug reproduces, every fix is clean
@@ -36,7 +39,8 @@ examples:
 exit codes:
   0    clean: the run finished and no write diverged
   1    findings
-  2    bad input (the message names the file and field, or the flag)
+  2    bad input (the message names the file and field, or the flag; for --engine: the release,
+       the registry or the import that failed)
   3    the run failed (partial outputs kept, summary.json says "incomplete")
   4    no findings, but the live export (--otlp-endpoint) failed; the run's own files are complete
   5    no findings in a run cut short by --max-steps: not a clean verdict
@@ -88,6 +92,13 @@ def _add_run(sub) -> None:
     p.add_argument("scenario", help="scenario TOML file (see scenarios/ and docs/SCENARIOS.md)")
     p.add_argument("--design", help=f"design to test: one of {', '.join(sorted(BUILTIN_DESIGNS))}, or "
                                     f"path/to/file.py:ClassName (default: the scenario's)")
+    p.add_argument("--engine", metavar="SPEC",
+                   help="put a real SGLang release in the write path instead of a modelled design: 'sglang' (the "
+                        "installed one, an editable checkout included) or 'sglang==VERSION' (fetched once into "
+                        "slotscope's cache, $SLOTSCOPE_CACHE or ~/.cache/slotscope). The release's SWA allocator, "
+                        "eviction rule, SWA translation, KVWriteLoc and SWAKVPool run; the scheduler, workload, "
+                        "DP ranks and CUDA-only backend parts stay modelled (docs/ENGINE.md). Needs "
+                        "pip install -e '.[sglang]'; runs on the CPU (default: the scenario's engine_release, if any)")
     p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--out", default=None,
                    help="output directory (default: out/<scenario name>): an empty one, or a run directory, whose "
@@ -125,7 +136,7 @@ def cmd_run(args) -> int:
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
             otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-            max_steps=args.max_steps, progress=progress))
+            max_steps=args.max_steps, progress=progress, engine=args.engine))
     except BaseException as exc:
         if progress is not None:
             progress.close()
@@ -172,7 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slotscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
-    for module in ("tracing.commands", "reports.commands", "slotscope.corpus", "slotscope.minimize"):
+    for module in ("tracing.commands", "reports.commands", "slotscope.corpus", "slotscope.minimize",
+                   "slotscope.bisect"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as e:
@@ -192,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         with stop_on_signals():   # SIGTERM like ^C: every command stops cleanly (a run keeps partial outputs)
             return int(args.func(args))
-    except (ScenarioError, DesignError, UsageError) as e:
+    except (ScenarioError, DesignError, UsageError, EngineError) as e:
         print(f"slotscope: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RunStopped as e:

@@ -171,6 +171,8 @@ class RunOptions:
     cuda_graphs: bool = True              # on CUDA with the Triton store: decode and piecewise graphs
     max_steps: Optional[int] = None
     progress: Optional[Callable[[int, int, int], None]] = None
+    engine: Optional[str] = None          # "sglang" / "sglang==VERSION": the release in the write path
+    quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
 
 
@@ -243,10 +245,11 @@ def make_pool_factory(scenario: Scenario, device: torch.device, geometry: str, s
 
 
 def summary_of(scenario: Scenario, design: Design, result: RunResult,
-               incomplete: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+               incomplete: Optional[dict[str, Any]] = None, engine: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     out = {
         "scenario": scenario.name,
         "design": design.name,
+        "engine": engine,          # {"name", "version", "path"} of the release in the write path; None: a model run
         "seed": scenario.seed,
         "backends": {name: st.to_json() for name, st in result.backends.items()},
         "steps": len(result.steps),
@@ -278,6 +281,13 @@ class _Setup:
     store: str
     extra: dict[str, Any]
     opts: RunOptions
+    runtime: Any = None                   # engine_path.runtime.EngineRuntime of an engine run
+
+    @property
+    def engine(self) -> Optional[dict[str, Any]]:
+        from .engine_run import engine_json
+
+        return engine_json(self.runtime)
 
 
 class _ProgressTracker:
@@ -306,14 +316,30 @@ def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -
         raise UsageError(f"--max-steps must be an integer >= 1, got {opts.max_steps!r}")
     if opts.seed is not None and not (isinstance(opts.seed, int) and 0 <= opts.seed <= MAX_SEED):
         raise UsageError(f"--seed must be an integer in [0, 2^63), got {opts.seed!r}")
+    engine_release = None
+    if opts.engine is not None:
+        from .engine_run import engine_spec
+
+        engine_release = str(engine_spec(opts.engine))
     return scenario.with_overrides(design=opts.design, backends=opts.backends, seed=opts.seed,
-                                   max_steps=opts.max_steps)
+                                   max_steps=opts.max_steps, engine_release=engine_release)
 
 
 def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
     scenario = scenario_as_run(scenario_or_path, opts)
-    design = load_design(scenario.design)
-    device = resolve_device(opts.device)
+    runtime = None
+    if scenario.engine_release is not None:
+        from .engine_run import check_options, engine_spec, load_runtime
+
+        spec = engine_spec(scenario.engine_release,
+                           "--engine" if opts.engine is not None else f"{scenario.source}: engine_release")
+        check_options(opts.device, opts.geometry, opts.store, opts.design)
+        device = resolve_device("cpu")
+        runtime = load_runtime(spec, quiet=opts.quiet_engine)
+        design = runtime.design
+    else:
+        design = load_design(scenario.design)
+        device = resolve_device(opts.device)
     if "SLOTSCOPE_TORCH_THREADS" in os.environ:
         torch.set_num_threads(int(os.environ["SLOTSCOPE_TORCH_THREADS"]))
     elif device.type == "cpu":
@@ -334,7 +360,9 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
             except ValueError as e:
                 raise UsageError(f"--otlp-endpoint: {e}") from None
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
-    return _Setup(scenario, design, device, geometry, store, extra, opts)
+    if runtime is not None:
+        extra.update({f"engine.{k}": v for k, v in runtime.api.info.to_json().items()})
+    return _Setup(scenario, design, device, geometry, store, extra, opts, runtime)
 
 
 def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> RunResult:
@@ -344,10 +372,17 @@ def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> 
 
         executor = CudaGraphExecutor()
     su.extra["cuda_graphs"] = executor is not None
-    return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
-                          device=su.device, observer=observer, progress=progress, run_info_extra=su.extra,
-                          version=__version__, max_steps=su.scenario.max_steps, executor=executor,
-                          make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
+    kwargs: dict[str, Any] = dict(device=su.device, observer=observer, progress=progress, run_info_extra=su.extra,
+                                  version=__version__, max_steps=su.scenario.max_steps, executor=executor,
+                                  make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
+    if su.runtime is None:
+        return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
+                              **kwargs)
+    from .engine_run import allocator_seam
+
+    # the release's allocator, translation, KVWriteLoc and SWAKVPool (docs/ENGINE.md); draft pools stay ours
+    with allocator_seam(su.runtime, kwargs):
+        return run_simulation(su.scenario, su.design, su.runtime.pool_factory(su.scenario.model), **kwargs)
 
 
 def _cut_marker(su: _Setup, result: RunResult, progress: _ProgressTracker) -> Optional[dict[str, Any]]:
@@ -396,7 +431,7 @@ def _run_in_memory(su: _Setup) -> RunOutput:
     t0 = time.perf_counter()
     result = _simulate(su, observer, progress)
     incomplete = _cut_marker(su, result, progress)
-    return RunOutput(result, summary_of(su.scenario, su.design, result, incomplete), None,
+    return RunOutput(result, summary_of(su.scenario, su.design, result, incomplete, su.engine), None,
                      {"run_s": time.perf_counter() - t0}, incomplete=incomplete)
 
 
@@ -426,7 +461,13 @@ class _RunWriter:
             "model": sc.model.name, "window": sc.model.window,
             "description": sc.description, "timings": self.timings, "python": sys.version.split()[0],
             "torch": torch.__version__, "pid": os.getpid(),
+            "engine": su.engine, "engine_release": sc.engine_release,
         }
+        if su.runtime is not None:
+            from .engine_run import pieces_table
+
+            d["engine_pieces"] = pieces_table(su.runtime)
+            d["timings"].setdefault("engine_import_s", round(getattr(su.runtime, "import_s", 0.0), 3))
         if incomplete is not None:
             d["incomplete"] = incomplete
         if self.live_export_error is not None:
@@ -480,7 +521,7 @@ class _RunWriter:
         """summary.json, shapes.jsonl and run.json first (cheap, what every other tool reads), then the
         trace and the report; run.json again with their timings."""
         t1 = time.perf_counter()
-        summary = summary_of(self.su.scenario, self.su.design, result, incomplete)
+        summary = summary_of(self.su.scenario, self.su.design, result, incomplete, self.su.engine)
         write_json_atomic(self.out / "summary.json", summary)
         self._write_shapes()
         status = "complete" if incomplete is None else "incomplete"
@@ -504,7 +545,8 @@ class _RunWriter:
         """What a stopped run leaves: the summary so far (marked incomplete), shapes, run.json, then,
         as far as they go, the trace and the report. A failure here never hides the run's own error."""
         if partial is not None:
-            write_json_atomic(self.out / "summary.json", summary_of(self.su.scenario, self.su.design, partial, marker))
+            write_json_atomic(self.out / "summary.json", summary_of(self.su.scenario, self.su.design, partial, marker,
+                                                                     self.su.engine))
             self._write_shapes()
         self.write_run_json("incomplete", marker)
         if partial is None:
@@ -546,7 +588,7 @@ def format_table(summary: dict[str, Any]) -> str:
     """The design x backend table the CLI prints."""
     short = {"missed": "missed", "clobbered": "clobber", "padding_slot": "pad_slot", "evicted_slot": "evicted",
              "out_of_range": "oor", "length_mismatch": "len_mism", "design_error": "design_err"}
-    head = ["design", "backend", "writes"] + [short[c] for c in FINDING_CLASSES] + ["first (step/layer/class)"]
+    head = ["design", "backend", "writes"] + [short.get(c, c) for c in FINDING_CLASSES] + ["first (step/layer/class)"]
     rows = []
     for name, b in summary["backends"].items():
         ff = b["first_finding"]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -40,6 +41,19 @@ except Exception:  # pragma: no cover - running from a bare checkout
 _LIMITS = dict(max_attributes=1024, max_events=4096, max_links=128, max_span_attributes=1024,
                max_event_attributes=128, max_link_attributes=128, max_attribute_length=None,
                max_span_attribute_length=None)
+
+
+#: resource attributes naming the real engine of an engine run (RunInfo.extra "engine.name" etc.)
+ENGINE_ATTRS = ("name", "version", "path")
+
+
+def session_resource(run: RunInfo) -> Resource:
+    """The run's resource: spans.run_resource, plus ``slotscope.engine.name/version/path`` when a real
+    SGLang release was in the write path (``slotscope run --engine``)."""
+    base = run_resource(run)
+    engine = {f"slotscope.engine.{k}": str(run.extra[f"engine.{k}"]) for k in ENGINE_ATTRS
+              if run.extra.get(f"engine.{k}") is not None}
+    return base.merge(Resource(engine)) if engine else base
 
 
 class _LiveExport(SpanExporter):
@@ -198,7 +212,7 @@ class TraceSession:
             exporters.append(self._live)
         exporters.extend(self.extra_exporters)
         processor = LosslessBatchProcessor(exporters, batch_size=self.batch_size)
-        provider = TracerProvider(resource=run_resource(run), sampler=ALWAYS_ON,
+        provider = TracerProvider(resource=session_resource(run), sampler=ALWAYS_ON,
                                   span_limits=SpanLimits(**_LIMITS), shutdown_on_exit=False)
         provider.add_span_processor(processor)
         live_error: Optional[str] = None

@@ -1,0 +1,144 @@
+"""A run with a real SGLang release in the write path (``slotscope run --engine``), over engine_path.
+
+What this module adds to engine_path (which owns every ``import sglang``):
+
+* :func:`engine_spec` reads ``--engine`` (or the scenario's ``engine_release``) into an
+  ``engine_path.EngineSpec``; :func:`load_runtime` activates the release (fetching it into
+  slotscope's cache when missing) and builds its ``EngineRuntime``: the design, allocator factory
+  and pool factory of docs/ENGINE.md's "Integration plan".
+* :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
+  engine_path drives the release on the CPU only (its allocator's mapping and the pool's CPU
+  fallback store), with the compact K/V geometry and the release's own store.
+* :func:`allocator_seam` puts the engine's allocator where ``run_simulation`` makes its
+  ``HybridAllocator``: through the ``allocator_factory`` argument when the simulator has it, else by
+  swapping ``simulator.run.HybridAllocator`` for the length of the run (what
+  ``engine_path.checks.scenario_run`` does too).
+* :func:`verdict` is one release's verdict on one scenario, run in a subprocess of its own by
+  ``slotscope bisect`` (``engine_path.isolate.call``).
+* :func:`pieces_table` is the "which pieces were the engine's" table, from the runtime's own
+  ``describe()`` (engine_path's list of what it ran), for run.json and the report.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+from engine_path.errors import EngineError
+
+#: what ``run`` needs of an engine run, and why (UsageError text)
+CPU_ONLY = ("--engine runs the release on the CPU only: engine_path builds its allocator mapping and its "
+            "SWAKVPool with device='cpu' (the release's CPU fallback store, k_cache[loc] = k); the release's "
+            "CUDA store kernel is not wired yet (docs/ENGINE.md). Use --device cpu (or auto)")
+
+
+def engine_spec(text: str, where: str = "--engine"):
+    """``sglang`` / ``sglang==VERSION`` -> EngineSpec; an EngineError naming ``where`` otherwise."""
+    from engine_path.releases import parse_spec
+
+    try:
+        return parse_spec(text)
+    except EngineError as e:
+        msg = str(e)
+        if where != "--engine" and msg.startswith("--engine "):
+            msg = f"{where}: " + msg[len("--engine "):]
+        raise EngineError(msg) from None
+
+
+def check_options(device: str, geometry: Optional[str], store: Optional[str], design: Optional[str]) -> None:
+    """The run options an engine run cannot honour (UsageError, exit 2)."""
+    from .rundir import UsageError
+
+    if device == "cuda":
+        raise UsageError(CPU_ONLY.replace("--engine runs", "--device cuda with --engine: engine_path runs"))
+    if geometry not in (None, "compact"):
+        raise UsageError(f"--geometry {geometry} with --engine: the engine's pool is built with the compact "
+                         f"geometry (1 head of 16 lanes per row); leave --geometry out")
+    if store not in (None, "torch"):
+        raise UsageError(f"--store {store} with --engine: the store is the release's own "
+                         f"(SWAKVPool.set_kv_buffer, its CPU fallback); leave --store out")
+    if design is not None:
+        raise UsageError(f"--design {design} with --engine: the engine's design is the release's own code "
+                         f"(translation and KVWriteLoc); run the model design without --engine")
+
+
+def load_runtime(spec, *, quiet: bool = False):
+    """Import the release (fetching it first if needed) and build its runtime; EngineError on failure."""
+    from engine_path.api import load
+    from engine_path.releases import active, is_cached
+    from engine_path.runtime import EngineRuntime
+
+    t0 = time.perf_counter()
+    if not quiet and active() is None:
+        what = str(spec)
+        if spec.version is not None and not is_cached(spec.version):
+            what += " (fetching it into slotscope's cache first)"
+        print(f"slotscope: importing {what} ...", file=sys.stderr, flush=True)
+    api = load(spec)
+    rt = EngineRuntime(api)
+    rt.import_s = time.perf_counter() - t0        # type: ignore[attr-defined]
+    if not quiet:
+        print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s)",
+              file=sys.stderr, flush=True)
+    return rt
+
+
+@contextmanager
+def allocator_seam(runtime, run_kwargs: dict) -> Iterator[None]:
+    """Make ``run_simulation`` allocate through the release's allocator for the length of the block."""
+    import simulator.run as run_mod
+
+    if "allocator_factory" in inspect.signature(run_mod.run_simulation).parameters:
+        run_kwargs["allocator_factory"] = runtime.allocator_factory
+        yield
+        return
+    saved = run_mod.HybridAllocator
+    run_mod.HybridAllocator = runtime.allocator_factory
+    try:
+        yield
+    finally:
+        run_mod.HybridAllocator = saved
+
+
+def engine_json(runtime) -> Optional[dict]:
+    return None if runtime is None else runtime.api.info.to_json()
+
+
+def pieces_table(runtime) -> dict[str, Any]:
+    """run.json's ``engine_pieces``: what engine_path says it ran of the release, and what stayed ours."""
+    d = runtime.describe()
+    info = d.get("engine") or runtime.api.info.to_json()
+    rows = [{"piece": p, "whose": "engine", "by": f"{info['name']} {info['version']}"} for p in d.get("engine_pieces", ())]
+    rows += [{"piece": p, "whose": "slotscope", "by": "modelled"} for p in d.get("model_pieces", ())]
+    out = {"rows": rows, "features": d.get("features", {})}
+    if "allocator" in d:
+        out["allocator"] = d["allocator"]
+    return out
+
+
+def verdict(path: str, backends: Optional[list[str]] = None) -> dict:
+    """One release's verdict on a scenario (the release is already active: engine_path.isolate's child).
+
+    Runs the scenario exactly as ``slotscope run SCENARIO --engine`` does, in memory, and returns the
+    findings per backend and class."""
+    from engine_path.releases import active
+
+    from .pipeline import RunOptions, run_scenario
+
+    info = active()
+    t0 = time.perf_counter()
+    out = run_scenario(path, None, RunOptions(engine=f"sglang=={info.version}" if info else "sglang",
+                                              backends=tuple(backends) if backends else None, device="cpu",
+                                              report=False, trace_level="off", quiet_engine=True))
+    s = out.summary
+    by_class: dict[str, int] = {}
+    for st in s["backends"].values():
+        for cls, n in st["findings"].items():
+            if n:
+                by_class[cls] = by_class.get(cls, 0) + n
+    return {"engine": s["engine"], "steps": s["steps"], "findings_total": s["findings_total"],
+            "findings": by_class, "incomplete": s.get("incomplete"),
+            "backends": {b: {c: n for c, n in st["findings"].items() if n} for b, st in s["backends"].items()},
+            "run_s": round(time.perf_counter() - t0, 3)}
