@@ -138,6 +138,14 @@ class Provenance:
     run_s: Optional[float] = None
     layers: tuple[tuple[int, str], ...] = ()
     present: bool = False
+    #: the real engine in the write path (run.json "engine": name, version, path); None: a model run
+    engine: Optional[dict[str, str]] = None
+    #: run.json "engine_pieces" rows: (piece, whose, by), as engine_path listed what it ran
+    engine_pieces: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def engine_label(self) -> str:
+        return "" if not self.engine else f"{self.engine.get('name', '?')} {self.engine.get('version', '?')}"
 
 
 @dataclass(frozen=True)
@@ -476,6 +484,12 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
             layers.append((int(item[0]), str(item[1])))
     timings = d.get("timings") if isinstance(d.get("timings"), dict) else {}
     run_s = timings.get("run_s")
+    engine = d.get("engine")
+    engine = {k: _str(engine.get(k)) for k in ("name", "version", "path")} if isinstance(engine, dict) else None
+    pieces_d = d.get("engine_pieces")
+    rows = pieces_d.get("rows") if isinstance(pieces_d, dict) else None
+    pieces = tuple((_str(r.get("piece")), _str(r.get("whose")), _str(r.get("by"), ""))
+                   for r in (rows if isinstance(rows, list) else ()) if isinstance(r, dict))
     return Provenance(
         version=_str(d.get("version")), commit=_str(d.get("commit")), scenario_hash=_str(d.get("scenario_hash")),
         scenario_path=_str(d.get("scenario_path")), design_description=_str(d.get("design_description"), ""),
@@ -483,7 +497,7 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
         device_name=_str(d.get("device_name")), geometry=_str(d.get("geometry")), store=_str(d.get("store")),
         model=_str(d.get("model")), window=_str(d.get("window")), python=_str(d.get("python")),
         torch=_str(d.get("torch")), run_s=_opt_float(run_s),
-        layers=tuple(layers), present=True)
+        layers=tuple(layers), present=True, engine=engine, engine_pieces=pieces)
 
 
 _STEP_INT_FIELDS = ("step", "num_requests", "real_tokens", "dp_padded_tokens", "padded_tokens",
