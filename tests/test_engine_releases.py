@@ -19,11 +19,20 @@ ALL_BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter",
 
 
 @pytest.fixture(scope="module")
-def reports(engine_releases):
-    with ThreadPoolExecutor(len(engine_releases)) as ex:
+def _children(engine_releases):
+    """Every subprocess of this module at once: one report per release, and ``--engine sglang`` (the cached
+    0.5.23 put on PYTHONPATH, as an installed or editable checkout would be)."""
+    with ThreadPoolExecutor(len(engine_releases) + 1) as ex:
         futures = {v: ex.submit(isolate.call, f"sglang=={v}", "engine_path.checks:release_report", SCENARIOS)
                    for v in engine_releases}
-        return {v: f.result() for v, f in futures.items()}
+        installed = ex.submit(isolate.call, "sglang", "engine_path.checks:info",
+                              env={"PYTHONPATH": str(engine_releases["0.5.23"])})
+        return {v: f.result() for v, f in futures.items()}, installed.result()
+
+
+@pytest.fixture(scope="module")
+def reports(_children):
+    return _children[0]
 
 
 def test_engine_info_names_the_cached_release(reports, engine_releases):
@@ -135,11 +144,11 @@ def test_gap_scenario_fails_in_0523s_real_code(reports):
         assert st["findings"]["length_mismatch"] > 0, backend
 
 
-def test_installed_sglang_is_used_as_it_is(engine_releases):
+def test_installed_sglang_is_used_as_it_is(_children, engine_releases):
     """``--engine sglang``: whatever ``import sglang`` finds (here the cached 0.5.23 put on PYTHONPATH, as an
     installed or editable checkout would be), reported with its own version and path."""
     where = engine_releases["0.5.23"]
-    got = isolate.call("sglang", "engine_path.checks:info", env={"PYTHONPATH": str(where)})
+    got = _children[1]
     assert got["info"] == {"name": "sglang", "version": "0.5.23", "path": str(where / "sglang")}
     assert got["features"]["has_post_init_slice"]
 
