@@ -167,6 +167,8 @@ class Lock:
 
     node: Node
     tag: Optional[int]        # the SWA segment's boundary tag (None: the segment reached the root)
+    full_slots: np.ndarray = None     # what the LOCK event said the request reads (its UNLOCK repeats it)
+    swa_slots: np.ndarray = None
 
 
 @dataclass(eq=False)
@@ -445,16 +447,18 @@ class PrefixCache:
                 tag = next(self._tags)
                 cur.boundary.add(tag)
             cur = cur.parent
-        self._emit(LOCK, "full", self.path_full(node), req.owner, "lock")
-        if swa_slots:
-            self._emit(LOCK, "swa", np.concatenate(swa_slots[::-1]), req.owner, "lock")
-        return Lock(node, tag)
+        full = self.path_full(node)
+        swa = np.concatenate(swa_slots[::-1]) if swa_slots else np.zeros(0, np.int64)
+        self._emit(LOCK, "full", full, req.owner, "lock")
+        self._emit(LOCK, "swa", swa, req.owner, "lock")
+        return Lock(node, tag, full, swa)
 
     def _unlock(self, lock: Optional[Lock], req: CachedRequest) -> None:
         if lock is None or lock.node is self.root:
             return
         cur = lock.node
-        self._emit(UNLOCK, "full", self.path_full(cur), req.owner, "unlock")
+        self._emit(UNLOCK, "full", lock.full_slots, req.owner, "unlock")
+        self._emit(UNLOCK, "swa", lock.swa_slots, req.owner, "unlock")
         while cur is not self.root:
             if cur.full_lock <= 0:
                 raise AssertionError(f"full lock_ref would go negative on node {cur.id}")
@@ -733,8 +737,82 @@ class PrefixCache:
             assert node.swa_lock == expect_swa.get(node.id, 0), f"{node}: SWA lock drifted"
 
 
+class OwnershipLedger:
+    """A reference consumer of :class:`SlotEvent`: who holds each slot and who reads it, as the events
+    say; what an oracle needs. Allocations a request makes itself are given with :meth:`allocated`.
+
+    ``problems`` collects, in order: ``sink_freed`` (page 0 given back), ``double_free`` (a page freed
+    while already free), ``freed_foreign`` (a slot freed on behalf of one owner while another holds it),
+    ``freed_while_read`` (a slot freed while a request reads it), ``allocated_while_owned`` (a page
+    handed out while a slot on it is held by another owner), ``sink_allocated``.
+    """
+
+    def __init__(self, page_size: int, full_pages: int, swa_pages: int):
+        self.p = page_size
+        self.free = {"full": set(range(1, full_pages + 1)), "swa": set(range(1, swa_pages + 1))}
+        self.owner: dict[str, dict[int, Owner]] = {"full": {}, "swa": {}}
+        self.readers: dict[str, dict[int, dict[Owner, int]]] = {"full": {}, "swa": {}}
+        self.problems: list[tuple] = []
+
+    def _pages(self, slots: np.ndarray) -> list[int]:
+        return sorted(set((np.asarray(slots, np.int64) // self.p).tolist()))
+
+    def allocated(self, pool: str, slots: np.ndarray, owner: Owner) -> None:
+        held = self.owner[pool]
+        for page in self._pages(slots):
+            if page == 0:
+                self.problems.append(("sink_allocated", pool, 0, owner))
+            if page in self.free[pool]:
+                self.free[pool].discard(page)
+                continue
+            others = {held[s] for s in range(page * self.p, (page + 1) * self.p) if s in held} - {owner}
+            if others:
+                self.problems.append(("allocated_while_owned", pool, page, owner, sorted(others, key=str)))
+        for s in np.asarray(slots, np.int64).tolist():
+            held[s] = owner
+
+    def apply(self, events: list[SlotEvent]) -> None:
+        for ev in events:
+            pool, slots = ev.pool, ev.slots.tolist()
+            if ev.kind == ADOPT:
+                for s in slots:
+                    self.owner[pool][s] = ev.owner
+            elif ev.kind == FREE:
+                self._freed(ev, pool, slots)
+            elif ev.kind in (LOCK, UNLOCK):
+                table = self.readers[pool]
+                for s in slots:
+                    who = table.setdefault(s, {})
+                    who[ev.owner] = who.get(ev.owner, 0) + (1 if ev.kind == LOCK else -1)
+                    if not who[ev.owner]:
+                        del who[ev.owner]
+                    if not who:
+                        del table[s]
+
+    def _freed(self, ev: SlotEvent, pool: str, slots: list[int]) -> None:
+        held, free = self.owner[pool], self.free[pool]
+        for page in self._pages(np.asarray(slots)):
+            if page == 0:
+                self.problems.append(("sink_freed", pool, 0, ev.owner, ev.cause))
+                continue
+            if page in free:
+                self.problems.append(("double_free", pool, page, ev.owner, ev.cause))
+            free.add(page)
+        for s in slots:
+            if s < self.p:
+                continue
+            cur = held.get(s)
+            if cur is not None and cur != ev.owner:
+                self.problems.append(("freed_foreign", pool, s, cur, ev.owner, ev.cause))
+            elif cur is not None:
+                del held[s]
+            readers = set(self.readers[pool].get(s, {})) - {ev.owner}
+            if readers:
+                self.problems.append(("freed_while_read", pool, s, sorted(readers, key=str), ev.owner, ev.cause))
+
+
 __all__ = [
     "SharingBehaviour", "SGLANG_0_5_23", "FIXED", "BUG_SWITCHES", "with_bug", "bugs_of",
     "Owner", "SlotEvent", "ADOPT", "FREE", "AVAILABLE", "MAP", "LOCK", "UNLOCK",
-    "Node", "Lock", "CachedRequest", "MatchResult", "PrefixCache",
+    "Node", "Lock", "CachedRequest", "MatchResult", "PrefixCache", "OwnershipLedger",
 ]

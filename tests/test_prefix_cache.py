@@ -10,15 +10,24 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from simulator.allocator import HybridAllocator, OverFree, RequestSlots
-from simulator.prefix_cache import (ADOPT, AVAILABLE, BUG_SWITCHES, FIXED, FREE, LOCK, MAP, SGLANG_0_5_23,
-                                    CachedRequest, PrefixCache, bugs_of, with_bug)
+from simulator.prefix_cache import (ADOPT, AVAILABLE, BUG_SWITCHES, FIXED, FREE, MAP, SGLANG_0_5_23,
+                                    CachedRequest, OwnershipLedger, PrefixCache, bugs_of, with_bug)
 
 W = 4          # the sliding window of the hand-computed cases
 
 
 def setup(page=1, full=32, swa=32, order="fifo", behaviour=SGLANG_0_5_23, window=W):
     alloc = HybridAllocator(full * page, swa * page, page, order)
-    return alloc, PrefixCache(alloc, window, behaviour)
+    cache = PrefixCache(alloc, window, behaviour)
+    cache.ledger = OwnershipLedger(page, full, swa)     # the events' view, fed by events() and run()
+    return alloc, cache
+
+
+def events(cache):
+    """Drain the cache's events into its ledger and return them."""
+    ev = cache.drain_events()
+    cache.ledger.apply(ev)
+    return ev
 
 
 def req(rid, tokens, capacity=None):
@@ -30,7 +39,11 @@ def run(cache, r, upto=None, limit=None):
     """Admit (matching up to len - 1), then allocate the rest of positions [0, upto)."""
     cache.admit(r, limit if limit is not None else r.tokens.size - 1)
     n = (upto if upto is not None else r.tokens.size) - r.slots.length
+    events(cache)
+    old = r.slots.length
     cache.alloc.extend(r.slots, n)
+    cache.ledger.allocated("full", r.slots.full[old:old + n], r.owner)
+    cache.ledger.allocated("swa", r.slots.swa[old:old + n], r.owner)
     return r
 
 
@@ -85,9 +98,9 @@ def test_match_split_and_duplicates_of_a_request_computed_alongside():
     b = run(c, req(2, T + [200]))            # admitted on an empty tree: computes everything
     assert b.slots.full[:13].tolist() == list(range(14, 27))
     c.cache_finished(a)
-    c.drain_events()
+    events(c)
     c.cache_finished(b)
-    ev = c.drain_events()
+    ev = events(c)
     dup = [e for e in ev if e.kind == FREE and e.cause == "dedup"]
     assert [(e.pool, e.slots.tolist()) for e in dup] == [("swa", list(range(14, 26))), ("full", list(range(14, 26)))]
     assert free_lists(alloc) == (list(range(27, 33)) + list(range(14, 26)), list(range(27, 33)) + list(range(14, 26)))
@@ -150,9 +163,9 @@ def test_recovery_with_the_full_unlocked_adopts_the_incoming_ids():
     b = run(c, req(2, T[:8] + [200, 201, 202]))
     assert b.protected == 0                     # the tombstone is no usable prefix
     assert b.slots.full[:11].tolist() == list(range(11, 22)) and b.slots.swa[:11].tolist() == list(range(11, 22))
-    c.drain_events()
+    events(c)
     c.cache_finished(b)
-    ev = c.drain_events()
+    ev = events(c)
     assert x.full.tolist() == list(range(11, 17)) and x.swa.tolist() == list(range(11, 17))
     assert [(e.kind, e.pool, e.slots.tolist(), e.cause) for e in ev if e.cause == "recover" and e.kind != AVAILABLE] == [
         (ADOPT, "full", list(range(11, 17)), "recover"),
@@ -162,6 +175,8 @@ def test_recovery_with_the_full_unlocked_adopts_the_incoming_ids():
     assert free_lists(alloc) == (list(range(22, 33)) + [1, 2, 3, 4, 5, 6, 17, 18],
                                  list(range(22, 33)) + [1, 2, 3, 4, 5, 6, 17, 18])
     c.check_invariants([])
+    events(c)
+    assert not c.ledger.problems
 
 
 def _locked_tombstone(behaviour):
@@ -182,9 +197,9 @@ def test_recovery_with_the_full_locked_repoints_the_kept_ids():
     assert c.evict(swa_tokens=6) == (0, 6)
     assert x.tombstone and x.full.tolist() == list(range(9, 15))
     assert (alloc.full_to_swa[9:15] == 0).all()
-    c.drain_events()
+    events(c)
     c.cache_finished(b)
-    ev = c.drain_events()
+    ev = events(c)
     # kept: X's locked full ids 9..14; B's SWA slots 1..6 move onto them; B's full 1..6 go back full-only
     assert x.full.tolist() == list(range(9, 15)) and x.swa.tolist() == [1, 2, 3, 4, 5, 6]
     assert alloc.full_to_swa[9:15].tolist() == [1, 2, 3, 4, 5, 6] and (alloc.full_to_swa[1:7] == 0).all()
@@ -193,6 +208,8 @@ def test_recovery_with_the_full_locked_repoints_the_kept_ids():
         (FREE, "full", [1, 2, 3, 4, 5, 6]), (ADOPT, "swa", [1, 2, 3, 4, 5, 6])]
     assert cr.slots.full[:6].tolist() == list(range(9, 15))     # the running reader's slots untouched
     c.check_invariants([cr])
+    events(c)
+    assert not c.ledger.problems
 
 
 def test_r2_frees_the_locked_full_under_the_running_request():
@@ -203,6 +220,8 @@ def test_r2_frees_the_locked_full_under_the_running_request():
     assert x.full.tolist() == [1, 2, 3, 4, 5, 6]
     reader = cr.slots.full[:6].tolist()
     assert reader == list(range(9, 15)) and set(reader) <= set(free_lists(alloc)[0])
+    events(c)
+    assert {(p[0], p[1], p[2]) for p in c.ledger.problems} == {("freed_while_read", "full", x) for x in reader}
     with pytest.raises(AssertionError, match="prefix is not its node's path"):
         c.check_invariants([cr])
 
@@ -222,6 +241,8 @@ def test_grouped_frees_resolve_swa_at_enqueue():
     c.check_invariants([cr])
     avail = [e for e in c.events if e.kind == AVAILABLE]
     assert all(e.cause == "flush" for e in avail)
+    events(c)
+    assert not c.ledger.problems
 
 
 def test_r7_flush_frees_the_repointed_page_and_the_old_one_leaks():
@@ -239,6 +260,10 @@ def test_r7_flush_frees_the_repointed_page_and_the_old_one_leaks():
     assert [e.slots.tolist() for e in flush] == [[1, 2, 3, 4, 5, 6]]
     with pytest.raises(AssertionError):
         c.check_invariants([cr])
+    events(c)
+    assert not c.ledger.problems                                # every free was X's own ...
+    assert all(c.ledger.owner["swa"].get(v) is None for v in x.swa.tolist())   # ... yet X still uses them
+    assert all(c.ledger.owner["swa"].get(v) == x.owner for v in p_old)         # and the leak is X's
 
 
 # --------------------------------------------------------------------------- release
@@ -252,15 +277,17 @@ def test_release_gives_the_evicted_range_back_full_side_only():
     c.free_out_of_window(r, 10)                                 # SWA of [4, 10) freed (never the tree's)
     assert r.slots.swa_evicted == 10
     full_before, swa_before = free_lists(alloc)
-    c.drain_events()
+    events(c)
     c.release(r)                                                # no insert: abort / retract
     f, s = free_lists(alloc)
     assert f == full_before + list(range(9, 21))                # [4, 10) full-only, then [10, 16) both
     assert s == swa_before + list(range(15, 21))
-    assert [(e.kind, e.pool, e.slots.tolist()) for e in c.drain_events() if e.kind == FREE] == [
+    assert [(e.kind, e.pool, e.slots.tolist()) for e in events(c) if e.kind == FREE] == [
         (FREE, "full", list(range(9, 15))), (FREE, "swa", list(range(15, 21))), (FREE, "full", list(range(15, 21)))]
     c.check_invariants([])
     assert all(n.full_lock == 0 and n.swa_lock == 0 for n in c.nodes.values())
+    events(c)
+    assert not c.ledger.problems
 
 
 def test_tree_eviction_frees_lru_unlocked_leaves():
@@ -274,7 +301,8 @@ def test_tree_eviction_frees_lru_unlocked_leaves():
     c.release(held)
     assert c.evict(full_tokens=100) == (5, 5) and len(c.nodes) == 1
     c.check_invariants([])
-    assert [e.kind for e in c.events].count(LOCK) >= 1
+    events(c)
+    assert not c.ledger.problems and not c.ledger.readers["full"] and not c.ledger.owner["full"]
 
 
 # --------------------------------------------------------------------------- the other bug switches
@@ -294,6 +322,9 @@ def test_r3_stale_tombstone_mapping_frees_a_live_slot():
         c.cache_finished(b)                                     # recovery over N, Full unlocked
         swa_free = set(free_lists(alloc)[1])
         live_freed = set(cr.slots.swa[:9].tolist()) & swa_free
+        events(c)
+        foreign = {p[2] for p in c.ledger.problems if p[0] == "freed_foreign" and p[1] == "swa"}
+        assert foreign == (set(range(1, 9)) if leaks else set())
         if leaks:
             assert live_freed == set(range(1, 9))               # C's live SWA slots, freed by the stale mapping
             with pytest.raises(AssertionError):
@@ -315,6 +346,8 @@ def test_r8_sink_page_enters_the_swa_free_list():
             c.evict(full_tokens=10**6)                           # the live leaf, then the tombstone leaf
             swa_free = free_lists(alloc)[1]
             assert (0 in swa_free) == sink, (page, behaviour.name)
+            events(c)
+            assert any(p[0] == "sink_freed" for p in c.ledger.problems) == sink
             if sink:
                 assert swa_free.count(0) == (2 * page if page == 1 else 2)   # once per representative
                 nxt = run(c, req(4, [8000 + i for i in range(page)]))       # LIFO: the sink comes back first
@@ -346,6 +379,8 @@ def test_a1_paged_free_swa_clearing_only_the_tokens_double_frees_the_page():
         c.free_swa(r.slots.full[:1], r.owner, "test")
         c.free_swa(r.slots.full[1:2], r.owner, "test")
         assert free_lists(alloc)[1].count(sp) == (2 if twice else 1)
+        events(c)
+        assert [p[:3] for p in c.ledger.problems] == ([("double_free", "swa", sp)] if twice else [])
         assert (alloc.full_to_swa[r.slots.full[2:16]] != 0).all() == twice
 
 
@@ -386,6 +421,14 @@ class CacheMachine(RuleBasedStateMachine):
         self.live: list[CachedRequest] = []
         self.done: list[np.ndarray] = []        # finished requests' tokens (for multi-turn)
         self.rid = 0
+        self.ledger = OwnershipLedger(p, 40, 28)   # what the events say, checked against the structures
+
+    def _extend(self, r, n):
+        self.ledger.apply(self.cache.drain_events())
+        old = r.slots.length
+        self.alloc.extend(r.slots, n)
+        self.ledger.allocated("full", r.slots.full[old:old + n], r.owner)
+        self.ledger.allocated("swa", r.slots.swa[old:old + n], r.owner)
 
     def _make_room(self, r, n):
         need = self.alloc.pages_needed(r.slots, n)
@@ -412,7 +455,7 @@ class CacheMachine(RuleBasedStateMachine):
         if not self._make_room(r, n):
             self.cache.release(r)
             return
-        self.alloc.extend(r.slots, n)
+        self._extend(r, n)
         self.live.append(r)
 
     @precondition(lambda self: self.live)
@@ -421,7 +464,7 @@ class CacheMachine(RuleBasedStateMachine):
         r = self.live[i % len(self.live)]
         n = min(n, r.tokens.size - r.slots.length)
         if n and self._make_room(r, n):
-            self.alloc.extend(r.slots, n)
+            self._extend(r, n)
 
     @precondition(lambda self: self.live)
     @rule(i=st.integers(0, 100))
@@ -443,7 +486,7 @@ class CacheMachine(RuleBasedStateMachine):
         if not self._make_room(r, r.prompt):
             self.cache.release(r)
             return
-        self.alloc.extend(r.slots, r.prompt)
+        self._extend(r, r.prompt)
         self.cache.evict(swa_tokens=head.size // 2)          # tombstone some of the tree's copy first
         self.cache.cache_finished(r)
 
@@ -479,6 +522,21 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         self.cache.check_invariants(self.live)
+        led = self.ledger
+        led.apply(self.cache.drain_events())
+        assert not led.problems, led.problems[:3]
+        for node in self.cache.nodes.values():
+            if node is not self.cache.root:
+                assert all(led.owner["full"].get(x) == node.owner for x in node.full.tolist()), node
+                if node.swa is not None:
+                    assert all(led.owner["swa"].get(x) == node.owner for x in node.swa.tolist()), node
+        for r in self.live:
+            s = r.slots
+            assert all(led.owner["full"].get(x) == r.owner for x in s.full[r.protected:s.length].tolist())
+            ev = max(r.protected, s.swa_evicted)
+            assert all(led.owner["swa"].get(x) == r.owner for x in s.swa[ev:s.length].tolist())
+        held = {o for pool in led.owner.values() for o in pool.values()}
+        assert held <= {n.owner for n in self.cache.nodes.values()} | {r.owner for r in self.live}
         free_full, free_swa = self.alloc.free_pages()
         assert free_full.size <= self.alloc.full_size // self.page
         assert free_swa.size <= self.alloc.swa_size // self.page
