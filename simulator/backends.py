@@ -6,7 +6,9 @@ sees into ``swa_out_cache_loc`` once per forward (under a graph runner, into sta
 refreshes at every replay); each layer then builds its write location from the ``loc`` *it* sees
 (narrowed to the real token count under piecewise graphs) and the metadata's ``swa_loc``. Where a
 backend's graph path builds no window (SWA) indices, its SWA layers address the SWA pool with the
-full-pool ``loc`` (triton's EAGLE draft-extend graph, B4, #29858). With speculative decoding each
+full-pool ``loc`` (triton's EAGLE draft-extend graph, B4, #29858), and read it through the full-pool
+prefix. The read ids (:meth:`BackendBoundary.read_table`) are built at metadata init too, by the
+design's ``read_ids`` hook. With speculative decoding each
 backend has a second boundary for the draft model (its own metadata and static buffers).
 """
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Optional
 import torch
 
 from .batch import ForwardBatch
-from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, call_hook, check_index, check_write_loc,
-                      design_padding, graph_runner)
+from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, ReadTable, call_hook, check_index,
+                      check_read_table, check_write_loc, design_padding, graph_runner)
 from .records import GRAPH_PATHS, STATIC_GRAPHS
 from .release_model import release_of
 from .scenario import BACKENDS, EngineConfig
@@ -90,6 +92,7 @@ class BackendBoundary:
         self.side = side
         self.page_size = page_size
         self.swa_pad = swa_pad
+        self.window = 0          # the model side's SWA window (set by the run)
         max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
         sp = engine.speculative
         # rows of a graph: one per request, or num_draft_tokens per request for TARGET_VERIFY / DRAFT_EXTEND
@@ -97,18 +100,20 @@ class BackendBoundary:
         # each graph runner's static buffers, allocated at its first replay and reused like the engine's
         self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def context(self, batch: ForwardBatch) -> BoundaryContext:
+    def context(self, batch: ForwardBatch, full_to_swa: Optional[torch.Tensor] = None) -> BoundaryContext:
         return BoundaryContext(
             step=batch.step, backend=self.spec.name, side=self.side, mode=batch.mode, graph=batch.graph,
             runner=graph_runner(batch.mode, batch.graph), page_size=self.page_size,
             num_token_non_padded=batch.num_token_non_padded, dp_padded_len=batch.dp_padded_len,
             padded_len=batch.padded_len, spec=self.spec, padding=self.padding, loc_pad=batch.pad_value,
-            swa_pad=self.swa_pad)
+            swa_pad=self.swa_pad, window=self.window, full_to_swa=full_to_swa)
 
     def init_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor,
                       full_to_swa: torch.Tensor) -> ForwardMetadata:
-        """Metadata init of one forward; raises HookFailure when a design hook fails (the forward is skipped)."""
-        ctx = self.context(batch)
+        """Metadata init of one forward; raises HookFailure when a design hook fails (the forward is skipped).
+
+        ``full_to_swa`` is the live mapping tensor: per-layer hooks see it as ``ctx.full_to_swa``."""
+        ctx = self.context(batch, full_to_swa)
         if batch.graph in STATIC_GRAPHS:
             return self._replay_metadata(batch, out_cache_loc, full_to_swa, ctx)
         real = batch.num_token_non_padded
@@ -145,6 +150,17 @@ class BackendBoundary:
             call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
         return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
                                window=batch.graph in self.spec.window_graphs)
+
+    def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
+                   extend_lens: torch.Tensor, full_to_swa: torch.Tensor) -> ReadTable:
+        """The forward's read ids (metadata init, after the write locations); raises HookFailure when
+        ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids."""
+        table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
+                          meta.ctx)
+        table = check_read_table(table, int(seq_lens.shape[0]), self.device)
+        if not meta.window and table.full is not None:
+            table = ReadTable(full=table.full, swa=table.full)
+        return table
 
     def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(loc, swa_loc) static buffers of a graph runner, allocated zeroed at its first replay, then reused."""

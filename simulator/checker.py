@@ -9,6 +9,12 @@ actually targeted. Equal everywhere is the fast path. Findings come from three p
 * the store's out-of-range count: one ``out_of_range`` finding per offending index;
 * a slot whose tag differs: classified by :data:`SLOT_RULES`, the first rule that matches.
 
+Reads are checked apart from writes (:meth:`Checker.check_reads`): the slots a forward's attention reads,
+from the read table the backend built at metadata init, against the reference's ownership at the time of
+the read: every entry must be live and hold the expected content key of its (request, position). A
+difference is a ``stale_read``, its reason from :data:`READ_RULES`. Layers of a kind that read through
+one table are checked once for all of them (per-layer contents are the write check's concern).
+
 A new finding class is a name in ``records.FINDING_CLASSES`` plus, for a slot class, a rule here.
 """
 from __future__ import annotations
@@ -19,7 +25,8 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .batch import BatchTruth
+from .batch import BatchRequests, BatchTruth, ContentKeys, own_tags
+from .designs import ReadIds
 from .pool import PoolWriter
 from .records import FINDING_CLASSES, PAD_TAG, Finding, Owner
 from .reference import ReferencePool
@@ -66,6 +73,36 @@ def classify_slot(facts: SlotFacts) -> tuple[str, str]:
         if msg is not None:
             return cls, msg
     raise AssertionError("SLOT_RULES end with a rule that always matches")
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFacts:
+    """What the checker knows about one read that does not hold its expected content, for the rules below."""
+
+    slot: int
+    rows: int                        # rows of the sub-pool read
+    reserved: bool                   # the reserved / padding page (slot 0, the sink) or a dummy request's
+    live: bool                       # the reference holds a live token there
+    evicted: bool                    # freed by out-of-window eviction (SWA), not by a finish
+    last: Optional[Owner]            # the slot's last (or current) owner by the reference, None if never written
+
+
+#: Why a read is stale (class ``stale_read``): (reason or None when the rule does not apply); first match wins.
+READ_RULES: tuple[Callable[[ReadFacts], Optional[str]], ...] = (
+    lambda f: None if 0 <= f.slot < f.rows else f"slot {f.slot} is outside the pool [0, {f.rows})",
+    lambda f: f"slot {f.slot} is the sink / padding slot" if f.reserved else None,
+    lambda f: None if f.live else (f"the slot was {'evicted out of the window' if f.evicted else 'freed'}"
+                                   + (f" (last held {f.last.label})" if f.last is not None else "")),
+    lambda f: f"the slot was reassigned to another token ({f.last.label if f.last else 'unknown'})",
+)
+
+
+def read_reason(facts: ReadFacts) -> str:
+    for rule in READ_RULES:
+        msg = rule(facts)
+        if msg is not None:
+            return msg
+    raise AssertionError("READ_RULES end with a rule that always matches")
 
 
 class _Targets:
@@ -119,6 +156,57 @@ class Checker:
         findings: list[Finding] = []
         counts = dict.fromkeys(FINDING_CLASSES, 0)
         self._emit(findings, counts, Finding(step, backend, -1, kind, "design_error", -1, None, None, text))
+        return findings, counts
+
+    def check_reads(self, step: int, backend: str, kind: str, ids: ReadIds, requests: BatchRequests,
+                    content_keys: Optional[ContentKeys], rows: int, layer: int, n_layers: int,
+                    skip: Optional[np.ndarray] = None) -> tuple[list[Finding], np.ndarray]:
+        """The stale reads of one kind's read table against the reference as it is now (not yet emitted:
+        :meth:`emit_all`), and the flat entries found stale. ``layer`` is the first layer reading the table,
+        ``n_layers`` how many layers read it; entries in ``skip`` were reported at an earlier check of the
+        same table. One vectorised pass over every request's entries; only differences reach Python."""
+        idx = ids.indices.cpu().numpy().astype(np.int64, copy=False)
+        n = idx.shape[0]
+        if n == 0:
+            return [], np.zeros(0, dtype=np.int64)
+        indptr = ids.indptr.cpu().numpy()
+        start = ids.start.cpu().numpy()
+        row_of = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
+        pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + start[row_of]
+        keys = (content_keys or own_tags)(requests, row_of, pos)
+        exp, live = self.reference.expected[kind], self.reference.live[kind]
+        inr = (idx >= 0) & (idx < min(rows, exp.shape[0]))
+        safe = np.where(inr, idx, 0)          # slot 0 is never live in the reference
+        bad = np.flatnonzero(~(live[safe] & (exp[safe] == keys)))
+        if skip is not None and skip.size and bad.size:
+            bad = bad[~np.isin(bad, skip)]
+        if bad.size == 0:
+            return [], bad
+        evicted = self.reference.evicted if kind == "swa" else None
+        reserved = np.isin(idx[bad], self.reserved)
+        found = []
+        also = f" (and {n_layers - 1} more {kind} layers reading the same table)" if n_layers > 1 else ""
+        for j, e in enumerate(bad.tolist()):
+            slot, r, p = int(idx[e]), int(row_of[e]), int(pos[e])
+            in_range = bool(inr[e])
+            tag = int(exp[slot]) if in_range else 0
+            is_live = in_range and bool(live[slot])
+            facts = ReadFacts(slot=slot, rows=rows, reserved=bool(reserved[j]), live=is_live,
+                              evicted=bool(evicted is not None and in_range and evicted[slot]),
+                              last=self._owner(tag) if tag != 0 else None)
+            observed = (self._owner(tag) if is_live else Owner(0)) if in_range else None
+            msg = (f"req {int(requests.rids[r])} pos {p} reads {kind} slot {slot} at layer {layer}{also}: "
+                   f"{read_reason(facts)}")
+            found.append(Finding(step, backend, layer, kind, "stale_read", slot, self._owner(int(keys[e])),
+                                 observed, msg))
+        return found, bad
+
+    def emit_all(self, found: list[Finding]) -> tuple[list[Finding], dict[str, int]]:
+        """Emit findings made apart from :meth:`check` (reads); counts by class."""
+        findings: list[Finding] = []
+        counts = dict.fromkeys(FINDING_CLASSES, 0)
+        for f in found:
+            self._emit(findings, counts, f)
         return findings, counts
 
     # ------------------------------------------------------------------ internals

@@ -9,6 +9,7 @@ hook                        when                                                
 ``translate``               metadata init: once per forward per backend           ``full_to_swa[out_cache_loc]``
 ``fill_graph_loc_buffer``   graph replay: the static full-pool ``loc`` buffer      its tail (B2's twin)
 ``fill_graph_swa_buffer``   graph replay: the static SWA-location buffer           B2, #24743: stale tail
+``read_ids``                metadata init: once per forward per backend           the page tables / kv indices
 ``make_write_loc``          every layer of every backend, every forward           B1, #29460: ``KVWriteLoc``
 ``size_draft_pools``        once per run, with speculative decoding                B3, #17630: draft pool size
 ``backend_spec``            once per boundary at set-up                            an engine fix (#29858)
@@ -28,7 +29,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from .backends import BackendSpec
 
 __all__ = ["BoundaryContext", "Design", "DesignError", "HookFailure", "KVWriteLoc", "GRAPH_RUNNERS", "graph_runner",
-           "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
+           "ReadIds", "ReadTable", "read_ranges", "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
 
 
 class DesignError(RuntimeError):
@@ -53,6 +54,43 @@ class KVWriteLoc:
 
     loc: torch.Tensor
     swa_loc: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReadIds:
+    """What one kind of layer reads in one forward: per request a run of consecutive positions (CSR).
+
+    Request i (batch order) reads positions ``start[i] .. start[i] + n_i - 1`` at the slots
+    ``indices[indptr[i]:indptr[i + 1]]`` (``n_i = indptr[i + 1] - indptr[i]``), like the kv_indptr /
+    kv_indices page tables a backend builds at metadata init.
+    """
+
+    indptr: torch.Tensor    # int64, [num_requests + 1], indptr[0] == 0
+    indices: torch.Tensor   # int32 / int64 slot ids in the kind's sub-pool, [indptr[-1]]
+    start: torch.Tensor     # int64, [num_requests]: the position of each request's first entry
+
+
+@dataclass(frozen=True, slots=True)
+class ReadTable:
+    """The forward's read ids per layer kind: full layers read ``full`` in the full pool, SWA layers ``swa``
+    in the SWA pool. None: not built (nothing of that kind is checked)."""
+
+    full: Optional[ReadIds]
+    swa: Optional[ReadIds]
+
+    def of(self, kind: str) -> Optional[ReadIds]:
+        return self.full if kind == "full" else self.swa
+
+
+def read_ranges(req_to_token: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> tuple[ReadIds, torch.Tensor]:
+    """Request i's slots ``req_to_token[i, start[i]:end[i]]`` as :class:`ReadIds` (all requests at once, no
+    loop), and the flat row index of each entry."""
+    lens = (end - start).clamp(min=0)
+    indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=lens.device)
+    torch.cumsum(lens, 0, out=indptr[1:])
+    rows = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)
+    pos = torch.arange(rows.shape[0], device=lens.device) - indptr[rows] + start[rows]
+    return ReadIds(indptr, req_to_token[rows, pos], start), rows
 
 
 #: Graph runners a forward can run in (``BoundaryContext.runner``).
@@ -86,12 +124,17 @@ class BoundaryContext:
     swa_pad: int                   # what a static SWA buffer's tail gets under the convention
     layer: Optional[int] = None    # global layer id (per-layer hooks only)
     kind: Optional[str] = None     # "full" | "swa" (per-layer hooks only)
+    window: int = 0                # the SWA layers' attention window (positions each token reads)
+    #: the allocator's *live* full -> SWA mapping (int64, read only): at a per-layer hook, the mapping as
+    #: it is when that layer runs (an overlap timeline may change it between layers); the hooks that
+    #: receive ``full_to_swa`` as an argument get this same tensor
+    full_to_swa: Optional[torch.Tensor] = field(default=None, compare=False, repr=False)
 
     def at_layer(self, layer: int, kind: str) -> "BoundaryContext":
         """This forward's context at one layer (built field by field: twice as fast as dataclasses.replace)."""
         return BoundaryContext(self.step, self.backend, self.side, self.mode, self.graph, self.runner, self.page_size,
                                self.num_token_non_padded, self.dp_padded_len, self.padded_len, self.spec,
-                               self.padding, self.loc_pad, self.swa_pad, layer, kind)
+                               self.padding, self.loc_pad, self.swa_pad, layer, kind, self.window, self.full_to_swa)
 
 
 class Design:
@@ -102,8 +145,8 @@ class Design:
     mutate their tensor arguments, except the ``buffer`` of the ``fill_graph_*`` hooks.
 
     Per forward of each backend, in order: ``fill_graph_loc_buffer`` (graph runners only), then
-    ``translate``, then ``fill_graph_swa_buffer`` (graph runners only), then ``make_write_loc`` once
-    per layer. A per-forward hook that fails skips that backend's forward (one ``design_error``,
+    ``translate``, then ``fill_graph_swa_buffer`` (graph runners only), then ``read_ids`` (when the run
+    checks reads), then ``make_write_loc`` once per layer. A per-forward hook that fails skips that backend's forward (one ``design_error``,
     layer -1); a failing ``make_write_loc`` skips that layer's write. The instance a hook runs on
     belongs to one (backend, model side) for the whole run.
     """
@@ -153,6 +196,24 @@ class Design:
         buffer[:n].copy_(swa_loc)
         buffer[n:padded].fill_(ctx.swa_pad)
 
+    def read_ids(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
+                 full_to_swa: torch.Tensor, ctx: BoundaryContext) -> ReadTable:
+        """Metadata init, once per forward per backend: the slots the forward's attention reads.
+
+        ``req_to_token`` is ``[num_requests, max(seq_lens)]`` int64 (row i: request i's full slots by
+        position, zeros past its ``seq_len``), ``seq_lens`` the tokens with K/V once this forward has
+        written, ``extend_lens`` its new tokens per request (int64, batch order, real requests only).
+        Full layers read the whole prefix, ``req_to_token[i, :seq_len]``; SWA layers read the window of
+        every new token, ``full_to_swa[req_to_token[i, max(0, seq_len - extend_len + 1 - ctx.window):seq_len]]``
+        (in decode the last ``window`` positions). Where the backend's graph path builds no window
+        indices (``ctx.graph not in ctx.spec.window_graphs``, B4) the run reads SWA layers through
+        ``full`` instead, as it writes them. Return a :class:`ReadTable` (``read_ranges`` builds one).
+        """
+        full, _ = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+        start = (seq_lens - extend_lens + 1 - ctx.window).clamp(min=0)
+        window, _ = read_ranges(req_to_token, start, seq_lens)
+        return ReadTable(full=full, swa=ReadIds(window.indptr, full_to_swa[window.indices], window.start))
+
     def make_write_loc(self, loc: torch.Tensor, swa_loc: Optional[torch.Tensor], ctx: BoundaryContext) -> KVWriteLoc:
         """Every layer: the ``KVWriteLoc`` the pool gets. The post-#29460 one keeps ``swa_loc[:len(loc)]``.
 
@@ -161,6 +222,7 @@ class Design:
         slices). Full layers write at ``loc``, SWA layers at ``swa_loc``: its length must equal the
         layer's K/V rows (``len(loc)``), or the store raises a length mismatch. Under real CUDA graphs
         (cuda_path) a replayed decode graph calls it only while capturing, as the engine's graphs do.
+        ``ctx.full_to_swa`` is the live mapping at this layer (for a design that re-translates per layer).
         """
         if swa_loc is not None and swa_loc.shape[0] != loc.shape[0]:
             swa_loc = swa_loc[: loc.shape[0]]
@@ -287,6 +349,34 @@ def check_write_loc(wl: Any, kind: str, device: torch.device) -> KVWriteLoc:
         f.kind = kind
         raise
     return wl
+
+
+def check_read_table(table: Any, num_requests: int, device: torch.device) -> ReadTable:
+    """A ``read_ids`` result as the attention kernels take it: per kind None or consistent CSR tensors."""
+    hook = "read_ids"
+    if not isinstance(table, ReadTable):
+        raise HookFailure(hook, f"returned {type(table).__name__}, not a ReadTable", "full")
+    for kind in ("full", "swa"):
+        ids = table.of(kind)
+        if ids is None:
+            continue
+        try:
+            if not isinstance(ids, ReadIds):
+                raise HookFailure(hook, f"returned {kind} of type {type(ids).__name__}, not ReadIds")
+            check_index(ids.indices, device, hook, f"{kind}.indices")
+            for what, t, n in (("indptr", ids.indptr, num_requests + 1), ("start", ids.start, num_requests)):
+                check_index(t, device, hook, f"{kind}.{what}")
+                if t.dtype != torch.int64 or t.shape[0] != n:
+                    raise HookFailure(hook, f"returned {kind}.{what} of dtype {str(t.dtype).replace('torch.', '')} "
+                                            f"and length {t.shape[0]} (int64 of length {n} expected)")
+            if int(ids.indptr[0]) != 0 or int(ids.indptr[-1]) != ids.indices.shape[0] or \
+                    bool((ids.indptr[1:] < ids.indptr[:-1]).any()):
+                raise HookFailure(hook, f"returned {kind}.indptr that does not delimit its {ids.indices.shape[0]} "
+                                        f"indices (must start at 0, not decrease, end at len(indices))")
+        except HookFailure as f:
+            f.kind = kind
+            raise
+    return table
 
 
 def design_instance(design: Design) -> Design:

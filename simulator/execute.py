@@ -8,7 +8,7 @@ boundary observations, so the checker and the tracer cannot tell them apart.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -42,6 +42,10 @@ class BackendStep:
     observer: RunObserver
     now: Callable[[], int]
     rows_cache: dict = field(default_factory=dict)   # per kind: (k, v) rows shared by backends in a step
+    #: called with each layer before its write location is built (the read check, an overlap timeline's
+    #: scheduler writes); None: nothing to do. An executor that cannot call it per layer (a graph replay)
+    #: may skip it: the run then checks reads after the layers.
+    before_layer: Optional[Callable[[LayerInfo], None]] = None
 
 
 class LayerExecutor(Protocol):
@@ -99,7 +103,10 @@ class EagerExecutor:
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         writes: list[LayerWrite] = []
+        before = s.before_layer
         for layer in s.layers:
+            if before is not None:
+                before(layer)
             w = prepare_write(s, layer)
             if isinstance(w, LayerWrite):
                 writes.append(w)        # the design failed: nothing stored for this layer

@@ -15,6 +15,8 @@ FINDING_CLASSES: tuple[str, ...] = (
     "clobbered",        # a live slot holds another token's row, or a padding row
     "padding_slot",     # a real token's row went to the reserved/padding slot instead of its own
     "evicted_slot",     # a row landed in a slot that holds no live token (evicted or freed)
+    "stale_read",       # attention read a slot that does not hold the token it reads there (freed, evicted,
+                        # reassigned, the sink, or out of range), by the backend's read table
     "out_of_range",     # an index outside [0, rows) reached the store; caught before the write
     "length_mismatch",  # K, V and index lengths disagree: the store raised, nothing was written
     "design_error",     # a design hook raised, or returned an index no kernel takes; that write was skipped

@@ -24,6 +24,8 @@ class ReferencePool:
                             for k, v in self.expected.items()}
         self.live = {"full": np.zeros(full_rows, dtype=bool), "swa": np.zeros(swa_rows, dtype=bool)}
         self.evicted = np.zeros(swa_rows, dtype=bool)   # SWA slots whose last owner was evicted (not finished)
+        #: bumped by every change of ownership: a read checked at one epoch needs no re-check until it moves
+        self.epoch = 0
 
     def apply(self, truth: BatchTruth) -> None:
         """Frees first (they happened while the step was scheduled), then the step's writes."""
@@ -33,6 +35,7 @@ class ReferencePool:
     def apply_frees(self, truth: BatchTruth) -> None:
         """The slots freed before the step. With speculative decoding the draft's reference takes every
         step's frees too: target and draft share one allocator, so a freed index is free in both."""
+        self.epoch += 1
         self.live["full"][truth.freed_full] = False
         self.live["swa"][truth.freed_swa] = False
         self.evicted[truth.freed_swa] = False
@@ -40,6 +43,7 @@ class ReferencePool:
 
     def apply_writes(self, truth: BatchTruth) -> None:
         """The step's tokens, in the slots the allocator gave them (only the model that runs the step)."""
+        self.epoch += 1
         self.expected["full"][truth.full_slots] = truth.tags
         self.live["full"][truth.full_slots] = True
         self.expected["swa"][truth.swa_slots] = truth.tags

@@ -1,8 +1,17 @@
 """The run loop: scenario -> scheduler -> every backend boundary -> writers -> checker -> records.
 
 Set-up (allocator, padding, scheduler, one model side per model), then per step: schedule; the
-references learn the step's frees and writes; per backend: metadata init, the layers' writes, the
-check; the step's record. The loop owns no I/O. It takes a pool factory (cuda_path provides one;
+references learn the step's frees and writes; per backend: metadata init (write locations and read
+ids), the layers (each read-checked when its kind's table was not checked against the current
+ownership, then written), the write check; the step's record.
+
+The seam for an overlap timeline (scheduler writes landing between the layers of a forward):
+:attr:`Run.before_layer`, called as ``before_layer(batch, backend, layer)`` before each layer's
+write location is built (the eager executor calls it per layer). A callback there applies the
+scheduler's writes: the allocator's ``full_to_swa`` (live on the CPU; on a GPU push the entries with
+:meth:`Run.sync_mapping`) and the oracle (``side.reference.apply_frees`` / ``apply_writes``, which
+move the reference's epoch, so the next layer of each kind re-checks its reads against the new
+ownership). Per-layer design hooks see the live mapping as ``ctx.full_to_swa``. The loop owns no I/O. It takes a pool factory (cuda_path provides one;
 the simulator never imports it), an observer (tracing's recorder, the app's timeline) and a
 progress callback, and returns a :class:`RunResult` with counts per backend and the findings.
 """
@@ -16,14 +25,14 @@ import numpy as np
 import torch
 
 from .allocator import HybridAllocator, RequestSlots
-from .batch import BatchTruth, ForwardBatch
+from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .designs import Design, HookFailure, design_padding
 from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
 from .padding_convention import PaddingConvention
 from .pool import PoolWriter
 from .release_model import release_of
-from .records import DRAFT_MODES, FINDING_CLASSES, Finding, RunInfo, StepRecord
+from .records import DRAFT_MODES, FINDING_CLASSES, Finding, LayerInfo, RunInfo, StepRecord
 from .scenario import Scenario
 from .scheduler import Scheduler
 from .speculative import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
@@ -31,6 +40,7 @@ from .workload import make_requests
 
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
 Progress = Callable[[int, int, int], None]                      # (step, finished requests, total requests)
+BeforeLayer = Callable[[ForwardBatch, str, LayerInfo], None]    # (batch, backend, layer): the timeline seam
 
 
 @dataclass(slots=True)
@@ -116,6 +126,13 @@ class Run:
             self.draft = build_draft_side(scenario, design, alloc, make_pool, make_draft_pool, pad.skip_index,
                                           owner_of, pad.reserved, device, pad.swa_pad)
         self.sides = (self.target,) if self.draft is None else (self.target, self.draft)
+        for m in self.sides:
+            for b in m.boundaries.values():
+                b.window = scenario.model.window      # the draft's SWA layers read the target's window
+        #: check every forward's reads (engine.read_check)
+        self.read_check = bool(getattr(scenario.engine, "read_check", True))
+        #: the overlap timeline's seam: called before each layer of each backend (see the module docstring)
+        self.before_layer: Optional[BeforeLayer] = None
         # on the CPU the tensor shares the allocator's memory (always current); elsewhere updated per step
         self.mapping = torch.from_numpy(alloc.full_to_swa)
         if device.type != "cpu":
@@ -149,36 +166,72 @@ class Run:
         loc = torch.from_numpy(batch.out_cache_loc).to(self.device)
         tags = torch.from_numpy(truth.tags).to(self.device)
         rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        read_in = self._read_inputs(batch.requests) if self.read_check and batch.requests is not None else None
         for name in side.boundaries:
-            self._backend_forward(side, name, batch, truth, loc, tags, rows_cache)
+            self._backend_forward(side, name, batch, truth, loc, tags, rows_cache, read_in)
         return self._record_step(batch, t_start)
+
+    def sync_mapping(self, full_slots: np.ndarray) -> None:
+        """Push the allocator's mapping entries of ``full_slots`` to the device copy (a no-op on the CPU,
+        where the tensor is the allocator's array)."""
+        if self.device.type != "cpu" and full_slots.size:
+            ch = torch.from_numpy(full_slots).to(self.device)
+            self.mapping[ch] = torch.from_numpy(self.alloc.full_to_swa[full_slots]).to(self.device)
+
+    def _read_inputs(self, rq: BatchRequests) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What metadata init reads for the read ids: ``req_to_token`` rows, ``seq_lens``, ``extend_lens``."""
+        dev = self.device
+        return (torch.from_numpy(rq.req_to_token()).to(dev), torch.from_numpy(rq.seq_lens).to(dev),
+                torch.from_numpy(rq.extend_lens).to(dev))
 
     def _apply_truth(self, side: ModelSide, truth: BatchTruth) -> None:
         """The oracle first: every step's frees reach both references, its writes the side that runs it."""
         for m in self.sides:
             m.reference.apply_frees(truth)
         side.reference.apply_writes(truth)
-        if self.device.type != "cpu" and truth.mapping_changed.size:
-            ch = torch.from_numpy(truth.mapping_changed).to(self.device)
-            self.mapping[ch] = torch.from_numpy(self.alloc.full_to_swa[truth.mapping_changed]).to(self.device)
+        self.sync_mapping(truth.mapping_changed)
 
     def _backend_forward(self, side: ModelSide, name: str, batch: ForwardBatch, truth: BatchTruth,
-                         loc: torch.Tensor, tags: torch.Tensor, rows_cache: dict) -> None:
-        """One backend's forward: metadata init, the layers' writes, the check."""
+                         loc: torch.Tensor, tags: torch.Tensor, rows_cache: dict,
+                         read_in: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> None:
+        """One backend's forward: metadata init, the layers (reads checked, then writes), the checks."""
         boundary, pool = side.boundaries[name], side.pools[name]
         try:
             meta = boundary.init_metadata(batch, loc, self.mapping)
+            table = None if read_in is None else boundary.read_table(meta, *read_in, self.mapping)
         except HookFailure as f:
             # a per-forward hook failed: the backend's forward is skipped and reported once
             text = f.describe(boundary.design.name, boundary.context(batch), -1)
-            kind = f.kind or ("full" if f.hook == "fill_graph_loc_buffer" else "swa")
+            kind = f.kind or ("full" if f.hook in ("fill_graph_loc_buffer", "read_ids") else "swa")
             self._count(side, name, *side.checker.design_error(batch.step, name, kind, text))
             return
+        reads = None if table is None else _ReadCheck(side, name, batch, truth, table, pool)
         writes = self.executor.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, self.obs,
-                                               self.now, rows_cache))
+                                               self.now, rows_cache, self._layer_hook(batch, name, reads)))
         self.crossings += len(side.layers)
         self.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
-        self._count(side, name, *side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots))
+        found, counts = side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots)
+        if reads is not None:
+            reads.finish()
+            if reads.found:
+                # after the writes' findings: a layer writes before its attention reads
+                more, more_counts = side.checker.emit_all(reads.found)
+                found = found + more
+                counts = {c: n + more_counts[c] for c, n in counts.items()}
+        self._count(side, name, found, counts)
+
+    def _layer_hook(self, batch: ForwardBatch, name: str,
+                    reads: Optional["_ReadCheck"]) -> Optional[Callable[[LayerInfo], None]]:
+        """What runs before each layer: the timeline's callback, then the layer's read check."""
+        timeline = self.before_layer
+        if timeline is None:
+            return None if reads is None else reads.at_layer
+
+        def before(layer: LayerInfo) -> None:
+            timeline(batch, name, layer)
+            if reads is not None:
+                reads.at_layer(layer)
+        return before
 
     def _count(self, side: ModelSide, name: str, found: list[Finding], counts: dict[str, int]) -> None:
         if not any(counts.values()):
@@ -201,6 +254,47 @@ class Run:
         self.steps.append(rec)
         self.obs.on_step(rec)
         return rec
+
+
+class _ReadCheck:
+    """One backend forward's read checking: each kind's table against the reference, once per ownership
+    epoch (so once per forward unless a timeline changes ownership between layers)."""
+
+    __slots__ = ("side", "backend", "batch", "truth", "table", "pool", "found", "_epoch", "_reported", "_left")
+
+    def __init__(self, side: ModelSide, backend: str, batch: ForwardBatch, truth: BatchTruth, table, pool):
+        self.side, self.backend, self.batch, self.truth, self.table, self.pool = side, backend, batch, truth, table, pool
+        self.found: list[Finding] = []
+        self._epoch: dict[str, int] = {}
+        self._reported: dict[str, np.ndarray] = {}
+        # per kind, the layers still to run (the count a finding names)
+        self._left = {k: sum(1 for li in side.layers if li.kind == k) for k in ("full", "swa")}
+
+    def at_layer(self, layer: LayerInfo) -> None:
+        kind = layer.kind
+        if self._epoch.get(kind) != self.side.reference.epoch:
+            self._check(kind, layer.layer, self._left[kind])
+        self._left[kind] -= 1
+
+    def finish(self) -> None:
+        """Kinds no layer hook checked (an executor that does not call it per layer): check them now."""
+        for kind in ("full", "swa"):
+            if kind not in self._epoch and self._left[kind] > 0:
+                first = next(li.layer for li in self.side.layers if li.kind == kind)
+                self._check(kind, first, self._left[kind])
+
+    def _check(self, kind: str, layer: int, n_layers: int) -> None:
+        self._epoch[kind] = self.side.reference.epoch
+        ids = self.table.of(kind)
+        if ids is None:
+            return
+        found, bad = self.side.checker.check_reads(
+            self.batch.step, self.backend, kind, ids, self.batch.requests, self.truth.content_keys,
+            self.pool.rows(kind), layer, n_layers, self._reported.get(kind))
+        if found:
+            self.found.extend(found)
+            prev = self._reported.get(kind)
+            self._reported[kind] = bad if prev is None else np.concatenate([prev, bad])
 
 
 def run_simulation(

@@ -254,6 +254,8 @@ class EngineConfig:
     #: what admission reserves: "whole" (prompt and output, so allocation never fails) or "none" (the
     #: prompt only; decode grows each request and retracts requests when the pools run out)
     reserve: str = "whole"
+    #: check every forward's reads (the backends' read tables) against the oracle: stale_read findings
+    read_check: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -698,6 +700,7 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
         war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
         platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
         reserve=t.get("reserve", str, d.reserve, allowed=RESERVES),
+        read_check=t.get("read_check", bool, d.read_check),
     )
     if cfg.overlap and spec.enabled:
         raise t.fail("overlap", "cannot be true with speculative decoding yet (the overlap timeline models "
@@ -898,7 +901,7 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
     for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "overlap", "war_barrier", "platform",
-                "reserve"):
+                "reserve", "read_check"):
         _put(d, key, getattr(e, key), getattr(base, key), False)
     if e.speculative != NO_SPECULATIVE:
         d["speculative"] = _speculative_data(e.speculative, defaults)

@@ -34,7 +34,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from .allocator import HybridAllocator, RequestSlots
-from .batch import BatchTruth, ForwardBatch
+from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .padding import smallest_capture
 from .records import STATIC_GRAPHS, Owner
 from .release_model import MID_2026, EvictionContext, ReleaseBehaviour, eviction_end
@@ -112,6 +112,7 @@ class Scheduler:
         self._evicted_swa: list[np.ndarray] = []
         self._mapping_changed: list[np.ndarray] = []
         self._tag_bases: list[int] = []
+        self._slots_by_rid: list[RequestSlots] = []   # req_to_token rows, for the batches' read ids
         self._check_fits(requests)
 
     # ------------------------------------------------------------------ admission
@@ -148,6 +149,7 @@ class Scheduler:
         req = Request(rid=self._next_rid, spec=spec, slots=RequestSlots(max(total, 1)), tag_base=self._next_tag,
                       swa_reserve=swa_need, full_reserve=full_need)
         self._tag_bases.append(self._next_tag)
+        self._slots_by_rid.append(req.slots)
         self._next_rid += 1
         self._next_tag += max(total, 1)
         return req
@@ -277,7 +279,7 @@ class Scheduler:
         """DRAFT_EXTEND after a prefill: the same out_cache_loc, run eagerly by the draft model."""
         b = ForwardBatch(step=self._step, mode="draft_extend", graph="eager", out_cache_loc=batch.out_cache_loc,
                          num_token_non_padded=batch.num_token_non_padded, padded_len=batch.dp_padded_len,
-                         pad_value=batch.pad_value, num_requests=batch.num_requests)
+                         pad_value=batch.pad_value, num_requests=batch.num_requests, requests=batch.requests)
         t = BatchTruth(tags=truth.tags, full_slots=truth.full_slots, swa_slots=truth.swa_slots,
                        freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),
                        evicted_swa=_cat(self._evicted_swa), mapping_changed=_cat(self._mapping_changed))
@@ -466,7 +468,8 @@ class Scheduler:
         loc = np.full(dp_len, self.pad_value, dtype=np.int64)
         loc[:real] = full_a
         batch = ForwardBatch(step=step, mode=mode, graph=graph, out_cache_loc=loc, num_token_non_padded=real,
-                             padded_len=padded, pad_value=self.pad_value, num_requests=num_requests)
+                             padded_len=padded, pad_value=self.pad_value, num_requests=num_requests,
+                             requests=BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__))
         truth = BatchTruth(
             tags=tags_a, full_slots=full_a, swa_slots=swa_a,
             freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),

@@ -48,6 +48,12 @@ def observed(summary: dict) -> dict:
 #  B3      SFSF + draft F: 23 extend and 10 verify target forwards x 4 layers + 63 draft forwards x 1 = 195;
 #          out_of_range only at the draft layer (global id 4).
 #  B4      SFSF + draft FS: (27 + 10) x 4 + 67 x 2 = 282; only triton, first at the draft's SWA layer (id 5).
+#  reads   (stale_read, one per (forward, request, position) read wrongly; a kind's layers share one table)
+#          B3, paths-spec(-paged) under pre-17630: the draft's layers read the target's indices in its smaller
+#          pools: every read past the draft pool's end is "outside the pool" (#17630's out-of-bounds, read side).
+#          B4, paths-spec under post-29460, triton only: without window indices the draft-extend graph's SWA
+#          layer reads the whole prefix through full-pool ids in the SWA pool: outside the pool (the
+#          illegal memory access of #29858), freed, evicted or another token's slots. Correct runs read clean.
 #  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
 #          SWA layers = 32 length_mismatch (trtllm_mha clean).
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
@@ -91,12 +97,13 @@ PINNED_CORPUS = {
     ("gap", "fixed"): pinned("kvwriteloc-strict", steps=5,
         every=(120, {}, None)),
     ("B3", "buggy"): pinned("sglang-pre-17630", steps=96,
-        every=(195, {"out_of_range": 526}, (33, 4, "out_of_range"))),
+        every=(195, {"stale_read": 14475, "out_of_range": 526}, (33, 4, "out_of_range"))),
     ("B3", "fixed"): pinned("sglang-post-29460", steps=96,
         every=(195, {}, None)),
     ("B4", "buggy"): pinned("sglang-post-29460", steps=104,
         every=(282, {}, None),
-        triton=(282, {"missed": 12, "clobbered": 2, "evicted_slot": 10, "out_of_range": 49}, (58, 5, "out_of_range"))),
+        triton=(282, {"missed": 12, "clobbered": 2, "evicted_slot": 10, "stale_read": 9790, "out_of_range": 49},
+                (58, 5, "out_of_range"))),
     ("B4", "fixed"): pinned("sglang-pr-29858", steps=104,
         every=(282, {}, None)),
 }
@@ -116,13 +123,13 @@ PINNED_SCENARIOS = {
         every=(366, {}, None)),
     ("paths-spec", "sglang-post-29460"): pinned("sglang-post-29460", steps=147,
         every=(366, {}, None),
-        triton=(366, {"missed": 65, "evicted_slot": 72, "out_of_range": 13}, (37, 5, "missed"))),
+        triton=(366, {"missed": 65, "evicted_slot": 72, "stale_read": 8200, "out_of_range": 13}, (37, 5, "missed"))),
     ("paths-spec", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=147,
-        every=(366, {"out_of_range": 836}, (6, 5, "out_of_range"))),
+        every=(366, {"stale_read": 6934, "out_of_range": 836}, (6, 5, "out_of_range"))),
     ("paths-spec-paged", "own"): pinned("sglang-pr-29858", steps=143,
         every=(366, {}, None)),
     ("paths-spec-paged", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=143,
-        every=(366, {"out_of_range": 881}, (9, 4, "out_of_range"))),
+        every=(366, {"stale_read": 13234, "out_of_range": 881}, (9, 4, "out_of_range"))),
     ("paths-noshrink", "own"): pinned("kvwriteloc-strict", steps=27,
         every=(108, {}, None)),
     ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=27,

@@ -183,7 +183,8 @@ def test_b3_draft_pool_smaller_than_target_full_pool_is_out_of_range_at_the_draf
     rows = sc.engine.speculative.draft_full_size + sc.pool.page_size
     for b in BACKENDS:
         st = r.backends[b]
-        assert st.findings["out_of_range"] > 0 and st.total == st.findings["out_of_range"], b
+        # the draft's writes past its pools are out_of_range; its reads there stale_read ("outside the pool")
+        assert st.findings["out_of_range"] > 0 and st.total == st.findings["out_of_range"] + st.findings["stale_read"], b
     for f in r.findings:
         assert f.layer == n and f.kind == "full" and mode_of[f.step] in DRAFT_MODES
         assert f.slot >= rows and f.expected is not None and f.expected.request is not None

@@ -1,0 +1,172 @@
+"""Read checking (issue 11 point 1): the slots a forward's attention reads, by the backend's read table,
+against the oracle's ownership at the time of the read; ``stale_read`` findings, exact counts.
+
+The hand-checked scenario: one request, prompt 8, output 12, window 4, layers SFSF (SWA layers 0 and 2),
+page size 1, eager, one backend. Mid-2026 eviction frees SWA slots in decode when ``decoded % 4 == 1``,
+against the request's length L before the new token: up to L - 4. So after the extend (step 0) and the
+first decode (step 1), positions [0, 5) are evicted at step 2, [0, 9) at step 6, [0, 13) at step 10.
+A decode token at position L reads the window [L - 3, L]: the eviction keeps one position more than that.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from simulator.designs import Design, ReadIds, ReadTable, read_ranges
+from simulator.records import FINDING_CLASSES
+
+from helpers import simulate, tiny
+
+ONE = """
+seed = 1
+backends = ["flashinfer"]
+[model]
+layers = "SFSF"
+window = 4
+[pool]
+full_size = 256
+[workload]
+requests = 1
+arrival = "all_at_once"
+prompt_len = { dist = "choice", values = [8] }
+output_len = { dist = "choice", values = [12] }
+[engine]
+cuda_graph = false
+chunked_prefill_size = 64
+"""
+
+
+def stale(r):
+    return [f for f in r.findings if f.cls == "stale_read"]
+
+
+class WholePrefixSWA(Design):
+    """A read-side bug: SWA layers read the whole prefix through the mapping (the window is ignored):
+    evicted positions' entries were cleared to 0, so they read the sink slot."""
+
+    name = "test-whole-prefix-swa"
+
+    def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
+        full, _ = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+        return ReadTable(full=full, swa=ReadIds(full.indptr, full_to_swa[full.indices], full.start))
+
+
+class PastWindow(Design):
+    """The SWA read range starts ``extra`` positions before the window."""
+
+    name = "test-past-window"
+    extra = 1
+
+    def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
+        t = super().read_ids(req_to_token, seq_lens, extend_lens, full_to_swa, ctx)
+        start = (seq_lens - extend_lens + 1 - ctx.window - self.extra).clamp(min=0)
+        w, _ = read_ranges(req_to_token, start, seq_lens)
+        return ReadTable(full=t.full, swa=ReadIds(w.indptr, full_to_swa[w.indices], w.start))
+
+
+class TwoPastWindow(PastWindow):
+    name = "test-two-past-window"
+    extra = 2
+
+
+def run(design: Design, text: str = ONE):
+    from cuda_path.pool import TaggedKVPool
+    from simulator.run import run_simulation
+
+    sc = tiny(text)
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, geometry="compact", skip_index=skip)
+
+    return run_simulation(sc, design, make)
+
+
+def test_stale_read_is_a_finding_class():
+    assert "stale_read" in FINDING_CLASSES
+
+
+def test_the_default_read_table_is_clean():
+    r = run(Design())
+    assert len(r.steps) == 13
+    assert r.total_findings == 0
+
+
+def test_reading_one_position_past_the_window_is_clean_because_eviction_keeps_it():
+    # SGLang frees up to prefix_len - window: the token at L reads [L - 3, L], L - 4 is still held
+    assert run(PastWindow()).total_findings == 0
+
+
+def test_two_positions_past_the_window_read_the_sink_right_after_each_eviction():
+    r = run(TwoPastWindow())
+    got = [(f.step, f.expected.request, f.expected.position, f.slot, f.layer, f.kind) for f in stale(r)]
+    assert got == [(2, 0, 4, 0, 0, "swa"), (6, 0, 8, 0, 0, "swa"), (10, 0, 12, 0, 0, "swa")]
+    assert r.backends["flashinfer"].findings["stale_read"] == 3 and r.total_findings == 3
+    f = stale(r)[0]
+    assert f.message == ("req 0 pos 4 reads swa slot 0 at layer 0 (and 1 more swa layers reading the same "
+                         "table): slot 0 is the sink / padding slot")
+    assert f.observed.tag == 0
+
+
+def test_ignoring_the_window_reads_every_evicted_position_at_the_sink():
+    r = run(WholePrefixSWA())
+    per_step = np.bincount([f.step for f in stale(r)], minlength=13).tolist()
+    # evicted [0, 5) from step 2, [0, 9) from step 6, [0, 13) from step 10: 4 x 5 + 4 x 9 + 3 x 13 = 95
+    assert per_step == [0, 0, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13]
+    assert r.total_findings == r.backends["flashinfer"].findings["stale_read"] == 95
+    assert {f.slot for f in stale(r)} == {0} and {f.layer for f in stale(r)} == {0}
+    assert [f.expected.position for f in stale(r) if f.step == 6] == list(range(9))
+
+
+class RaisingReads(Design):
+    name = "test-raising-reads"
+
+    def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
+        if ctx.mode == "decode":
+            raise ValueError("no decode tables")
+        return super().read_ids(req_to_token, seq_lens, extend_lens, full_to_swa, ctx)
+
+
+class FloatReads(Design):
+    name = "test-float-reads"
+
+    def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
+        t = super().read_ids(req_to_token, seq_lens, extend_lens, full_to_swa, ctx)
+        return ReadTable(full=t.full, swa=ReadIds(t.swa.indptr, t.swa.indices.float(), t.swa.start))
+
+
+def test_a_raising_read_hook_is_one_design_error_per_forward_and_the_forward_is_skipped():
+    r = run(RaisingReads())
+    errs = [f for f in r.findings if f.cls == "design_error"]
+    assert len(errs) == 12 and r.total_findings == 12
+    assert errs[0].layer == -1 and errs[0].kind == "full"
+    assert "read_ids raised ValueError: no decode tables at step 1 on flashinfer" in errs[0].message
+    assert r.backends["flashinfer"].writes == 4       # only the extend's four layers wrote
+
+
+def test_an_ill_typed_read_table_is_a_design_error_naming_the_kind():
+    r = run(FloatReads())
+    errs = [f for f in r.findings if f.cls == "design_error"]
+    assert len(errs) == 13 and {f.kind for f in errs} == {"swa"}
+    assert "swa.indices of dtype float32" in errs[0].message
+
+
+def test_read_checking_off_calls_no_read_hook():
+    class Boom(Design):
+        name = "test-boom"
+
+        def read_ids(self, *a):
+            raise AssertionError("called")
+
+    import simulator.run as R
+
+    orig = R.Run.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        self.read_check = False
+    R.Run.__init__ = init
+    try:
+        assert run(Boom()).total_findings == 0
+    finally:
+        R.Run.__init__ = orig
