@@ -739,7 +739,8 @@ class PrefixCache:
 
 class OwnershipLedger:
     """A reference consumer of :class:`SlotEvent`: who holds each slot and who reads it, as the events
-    say; what an oracle needs. Allocations a request makes itself are given with :meth:`allocated`.
+    say; what an oracle needs. Allocations a request makes itself are given with :meth:`allocated`, in
+    order with the events: apply the events drained so far before recording the allocation after them.
 
     ``problems`` collects, in order: ``sink_freed`` (page 0 given back), ``double_free`` (a page freed
     while already free), ``freed_foreign`` (a slot freed on behalf of one owner while another holds it),

@@ -563,3 +563,55 @@ TestMachinePage1Fifo = _machine(1, "fifo")
 TestMachinePage16Lifo = _machine(16, "lifo")
 TestMachinePage16Fifo = _machine(16, "fifo")
 TestMachineFixedPage1 = _machine(1, "fifo", FIXED)
+
+
+# --------------------------------------------------------------------------- workload through the cache
+
+@pytest.mark.parametrize("page,order", [(1, "fifo"), (16, "lifo")])
+def test_a_sharing_workload_through_the_cache(page, order):
+    """A generated workload with system prompts and conversations, served by a minimal loop (admit,
+    prefill, decode with out-of-window frees, finish; later turns after their previous turn): prefixes
+    are hit, the ledger fed by the events agrees with the tree, invariants hold throughout."""
+    from simulator.scenario import parse_scenario
+    from simulator.workload import make_requests
+
+    sc = parse_scenario('[model]\npreset = "gpt-oss-20b"\n[pool]\nfull_size = 4096\n[workload]\nrequests = 6\n'
+                        'prompt_len = { dist = "uniform", min = 20, max = 60 }\noutput_len = 20\n'
+                        'system_prompts = 2\nsystem_prompt_len = 48\nshare = 0.8\nturns = 3\n')
+    specs = make_requests(sc.workload, np.random.default_rng(1))
+    window = 32
+    alloc = HybridAllocator(2048 // page * page, 1536 // page * page, page, order)
+    cache = PrefixCache(alloc, window, SGLANG_0_5_23)
+    ledger = OwnershipLedger(page, alloc.full_size // page, alloc.swa_size // page)
+    finished: set = set()
+    hits = 0
+    pending = list(specs)
+    while pending:
+        ready = [s for s in pending if s.turn <= 1 or (s.conversation, s.turn - 1) in finished]
+        for spec in ready[:3]:
+            pending.remove(spec)
+            r = CachedRequest(spec.uid, RequestSlots(spec.total_len), spec.tokens())
+            hits += cache.admit(r, spec.prompt_len - 1).length
+            ledger.apply(cache.drain_events())
+            for n in [spec.prompt_len - r.slots.length] + [1] * spec.output_len:
+                ledger.apply(cache.drain_events())          # the frees before the allocation they allow
+                old = r.slots.length
+                alloc.extend(r.slots, n)
+                ledger.allocated("full", r.slots.full[old:old + n], r.owner)
+                ledger.allocated("swa", r.slots.swa[old:old + n], r.owner)
+                cache.free_out_of_window(r, r.slots.length - window - page)
+                cache.check_invariants([r])
+            with cache.free_group():
+                cache.cache_finished(r, spec.total_len - 1)
+            ledger.apply(cache.drain_events())
+            finished.add((spec.conversation, spec.turn))
+            cache.check_invariants([])
+        cache.evict(swa_tokens=64)          # pressure on the SWA side: tombstones
+        ledger.apply(cache.drain_events())
+        assert not ledger.problems, ledger.problems[:3]
+    assert hits > 0
+    assert any(n.tombstone for n in cache.nodes.values()) or page > 1
+    cache.evict(full_tokens=10**9)
+    ledger.apply(cache.drain_events())
+    cache.check_invariants([])
+    assert len(cache.nodes) == 1 and not ledger.owner["full"] and not ledger.owner["swa"] and not ledger.problems
