@@ -1,6 +1,6 @@
 """The KV store: write K and V rows of a batch into one layer's buffers at given slots.
 
-Semantics follow the store kernels that serving engines use (SGLANG_FACTS section 2):
+Semantics follow the store kernels that serving engines use (SGLang's ``set_kv_buffer`` path, mid-2026):
 
 * the host checks that K, V and the index tensor have the same length and raises
   :class:`KVLengthMismatch` with the kernel's kind of message before anything is written;

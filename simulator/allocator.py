@@ -1,6 +1,7 @@
 """The hybrid SWA allocator: a full and an SWA sub-pool, and the ``full_to_swa`` mapping.
 
-Modelled on SGLANG_FACTS section 1. Every token takes one full slot *and* one SWA slot; the caller
+Modelled on SGLang's hybrid SWA allocator as of mid-2026 (``SWATokenToKVPoolAllocator``; what 0.5.23
+changed is in docs/RELEASE_MODEL.md). Every token takes one full slot *and* one SWA slot; the caller
 gets the full slots (``out_cache_loc``) and the mapping records ``full_to_swa[full] = swa``. Tokens
 that fall out of the window lose their SWA slot (the mapping entry goes back to 0) while keeping the
 full one. Page 0 (slot 0 when page_size is 1) is reserved in both pools and never handed out.

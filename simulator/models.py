@@ -1,8 +1,8 @@
 """Model geometry: which layers are full and which sliding-window, and their KV shapes.
 
-Presets follow SGLANG_FACTS section 6. Values not checked against the models' published configs
-are flagged in ``Model.unverified`` so reports can say so; every value can be overridden in the
-scenario's ``[model]`` table.
+Presets follow the models' hybrid layer patterns as SGLang serves them (docs/SCENARIOS.md lists
+them). Values not checked against the models' published configs are flagged in ``Model.unverified``
+so reports can say so; every value can be overridden in the scenario's ``[model]`` table.
 """
 from __future__ import annotations
 

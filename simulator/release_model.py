@@ -80,7 +80,7 @@ class EvictionContext:
 
 
 class MidYear2026Eviction:
-    """SGLANG_FACTS section 1: lazily per request; decode when ``decode_step % window == 1``, every
+    """SGLang before 0.5.23 (mid-2026): lazily per request; decode when ``decode_step % window == 1``, every
     prefill chunk up to ``prefix - window``; a speculative round once twice the window is held.
 
     The ``*_point`` methods return the prefix length to evict against (the scheduler frees the SWA

@@ -1,6 +1,7 @@
 """Continuous batching with chunked prefill, SWA eviction, DP-attention and CUDA-graph padding.
 
-The policy is SGLang's in outline (SGLANG_FACTS sections 1 and 4): prefill first; a prefill batch
+The policy is SGLang's in outline (its mid-2026 scheduler; 0.5.23's changes are the release model's,
+docs/RELEASE_MODEL.md): prefill first; a prefill batch
 takes up to ``chunked_prefill_size`` prompt tokens, finishing an in-progress chunked request before
 admitting new ones; with ``mixed_chunk`` the running requests' decode tokens ride along (MIXED);
 otherwise every running request decodes one token. Admission reserves each request's full-pool need
