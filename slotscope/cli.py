@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
     for module in ("tracing.commands", "reports.commands", "slotscope.corpus", "slotscope.minimize",
-                   "slotscope.bisect"):
+                   "slotscope.bisect", "slotscope.conform",
+                   "slotscope.scenario_cmd"):
         try:
             mod = __import__(module, fromlist=["register"])
         except ModuleNotFoundError as e:

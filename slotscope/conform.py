@@ -1,0 +1,241 @@
+"""``slotscope conform SCENARIO --engine sglang==VERSION``: does our model of a release do what the release does?
+
+The model side (the design ``sglang-<version>`` unless ``--design`` names another) runs in this process;
+the release runs in a process of its own (``engine_path.isolate``). Each writes a per-step record
+(``engine_path.conformance.trace``: ``out_cache_loc``, per backend where its SWA ids come from, its
+``swa_loc`` and the ``KVWriteLoc`` an SWA layer gets, the mapping at the changed full slots, the SWA
+slots evicted, the slots freed) under the same scheduler decisions; the records are compared step by
+step, field by field. The first divergence is printed exactly (step, field, model value, engine value,
+a few elements around the first differing index), then a table per field.
+
+A difference documented in docs/ENGINE.md ("Conformance") has an id (:data:`KNOWN`); ``--allow ID``
+accepts it explicitly (the run still says it was seen). Exit 0: every step conforms (or only allowed
+differences); 1: a divergence; 2: bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+EXIT_CONFORMS, EXIT_DIVERGES, EXIT_BAD_INPUT = 0, 1, 2
+
+#: documented differences (docs/ENGINE.md, "Conformance"): id -> (what it matches, reason)
+KNOWN: dict[str, str] = {}
+
+_GROUP_FIELDS = ("swa_loc", "write_loc")
+
+
+def _first_index(a: list, b: list) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _around(values: Any, i: int, k: int = 3) -> str:
+    if not isinstance(values, list):
+        return json.dumps(values)
+    lo = max(0, i - k)
+    part = values[lo:i + k + 1]
+    return (("[..., " if lo else "[") + ", ".join(json.dumps(v) for v in part)
+            + (", ...]" if i + k + 1 < len(values) else "]") + f" (len {len(values)})")
+
+
+def _diff(model: Any, engine: Any) -> Optional[str]:
+    """Where two values of one field differ, in words (None: equal)."""
+    if model == engine:
+        return None
+    if isinstance(model, list) and isinstance(engine, list):
+        flat_m, flat_e = model, engine
+        # [dtype, values] / [loc, swa_loc] / [slots, entries] pairs: name the part that differs
+        if len(model) == 2 and len(engine) == 2 and any(isinstance(x, list) for x in model):
+            names = ("slots", "entries")
+            for j in (0, 1):
+                if model[j] != engine[j]:
+                    if isinstance(model[j], list) and isinstance(engine[j], list):
+                        i = _first_index(model[j], engine[j])
+                        return (f"part {j} ({names[j]}) first differs at index {i}: model "
+                                f"{_around(model[j], i)}, engine {_around(engine[j], i)}")
+                    return f"part {j}: model {json.dumps(model[j])}, engine {json.dumps(engine[j])}"
+        i = _first_index(flat_m, flat_e)
+        return f"first differs at index {i}: model {_around(flat_m, i)}, engine {_around(flat_e, i)}"
+    return f"model {json.dumps(model)}, engine {json.dumps(engine)}"
+
+
+def compare(model: dict, engine: dict) -> dict:
+    """Step-by-step comparison of two traces: per field (backend fields per backend group) equal/differs
+    counts, and the first divergence."""
+    m_steps, e_steps = model["steps"], engine["steps"]
+    groups: dict[str, list[str]] = {}
+    for b, src in model["info"]["swa_ids"].items():
+        groups.setdefault(src, []).append(b)
+    rows: dict[str, list[int]] = {}           # field -> [equal, differs]
+    first: Optional[dict] = None
+
+    def note(field: str, step: Optional[int], where: str, m: Any, e: Any) -> None:
+        nonlocal first
+        d = _diff(m, e)
+        row = rows.setdefault(field, [0, 0])
+        row[1 if d else 0] += 1
+        if d and first is None:
+            first = {"step": step, "field": field, "where": where, "detail": d,
+                     "model": m if not isinstance(m, list) or len(json.dumps(m)) < 400 else None,
+                     "engine": e if not isinstance(e, list) or len(json.dumps(e)) < 400 else None}
+
+    # which backends take plan ids and which translate: once, from the runs' own boundaries
+    for b in model["info"]["swa_ids"]:
+        note("swa_ids", None, b, model["info"]["swa_ids"].get(b), engine["info"]["swa_ids"].get(b))
+    n = min(len(m_steps), len(e_steps))
+    for k in range(n):
+        ms, es = m_steps[k], e_steps[k]
+        step = ms["step"]
+        for field in ("step", "mode", "graph"):
+            if ms[field] != es[field]:
+                note("schedule", step, field, ms[field], es[field])
+                break
+        else:
+            rows.setdefault("schedule", [0, 0])[0] += 1
+        for field in ("out_cache_loc", "mapping", "evicted_swa", "freed_full", "freed_swa"):
+            note(field, step, "", ms[field], es[field])
+        for field in _GROUP_FIELDS:
+            for src, names in sorted(groups.items()):
+                for b in names:
+                    note(f"{field} [{src}]", step, b, ms[field].get(b), es[field].get(b))
+    if len(m_steps) != len(e_steps):
+        note("steps", None, "count", len(m_steps), len(e_steps))
+    for side, tr in (("model", model), ("engine", engine)):
+        if tr["info"].get("stopped"):
+            note("stopped", len(tr["steps"]), side, model["info"].get("stopped"), engine["info"].get("stopped"))
+            break
+    return {"steps_compared": n, "fields": rows, "first": first, "groups": groups}
+
+
+def _known_match(first: Optional[dict], allowed: list[str]) -> Optional[str]:
+    return None
+
+
+def _default_design(version: str, explicit: Optional[str]) -> str:
+    from simulator.designs import BUILTIN_DESIGNS, DesignError
+
+    if explicit:
+        return explicit
+    name = f"sglang-{version}"
+    if name in BUILTIN_DESIGNS:
+        return name
+    releases = sorted(n for n in BUILTIN_DESIGNS if n.startswith("sglang-0") or n.startswith("sglang-1"))
+    raise DesignError(f"no model of sglang {version}: there is no design named {name!r} (release designs: "
+                      f"{', '.join(releases) or 'none'}); pass --design NAME to compare another model with it")
+
+
+def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, design: Optional[str] = None,
+                max_steps: Optional[int] = None, backends: Optional[list[str]] = None,
+                timeout: float = 1800) -> dict:
+    """Both traces and their comparison (raises EngineError / DesignError / ScenarioError on bad input)."""
+    from engine_path import isolate
+    from engine_path.conformance import trace
+    from engine_path.errors import EngineError
+    from engine_path.releases import parse_spec
+    from simulator.designs import load_design
+    from simulator.scenario import ScenarioError, load_scenario
+
+    spec = parse_spec(engine)
+    if spec.version is None:
+        raise EngineError(f"--engine {engine}: conform needs a release version (sglang==VERSION): the model "
+                          f"design is chosen by it")
+    if not Path(scenario).is_file():
+        raise ScenarioError(f"{scenario}: no such scenario file")
+    sc = load_scenario(scenario)
+    if page_size is not None and page_size < 1:
+        raise ScenarioError(f"--page-size must be >= 1, got {page_size}")
+    name = _default_design(spec.version, design)
+    load_design(name)                                   # bad --design: DesignError before any run
+    opts = {"design": name, "page_size": page_size, "max_steps": max_steps, "backends": backends}
+    t0 = time.perf_counter()
+    model = trace(scenario, dict(opts, engine=False))
+    t1 = time.perf_counter()
+    eng = isolate.call(str(engine), "engine_path.conformance:trace", scenario, dict(opts, engine=True),
+                       timeout=timeout)
+    t2 = time.perf_counter()
+    result = compare(model, eng)
+    result.update(scenario=sc.name, path=scenario, design=name, engine=eng["info"].get("engine"),
+                  page_size=model["info"]["page_size"], max_steps=max_steps,
+                  model_s=round(t1 - t0, 2), engine_s=round(t2 - t1, 2),
+                  engine_calls=eng["info"].get("engine_calls"))
+    return result
+
+
+def _print(res: dict, out=sys.stdout) -> None:
+    e = res.get("engine") or {}
+    print(f"conform {res['path']} (page_size {res['page_size']}): model {res['design']} vs engine "
+          f"sglang {e.get('version')} ({e.get('path')})"
+          + (f", first {res['max_steps']} steps" if res.get("max_steps") else ""), file=out)
+    f = res["first"]
+    if f is None:
+        print(f"every step conforms ({res['steps_compared']} steps)", file=out)
+    else:
+        at = "before the first step" if f["step"] is None else f"step {f['step']}"
+        print(f"first divergence: {at}, {f['field']}" + (f" ({f['where']})" if f["where"] else "")
+              + f": {f['detail']}", file=out)
+    print(f"\n{'field':<28} {'equal':>7} {'differs':>8}", file=out)
+    for field, (eq, df) in res["fields"].items():
+        print(f"{field:<28} {eq:>7} {df:>8}", file=out)
+    print(f"\nsteps compared: {res['steps_compared']}; backend groups: "
+          + "; ".join(f"{g}: {', '.join(bs)}" for g, bs in sorted(res["groups"].items()))
+          + f"; model {res['model_s']} s, engine {res['engine_s']} s (import included)", file=out)
+
+
+def cmd_conform(args) -> int:
+    from .cli import EXIT_BAD_INPUT as _bad  # noqa: F401  (same code)
+
+    unknown = [a for a in args.allow or [] if a not in KNOWN]
+    if unknown:
+        print(f"slotscope: error: --allow {', '.join(unknown)}: not a documented difference (known: "
+              f"{', '.join(sorted(KNOWN)) or 'none'}; docs/ENGINE.md, Conformance)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    res = run_conform(args.scenario, args.engine, page_size=args.page_size, design=args.design,
+                      max_steps=args.max_steps, backends=list(args.backends) if args.backends else None)
+    _print(res)
+    allowed = _known_match(res["first"], args.allow or [])
+    if args.json:
+        print(json.dumps({k: v for k, v in res.items()}, default=str))
+    if res["first"] is None:
+        return EXIT_CONFORMS
+    if allowed:
+        print(f"(allowed: {allowed})")
+        return EXIT_CONFORMS
+    return EXIT_DIVERGES
+
+
+def register(sub) -> None:
+    from .cli import _backends, _positive
+
+    p = sub.add_parser(
+        "conform", help="compare our model of an SGLang release with the release, step by step",
+        description="Drive the model of a release (the design sglang-VERSION unless --design) and the real release "
+                    "(its allocator, eviction rule, translation per backend and KVWriteLoc, in a process of its "
+                    "own) through SCENARIO under the same scheduler decisions, and compare every step: "
+                    "out_cache_loc, where each backend takes its SWA ids from, swa_loc per backend group, the "
+                    "KVWriteLoc of an SWA layer, mapping entries at the changed full slots, evictions, frees.",
+        epilog="examples:\n"
+               "  slotscope conform scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.23\n"
+               "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n\n"
+               "exit codes:\n"
+               "  0    every step conforms\n"
+               "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
+               "  2    bad input\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", help="scenario TOML file")
+    p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")
+    p.add_argument("--page-size", type=_positive, metavar="N",
+                   help="run at this page size (pool sizes rounded up to whole pages)")
+    p.add_argument("--design", metavar="MODEL_DESIGN", help="the model design (default: sglang-VERSION)")
+    p.add_argument("--max-steps", type=_positive, metavar="N", help="compare the first N forwards only")
+    p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
+    p.add_argument("--allow", action="append", metavar="KNOWN_ID",
+                   help="accept a documented difference (docs/ENGINE.md, Conformance); repeatable")
+    p.add_argument("--json", action="store_true", help="end with one JSON line: the comparison")
+    p.set_defaults(func=cmd_conform)
