@@ -650,6 +650,24 @@ class PrefixCache:
                 self._tombstone(victim)
         return freed_full, freed_swa
 
+    def describe(self) -> list[str]:
+        """The tree as indented lines (node id, tokens, full and SWA slot ranges, locks): for reports."""
+        def span(v: Optional[np.ndarray]) -> str:
+            if v is None:
+                return "tombstone"
+            return f"{int(v[0])}..{int(v[-1])}" if v.size else "-"
+
+        out: list[str] = []
+
+        def walk(node: Node, depth: int) -> None:
+            for child in sorted(node.children.values(), key=lambda n: n.id):
+                out.append(f"{'  ' * depth}node {child.id}: {len(child.key)} tokens, full {span(child.full)}, "
+                           f"swa {span(child.swa)}, locks full {child.full_lock} swa {child.swa_lock}")
+                walk(child, depth + 1)
+
+        walk(self.root, 0)
+        return out
+
     def evictable(self) -> tuple[int, int]:
         """Full tokens in unlocked nodes, SWA tokens in live unlocked nodes."""
         full = sum(len(n.full) for n in self.nodes.values() if n is not self.root and n.full_lock == 0)

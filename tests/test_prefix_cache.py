@@ -126,6 +126,9 @@ def test_match_stops_where_the_swa_window_rules_do():
     # only 2 live tokens after the tombstone: not a usable match, although Full KV holds 8
     m = c.match_prefix(np.array(T[:8] + [99, 98]), 9)
     assert m.length == 0 and m.full_hit == 8
+    assert c.describe() == ["node 1: 6 tokens, full 1..6, swa tombstone, locks full 0 swa 0",
+                            "  node 3: 2 tokens, full 7..8, swa 7..8, locks full 0 swa 0",
+                            "    node 2: 4 tokens, full 9..12, swa 9..12, locks full 0 swa 0"]
     # no tombstone on the path: any prefix matches
     alloc2, c2 = setup()
     c2.cache_finished(run(c2, req(1, T)))
