@@ -34,6 +34,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--skip-bad", action="store_true",
                    help="skip malformed lines and count them instead of failing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--report", metavar="OUT.html",
+                   help="engine traces (SGLang's request spans): write an HTML report (stage latencies, batch "
+                        "size and token timelines; with --run, the engine's batches beside the simulator's steps)")
+    p.add_argument("--run", metavar="DIR", help="a slotscope run of the replayed scenario to set beside the engine's "
+                                                "batches (docs/REPLAY.md)")
     _add_max_line(p)
     p.set_defaults(func=cmd_analyze)
 
@@ -77,14 +82,30 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         result = analyze_files(args.files, skip_bad=args.skip_bad, max_line_bytes=args.max_line_mb * 2**20)
     except TraceFormatError as exc:
         return _fail(str(exc))
+    from .engine_analysis import engine_part
+
+    try:
+        engine = engine_part(args, result)        # SGLang's request spans: stage table, --report, --run
+    except (TraceFormatError, OSError) as exc:
+        return _fail(str(exc))
     if args.json:
-        json.dump(result.to_json(), sys.stdout, indent=2)
+        doc = result.to_json()
+        if engine is not None:
+            doc["engine"] = engine.to_json()
+        json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         for r in result.slotscope_runs:            # the text output has them inline
             for w in r.get("warnings", ()):
                 print(f"slotscope: warning: {r['run'][:200]}: {w}", file=sys.stderr)
     else:
         sys.stdout.write(result.render_text())
+        if engine is not None:
+            sys.stdout.write(engine.render_text())
+    if engine is not None and args.report:
+        from reports.engine_trace import write_engine_report
+
+        print(f"engine trace report: {write_engine_report(engine, args.report, sources=args.files)}",
+              file=sys.stderr)
     if result.bad_lines:
         print(f"slotscope: warning: {result.bad_lines} bad line(s) skipped (--skip-bad)", file=sys.stderr)
     return EXIT_OK
