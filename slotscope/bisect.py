@@ -14,9 +14,11 @@ first release whose verdict differs from the one before.
 * A verdict is ``clean`` or the findings per class (counts summed over the backends).
 * Results are cached in ``<cache>/bisect/`` (``$SLOTSCOPE_CACHE`` or ``~/.cache/slotscope``), one file per
   (release, scenario hash), the scenario hash taken over the scenario as run (backends applied, the
-  ``engine_release`` key left out) and the source of the code that decides a verdict (simulator/,
-  engine_path/, slotscope's pipeline): a rerun of the same bisection runs nothing. ``--no-cache`` ignores
-  the cache (and refreshes it).
+  ``engine_release`` key left out), under slotscope's version: a rerun of the same bisection runs
+  nothing. Each entry records the git commit and a fingerprint of the code that decided it (simulator/,
+  engine_path/, slotscope's pipeline); an entry whose fingerprint differs from the working tree's is
+  still used, and its source says ``cached (other code)``. After changing that code, ``--no-cache``
+  runs again (and refreshes the cache).
 
 Exit codes: 0 a change was found, 1 no change in the range, 2 bad input (a bad range, an unknown version,
 the registry unreachable, a release the adapter cannot import), 130 / 143 interrupted / terminated.
@@ -168,7 +170,9 @@ class Bisection:
         self.results: dict[str, dict] = {}
 
     def cache_file(self, version: str) -> Path:
-        return cache_root() / "bisect" / f"sglang-{version}_{self.scenario_hash}_{self.code}.json"
+        from . import __version__
+
+        return cache_root() / "bisect" / f"sglang-{version}_{self.scenario_hash}_slotscope-{__version__}.json"
 
     def verdict(self, version: str) -> dict:
         if version in self.results:
@@ -178,14 +182,16 @@ class Bisection:
         if self.use_cache and f.is_file():
             try:
                 rec = json.loads(f.read_text(encoding="utf-8"))
-                rec["source"] = "cached"
+                rec["source"] = "cached" if rec.get("code") == self.code else "cached (other code)"
             except (OSError, ValueError):
                 rec = None
         if rec is None:
             t0 = time.perf_counter()
             res = self.runner(version, self.path, list(self.backends) if self.backends else None)
+            from .pipeline import git_commit
+
             rec = {"release": version, "scenario": self.scenario.name, "scenario_hash": self.scenario_hash,
-                   "code": self.code, "findings": res.get("findings", {}), "backends": res.get("backends", {}),
+                   "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),
                    "steps": res.get("steps"), "engine": res.get("engine"), "error": res.get("error"),
                    "seconds": round(time.perf_counter() - t0, 1)}
             if rec["error"] is None and not res.get("incomplete"):
@@ -197,7 +203,7 @@ class Bisection:
         rec["verdict"] = ("error: " + rec["error"].splitlines()[0][:120]) if rec.get("error") else \
             verdict_label(rec["findings"])
         self.results[version] = rec
-        secs = f"{rec['seconds']:.1f} s" if rec["source"] == "run" else f"cached (ran in {rec['seconds']:.1f} s)"
+        secs = f"{rec['seconds']:.1f} s" if rec["source"] == "run" else f"{rec['source']} (ran in {rec['seconds']:.1f} s)"
         self.log(f"[bisect] sglang=={version}: {rec['verdict']}  {secs}")
         return rec
 
@@ -295,6 +301,9 @@ def cmd_bisect(args) -> int:
     out = b.search(run_all=args.all, jobs=args.jobs)
     print(b.table())
     ran = sum(1 for r in b.results.values() if r["source"] == "run")
+    if any(r["source"] == "cached (other code)" for r in b.results.values()):
+        print("[bisect] some verdicts are cached from other code (simulator/, engine_path/ or the pipeline changed "
+              "since); --no-cache runs them again", file=sys.stderr)
     print()
     if out["changes"]:
         c = out["changes"][0]
