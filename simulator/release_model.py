@@ -263,6 +263,13 @@ class ReleaseBehaviour:
     eager_extend_narrowing: bool = False
     #: backends that take SWA ids from the per-iteration plan (the rest translate themselves)
     plan_swa_backends: frozenset = frozenset()
+    #: the overlap scheduler's WAR barrier per platform (simulator.timeline.BARRIERS), when the scenario
+    #: leaves engine.war_barrier = "release": 0.5.23 gates it on is_cuda(), so ROCm runs without (W7)
+    war_barriers: tuple = (("cuda", "after_launch"), ("rocm", "none"))
+
+    def war_barrier(self, platform: str) -> str:
+        table = dict(self.war_barriers)
+        return table.get(platform, table.get("cuda", "after_launch"))
 
     def takes_plan_swa_ids(self, backend: str) -> bool:
         return backend in self.plan_swa_backends
