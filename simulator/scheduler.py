@@ -56,6 +56,13 @@ class Request:
     full_reserve: int = 0
     extend_batches: int = 0   # prefill chunks run so far (SGLang's extend_batch_idx)
     decode_batches: int = 0   # decode batches (or speculative rounds) run so far (decode_batch_idx)
+    prefill_len: int = -1     # positions the (re-)prefill covers: the prompt, plus the decoded tokens after a retraction
+    lag: bool = False         # overlap: the request decodes one more token before its finish is seen
+    lagged: bool = False      # that token was scheduled
+
+    def __post_init__(self) -> None:
+        if self.prefill_len < 0:
+            self.prefill_len = self.spec.prompt_len
 
     @property
     def total_len(self) -> int:
@@ -63,11 +70,16 @@ class Request:
 
     @property
     def prefill_done(self) -> bool:
-        return self.prefilled >= self.spec.prompt_len
+        return self.prefilled >= self.prefill_len
 
     @property
     def finished(self) -> bool:
-        return self.prefill_done and self.decoded >= self.spec.output_len
+        return self.prefill_done and self.decoded >= self.spec.output_len and (self.lagged or not self.lag)
+
+    @property
+    def decodes(self) -> bool:
+        """Decodes a token in the next batch (its own, or the overlap scheduler's one past the end)."""
+        return self.prefill_done and (self.decoded < self.spec.output_len or (self.lag and not self.lagged))
 
 
 class Scheduler:
@@ -86,8 +98,15 @@ class Scheduler:
         self.pad_to_capture = pad_to_capture
         spec = scenario.engine.speculative
         self.spec = spec if spec.enabled else None
-        # room a request needs past its last token: the verify tokens of its last round
-        self._extra = spec.num_draft_tokens if self.spec else 0
+        # room a request needs past its last token: the verify tokens of its last round; under the overlap
+        # scheduler the token of the batch scheduled before its finish was seen
+        self.overlap = scenario.engine.overlap
+        self._extra = (spec.num_draft_tokens if self.spec else 0) + (1 if self.overlap else 0)
+        #: admission reserves the whole request ("whole") or its prefill only ("none": decode grows, retracts)
+        self.reserve_whole = scenario.engine.reserve == "whole"
+        self.retractions = 0
+        #: the overlap timeline's record of discrete writes (simulator.timeline.Journal); None: not recorded
+        self.journal = None
         self.page = allocator.page_size
         self._eviction = self.release.eviction
         self._ev_ctx = EvictionContext(
@@ -101,7 +120,7 @@ class Scheduler:
         self.window = self._eviction.retain_window(self._ev_ctx)
         self.pending: deque[RequestSpec] = deque(requests)
         self.total_requests = len(requests)
-        self.waiting: deque[RequestSpec] = deque()
+        self.waiting: deque = deque()          # RequestSpec, or a retracted Request to prefill again
         self.running: list[Request] = []       # admitted: prefilling or decoding
         self.finished_count = 0
         self._next_rid = 0
@@ -137,33 +156,84 @@ class Scheduler:
                     f"{self.sc.source}: workload request {i} may hold {self._swa_need(total)} SWA slots at once "
                     f"but the SWA pool has {self.alloc.swa_size}: raise pool.full_size or pool.swa_ratio")
 
-    def _try_admit(self, spec: RequestSpec) -> Optional[Request]:
+    def _try_admit(self, item) -> Optional[Request]:
+        retracted = item if isinstance(item, Request) else None
+        spec = item.spec if retracted is not None else item
         total = spec.prompt_len + spec.output_len + self._extra
-        full_need = self._pages(total) * self.page
-        swa_need = self._swa_need(total)
+        # "none": the (re-)prefill only; decode grows the reservation (_grow_or_retract)
+        need = total if self.reserve_whole else (spec.prompt_len if retracted is None else retracted.prefill_len)
+        full_need = self._pages(need) * self.page
+        swa_need = self._swa_need(need)
         if (self._full_reserved + full_need > self.alloc.full_size
                 or self._swa_reserved + swa_need > self.alloc.swa_size
                 or len(self.running) >= self.sc.engine.max_running_requests):
             return None
         self._full_reserved += full_need
         self._swa_reserved += swa_need
+        if retracted is not None:
+            # prefilled again from position 0 into a fresh req_to_token row, with the same tags
+            retracted.slots = RequestSlots(max(total, 1))
+            retracted.full_reserve, retracted.swa_reserve = full_need, swa_need
+            self._slots_by_rid[retracted.rid] = retracted.slots
+            return retracted
         req = Request(rid=self._next_rid, spec=spec, slots=RequestSlots(max(total, 1)), tag_base=self._next_tag,
-                      swa_reserve=swa_need, full_reserve=full_need)
+                      swa_reserve=swa_need, full_reserve=full_need, lag=self.overlap)
         self._tag_bases.append(self._next_tag)
         self._slots_by_rid.append(req.slots)
         self._next_rid += 1
         self._next_tag += max(total, 1)
         return req
 
-    def _release(self, req: Request) -> None:
+    def _release(self, req: Request, kind: str = "free") -> None:
         s = req.slots
-        self._freed_full.append(s.full[: s.length].copy())
+        full = s.full[: s.length].copy()
+        self._freed_full.append(full)
         self._freed_swa.append(s.swa[s.swa_evicted: s.length].copy())
-        self._mapping_changed.append(s.full[: s.length].copy())
+        self._mapping_changed.append(full)
         self.alloc.free(s)
+        self._note(kind, req, full)
         self._full_reserved -= req.full_reserve
         self._swa_reserved -= req.swa_reserve
-        self.finished_count += 1
+        if kind == "free":
+            self.finished_count += 1
+
+    def _note(self, kind: str, req: Request, full: np.ndarray) -> None:
+        if self.journal is not None:
+            self.journal.note(kind, req.rid, full)
+
+    def _retract(self, req: Request) -> None:
+        """SGLang 0.5.23 ``retract_decode`` -> ``release_kv_cache``: the request's KV (full and SWA) is
+        freed, its mapping cleared and its req_to_token row given back; it waits at the queue's head to be
+        prefilled again over its prompt and the tokens it had decoded."""
+        self._release(req, "retract")
+        self.running.remove(req)
+        req.prefilled, req.prefill_len = 0, req.spec.prompt_len + req.decoded
+        req.extend_batches = req.decode_batches = 0      # decode_batch_idx restarts (X4, #33404)
+        self.waiting.appendleft(req)
+        self.retractions += 1
+
+    def _grow_or_retract(self, decoding: list[Request]) -> list[Request]:
+        """``reserve = "none"``: grow each decoding request's reservation by its next token; while the pools
+        cannot hold that, retract a request (the fewest decoded tokens first, then the longest prompt, then
+        the latest admitted, as retract_decode orders them). Returns the requests that still decode."""
+        if self.reserve_whole:
+            return decoding
+        decoding = list(decoding)
+        while decoding:
+            grow = [(max(0, self._pages(r.slots.length + 1) * self.page - r.full_reserve),
+                     max(0, self._swa_need(r.slots.length + 1) - r.swa_reserve)) for r in decoding]
+            if (self._full_reserved + sum(g[0] for g in grow) <= self.alloc.full_size
+                    and self._swa_reserved + sum(g[1] for g in grow) <= self.alloc.swa_size):
+                for r, (gf, gs) in zip(decoding, grow):
+                    r.full_reserve += gf
+                    r.swa_reserve += gs
+                    self._full_reserved += gf
+                    self._swa_reserved += gs
+                return decoding
+            victim = min(decoding, key=lambda r: (r.decoded, -r.spec.prompt_len, -r.rid))
+            decoding.remove(victim)
+            self._retract(victim)
+        return decoding
 
     def owner_of(self, tag: int) -> Owner:
         """The (request, position) a tag names; padding, empty and corrupt rows by their special tags."""
@@ -215,7 +285,7 @@ class Scheduler:
         budget = eng.chunked_prefill_size
         for r in self.running:  # an in-progress chunked request continues first
             if not r.prefill_done and budget > 0:
-                take = min(r.spec.prompt_len - r.prefilled, budget)
+                take = min(r.prefill_len - r.prefilled, budget)
                 prefill.append((r, take))
                 budget -= take
         while self.waiting and budget > 0:
@@ -224,11 +294,11 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            take = min(req.spec.prompt_len, budget)
+            take = min(req.prefill_len, budget)
             prefill.append((req, take))
             budget -= take
 
-        decoding = [r for r in self.running if r.prefill_done and r.decoded < r.spec.output_len]
+        decoding = [r for r in self.running if r.decodes]
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
@@ -236,7 +306,9 @@ class Scheduler:
             if self.spec is not None:
                 yield from self._speculative_round(decoding)
                 return
-            mode, decode_part = "decode", decoding
+            mode, decode_part = "decode", self._grow_or_retract(decoding)
+            if not decode_part:
+                return
         else:
             return
 
@@ -256,7 +328,7 @@ class Scheduler:
                     self._evict_decode(r)
             for r in decode_part:
                 self._write_tokens(r, 1, tags, full, swa)
-                r.decoded += 1
+                self._count_decoded(r)
                 r.decode_batches += 1
         else:
             for r, take in prefill:
@@ -268,13 +340,20 @@ class Scheduler:
                 # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
                 self._evict_decode(r)
                 self._write_tokens(r, 1, tags, full, swa)
-                r.decoded += 1
+                self._count_decoded(r)
                 r.decode_batches += 1
         batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
         yield batch, truth
         if self.spec is not None:
             # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
             yield self._draft_batch(batch, truth)
+
+    @staticmethod
+    def _count_decoded(r: Request) -> None:
+        if r.decoded < r.spec.output_len:
+            r.decoded += 1
+        else:
+            r.lagged = True      # the overlap scheduler's token past the end: its output is dropped
 
     def _draft_batch(self, batch: ForwardBatch, truth: BatchTruth) -> tuple[ForwardBatch, BatchTruth]:
         """DRAFT_EXTEND after a prefill: the same out_cache_loc, run eagerly by the draft model."""
@@ -407,6 +486,7 @@ class Scheduler:
                 self._mapping_changed.append(full_before[:end - begin])
                 self._freed_swa.append(swa_before[:end - begin])
                 self._evicted_swa.append(swa_before[:end - begin])
+                self._note("free_swa", req, full_before[:end - begin])
             return
         end = eviction_end(prefix_len, self.window, self.page)
         if end > begin:
@@ -415,11 +495,13 @@ class Scheduler:
             self.alloc.evict_swa(s, end)
             self._freed_swa.append(swa)
             self._evicted_swa.append(swa)
+            self._note("free_swa", req, s.full[begin:end])
 
     def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
         s = req.slots
         start = s.length
         new_full = self.alloc.extend(s, n)
+        self._note("alloc", req, new_full)
         tags.append(np.arange(req.tag_base + start, req.tag_base + start + n, dtype=np.int64))
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
