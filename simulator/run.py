@@ -29,6 +29,7 @@ from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .designs import Design, HookFailure, design_padding
 from .execute import BackendStep, EagerExecutor, LayerExecutor
 from .observe import NullObserver, RunObserver
+from .overlap import overlap_driver
 from .padding_convention import PaddingConvention
 from .pool import PoolWriter
 from .release_model import release_of
@@ -137,6 +138,8 @@ class Run:
         self.mapping = torch.from_numpy(alloc.full_to_swa)
         if device.type != "cpu":
             self.mapping = self.mapping.to(device)
+        #: engine.overlap: the timeline driver (simulator/overlap.py; it gives the run a mapping of its own)
+        self.overlap = overlap_driver(self, scenario, release_of(design))
         self.info = RunInfo(
             scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
             seed=scenario.seed, backends=tuple(scenario.backends),
@@ -160,6 +163,8 @@ class Run:
     # ------------------------------------------------------------------ one step
 
     def step(self, batch: ForwardBatch, truth: BatchTruth) -> StepRecord:
+        if self.overlap is not None:
+            return self.overlap.step(batch, truth)
         t_start = self.now()
         side = self.draft if self.draft is not None and batch.mode in DRAFT_MODES else self.target
         self._apply_truth(side, truth)
@@ -244,13 +249,16 @@ class Run:
         self.findings.extend(found)
         self.obs.on_findings(found)
 
-    def _record_step(self, batch: ForwardBatch, t_start: int) -> StepRecord:
+    def _record_step(self, batch: ForwardBatch, t_start: int, timeline: Optional[dict] = None,
+                     used: Optional[tuple[int, int]] = None) -> StepRecord:
         a = self.alloc
+        full_used, swa_used = used if used is not None else (a.full_used, a.swa_used)
         rec = StepRecord(
             step=batch.step, mode=batch.mode, graph=batch.graph, num_requests=batch.num_requests,
             real_tokens=batch.num_token_non_padded, dp_padded_tokens=batch.dp_padded_len,
-            padded_tokens=batch.padded_len, full_used=a.full_used, swa_used=a.swa_used,
-            full_size=a.full_size, swa_size=a.swa_size, t_start_ns=t_start, t_end_ns=self.now())
+            padded_tokens=batch.padded_len, full_used=full_used, swa_used=swa_used,
+            full_size=a.full_size, swa_size=a.swa_size, t_start_ns=t_start, t_end_ns=self.now(),
+            timeline=timeline)
         self.steps.append(rec)
         self.obs.on_step(rec)
         return rec
@@ -317,7 +325,8 @@ def run_simulation(
               info_extra=run_info_extra or {}, version=version)
     run.obs.on_run_start(run.info)
     try:
-        for n_step, (batch, truth) in enumerate(run.scheduler.steps()):
+        source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
+        for n_step, (batch, truth) in enumerate(source):
             if max_steps is not None and n_step >= max_steps:
                 break
             rec = run.step(batch, truth)
