@@ -7,6 +7,10 @@ actually targeted. Equal everywhere is the fast path. Findings come from three p
 * a failed write (the store raised a length mismatch, or the design's hook failed): one finding per
   write, from ``LayerWrite.error_class``; its layer is left out of the comparison;
 * the store's out-of-range count: one ``out_of_range`` finding per offending index;
+* per-token consistency: every layer of a kind must write a token at the same slot. When the layers'
+  targets differ for a token (a design that re-translates per layer from a mapping that changed mid-
+  forward: W5), one ``torn_write`` per (token, kind) names the layer groups and their slots and the
+  slot the token owns; the layers that missed that slot are reported by the slot rules as well;
 * a slot whose tag differs: classified by :data:`SLOT_RULES`, the first rule that matches.
 
 Reads are checked apart from writes (:meth:`Checker.check_reads`): the slots a forward's attention reads,
@@ -103,6 +107,10 @@ def read_reason(facts: ReadFacts) -> str:
         if msg is not None:
             return msg
     raise AssertionError("READ_RULES end with a rule that always matches")
+
+
+def _span(layers: list[int]) -> str:
+    return f"layer {layers[0]}" if len(layers) == 1 else "layers " + ", ".join(map(str, layers))
 
 
 class _Targets:
@@ -239,6 +247,8 @@ class Checker:
             return
         targets = _Targets(ok)
         self._out_of_range(step, backend, kind, pool, truth, ok, targets, oor, emit)
+        if len(targets.distinct) > 1:
+            self._torn(step, backend, kind, truth, ok, targets, emit)
         diff = self._differences(kind, pool, truth, ok, len(writes), targets)
         if diff is not None:
             self._explain(step, backend, kind, pool, truth, ok, targets, pad_slots, diff, emit)
@@ -269,6 +279,36 @@ class Checker:
                 tag = int(truth.tags[pos]) if pos < real else PAD_TAG
                 emit(Finding(step, backend, w.layer, kind, "out_of_range", int(tgt[pos]), self._owner(tag), None,
                              f"index {int(tgt[pos])} at position {int(pos)} is outside [0, {rows})"))
+
+    def _torn(self, step, backend, kind, truth, ok, targets, emit) -> None:
+        """Tokens whose layers of this kind wrote different slots: compared on the device across the distinct
+        targets (layers usually share one, and then this is never called); only torn tokens reach Python."""
+        real = truth.tags.shape[0]
+        n = min(real, *(t.shape[0] for t in targets.distinct.values()))
+        if n == 0:
+            return
+        keys = list(targets.distinct)
+        stacked = torch.stack([targets.distinct[k][:n].to(torch.int64) for k in keys])
+        torn = (stacked != stacked[:1]).any(dim=0)
+        if not bool(torn.any()):
+            return
+        rows = torch.nonzero(torn).flatten().cpu().tolist()
+        per_key = stacked[:, rows].cpu().numpy()
+        col = {k: i for i, k in enumerate(keys)}
+        owned = truth.full_slots if kind == "full" else truth.swa_slots
+        for j, row in enumerate(rows):
+            groups: dict[int, list[int]] = {}
+            for w in ok:
+                groups.setdefault(int(per_key[col[targets.key_of[w.index]], j]), []).append(w.layer)
+            first_slot = int(per_key[col[targets.key_of[ok[0].index]], j])
+            late = next(w for w in ok if int(per_key[col[targets.key_of[w.index]], j]) != first_slot)
+            own = int(owned[row])
+            parts = "; ".join(f"{_span(ls)} wrote slot {slot}" for slot, ls in groups.items())
+            tag = int(truth.tags[row])
+            msg = (f"torn write: the token's {kind} layers wrote different slots: {parts}; "
+                   f"it owns slot {own}")
+            emit(Finding(step, backend, late.layer, kind, "torn_write",
+                         int(per_key[col[targets.key_of[late.index]], j]), self._owner(tag), None, msg))
 
     def _differences(self, kind, pool, truth, ok, n_writes, targets):
         """(layer rows, candidate slots, diff mask) where pool and reference differ, or None (the fast path)."""

@@ -15,6 +15,7 @@ FINDING_CLASSES: tuple[str, ...] = (
     "clobbered",        # a live slot holds another token's row, or a padding row
     "padding_slot",     # a real token's row went to the reserved/padding slot instead of its own
     "evicted_slot",     # a row landed in a slot that holds no live token (evicted or freed)
+    "torn_write",       # one token's layers of a kind wrote different slots (a mapping read per layer changed)
     "stale_read",       # attention read a slot that does not hold the token it reads there (freed, evicted,
                         # reassigned, the sink, or out of range), by the backend's read table
     "out_of_range",     # an index outside [0, rows) reached the store; caught before the write
@@ -112,15 +113,9 @@ class StepRecord:
     swa_size: int
     t_start_ns: int = 0
     t_end_ns: int = 0
-    #: engine.overlap: the forward's timeline (barrier, layers, [kind, request, landing point, entries] per
-    #: scheduler write: simulator.timeline.Landing.record); None (and left out of steps.jsonl) otherwise
-    timeline: Optional[dict] = None
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        if d["timeline"] is None:
-            del d["timeline"]
-        return d
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from simulator.designs import Design, ReadIds, ReadTable, read_ranges
+from simulator.designs import Design, KVWriteLoc, ReadIds, ReadTable, read_ranges
 from simulator.records import FINDING_CLASSES
 
 from helpers import simulate, tiny
@@ -170,3 +170,111 @@ def test_read_checking_off_calls_no_read_hook():
         assert run(Boom()).total_findings == 0
     finally:
         R.Run.__init__ = orig
+
+
+# ------------------------------------------------------------------------------ per-token consistency (point 3)
+
+class RetranslatePerLayer(Design):
+    """W5 (#32460): every SWA layer re-translates out_cache_loc through the live mapping instead of the
+    metadata's snapshot."""
+
+    name = "test-w5-retranslate"
+
+    def make_write_loc(self, loc, swa_loc, ctx):
+        if ctx.kind == "swa":
+            return KVWriteLoc(loc, ctx.full_to_swa[loc])
+        return super().make_write_loc(loc, swa_loc, ctx)
+
+
+def run_with_seam(design: Design, before_layer, text: str = ONE):
+    """The run loop by hand, with a timeline callback at the seam (Run.before_layer)."""
+    from cuda_path.pool import TaggedKVPool
+    from simulator.execute import EagerExecutor
+    from simulator.observe import NullObserver
+    from simulator.run import Run
+
+    sc = tiny(text)
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, geometry="compact", skip_index=skip)
+
+    run = Run(sc, design, make, device=torch.device("cpu"), observer=NullObserver(), executor=EagerExecutor(),
+              make_draft_pool=None, info_extra={}, version="0")
+    run.before_layer = lambda batch, backend, layer: before_layer(run, batch, backend, layer)
+    for batch, truth in run.scheduler.steps():
+        run.step(batch, truth)
+    return run.result()
+
+
+class Repoint:
+    """At step 3, before SWA layer 2, the scheduler re-points the decoding token's mapping entry at another
+    SWA slot (what the next iteration's alloc does under the overlap scheduler); restored before the last
+    (full) layer 3, or with ``late`` only at the next forward's first layer, after its metadata init."""
+
+    def __init__(self, late: bool = False):
+        self.saved = None
+        self.seen = []
+        self.late = late
+
+    def __call__(self, run, batch, backend, layer):
+        m = run.alloc.full_to_swa
+        if self.saved is not None and (batch.step != 3 or (layer.layer == 3 and not self.late)):
+            m[self.saved[0]] = self.saved[1]
+            self.saved = None
+        if batch.step == 3 and layer.layer == 2:
+            full = int(batch.out_cache_loc[0])
+            self.saved = (full, int(m[full]))
+            m[full] = 200                      # a free SWA slot
+            run.sync_mapping(np.array([full]))
+        self.seen.append((batch.step, layer.layer))
+
+
+def test_the_seam_is_called_before_every_layer_of_every_forward():
+    seam = Repoint()
+    r = run_with_seam(Design(), seam)
+    assert seam.seen == [(s, l) for s in range(13) for l in range(4)]
+    assert r.total_findings == 0          # the metadata's snapshot does not see the change
+
+
+def test_per_layer_retranslation_after_a_mapping_change_is_a_torn_write():
+    r = run_with_seam(RetranslatePerLayer(), Repoint())
+    by = {c: n for c, n in r.backends["flashinfer"].findings.items() if n}
+    assert by == {"torn_write": 1, "missed": 1, "evicted_slot": 1}
+    torn = next(f for f in r.findings if f.cls == "torn_write")
+    own = next(f for f in r.findings if f.cls == "missed")
+    assert (torn.step, torn.layer, torn.kind, torn.slot) == (3, 2, "swa", 200)
+    assert (torn.expected.request, torn.expected.position) == (0, 10)
+    assert torn.message == (f"torn write: the token's swa layers wrote different slots: layer 0 wrote slot "
+                            f"{own.slot}; layer 2 wrote slot 200; it owns slot {own.slot}")
+    assert (own.step, own.layer) == (3, 2) and own.message == "the token's row went to slot 200"
+    assert run(RetranslatePerLayer()).total_findings == 0       # no mapping change: the same slots
+
+
+def test_a_mapping_repointed_before_the_next_metadata_read_is_a_stale_read():
+    # the entry is restored only after step 4's metadata init: its SWA read table takes slot 200 for pos 10
+    r = run_with_seam(Design(), Repoint(late=True))
+    assert [(f.step, f.cls, f.layer, f.slot, f.expected.position) for f in r.findings] == [
+        (4, "stale_read", 0, 200, 10)]
+    assert r.findings[0].message == ("req 0 pos 10 reads swa slot 200 at layer 0 (and 1 more swa layers reading "
+                                     "the same table): the slot was freed")
+
+
+def test_ownership_changed_between_layers_rechecks_the_later_layers_reads():
+    """A timeline free lands before SWA layer 2 of step 5 (pos 12 decoding, window [10, 13)): the slot of
+    pos 11 is freed for the oracle; layer 2's reads are checked again and find it; restored before layer 3."""
+    from simulator.batch import BatchTruth
+
+    E = np.zeros(0, dtype=np.int64)
+
+    def seam(run, batch, backend, layer):
+        s = run.scheduler._slots_by_rid[0]
+        swa, full, tag = np.array([s.swa[11]]), np.array([s.full[11]]), np.array([1 + 11])
+        ref = run.target.reference
+        if batch.step == 5 and layer.layer == 2:
+            ref.apply_frees(BatchTruth(E, E, E, E, swa, E, E))
+        if batch.step == 5 and layer.layer == 3:
+            ref.apply_writes(BatchTruth(tag, full, swa, E, E, E, E))
+
+    r = run_with_seam(Design(), seam)
+    assert [(f.step, f.cls, f.layer, f.expected.position) for f in r.findings] == [(5, "stale_read", 2, 11)]
+    assert r.findings[0].message.endswith("at layer 2: the slot was freed (last held req 0 pos 11)")
