@@ -113,9 +113,15 @@ class StepRecord:
     swa_size: int
     t_start_ns: int = 0
     t_end_ns: int = 0
+    #: engine.overlap: the forward's timeline (barrier, layers, [kind, request, landing point, entries] per
+    #: scheduler write: simulator.timeline.Landing.record); None (and left out of steps.jsonl) otherwise
+    timeline: Optional[dict] = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["timeline"] is None:
+            del d["timeline"]
+        return d
 
 
 @dataclass(frozen=True, slots=True)
