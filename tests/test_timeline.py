@@ -1,0 +1,269 @@
+"""The overlap scheduler's timeline (simulator/timeline.py, simulator/overlap.py), retraction, and the W-series.
+
+docs/OVERLAP.md explains the model; the table of orderings under which each W bug reproduces is
+``test_orderings_that_reproduce_each_w_bug`` below (and the same table in the doc).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from simulator.designs import load_design
+from simulator.execute import EagerExecutor
+from simulator.observe import NullObserver
+from simulator.records import FINDING_CLASSES
+from simulator.run import Run
+from simulator.timeline import (BARRIERS, END_POINT, Journal, SchedWrite, earliest_chooser, landing_rng,
+                                latest_chooser, plan, points, random_chooser, resolve_barrier)
+
+from helpers import tiny
+
+L = 4   # layers of the hand-made forwards (gpt-oss at 4 layers: swa, full, swa, full): points 0 metadata_init, 1 in_graph_metadata, 2 read_done,
+        # 3 layer:1, 4 layer:2, 5 layer:3, 6 forward_end
+
+
+def _w(kind: str, rid: int = 0) -> SchedWrite:
+    return SchedWrite(kind, rid, np.array([5], dtype=np.int64), np.array([0], dtype=np.int64))
+
+
+# ------------------------------------------------------------------ landing points per barrier
+
+def test_points_of_a_forward():
+    assert points(L) == ("metadata_init", "in_graph_metadata", "read_done", "layer:1", "layer:2", "layer:3",
+                         END_POINT)
+
+
+#: (barrier, mode, graph) -> earliest point of (a result write, a schedule write)
+EARLIEST = {
+    ("none", "decode", "decode_graph"): (0, 0),
+    ("loop_top", "decode", "decode_graph"): (0, 6),
+    ("read_done_after_metadata", "decode", "decode_graph"): (1, 1),
+    ("after_launch", "decode", "decode_graph"): (2, 2),      # read-done published after the in-graph metadata
+    ("after_launch", "extend", "eager"): (2, 2),             # prefill read-done (default on in 0.5.23)
+    ("after_launch", "decode", "eager"): (6, 6),             # no event published: the whole forward
+    ("coarse", "decode", "decode_graph"): (6, 6),
+}
+
+
+@pytest.mark.parametrize("key", list(EARLIEST), ids=lambda k: "-".join(k))
+def test_exact_landing_points_per_barrier(key):
+    barrier, mode, graph = key
+    writes = [_w("free"), _w("free_swa"), _w("retract"), _w("alloc")]
+    early = plan(writes, barrier, mode, graph, L, earliest_chooser)
+    r, s = EARLIEST[key]
+    assert early.at == (r, s, s, s)
+    assert [early.pts[a] for a in early.at][0] == points(L)[r]
+    late = plan(writes, barrier, mode, graph, L, latest_chooser)
+    assert late.at == (6, 6, 6, 6)
+    assert late.record() == {"barrier": barrier, "layers": L,
+                             "writes": [[w.kind, 0, END_POINT, 1] for w in writes]}
+
+
+def test_every_barrier_is_covered():
+    assert {k[0] for k in EARLIEST} == set(BARRIERS)
+
+
+def test_landings_outside_the_barrier_or_out_of_order_are_refused():
+    with pytest.raises(ValueError, match="outside"):
+        plan([_w("alloc")], "loop_top", "decode", "decode_graph", L, lambda w, lo, end: [0])
+    with pytest.raises(ValueError, match="decrease"):
+        plan([_w("free"), _w("alloc")], "none", "decode", "decode_graph", L, lambda w, lo, end: [3, 1])
+
+
+def test_random_landings_stay_in_range_in_order_and_reach_every_ordering():
+    writes = [_w("free"), _w("alloc")]
+    seen = set()
+    for seed in range(400):
+        at = plan(writes, "none", "decode", "decode_graph", 2, random_chooser(landing_rng(seed))).at
+        assert at[0] <= at[1] <= 4
+        seen.add(at)
+    # every non-decreasing pair over the 5 points of a 2-layer forward
+    assert seen == {(a, b) for a in range(5) for b in range(a, 5)}
+
+
+def test_the_timeline_stream_is_its_own():
+    a = np.random.default_rng(7).random(4)
+    landing_rng(7).random(100)
+    assert np.array_equal(np.random.default_rng(7).random(4), a)
+    assert not np.array_equal(landing_rng(7).random(4), a)
+
+
+def test_barrier_resolution_per_platform():
+    rel = load_design("sglang-0.5.23").release
+    assert resolve_barrier("release", dict(rel.war_barriers), "cuda") == "after_launch"
+    assert resolve_barrier("release", dict(rel.war_barriers), "rocm") == "none"          # W7
+    fixed = load_design("sglang-0.5.23-war-barrier").release
+    assert resolve_barrier("release", dict(fixed.war_barriers), "rocm") == "after_launch"
+    assert resolve_barrier("coarse", dict(rel.war_barriers), "rocm") == "coarse"
+    assert load_design("sglang-pre-26380").release.war_barrier("cuda") == "none"
+    assert load_design("sglang-pre-31687").release.war_barrier("cuda") == "loop_top"
+    assert load_design("sglang-pre-33587").release.war_barrier("cuda") == "read_done_after_metadata"
+
+
+def test_journal_reads_values_back_through_the_allocator_interface():
+    class Alloc:
+        full_to_swa = np.array([0, 7, 8, 9], dtype=np.int64)
+    j = Journal(Alloc())
+    j.note("alloc", 3, np.array([1, 2]))
+    j.note("free", 3, np.array([], dtype=np.int64))        # nothing to record
+    Alloc.full_to_swa[1] = 0
+    (w,) = j.take()
+    assert (w.kind, w.rid, w.full.tolist(), w.values.tolist(), w.cls) == ("alloc", 3, [1, 2], [7, 8], "schedule")
+    assert j.take() == []
+
+
+# ------------------------------------------------------------------ runs
+
+def _scenario(extra_engine: str = "", *, requests: int = 10, full: int = 1024, out_max: int = 12, seed: int = 5,
+              layers: int = 4):
+    return tiny(f"""
+name = "t"
+seed = {seed}
+backends = ["flashinfer", "trtllm_mha"]
+[model]
+preset = "gpt-oss-20b"
+num_layers = {layers}
+[pool]
+full_size = {full}
+swa_ratio = 0.5
+[workload]
+requests = {requests}
+arrival = "poisson"
+rate = 1.0
+prompt_len = {{ dist = "uniform", min = 8, max = 96 }}
+output_len = {{ dist = "uniform", min = 1, max = {out_max} }}
+[engine]
+chunked_prefill_size = 256
+cuda_graph_bs = [1, 2, 4, 8]
+{extra_engine}
+""")
+
+
+def _run(sc, design: str, chooser=None):
+    from cuda_path.pool import TaggedKVPool
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", skip_index=skip)
+
+    run = Run(sc, load_design(design), make, device=torch.device("cpu"), observer=NullObserver(),
+              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    if chooser is not None:
+        run.overlap.choose = chooser
+    source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
+    for batch, truth in source:
+        run.step(batch, truth)
+    return run, run.result()
+
+
+def _counts(res) -> dict:
+    return {b: {c: n for c, n in s.findings.items() if n} for b, s in res.backends.items()}
+
+
+def _outputs(res) -> tuple:
+    steps = [{k: v for k, v in r.to_json().items() if not k.startswith("t_")} for r in res.steps]
+    return steps, [repr(f) for f in res.findings]
+
+
+def test_same_seed_same_outputs():
+    sc = _scenario("overlap = true\nwar_barrier = \"none\"")
+    a, b = _run(sc, "sglang-post-33587")[1], _run(sc, "sglang-post-33587")[1]
+    assert _outputs(a) == _outputs(b)
+    assert all("timeline" in r.to_json() for r in a.steps)
+
+
+def test_overlap_off_records_no_timeline():
+    res = _run(_scenario(), "sglang-post-33587")[1]
+    assert all("timeline" not in r.to_json() for r in res.steps)
+    assert not any(_counts(res).values())
+
+
+def test_device_mapping_ends_each_forward_equal_to_the_allocator():
+    run, _ = _run(_scenario("overlap = true\nwar_barrier = \"none\""), "sglang-post-33587")
+    assert np.array_equal(run.mapping.numpy(), run.alloc.full_to_swa)
+    assert run.mapping.data_ptr() != torch.from_numpy(run.alloc.full_to_swa).data_ptr()
+
+
+def _at_point(p: int):
+    """Every write at point p, or the earliest its barrier allows when that is later."""
+    return lambda writes, lo, end: [max(p, a) for a in lo]
+
+
+#: (design, war_barrier) -> {landing point: backends that show findings} for the hand-made scenario
+#: (4 layers: swa, full, swa, full). Point names: see test_points_of_a_forward.
+ORDERINGS = {
+    # W1 / W2 / W7: a cleared entry matters only if it lands before metadata init; later it changes nothing
+    ("sglang-post-33587", "none"): {0: {"flashinfer", "trtllm_mha"}, 1: set(), 2: set(), 3: set(), 6: set()},
+    # W2: loop-top barrier: result frees still land anywhere, scheduling writes after the forward
+    ("sglang-post-33587", "loop_top"): {0: {"flashinfer", "trtllm_mha"}, 1: set(), 6: set()},
+    # W5: per-layer live translation: a point before the last SWA layer (layer 2) breaks trtllm_mha: before
+    # layer 0 or 1 every SWA layer sees the change, before layer 2 only the late one (torn); later: nothing
+    ("sglang-pre-33587", "read_done_after_metadata"): {1: {"trtllm_mha"}, 2: {"trtllm_mha"}, 3: {"trtllm_mha"},
+                                                       4: {"trtllm_mha"}, 5: set(), 6: set()},
+    # the fixes: nothing lands before the read-done event
+    ("sglang-post-33587", "after_launch"): {2: set(), 3: set(), 6: set()},
+}
+
+
+@pytest.mark.parametrize("key", list(ORDERINGS), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_orderings_that_reproduce_each_w_bug(key):
+    design, barrier = key
+    sc = _scenario(f"overlap = true\nwar_barrier = \"{barrier}\"", requests=12)
+    for p, want in ORDERINGS[key].items():
+        counts = _counts(_run(sc, design, _at_point(p))[1])
+        assert {b for b, c in counts.items() if c} == want, (p, counts)
+
+
+def test_w5_torn_write_classes():
+    sc = _scenario("overlap = true\nwar_barrier = \"read_done_after_metadata\"", requests=12)
+    before_all = _counts(_run(sc, "sglang-pre-33587", _at_point(2))[1])["trtllm_mha"]
+    between = _counts(_run(sc, "sglang-pre-33587", _at_point(4))[1])["trtllm_mha"]
+    assert before_all.get("padding_slot", 0) > 0 and not before_all.get("torn_write", 0)   # every SWA layer
+    assert between.get("padding_slot", 0) > 0                                              # layer 2 only
+    if "torn_write" in FINDING_CLASSES:                  # the per-token consistency check: torn
+        assert between.get("torn_write", 0) > 0
+
+
+# ------------------------------------------------------------------ retraction
+
+def test_retraction_releases_requeues_and_prefills_again():
+    sc = _scenario('reserve = "none"', requests=8, full=384, out_max=40, seed=3)
+    from cuda_path.pool import TaggedKVPool
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", skip_index=skip)
+
+    run = Run(sc, load_design("sglang-post-33587"), make, device=torch.device("cpu"), observer=NullObserver(),
+              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    sch = run.scheduler
+    seen = []
+    orig = sch._retract
+
+    def retract(req):
+        full = req.slots.full[: req.slots.length].copy()
+        swa_live = int(np.count_nonzero(req.slots.swa[req.slots.swa_evicted: req.slots.length]))
+        used = (sch.alloc.full_used, sch.alloc.swa_used)
+        decoded = req.decoded
+        orig(req)
+        assert (sch.alloc.full_used, sch.alloc.swa_used) == (used[0] - full.size, used[1] - swa_live)
+        assert not sch.alloc.full_to_swa[full].any()              # mapping cleared
+        assert sch.waiting[0] is req and req not in sch.running     # re-queued at the head
+        assert req.prefilled == 0 and req.prefill_len == req.spec.prompt_len + decoded
+        seen.append(req.rid)
+    sch._retract = retract
+    re_prefilled = set()
+    for batch, truth in sch.steps():
+        if batch.mode == "extend" and batch.requests is not None:
+            re_prefilled |= set(int(r) for r in batch.requests.rids) & set(seen)
+        run.step(batch, truth)
+    res = run.result()
+    assert seen and sch.retractions == len(seen)
+    assert re_prefilled == set(seen)                                 # every retracted request prefilled again
+    assert sch.finished_count == sch.total_requests
+    assert not any(_counts(res).values())                            # retraction alone corrupts nothing
+
+
+def test_reserve_none_refuses_speculative():
+    from simulator.scenario import ScenarioError
+    with pytest.raises(ScenarioError, match="reserve"):
+        _scenario('reserve = "none"\nmixed_chunk = true')
