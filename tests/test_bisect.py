@@ -1,0 +1,158 @@
+"""`slotscope bisect`: the versions of a range, the search (ends first, bisection when monotonic, every
+release otherwise), the cache per (release, scenario hash), and B1 over 0.5.14..0.5.15 in the real code."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_path.errors import EngineError
+from slotscope.bisect import Bisection, resolve_versions
+
+ROOT = Path(__file__).resolve().parent.parent
+B1 = str(ROOT / "scenarios" / "b1-pcg-dp-padding.toml")
+REGISTRY = ["0.5.13", "0.5.14", "0.5.15", "0.5.15.post1", "0.5.16", "0.5.17rc1", "0.5.17", "0.5.18"]
+
+
+def test_range_is_inclusive_and_final_releases_only():
+    assert resolve_versions("0.5.14..0.5.17", lambda: REGISTRY) == ["0.5.14", "0.5.15", "0.5.16", "0.5.17"]
+    assert resolve_versions("0.5.14..0.5.14", lambda: REGISTRY) == ["0.5.14"]
+    assert resolve_versions("0.5.15.post1..0.5.16", lambda: REGISTRY) == ["0.5.15.post1", "0.5.16"]
+
+
+def test_comma_list(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLOTSCOPE_CACHE", str(tmp_path))     # nothing cached: the list is checked on the registry
+    assert resolve_versions("0.5.16, 0.5.14", lambda: REGISTRY) == ["0.5.14", "0.5.16"]
+    with pytest.raises(EngineError, match=r"unknown version: sglang==0.5.99 is not on the package registry"):
+        resolve_versions("0.5.14,0.5.99", lambda: REGISTRY)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("0.5.18..0.5.14", "the range is empty"),
+    ("0.5.14..latest", "is not a release version"),
+    ("0.5.14..0.5.99", "unknown version: sglang==0.5.99"),
+    ("0.5.14,0.5.14", "names a release twice"),
+    (",", "name a range"),
+])
+def test_bad_versions(text, match):
+    with pytest.raises(EngineError, match=match):
+        resolve_versions(text, lambda: REGISTRY)
+
+
+def _fake(verdicts: dict[str, dict], calls: list[str]):
+    def run(version, path, backends):
+        calls.append(version)
+        f = verdicts[version]
+        return {"findings": f, "backends": {"triton": f}, "steps": 3, "engine": None}
+    return run
+
+
+BAD, OK = {"length_mismatch": 126}, {}
+VS = [f"0.5.{i}" for i in range(14, 24)]
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLOTSCOPE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_bisection_runs_ends_then_halves(cache):
+    calls: list[str] = []
+    b = Bisection(B1, VS, runner=_fake({v: (BAD if v == "0.5.14" else OK) for v in VS}, calls), log=lambda s: None)
+    out = b.search()
+    assert out["mode"] == "bisect" and [c["release"] for c in out["changes"]] == ["0.5.15"]
+    assert calls == ["0.5.14", "0.5.23", "0.5.18", "0.5.16", "0.5.15"]
+    assert "not run" in b.table() and "0.5.17" in b.table()
+    # a rerun runs nothing: every verdict it needs is cached per (release, scenario hash)
+    calls2: list[str] = []
+    b2 = Bisection(B1, VS, runner=_fake({}, calls2), log=lambda s: None)
+    assert b2.search()["changes"] == out["changes"] and calls2 == []
+    assert {r["source"] for r in b2.results.values()} == {"cached"}
+    # other code: still used (the key is release and scenario hash), and said so
+    calls3: list[str] = []
+    b3 = Bisection(B1, VS, runner=_fake({}, calls3), log=lambda s: None)
+    b3.code = "0" * 16
+    assert b3.search()["changes"] == out["changes"] and calls3 == []
+    assert {r["source"] for r in b3.results.values()} == {"cached (other code)"}
+    assert len(list((cache / "bisect").glob("sglang-0.5.*_*.json"))) == 5
+
+
+def test_equal_ends_stop_the_search(cache):
+    calls: list[str] = []
+    b = Bisection(B1, VS, runner=_fake({v: OK for v in VS}, calls), log=lambda s: None)
+    assert b.search() == {"mode": "ends", "changes": []} and calls == ["0.5.14", "0.5.23"]
+
+
+def test_a_third_verdict_runs_every_release(cache):
+    third = {"missed": 4}
+    verdicts = {v: (BAD if v == "0.5.14" else third if v == "0.5.18" else OK) for v in VS}
+    calls: list[str] = []
+    b = Bisection(B1, VS, runner=_fake(verdicts, calls), log=lambda s: None)
+    out = b.search()
+    assert out["mode"] == "all (not monotonic)" and sorted(calls) == sorted(VS)
+    assert [c["release"] for c in out["changes"]] == ["0.5.15", "0.5.18", "0.5.19"]
+
+
+def test_all_runs_each_and_names_every_change(cache):
+    verdicts = {v: (BAD if v in ("0.5.14", "0.5.20") else OK) for v in VS}
+    calls: list[str] = []
+    out = Bisection(B1, VS, runner=_fake(verdicts, calls), log=lambda s: None).search(run_all=True, jobs=2)
+    assert sorted(calls) == sorted(VS) and out["mode"] == "all (not monotonic)"
+    assert [c["release"] for c in out["changes"]] == ["0.5.15", "0.5.20", "0.5.21"]
+
+
+def test_cache_key_follows_the_backends(cache):
+    a = Bisection(B1, VS, runner=_fake({}, []), log=lambda s: None)
+    b = Bisection(B1, VS, backends=("triton",), runner=_fake({}, []), log=lambda s: None)
+    assert a.scenario_hash != b.scenario_hash
+
+
+# ------------------------------------------------------------------------- the real releases
+
+def _bisect(*args, env):
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "slotscope", "bisect", B1, "--engine", "sglang", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900, env=dict(os.environ, **env))
+    return proc, time.perf_counter() - t0
+
+
+@pytest.mark.engine
+def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(engine_releases, tmp_path):
+    from engine_path.releases import EngineSpec, engines_dir, fetch
+
+    fetch(EngineSpec("sglang", "0.5.15"))
+    (tmp_path / "engines").symlink_to(engines_dir())        # the releases shared, the bisect results fresh
+    env = {"SLOTSCOPE_CACHE": str(tmp_path)}
+    proc, _ = _bisect("--versions", "0.5.14..0.5.15", "--jobs", "2", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "first release where the verdict changed: 0.5.15" in proc.stdout
+    lines = proc.stdout.splitlines()
+    assert any(l.split()[:4] == ["0.5.14", "findings:", "length_mismatch", "126"] for l in lines), proc.stdout
+    assert any(l.split()[:2] == ["0.5.15", "clean"] for l in lines), proc.stdout
+    assert "[bisect] sglang==0.5.14: findings: length_mismatch 126" in proc.stderr
+    result = json.loads(lines[-1])
+    assert result["changes"][0]["release"] == "0.5.15"
+    assert {v: r["source"] for v, r in result["results"].items()} == {"0.5.14": "run", "0.5.15": "run"}
+
+    again, seconds = _bisect("--versions", "0.5.14..0.5.15", "--json", env=env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    rerun = json.loads(again.stdout.splitlines()[-1])
+    # "cached", or "cached (other code)" when simulator/ or engine_path/ changed between the two runs
+    assert {r["source"].split()[0] for r in rerun["results"].values()} == {"cached"}
+    assert "2 of 2 releases, 0 run, 2 cached" in again.stdout
+    assert rerun["changes"] == result["changes"]
+    assert seconds < 60                                       # no release imported
+
+
+@pytest.mark.engine
+def test_bisect_bad_input_exits_2(tmp_path):
+    for args, needle in ((["--versions", "0.5.23..0.5.14"], "the range is empty"),
+                         (["--versions", "0.5.14..0.5.15", "--engine", "sglang==0.5.14"], "bisect takes the engine's name")):
+        proc, _ = _bisect(*args, env={"SLOTSCOPE_CACHE": str(tmp_path)})
+        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

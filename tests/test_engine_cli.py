@@ -1,0 +1,188 @@
+"""`slotscope run SCENARIO --engine sglang==X` through the real CLI: B1 in the real code of 0.5.14 (no
+`__post_init__` slice), none in 0.5.15 and 0.5.23, the post-fix gap (swa_loc shorter than loc) still failing
+in 0.5.23; what the outputs say of the engine; bad input (exit 2, one line, never a traceback).
+
+The four engine runs are subprocesses started at once (each imports its release: 10-30 s); the tests read
+their output directories. Counts follow from the scenarios (docs/ENGINE.md, "B1 and its gap in the real
+code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer than loc per backend; trtllm_mha slices its
+own swa_loc (modelled), so 7 of 8 backends mismatch in 0.5.14.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+B1 = "scenarios/b1-pcg-dp-padding.toml"
+GAP = "scenarios/gap-swa-shorter.toml"
+ALL = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
+
+#: (scenario, release) -> exact findings per backend and class
+PINNED = {
+    ("b1", "0.5.14"): {b: ({} if b == "trtllm_mha" else {"length_mismatch": 18}) for b in ALL},
+    ("b1", "0.5.15"): {b: {} for b in ALL},
+    ("b1", "0.5.23"): {b: {} for b in ALL},
+    ("gap", "0.5.23"): {b: {"length_mismatch": 12} for b in ALL},
+}
+EXIT = {("b1", "0.5.14"): 1, ("b1", "0.5.15"): 0, ("b1", "0.5.23"): 0, ("gap", "0.5.23"): 1}
+
+
+def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+@pytest.fixture(scope="module")
+def engine_runs(engine_releases, tmp_path_factory):
+    """{(scenario, release): (CompletedProcess, out dir)} of the four CLI runs, run two at a time."""
+    from engine_path.releases import EngineSpec, fetch
+
+    fetch(EngineSpec("sglang", "0.5.15"))
+    base = tmp_path_factory.mktemp("engine-runs")
+    paths = {"b1": B1, "gap": GAP}
+
+    def one(key):
+        name, version = key
+        out = base / f"{name}-{version}"
+        return key, (slotscope("run", paths[name], "--engine", f"sglang=={version}", "--out", str(out)), out)
+
+    with ThreadPoolExecutor(2) as ex:
+        return dict(ex.map(one, PINNED))
+
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.mark.parametrize("key", list(PINNED), ids=lambda k: f"{k[0]}-{k[1]}")
+def test_engine_run_pinned_counts(engine_runs, key):
+    proc, out = engine_runs[key]
+    assert proc.returncode == EXIT[key], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    got = {b: {c: n for c, n in st["findings"].items() if n} for b, st in summary["backends"].items()}
+    assert got == PINNED[key]
+    assert summary["findings_total"] == sum(n for f in PINNED[key].values() for n in f.values())
+    assert summary["engine"]["name"] == "sglang" and summary["engine"]["version"] == key[1]
+    assert Path(summary["engine"]["path"]).name == "sglang" and Path(summary["engine"]["path"]).is_dir()
+    assert f"engine sglang {key[1]} from" in proc.stderr
+
+
+def test_b1_0514_the_findings_are_the_release_shape_error(engine_runs):
+    _, out = engine_runs[("b1", "0.5.14")]
+    first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["backend"], first["layer"], first["kind"], first["class"]) == \
+        (1, "flashinfer", 0, "swa", "length_mismatch")
+    # torch's own error from the release's CPU fallback store (k_cache[swa_loc] = k): 51 real rows against
+    # the 1,048 entries of the unsliced, DP-padded swa_loc
+    assert first["message"] == ("RuntimeError: shape mismatch: value tensor of shape [51, 1, 16] cannot be "
+                                "broadcast to indexing result of shape [1048, 1, 16]")
+
+
+def test_engine_outputs_name_the_release(engine_runs):
+    proc, out = engine_runs[("b1", "0.5.14")]
+    run = json.loads((out / "run.json").read_text())
+    assert run["engine"]["version"] == "0.5.14" and run["engine_release"] == "sglang==0.5.14"
+    assert run["device"] == "cpu" and run["design"] == "sglang-0.5.14"
+    rows = run["engine_pieces"]["rows"]
+    engine = [r["piece"] for r in rows if r["whose"] == "engine"]
+    assert "SWATokenToKVPoolAllocator" in engine and "SWAKVPool.set_kv_buffer" in engine
+    assert "KVWriteLoc" in engine and "KVWriteLoc.__post_init__" not in engine      # 0.5.14 has no slice
+    assert any(r["whose"] == "slotscope" and r["piece"] == "scheduler" for r in rows)
+    assert run["engine_pieces"]["features"]["has_post_init_slice"] is False
+    # the scenario as run records the engine, and reads back
+    from simulator.scenario import load_scenario
+
+    assert load_scenario(out / "scenario.toml").engine_release == "sglang==0.5.14"
+    # the trace's resource attributes
+    line = json.loads((out / "trace.otlp.jsonl").read_text().splitlines()[0])
+    attrs = {a["key"]: a["value"] for a in line["resourceSpans"][0]["resource"]["attributes"]}
+    assert attrs["slotscope.engine.name"] == {"stringValue": "sglang"}
+    assert attrs["slotscope.engine.version"] == {"stringValue": "0.5.14"}
+    assert attrs["slotscope.engine.path"]["stringValue"] == run["engine"]["path"]
+    # the report: header and the pieces table, from run.json (engine_path's list)
+    html = (out / "report.html").read_text()
+    assert "engine sglang 0.5.14" in html and "Which pieces were the engine" in html
+    for piece in engine:
+        assert piece in html
+    new = json.loads((engine_runs[("b1", "0.5.23")][1] / "run.json").read_text())
+    assert "KVWriteLoc.__post_init__" in [r["piece"] for r in new["engine_pieces"]["rows"]]
+
+
+def test_model_run_summary_has_engine_null(tmp_path):
+    proc = slotscope("run", B1, "--backends", "triton", "--out", str(tmp_path / "m"), "--no-report",
+                     "--trace-level", "off", "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads((tmp_path / "m" / "summary.json").read_text())["engine"] is None
+    assert json.loads((tmp_path / "m" / "run.json").read_text())["engine"] is None
+
+
+# ------------------------------------------------------------------------------ bad input (exit 2)
+
+def _one_line_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
+    assert "Traceback" not in proc.stderr
+    err = [l for l in proc.stderr.splitlines() if l.startswith("slotscope: error:")]
+    assert err, proc.stderr
+    for n in needles:
+        assert n in proc.stderr, (n, proc.stderr)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("vllm", "unknown engine 'vllm'"),
+    ("sglang>=0.5", "only '==' is supported"),
+    ("sglang==latest", "is not a release version"),
+])
+def test_bad_engine_spec(tmp_path, spec, needle):
+    _one_line_error(slotscope("run", B1, "--engine", spec, "--out", str(tmp_path / "o")), needle, repr(spec))
+
+
+def test_engine_with_cuda_or_design_is_refused(tmp_path):
+    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--device", "cuda", "--out", str(tmp_path)),
+                    "--device cuda with --engine", "CPU")
+    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--design", "sglang-post-29460",
+                              "--out", str(tmp_path)), "--design sglang-post-29460 with --engine")
+
+
+def test_scenario_engine_release_is_checked(tmp_path):
+    sc = tmp_path / "s.toml"
+    sc.write_text('engine_release = "sglang~=0.5"\n' + (ROOT / B1).read_text())
+    _one_line_error(slotscope("run", str(sc), "--out", str(tmp_path / "o")), f"{sc}: engine_release")
+
+
+def test_unknown_version(tmp_path):
+    env = {"SLOTSCOPE_CACHE": str(tmp_path / "cache")}
+    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.0.99", "--out", str(tmp_path / "o"), env=env),
+                    "unknown version: sglang==0.0.99 is not on the package registry")
+
+
+def test_unreachable_registry(tmp_path):
+    env = {"SLOTSCOPE_CACHE": str(tmp_path / "cache"), "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+           "PIP_EXTRA_INDEX_URL": "", "PIP_FIND_LINKS": "", "PIP_NO_INDEX": "", "PIP_RETRIES": "0",
+           "PIP_TIMEOUT": "2", "PIP_CONFIG_FILE": os.devnull}
+    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--out", str(tmp_path / "o"), env=env),
+                    "could not fetch sglang==0.5.14", "cannot be reached")
+
+
+def _fake_sglang(root: Path, init: str) -> dict:
+    pkg = root / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(init)
+    return {"PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def test_installed_sglang_whose_import_fails(tmp_path):
+    env = _fake_sglang(tmp_path / "site", "raise ImportError('libfoo.so: cannot open shared object file')\n")
+    _one_line_error(slotscope("run", B1, "--engine", "sglang", "--out", str(tmp_path / "o"), env=env),
+                    "importing the installed sglang failed", "libfoo.so")
+
+
+def test_installed_sglang_with_an_unknown_api(tmp_path):
+    env = _fake_sglang(tmp_path / "site", "__version__ = '9.9.9'\n")
+    _one_line_error(slotscope("run", B1, "--engine", "sglang", "--out", str(tmp_path / "o"), env=env),
+                    "the adapter does not know this API", "sglang.srt")
