@@ -55,9 +55,10 @@ class _PageStack:
         self._live[pages] = True
         return pages
 
-    def push(self, pages: np.ndarray, checked: bool = True) -> None:
+    def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
         """``checked=False``: SGLang's ``free_page_ids`` (no page twice, no dedup): a page that is
-        already free, or the reserved page 0, goes in again; only over-capacity is refused."""
+        already free, or the reserved page 0, goes in again; only over-capacity is refused.
+        ``exact``: read by :class:`_PageHead` only."""
         if pages.size == 0:
             return
         if not checked:
@@ -107,8 +108,8 @@ class _PageQueue:
         self._live[pages] = True
         return pages
 
-    def push(self, pages: np.ndarray, checked: bool = True) -> None:
-        """``checked=False``: as :meth:`_PageStack.push`."""
+    def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
+        """``checked=False``: as :meth:`_PageStack.push` (``exact`` ignored)."""
         if pages.size == 0:
             return
         if not checked:
@@ -124,11 +125,26 @@ class _PageQueue:
         return self._ring[self._span(self._head, self._count)].copy()
 
 
+class _PageHead(_PageStack):
+    """SGLang 0.5.23's paged free list (page_size > 1, ``PagedTokenToKVPoolAllocator``): freed pages go
+    ahead of the list. A free of slots (a finished request's, a truncation's: ``free``) puts its pages
+    there deduplicated and ascending (``torch.unique``); a free of exact page ids (an eviction's
+    ``free_swa_segment`` -> ``free_page_ids``) in the order given (``exact``)."""
+
+    def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
+        if checked and not exact and pages.size:
+            unique = np.unique(pages)
+            if unique.size != pages.size:
+                raise RuntimeError(f"double free of pages {pages[:8].tolist()}")
+            pages = unique
+        super().push(pages, checked)
+
+
 def _free_list(order: str, num_pages: int, initial: Optional[np.ndarray] = None):
     """A free list of the given order over pages 1..num_pages; ``initial``: the free pages, in hand-out order."""
     if order == "fifo":
         return _PageQueue(num_pages, initial)
-    stack = _PageStack(num_pages)
+    stack = _PageHead(num_pages) if order == "head" else _PageStack(num_pages)
     if initial is not None:
         stack._live[1:] = True
         stack._live[initial] = False
@@ -140,19 +156,27 @@ def _free_list(order: str, num_pages: int, initial: Optional[np.ndarray] = None)
 class _Deferred:
     """A free list's frees held inside a free group, released in one push when the group ends."""
 
-    __slots__ = ("target", "held", "checked")
+    __slots__ = ("target", "held", "checked", "exact")
 
     def __init__(self, target):
         self.target = target
         self.held: list[np.ndarray] = []
+        self.exact: list[np.ndarray] = []   # a _PageHead's exact page-id frees (released first, as SGLang's group)
         self.checked = True            # False once an unchecked free joined the group
 
-    def push(self, pages: np.ndarray, checked: bool = True) -> None:
+    def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
         if pages.size:
-            self.held.append(np.asarray(pages, dtype=np.int64).copy())
+            into = self.exact if exact and isinstance(self.target, _PageHead) else self.held
+            into.append(np.asarray(pages, dtype=np.int64).copy())
             self.checked = self.checked and checked
 
     def release(self) -> None:
+        # SGLang 0.5.23's free_group_end: the page-id frees first (free_page_ids), then the slot frees
+        # (free: deduplicated, ascending), each block put ahead of the list
+        if self.exact:
+            pages = np.concatenate(self.exact)
+            self.exact = []
+            self.target.push(pages, self.checked, exact=True)
         if self.held:
             pages = np.concatenate(self.held)
             self.held = []
@@ -195,8 +219,8 @@ class HybridAllocator:
     def set_free_order(self, order: str) -> None:
         """Switch both free lists to ``order`` ("lifo" | "fifo"), keeping the free pages and the order
         they would be handed out in (a one-off O(pool) rebuild, at set-up)."""
-        if order not in ("lifo", "fifo"):
-            raise ValueError(f"free order must be 'lifo' or 'fifo', got {order!r}")
+        if order not in ("lifo", "fifo", "head"):
+            raise ValueError(f"free order must be 'lifo', 'fifo' or 'head', got {order!r}")
         if self._groups is not None:
             raise RuntimeError("cannot change the free order inside a free group")
         if order == self.free_order:
@@ -226,11 +250,11 @@ class HybridAllocator:
             groups[0].release()
             groups[1].release()
 
-    def _push_full(self, pages: np.ndarray, checked: bool = True) -> None:
-        (self._groups[0] if self._groups is not None else self._full).push(pages, checked)
+    def _push_full(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
+        (self._groups[0] if self._groups is not None else self._full).push(pages, checked, exact)
 
-    def _push_swa(self, pages: np.ndarray, checked: bool = True) -> None:
-        (self._groups[1] if self._groups is not None else self._swa).push(pages, checked)
+    def _push_swa(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
+        (self._groups[1] if self._groups is not None else self._swa).push(pages, checked, exact)
 
     # ---- page-level entry points for the prefix cache (simulator/prefix_cache.py)
 
@@ -353,7 +377,8 @@ class HybridAllocator:
         if end <= slots.swa_evicted:
             return 0
         begin = slots.swa_evicted
-        self._push_swa(slots.swa[begin:end:p] // p)
+        # SGLang: free_swa_segment -> free_page_ids (the pages in position order, not sorted)
+        self._push_swa(slots.swa[begin:end:p] // p, exact=True)
         self.full_to_swa[slots.full[begin:end]] = 0
         slots.swa[begin:end] = 0
         slots.swa_evicted = end

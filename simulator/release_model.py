@@ -36,7 +36,7 @@ from .padding import smallest_capture
 
 # --------------------------------------------------------------------------- free lists
 
-FREE_ORDERS = ("lifo", "fifo")
+FREE_ORDERS = ("lifo", "fifo", "head")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,10 @@ class FreeLists:
     ``lifo``: the pages of the latest free come out first, in the order they were freed (a stack
     pushed with the freed pages; SGLang's paged allocator prepends freed pages the same way).
     ``fifo``: freed pages join the tail and allocation takes from the head (SGLang 0.5.23's
-    token allocator at page_size 1). ``grouped``: the frees of one scheduler phase (the finished
+    token allocator at page_size 1). ``head``: SGLang 0.5.23's paged allocator: freed pages go ahead of
+    the list, a slot free's pages deduplicated and ascending (``torch.unique``), an eviction's page ids
+    in position order; in a group the page-id frees are released before the slot frees.
+    ``grouped``: the frees of one scheduler phase (the finished
     requests of a step, the evictions of a batch) are released as one batch at the phase's end, as
     SGLang's ``free_group_begin`` / ``free_group_end`` do; with ``lifo`` that keeps the phase's own
     order instead of reversing it call by call.
@@ -286,7 +289,7 @@ MID_2026 = ReleaseBehaviour("mid-2026")
 
 SGLANG_0_5_23 = ReleaseBehaviour(
     "sglang-0.5.23",
-    free_lists=FreeLists(token="fifo", paged="lifo", grouped=True),
+    free_lists=FreeLists(token="fifo", paged="head", grouped=True),
     eviction=Sglang0523Eviction(overlap=True),
     dp_padding=DpPaddingModes(),
     draft_columns=True,

@@ -134,7 +134,7 @@ def test_a_free_group_releases_its_frees_together_in_call_order(order, expect):
 
 def test_free_lists_by_page_size():
     fl = SGLANG_0_5_23.free_lists
-    assert fl.order(1) == "fifo" and fl.order(16) == "lifo" and fl.grouped
+    assert fl.order(1) == "fifo" and fl.order(16) == "head" and fl.grouped
     assert MID_2026.free_lists == FreeLists() and MID_2026.free_lists.order(1) == "lifo"
     with pytest.raises(ValueError):
         FreeLists(token="random")
@@ -370,6 +370,8 @@ SHIPPED = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem n
 #: paths-noshrink is not among them under 0.5.23: with DP attention a prefill graph only runs at the ranks'
 #: common bucket (MAX_LEN), so out_cache_loc is already the capture's length when metadata translates it
 GAP = {"gap-swa-shorter": {"length_mismatch"}}
+#: W7: 0.5.23 on ROCm settings runs the overlap scheduler without its WAR barrier (docs/OVERLAP.md): live
+LIVE_0523 = {"w7-rocm-no-barrier"}
 
 
 def test_design_is_registered_with_the_release():
@@ -396,6 +398,9 @@ def test_sglang_0523_runs_clean_on_shipped_scenarios(name, page, monkeypatch):
     expected = GAP.get(name, set())
     if name in GAP:
         assert found == expected, (name, page, found)
+    elif name in LIVE_0523:
+        assert "padding_slot" in found and found <= {"padding_slot", "stale_read", "missed", "clobbered",
+                                                     "evicted_slot", "torn_write"}, (name, page, found)
     else:
         assert not found, (name, page, {b: st.to_json() for b, st in res.backends.items() if st.total})
 
