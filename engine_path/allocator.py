@@ -78,8 +78,8 @@ class EngineAllocator:
 
     def set_free_order(self, order: str) -> None:
         """The model's knob; the release's free lists keep their own order (recorded, not applied)."""
-        if order not in ("lifo", "fifo"):
-            raise ValueError(f"free order must be 'lifo' or 'fifo', got {order!r}")
+        if order not in ("lifo", "fifo", "head"):
+            raise ValueError(f"free order must be 'lifo', 'fifo' or 'head', got {order!r}")
         self.requested_free_order = order
 
     @contextmanager

@@ -76,11 +76,11 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
         from .runtime import EngineRuntime
 
         api = load()
-        rt = EngineRuntime(api)
-        alloc = rt.allocator_factory(pc.full_size, pc.swa_size, pc.page_size)
+        # the parts that stay ours (backend metadata beyond the SWA ids, the boundary's eager narrowing)
+        # come from the model design on this side too
+        rt = EngineRuntime(api, model=model_design)
+        alloc = rt.allocator_factory(pc)
         design = rt.design
-        # the boundary's own decisions (eager narrowing) are the scheduler side's: the model's release
-        design.release = release
         info["engine"] = api.info.to_json()
         info["side"] = "engine"
     else:

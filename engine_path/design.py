@@ -41,9 +41,15 @@ class EngineDesign(Design):
     description = "SGLang's own translation and KVWriteLoc, imported from the release under test"
     graph_swa_dtype = torch.int64
 
-    def __init__(self, api: ReleaseAPI, translator: Optional[Translator] = None):
+    def __init__(self, api: ReleaseAPI, translator: Optional[Translator] = None, model: Optional[Design] = None):
         self.api = api
         self.translator = translator
+        #: our model of this release (e.g. the design ``sglang-0.5.23``): the backend metadata that stays
+        #: ours (window graphs, own slicing) and the release behaviour the boundary asks (eager
+        #: narrowing) come from it; None: the base spec, the engine "as it is" (B4 open), mid-2026
+        self.model = model
+        if model is not None and getattr(model, "release", None) is not None:
+            self.release = model.release
         self.name = f"sglang-{api.info.version}"
         f = api.features
         self.description = (f"SGLang {api.info.version} ({api.info.path}): KVWriteLoc"
@@ -74,6 +80,8 @@ class EngineDesign(Design):
 
     def backend_spec(self, spec):
         """The modelled backend, with where its SWA ids come from in this release."""
+        if self.model is not None:
+            spec = self.model.backend_spec(spec)
         if self.translator is not None and hasattr(spec, "swa_ids"):
             return dataclasses.replace(spec, swa_ids=self.translator.source(spec.name))
         return spec

@@ -24,15 +24,23 @@ from .writeloc import Translator
 
 
 class EngineRuntime:
-    def __init__(self, api: ReleaseAPI, *, device: str = "cpu", need_sort: bool = False):
+    def __init__(self, api: ReleaseAPI, *, device: str = "cpu", need_sort: bool = False, model=None):
+        """``model``: our design of this release (its modelled backend parts and release behaviour; see
+        :class:`EngineDesign`), None for the base spec and mid-2026 behaviour."""
         self.api = api
         self.device = device
         self.need_sort = need_sort
         self.allocator: Optional[EngineAllocator] = None
         self.translator: Optional[Translator] = None
-        self.design = EngineDesign(api)
+        self.design = EngineDesign(api, model=model)
 
-    def allocator_factory(self, full_size: int, swa_size: int, page_size: int = 1, **_ignored) -> EngineAllocator:
+    def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
+                          **_ignored) -> EngineAllocator:
+        """``(full_size, swa_size, page_size)``, or one ``PoolConfig`` (``run_simulation``'s
+        ``allocator_factory`` seam passes the scenario's pool config)."""
+        if swa_size is None:
+            cfg = full_size
+            full_size, swa_size, page_size = cfg.full_size, cfg.swa_size, cfg.page_size
         alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort,
                                 device=self.device)
         self.allocator = alloc
