@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
                    "exit codes: 0 written, 2 bad input",
             formatter_class=argparse.RawDescriptionHelpFormatter)
         s.add_argument("files", nargs="+", metavar="FILE", help="record file(s); .gz is read transparently")
-        s.add_argument("-o", "--output", metavar="OUT.toml", help="where to write (default: stdout)")
+        s.add_argument("-o", "--output", metavar="OUT.toml", help="where to write (default, or -: stdout)")
         s.add_argument("--base", metavar="SCENARIO",
                        help="scenario whose model, pool, engine, design, backends and seed the replay takes")
         s.add_argument("--preset", choices=sorted(PRESETS), help="model preset (instead of, or over, the base's)")
@@ -244,7 +244,7 @@ def cmd_from_records(args) -> int:
     if not 1 <= args.max_line_mb <= 1 << 20:
         raise UsageError(f"--max-line-mb must be between 1 and {1 << 20}, got {args.max_line_mb}")
     window = parse_window(args.window) if args.window else None
-    out = Path(args.output) if args.output else None
+    out = Path(args.output) if args.output and args.output != "-" else None
     if out is not None and out.is_dir():
         raise UsageError(f"-o {out}: is a directory; give the file to write")
     base = base_data(args)
