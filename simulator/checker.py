@@ -179,13 +179,31 @@ class Checker:
             return [], np.zeros(0, dtype=np.int64)
         indptr = ids.indptr.cpu().numpy()
         start = ids.start.cpu().numpy()
-        row_of = np.repeat(np.arange(indptr.shape[0] - 1), np.diff(indptr))
-        pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + start[row_of]
-        keys = (content_keys or own_tags)(requests, row_of, pos)
+        lens = np.diff(indptr)
+        if content_keys is None:
+            # own tags: entry j of request r expects tag_base[r] + start[r] + (j - indptr[r])
+            keys = np.repeat(requests.tag_bases + start - indptr[:-1], lens) + np.arange(n, dtype=np.int64)
+            row_of = pos = None
+        else:
+            row_of = np.repeat(np.arange(lens.shape[0]), lens)
+            pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + start[row_of]
+            keys = content_keys(requests, row_of, pos)
         exp, live = self.reference.expected[kind], self.reference.live[kind]
-        inr = (idx >= 0) & (idx < min(rows, exp.shape[0]))
-        safe = np.where(inr, idx, 0)          # slot 0 is never live in the reference
-        bad = np.flatnonzero(~(live[safe] & (exp[safe] == keys)))
+        live_tag = self.reference.live_tag[kind]      # 0 where not live: never a real tag
+        hi = min(rows, exp.shape[0])
+        if int(idx.min()) >= 0 and int(idx.max()) < hi:
+            inr = None
+            bad = np.flatnonzero(live_tag[idx] != keys)
+        else:
+            inr = (idx >= 0) & (idx < hi)
+            bad = np.flatnonzero(live_tag[np.where(inr, idx, 0)] != keys)   # slot 0 is never live
+        if bad.size and row_of is None:
+            row_of = np.searchsorted(indptr, bad, side="right") - 1
+            pos = np.zeros(n, dtype=np.int64)
+            pos[bad] = bad - indptr[row_of] + start[row_of]
+            row_full = np.zeros(n, dtype=np.int64)
+            row_full[bad] = row_of
+            row_of = row_full
         if skip is not None and skip.size and bad.size:
             bad = bad[~np.isin(bad, skip)]
         if bad.size == 0:
@@ -196,7 +214,7 @@ class Checker:
         also = f" (and {n_layers - 1} more {kind} layers reading the same table)" if n_layers > 1 else ""
         for j, e in enumerate(bad.tolist()):
             slot, r, p = int(idx[e]), int(row_of[e]), int(pos[e])
-            in_range = bool(inr[e])
+            in_range = inr is None or bool(inr[e])
             tag = int(exp[slot]) if in_range else 0
             is_live = in_range and bool(live[slot])
             facts = ReadFacts(slot=slot, rows=rows, reserved=bool(reserved[j]), live=is_live,

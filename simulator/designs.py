@@ -82,15 +82,19 @@ class ReadTable:
         return self.full if kind == "full" else self.swa
 
 
-def read_ranges(req_to_token: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> tuple[ReadIds, torch.Tensor]:
+def read_ranges(req_to_token: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> ReadIds:
     """Request i's slots ``req_to_token[i, start[i]:end[i]]`` as :class:`ReadIds` (all requests at once, no
-    loop), and the flat row index of each entry."""
+    loop: one flat gather)."""
     lens = (end - start).clamp(min=0)
-    indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int64, device=lens.device)
+    bs, dev = lens.shape[0], lens.device
+    indptr = torch.zeros(bs + 1, dtype=torch.int64, device=dev)
     torch.cumsum(lens, 0, out=indptr[1:])
-    rows = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)
-    pos = torch.arange(rows.shape[0], device=lens.device) - indptr[rows] + start[rows]
-    return ReadIds(indptr, req_to_token[rows, pos], start), rows
+    total = int(indptr[-1])
+    # entry j of request r is req_to_token[r, start[r] + j - indptr[r]]: one flat gather
+    width = req_to_token.shape[1]
+    offset = torch.arange(bs, device=dev) * width + start - indptr[:-1]
+    flat = torch.arange(total, device=dev) + torch.repeat_interleave(offset, lens, output_size=total)
+    return ReadIds(indptr, req_to_token.reshape(-1)[flat], start)
 
 
 #: Graph runners a forward can run in (``BoundaryContext.runner``).
@@ -209,9 +213,9 @@ class Design:
         indices (``ctx.graph not in ctx.spec.window_graphs``, B4) the run reads SWA layers through
         ``full`` instead, as it writes them. Return a :class:`ReadTable` (``read_ranges`` builds one).
         """
-        full, _ = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+        full = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
         start = (seq_lens - extend_lens + 1 - ctx.window).clamp(min=0)
-        window, _ = read_ranges(req_to_token, start, seq_lens)
+        window = read_ranges(req_to_token, start, seq_lens)
         return ReadTable(full=full, swa=ReadIds(window.indptr, full_to_swa[window.indices], window.start))
 
     def make_write_loc(self, loc: torch.Tensor, swa_loc: Optional[torch.Tensor], ctx: BoundaryContext) -> KVWriteLoc:

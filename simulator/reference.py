@@ -24,6 +24,8 @@ class ReferencePool:
                             for k, v in self.expected.items()}
         self.live = {"full": np.zeros(full_rows, dtype=bool), "swa": np.zeros(swa_rows, dtype=bool)}
         self.evicted = np.zeros(swa_rows, dtype=bool)   # SWA slots whose last owner was evicted (not finished)
+        #: the expected tag where the slot is live, else 0 (no real tag): a read checks against it in one gather
+        self.live_tag = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
         #: bumped by every change of ownership: a read checked at one epoch needs no re-check until it moves
         self.epoch = 0
 
@@ -38,6 +40,8 @@ class ReferencePool:
         self.epoch += 1
         self.live["full"][truth.freed_full] = False
         self.live["swa"][truth.freed_swa] = False
+        self.live_tag["full"][truth.freed_full] = 0
+        self.live_tag["swa"][truth.freed_swa] = 0
         self.evicted[truth.freed_swa] = False
         self.evicted[truth.evicted_swa] = True
 
@@ -48,6 +52,8 @@ class ReferencePool:
         self.live["full"][truth.full_slots] = True
         self.expected["swa"][truth.swa_slots] = truth.tags
         self.live["swa"][truth.swa_slots] = True
+        self.live_tag["full"][truth.full_slots] = truth.tags
+        self.live_tag["swa"][truth.swa_slots] = truth.tags
         self.evicted[truth.swa_slots] = False
         if self.device.type != "cpu" and truth.tags.size:
             tags = torch.from_numpy(truth.tags).to(self.device)

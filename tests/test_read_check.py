@@ -48,7 +48,7 @@ class WholePrefixSWA(Design):
     name = "test-whole-prefix-swa"
 
     def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
-        full, _ = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+        full = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
         return ReadTable(full=full, swa=ReadIds(full.indptr, full_to_swa[full.indices], full.start))
 
 
@@ -61,7 +61,7 @@ class PastWindow(Design):
     def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
         t = super().read_ids(req_to_token, seq_lens, extend_lens, full_to_swa, ctx)
         start = (seq_lens - extend_lens + 1 - ctx.window - self.extra).clamp(min=0)
-        w, _ = read_ranges(req_to_token, start, seq_lens)
+        w = read_ranges(req_to_token, start, seq_lens)
         return ReadTable(full=t.full, swa=ReadIds(w.indptr, full_to_swa[w.indices], w.start))
 
 
