@@ -116,7 +116,7 @@ def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, caps
     head = re.split(r"\s{2,}", lines[0])
     assert head[:5] == ["bug", "issue", "design", "role", "expected"] and head[-1] == "verdict"
     assert list(BACKENDS) == head[5:-1]
-    rows = [re.split(r"\s{2,}", l) for l in lines[2:] if re.match(r"^(B\d|gap)", l)]
+    rows = [re.split(r"\s{2,}", l) for l in lines[2:] if re.match(r"^(B\d|gap|W\d)", l)]
     cases = load_corpus(CORPUS)
     assert len(rows) == 2 * len(cases)
     assert all(r[-1] == "holds" for r in rows)

@@ -106,6 +106,28 @@ PINNED_CORPUS = {
                 (58, 5, "out_of_range"))),
     ("B4", "fixed"): pinned("sglang-pr-29858", steps=104,
         every=(282, {}, None)),
+    # The W-series (engine.overlap = true; docs/OVERLAP.md): L 4 (W5: 8) layers, writes = L x forwards on every
+    # backend. The counts are where the seed's landing stream (simulator.timeline.landing_rng) put a mapping clear
+    # before metadata init (W1, W2, W7: the token's SWA write to slot 0, 2 or 4 padding_slot, one per SWA layer;
+    # its window reads through the cleared entry, stale_read) or between trtllm_mha's SWA layers (W5: the late
+    # layers' writes to slot 0, padding_slot, and the token's layers disagreeing, torn_write). The fixes: clean.
+    ("W1", "buggy"): pinned("sglang-pre-26380", steps=130,
+        every=(520, {"padding_slot": 2, "stale_read": 59}, (28, 0, "padding_slot"))),
+    ("W1", "fixed"): pinned("sglang-post-33587", steps=130,
+        every=(520, {}, None)),
+    ("W2", "buggy"): pinned("sglang-pre-31687", steps=27,
+        every=(108, {"padding_slot": 2, "stale_read": 44}, (21, 0, "padding_slot"))),
+    ("W2", "fixed"): pinned("sglang-post-33587", steps=27,
+        every=(108, {}, None)),
+    ("W5", "buggy"): pinned("sglang-pre-33587", steps=95,
+        every=(760, {}, None),
+        trtllm_mha=(760, {"padding_slot": 25, "torn_write": 9}, (14, 6, "torn_write"))),
+    ("W5", "fixed"): pinned("sglang-post-33587", steps=95,
+        every=(760, {}, None)),
+    ("W7", "buggy"): pinned("sglang-0.5.23", steps=31,
+        every=(124, {"padding_slot": 4, "stale_read": 107}, (13, 0, "padding_slot"))),
+    ("W7", "fixed"): pinned("sglang-0.5.23-war-barrier", steps=31,
+        every=(124, {}, None)),
 }
 
 #: shipped path scenarios: (scenario, design or "own") -> pin
@@ -141,7 +163,7 @@ PINNED_SCENARIOS = {
 }
 
 BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
-                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-")))
+                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-")))
 PATH_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem.startswith(("paths-", "smoke")))
 
 
