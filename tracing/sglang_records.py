@@ -27,6 +27,8 @@ other log lines and unknown spans are skipped and counted; requests that lack a 
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -113,6 +115,20 @@ class RecordStats:
                 "cached_missing": self.cached_missing, "unmatched_received": self.unmatched_received}
 
 
+@contextlib.contextmanager
+def no_gc():
+    """The cyclic GC paused while records pile up: they hold no cycles (JSON values, strings, numbers),
+    and a full collection walks every record kept so far, which made reading 10x the lines cost 13x the
+    time (5.7x without it)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 class _Reader:
     def __init__(self, skip_bad: bool, max_line_bytes: Optional[int]):
         self.skip_bad = skip_bad
@@ -154,6 +170,11 @@ def _int(v: Any) -> Optional[int]:
 def read_request_log(paths: Iterable[Union[str, os.PathLike[str]]], *, skip_bad: bool = False,
                      max_line_bytes: Optional[int] = None) -> tuple[list[EngineRequest], RecordStats]:
     """The finished requests of SGLang request logs (JSON or text format, mixed is fine), in file order."""
+    with no_gc():
+        return _read_request_log(paths, skip_bad, max_line_bytes)
+
+
+def _read_request_log(paths, skip_bad, max_line_bytes):
     rd = _Reader(skip_bad, max_line_bytes)
     out: list[EngineRequest] = []
     for p in paths:
@@ -396,6 +417,11 @@ class Quantiles:
 def read_engine_trace(paths: Iterable[Union[str, os.PathLike[str]]], *, skip_bad: bool = False,
                       max_line_bytes: Optional[int] = None) -> EngineTrace:
     """SGLang request-trace spans from OTLP JSON files: requests (root spans), stage durations, batches."""
+    with no_gc():
+        return _read_engine_trace(paths, skip_bad, max_line_bytes)
+
+
+def _read_engine_trace(paths, skip_bad, max_line_bytes) -> EngineTrace:
     rd = _Reader(skip_bad, max_line_bytes)
     et = EngineTrace(stats=rd.stats)
     for p in paths:
