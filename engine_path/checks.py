@@ -105,14 +105,12 @@ def allocator_run(page_size: int, seed: int = 0, ops: int = 300) -> dict:
 
 
 def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Optional[int] = None) -> dict:
-    """A shipped scenario through ``run_simulation`` with the release in the write path: its allocator,
-    translation, ``KVWriteLoc`` and pool (the seams of :class:`~engine_path.runtime.EngineRuntime`).
-
-    ``run_simulation`` has no allocator seam yet, so this swaps the module's ``HybridAllocator`` name
-    for the engine's factory for the length of the call (a stand-in for the seam docs/ENGINE.md names)."""
+    """A shipped scenario through ``run_simulation`` with the release in the write path: its allocator
+    (``run_simulation``'s ``allocator_factory`` seam), translation, ``KVWriteLoc`` and pool (the seams of
+    :class:`~engine_path.runtime.EngineRuntime`)."""
     import dataclasses
 
-    import simulator.run as run_mod
+    from simulator.run import run_simulation
     from simulator.scenario import load_scenario
 
     from .runtime import EngineRuntime
@@ -122,12 +120,8 @@ def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Opt
     if backends:
         sc = dataclasses.replace(sc, backends=tuple(backends))
     rt = EngineRuntime(api)
-    saved = run_mod.HybridAllocator
-    run_mod.HybridAllocator = rt.allocator_factory
-    try:
-        res = run_mod.run_simulation(sc, rt.design, rt.pool_factory(sc.model), device="cpu", max_steps=max_steps)
-    finally:
-        run_mod.HybridAllocator = saved
+    res = run_simulation(sc, rt.design, rt.pool_factory(sc.model), device="cpu", max_steps=max_steps,
+                         allocator_factory=rt.allocator_factory)
     return {"version": api.info.version, "design": rt.design.name, "steps": len(res.steps),
             "backends": {b: s.to_json() for b, s in res.backends.items()},
             "swa_ids": {b: rt.translator.source(b) for b in sc.backends},

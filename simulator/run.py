@@ -34,7 +34,7 @@ from .padding_convention import PaddingConvention
 from .pool import PoolWriter
 from .release_model import release_of
 from .records import DRAFT_MODES, FINDING_CLASSES, Finding, LayerInfo, RunInfo, StepRecord
-from .scenario import Scenario
+from .scenario import PoolConfig, Scenario
 from .scheduler import Scheduler
 from .speculative import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
 from .workload import make_requests
@@ -42,6 +42,8 @@ from .workload import make_requests
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
 Progress = Callable[[int, int, int], None]                      # (step, finished requests, total requests)
 BeforeLayer = Callable[[ForwardBatch, str, LayerInfo], None]    # (batch, backend, layer): the timeline seam
+#: the scenario's pool config -> an allocator with HybridAllocator's interface (engine_path's EngineAllocator)
+AllocatorFactory = Callable[[PoolConfig], HybridAllocator]
 
 
 @dataclass(slots=True)
@@ -109,11 +111,13 @@ class Run:
 
     def __init__(self, scenario: Scenario, design: Design, make_pool: PoolFactory, *, device: torch.device,
                  observer: RunObserver, executor: LayerExecutor, make_draft_pool: Optional[DraftPoolFactory],
-                 info_extra: dict, version: str):
+                 info_extra: dict, version: str, allocator_factory: Optional[AllocatorFactory] = None):
         self.device, self.obs, self.executor = device, observer, executor
         rng = np.random.default_rng(scenario.seed)
         pool_cfg = scenario.pool
-        self.alloc = alloc = HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size)
+        # allocator_factory: the seam for an engine's allocator (engine_path.runtime.EngineRuntime)
+        self.alloc = alloc = (allocator_factory(pool_cfg) if allocator_factory is not None else
+                              HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size))
         pad = run_padding(design_padding(design), alloc)
         self.pad_slots = pad.pad_slots
         self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
@@ -318,11 +322,12 @@ def run_simulation(
     max_steps: Optional[int] = None,
     executor: Optional[LayerExecutor] = None,
     make_draft_pool: Optional[DraftPoolFactory] = None,
+    allocator_factory: Optional[AllocatorFactory] = None,
 ) -> RunResult:
     """Run a scenario under a design; on any exception (^C included) the partial result rides on it."""
     run = Run(scenario, design, make_pool, device=torch.device(device), observer=observer or NullObserver(),
               executor=executor or EagerExecutor(), make_draft_pool=make_draft_pool,
-              info_extra=run_info_extra or {}, version=version)
+              info_extra=run_info_extra or {}, version=version, allocator_factory=allocator_factory)
     run.obs.on_run_start(run.info)
     try:
         source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
