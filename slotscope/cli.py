@@ -156,6 +156,10 @@ def cmd_run(args) -> int:
         r = res.result
         print(f"\n{len(r.steps)} steps, {r.crossings} boundary crossings in {r.wall_s:.1f}s "
               f"({r.crossings / max(r.wall_s, 1e-9):,.0f}/s); outputs in {out}/")
+        eng = res.summary.get("engine")
+        if eng:
+            print(f"engine: {eng['name']} {eng['version']} from {eng['path']} (which pieces ran: run.json "
+                  f"engine_pieces, the report, docs/ENGINE.md)")
         if (Path(out) / "report.html").exists():
             print(f"report: {Path(out) / 'report.html'}")
     if res.live_export_error is not None:
