@@ -158,6 +158,7 @@ class PoolConfig:
     full_size: int
     swa_ratio: float = 0.8
     page_size: int = 1
+    unified: bool = False      # 0.5.23's unified memory pool (simulator/unified_pool.py); docs/SHARING.md
 
     @property
     def swa_size(self) -> int:
@@ -511,7 +512,8 @@ def _pool(t: _Table) -> PoolConfig:
     if full_size % page_size:
         raise t.fail("full_size", f"must be a multiple of page_size {page_size}, got {full_size}")
     ratio = t.get("swa_ratio", float, 0.8, minimum=0.0, maximum=1.0)
-    cfg = PoolConfig(full_size=full_size, swa_ratio=ratio, page_size=page_size)
+    unified = t.get("unified", bool, False)
+    cfg = PoolConfig(full_size=full_size, swa_ratio=ratio, page_size=page_size, unified=unified)
     if cfg.swa_size < page_size:
         raise t.fail("swa_ratio", f"leaves an SWA pool of {cfg.swa_size} slots, smaller than one page ({page_size})")
     t.done()
@@ -832,6 +834,8 @@ def _pool_data(p: PoolConfig, defaults: bool) -> dict[str, Any]:
     d: dict[str, Any] = {"full_size": p.full_size}
     _put(d, "swa_ratio", p.swa_ratio, 0.8, defaults)
     _put(d, "page_size", p.page_size, 1, defaults)
+    if p.unified:              # written only when on: existing scenarios' files stay byte-identical
+        d["unified"] = True
     return d
 
 
