@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .backends import BackendSpec
 
 __all__ = ["BoundaryContext", "Design", "DesignError", "HookFailure", "KVWriteLoc", "GRAPH_RUNNERS", "graph_runner",
-           "ReadIds", "ReadTable", "read_ranges", "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
+           "ReadIds", "ReadTable", "read_ranges", "prefix_reads", "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
 
 
 class DesignError(RuntimeError):
@@ -95,6 +95,21 @@ def read_ranges(req_to_token: torch.Tensor, start: torch.Tensor, end: torch.Tens
     offset = torch.arange(bs, device=dev) * width + start - indptr[:-1]
     flat = torch.arange(total, device=dev) + torch.repeat_interleave(offset, lens, output_size=total)
     return ReadIds(indptr, req_to_token.reshape(-1)[flat], start)
+
+
+_PREFIX_CACHE: list = [None]     # (req_to_token, seq_lens, ReadIds) of the last call
+
+
+def prefix_reads(req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> ReadIds:
+    """Every request's whole prefix, ``req_to_token[i, :seq_len[i]]`` (what full layers read). The same
+    input tensors (the same objects: a step's backends get the same ones, and hooks do not mutate them)
+    give the same table object, so the backends of a step share it and its read check."""
+    last = _PREFIX_CACHE[0]
+    if last is not None and last[0] is req_to_token and last[1] is seq_lens:
+        return last[2]
+    ids = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+    _PREFIX_CACHE[0] = (req_to_token, seq_lens, ids)
+    return ids
 
 
 #: Graph runners a forward can run in (``BoundaryContext.runner``).
@@ -213,7 +228,7 @@ class Design:
         indices (``ctx.graph not in ctx.spec.window_graphs``, B4) the run reads SWA layers through
         ``full`` instead, as it writes them. Return a :class:`ReadTable` (``read_ranges`` builds one).
         """
-        full = read_ranges(req_to_token, torch.zeros_like(seq_lens), seq_lens)
+        full = prefix_reads(req_to_token, seq_lens)
         start = (seq_lens - extend_lens + 1 - ctx.window).clamp(min=0)
         window = read_ranges(req_to_token, start, seq_lens)
         return ReadTable(full=full, swa=ReadIds(window.indptr, full_to_swa[window.indices], window.start))
