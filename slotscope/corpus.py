@@ -27,8 +27,8 @@ CORPUS = ROOT / "scenarios" / "corpus.toml"
 CLEAN = "clean"
 ROLES = ("buggy", "fixed")
 SHORT = {"missed": "missed", "clobbered": "clobber", "padding_slot": "pad_slot", "evicted_slot": "evicted",
-         "stale_read": "stale_rd", "out_of_range": "oor", "length_mismatch": "len_mism", "design_error": "des_err",
-         CLEAN: "clean"}
+         "torn_write": "torn", "stale_read": "stale_rd", "out_of_range": "oor", "length_mismatch": "len_mism",
+         "design_error": "des_err", CLEAN: "clean"}
 EXIT_HOLDS, EXIT_FAILS, EXIT_BAD_INPUT = 0, 1, 2
 
 
