@@ -45,22 +45,26 @@ def _around(values: Any, i: int, k: int = 3) -> str:
             + (", ...]" if i + k + 1 < len(values) else "]") + f" (len {len(values)})")
 
 
-def _diff(model: Any, engine: Any) -> Optional[str]:
+#: the two parts of a paired field's value
+PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc")}
+
+
+def _diff(model: Any, engine: Any, parts: Optional[tuple] = None) -> Optional[str]:
     """Where two values of one field differ, in words (None: equal)."""
     if model == engine:
         return None
     if isinstance(model, list) and isinstance(engine, list):
         flat_m, flat_e = model, engine
         # [dtype, values] / [loc, swa_loc] / [slots, entries] pairs: name the part that differs
-        if len(model) == 2 and len(engine) == 2 and any(isinstance(x, list) for x in model):
-            names = ("slots", "entries")
+        if parts and len(model) == 2 and len(engine) == 2:
+            names = parts
             for j in (0, 1):
                 if model[j] != engine[j]:
                     if isinstance(model[j], list) and isinstance(engine[j], list):
                         i = _first_index(model[j], engine[j])
-                        return (f"part {j} ({names[j]}) first differs at index {i}: model "
+                        return (f"{names[j]} first differs at index {i}: model "
                                 f"{_around(model[j], i)}, engine {_around(engine[j], i)}")
-                    return f"part {j}: model {json.dumps(model[j])}, engine {json.dumps(engine[j])}"
+                    return f"{names[j]}: model {json.dumps(model[j])}, engine {json.dumps(engine[j])}"
         i = _first_index(flat_m, flat_e)
         return f"first differs at index {i}: model {_around(flat_m, i)}, engine {_around(flat_e, i)}"
     return f"model {json.dumps(model)}, engine {json.dumps(engine)}"
@@ -78,7 +82,7 @@ def compare(model: dict, engine: dict) -> dict:
 
     def note(field: str, step: Optional[int], where: str, m: Any, e: Any) -> None:
         nonlocal first
-        d = _diff(m, e)
+        d = _diff(m, e, PARTS.get(field.split(" ")[0]))
         row = rows.setdefault(field, [0, 0])
         row[1 if d else 0] += 1
         if d and first is None:
@@ -100,7 +104,12 @@ def compare(model: dict, engine: dict) -> dict:
         else:
             rows.setdefault("schedule", [0, 0])[0] += 1
         for field in ("out_cache_loc", "mapping", "evicted_swa", "freed_full", "freed_swa"):
-            note(field, step, "", ms[field], es[field])
+            where = ""
+            if field == "mapping" and ms[field] != es[field] and ms[field][0] == es[field][0]:
+                i = _first_index(ms[field][1], es[field][1])
+                if i < len(ms[field][0]):
+                    where = f"full_to_swa[{ms[field][0][i]}]"
+            note(field, step, where, ms[field], es[field])
         for field in _GROUP_FIELDS:
             for src, names in sorted(groups.items()):
                 for b in names:

@@ -1,0 +1,137 @@
+"""slotscope conform: our model of SGLang 0.5.23 against the release, step by step.
+
+Three ``slotscope conform`` runs against the cached 0.5.23 (each imports the release in a process of its
+own: 10-60 s on a shared 2-core machine), two at a time: B1 at page 1 and paths-paged at page 16 under
+the design ``sglang-0.5.23`` conform on every field; a model with LIFO free lists at page 1
+(tests/conform_designs.py) exits 1 naming its first divergence exactly. The comparison itself is
+tested on hand-made traces without the engine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+B1 = "scenarios/b1-pcg-dp-padding.toml"
+PAGED = "scenarios/paths-paged.toml"
+LIFO = "tests/conform_designs.py:LifoAtPage1"
+
+RUNS = {
+    "b1": (B1, "--page-size", "1"),
+    "paged": (PAGED, "--page-size", "16"),
+    "lifo": (B1, "--design", LIFO),
+}
+
+
+def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def conform_runs(engine_releases):
+    def one(item):
+        key, args = item
+        return key, slotscope("conform", *args, "--engine", "sglang==0.5.23", "--json")
+
+    with ThreadPoolExecutor(2) as ex:
+        return dict(ex.map(one, RUNS.items()))
+
+
+def _json(proc) -> dict:
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 60)])
+def test_model_conforms(conform_runs, key, steps):
+    proc = conform_runs[key]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = _json(proc)
+    assert res["first"] is None and res["steps_compared"] == steps
+    assert res["design"] == "sglang-0.5.23" and res["engine"]["version"] == "0.5.23"
+    assert all(differs == 0 and equal > 0 for equal, differs in res["fields"].values()), res["fields"]
+    # every field was compared: the backend groups and the allocator's records
+    assert {"swa_ids", "schedule", "out_cache_loc", "mapping", "evicted_swa", "freed_full", "freed_swa",
+            "swa_loc [plan]", "swa_loc [translate]", "write_loc [plan]", "write_loc [translate]"} <= set(res["fields"])
+    assert res["groups"] == {"plan": ["flashinfer", "triton", "flashattention", "trtllm_mha", "musa"],
+                             "translate": ["aiter", "xpu", "torch_native"]}
+    assert "every step conforms" in proc.stdout
+
+
+@pytest.mark.engine
+def test_paged_run_used_the_paged_allocator(conform_runs):
+    calls = _json(conform_runs["paged"])["engine_calls"]
+    assert calls["alloc_extend"] > 0 and calls["alloc_decode"] > 0 and calls["eviction_rule"] > 0
+    assert _json(conform_runs["paged"])["page_size"] == 16
+
+
+@pytest.mark.engine
+def test_lifo_model_diverges_at_first_reuse(conform_runs):
+    proc = conform_runs["lifo"]
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = _json(proc)["first"]
+    # B1 step 3: out_cache_loc still agrees; the SWA slot of the token at full slot 1082 does not: the
+    # model hands out an SWA slot freed by eviction (LIFO), the release the next one of its FIFO list
+    assert (first["step"], first["field"]) == (3, "mapping")
+    assert first["where"] == MAPPING_WHERE
+    assert first["detail"] == LIFO_DETAIL
+    assert f"first divergence: step 3, mapping ({MAPPING_WHERE}): {LIFO_DETAIL}" in proc.stdout
+    fields = _json(proc)["fields"]
+    assert fields["mapping"][1] > 0 and fields["swa_ids"] == [8, 0]
+
+
+MAPPING_WHERE = "full_to_swa[1082]"
+LIFO_DETAIL = ("entries first differs at index 294: model [..., 0, 0, 0, 166, 167, 168, 169, ...] (len 300), "
+               "engine [..., 0, 0, 0, 1082, 1083, 1084, 1085, ...] (len 300)")
+
+
+@pytest.mark.engine
+def test_bad_input(engine_releases):
+    proc = slotscope("conform", B1, "--engine", "sglang==0.5.23", "--design", "no-such-design")
+    assert proc.returncode == 2 and "unknown design 'no-such-design'" in proc.stderr
+    proc = slotscope("conform", B1, "--engine", "sglang==0.5.15")
+    assert proc.returncode == 2 and "no model of sglang 0.5.15" in proc.stderr and "sglang-0.5.23" in proc.stderr
+    proc = slotscope("conform", B1, "--engine", "sglang==0.5.23", "--allow", "nope")
+    assert proc.returncode == 2 and "not a documented difference" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the comparison, no engine
+
+def _trace(out_cache_loc, mapping=([1], [1]), swa=None) -> dict:
+    swa = swa or {"flashinfer": ["int64", out_cache_loc], "torch_native": ["int64", out_cache_loc]}
+    step = {"step": 0, "mode": "extend", "graph": "eager", "out_cache_loc": out_cache_loc,
+            "mapping": [list(mapping[0]), list(mapping[1])], "evicted_swa": [], "freed_full": [], "freed_swa": [],
+            "swa_loc": swa, "write_loc": {b: [v[1], v[1]] for b, v in swa.items()}}
+    return {"info": {"swa_ids": {"flashinfer": "plan", "torch_native": "translate"}, "stopped": None},
+            "steps": [step]}
+
+
+def test_compare_equal():
+    from slotscope.conform import compare
+
+    res = compare(_trace([1, 2, 3]), _trace([1, 2, 3]))
+    assert res["first"] is None and res["steps_compared"] == 1
+    assert res["fields"]["swa_loc [plan]"] == [1, 0] and res["fields"]["swa_loc [translate]"] == [1, 0]
+
+
+def test_compare_names_first_index_and_neighbours():
+    from slotscope.conform import compare
+
+    res = compare(_trace(list(range(1, 11))), _trace([1, 2, 3, 4, 5, 6, 99, 8, 9, 10]))
+    f = res["first"]
+    assert (f["step"], f["field"]) == (0, "out_cache_loc")
+    assert f["detail"] == ("first differs at index 6: model [..., 4, 5, 6, 7, 8, 9, 10] (len 10), "
+                           "engine [..., 4, 5, 6, 99, 8, 9, 10] (len 10)")
+    res = compare(_trace([1, 2], mapping=([1, 2], [5, 6])), _trace([1, 2], mapping=([1, 2], [5, 7])))
+    assert res["first"]["field"] == "mapping" and res["first"]["where"] == "full_to_swa[2]"
+    swa = {"flashinfer": ["int32", [1, 2]], "torch_native": ["int64", [1, 2]]}
+    res = compare(_trace([1, 2]), _trace([1, 2], swa=swa))
+    assert res["first"]["field"] == "swa_loc [plan]" and res["first"]["where"] == "flashinfer"
+    assert res["first"]["detail"] == 'dtype: model "int64", engine "int32"'
