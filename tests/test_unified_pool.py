@@ -1,0 +1,268 @@
+"""The unified pool (simulator/unified_pool.py): a state machine over its virtual / physical invariants at
+page sizes 1 and 4, the exact U1 and U2 cases, the write door, and P7's design pair."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from simulator.allocator import OutOfSlots, RequestSlots
+from simulator.backends import BACKEND_SPECS
+from simulator.designs import BUILTIN_DESIGNS, BoundaryContext
+from simulator.padding_convention import SLOT0
+from simulator.scenario import PoolConfig
+from simulator.unified_pool import (BIND, MOVE, TOMBSTONE, UNBIND, UNIFIED_0_5_23, IndexOutOfRange, PhysicalLoc,
+                                    UnifiedPool, UnmarkedWriteLoc, check_physical_write_loc, unified_bugs_of,
+                                    with_unified_bug)
+
+
+# --------------------------------------------------------------------------- the state machine
+
+class UnifiedPoolMachine(RuleBasedStateMachine):
+    page_size = 1
+
+    @initialize(full_cost=st.sampled_from([1, 2]), swa_cost=st.sampled_from([1, 3, 8]),
+                pages=st.integers(12, 40))
+    def setup(self, full_cost, swa_cost, pages):
+        p = self.page_size
+        self.pool = UnifiedPool(pages * (full_cost + swa_cost) * 4 * p, full_cost * p * 4, swa_cost * p * 4, p)
+        self.reqs: list[RequestSlots] = []
+        self.window = 3 * p
+        # a shadow of each side's physical contents, rebuilt from the events only
+        self.content = {"full": {}, "swa": {}}
+
+    def _replay(self):
+        for e in self.pool.drain_events():
+            c = self.content[e.pool]
+            if e.kind == BIND:
+                for s, v in zip(e.slots.tolist(), e.peers.tolist()):
+                    assert s not in c, f"{e.pool} slot {s} bound while it holds {c[s]}"
+                    c[s] = v
+            elif e.kind == MOVE:
+                moved = {d: c.pop(s) for s, d in zip(e.slots.tolist(), e.peers.tolist())}
+                assert not set(moved) & set(c), "compaction moved a page onto a live one"
+                c.update(moved)
+            elif e.kind in (UNBIND, TOMBSTONE):
+                for s, v in zip(e.slots.tolist(), e.peers.tolist()):
+                    assert c.pop(s) == v, "a free gave up a slot its virtual id did not hold"
+
+    @rule(n=st.integers(1, 9))
+    def admit(self, n):
+        r = RequestSlots(64)
+        try:
+            self.pool.extend(r, n)
+        except OutOfSlots:
+            return
+        self.reqs.append(r)
+
+    @precondition(lambda self: self.reqs)
+    @rule(i=st.integers(0, 99), n=st.integers(1, 5))
+    def grow(self, i, n):
+        r = self.reqs[i % len(self.reqs)]
+        if r.length + n > r.capacity:
+            return
+        try:
+            self.pool.extend(r, n)
+        except OutOfSlots:
+            pass
+        self.pool.evict_swa(r, r.length - self.window)
+
+    @precondition(lambda self: self.reqs)
+    @rule(i=st.integers(0, 99), back=st.integers(1, 6))
+    def truncate(self, i, back):
+        r = self.reqs[i % len(self.reqs)]
+        self.pool.truncate(r, max(r.swa_evicted, r.length - back, 1))
+
+    @precondition(lambda self: self.reqs)
+    @rule(i=st.integers(0, 99), grouped=st.booleans())
+    def finish(self, i, grouped):
+        r = self.reqs.pop(i % len(self.reqs))
+        with self.pool.free_group(grouped):
+            self.pool.free(r)
+
+    @rule(pin=st.lists(st.integers(0, 99), max_size=3))
+    def compact(self, pin):
+        window = [self.reqs[i % len(self.reqs)].full[self.reqs[i % len(self.reqs)].length - 1]
+                  for i in pin] if self.reqs else []
+        self.pool.set_inflight_forward(np.asarray(window, dtype=np.int64))
+        pinned = sorted(self.pool.pinned)
+        before = (self.pool.full.v2p[pinned].copy(), self.pool.swa.v2p[pinned].copy())
+        self.pool.compact()
+        assert (self.pool.full.v2p[pinned] == before[0]).all(), "compaction moved a pinned full page"
+        assert (self.pool.swa.v2p[pinned] == before[1]).all(), "compaction moved a pinned SWA page"
+        self.pool.set_inflight_forward(None)
+
+    @invariant()
+    def holds(self):
+        if not hasattr(self, "pool"):
+            return
+        self.pool.check_invariants(self.reqs)
+        self._replay()
+        p = self.pool.page_size
+        for name, side in (("full", self.pool.full), ("swa", self.pool.swa)):
+            bound = np.flatnonzero(side.v2p[1:] > 0) + 1
+            # the events' picture of every physical slot equals the page tables'
+            want = {int(side.v2p[v]) * p + o: int(v) * p + o for v in bound for o in range(p)}
+            assert self.content[name] == want, f"{name}: the events disagree with the page tables"
+        # tombstones own nothing: a virtual page unbound SWA-side holds no SWA slot
+        assert (self.pool.translate_kv_loc(np.flatnonzero(self.pool.swa.v2p < 0) * p, "swa") == 0).all()
+
+
+class UnifiedPoolPaged(UnifiedPoolMachine):
+    page_size = 4
+
+
+TestUnifiedPool = UnifiedPoolMachine.TestCase
+TestUnifiedPool.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestUnifiedPoolPaged = UnifiedPoolPaged.TestCase
+TestUnifiedPoolPaged.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+# --------------------------------------------------------------------------- basics
+
+def test_split_follows_page_costs_and_scenario_key():
+    # SWA pages cost 10x full pages: the full side can grow to ~10x as many pages (U1's ratio, scaled)
+    pool = UnifiedPool(2200 * 10, 10, 100, 1)
+    assert pool.full.max_pages == 2189 and pool.swa.max_pages == 218
+    assert pool.num_virtual_ids == pool.full.max_pages + 1
+    assert pool.swa.v2p.shape[0] == pool.num_virtual_ids          # 0.5.23: the full side's id space
+    cfg = PoolConfig(full_size=64, swa_ratio=0.5, page_size=4, unified=True)
+    u = UnifiedPool.from_pool_config(cfg, 8, 8)
+    assert u.budget_bytes == (64 + 4) * 8 + (32 + 4) * 8 and u.page_size == 4
+    assert PoolConfig(full_size=64).unified is False
+
+
+def test_compaction_moves_toward_the_low_end_but_not_the_window():
+    pool = UnifiedPool(40, 1, 1, 1)                 # 38 pages a side at most, 38 together
+    rs = [RequestSlots(8) for _ in range(4)]
+    for r in rs:
+        pool.extend(r, 4)
+    pool.free(rs[0])
+    pool.free(rs[2])
+    pool.set_inflight_forward(rs[3].full[:4])       # the in-flight window: rs[3]'s pages stay
+    pinned = pool.full.v2p[rs[3].full[:4]].copy()
+    # rs[1]'s 4 pages move into rs[0]'s holes on each side; rs[3] is pinned above rs[2]'s holes
+    assert pool.compact() == 8
+    assert sorted(pool.full.v2p[rs[1].full[:4]].tolist()) == [1, 2, 3, 4]
+    assert (pool.full.v2p[rs[3].full[:4]] == pinned).all()
+    pool.set_inflight_forward(None)
+    pool.compact()
+    assert sorted(pool.full.v2p[np.r_[rs[1].full[:4], rs[3].full[:4]]].tolist()) == list(range(1, 9))
+    pool.check_invariants([rs[1], rs[3]])
+    assert {e.kind for e in pool.events} >= {BIND, MOVE, UNBIND}
+
+
+def test_the_budget_compacts_before_refusing():
+    pool = UnifiedPool(12, 1, 1, 1)                 # 10 pages for both sides together (5 each at a time)
+    a, b, c = RequestSlots(8), RequestSlots(8), RequestSlots(8)
+    pool.extend(a, 2), pool.extend(b, 2), pool.extend(c, 1)
+    pool.free(a)                                    # holes below b and c
+    d = RequestSlots(8)
+    pool.extend(d, 2)
+    pool.check_invariants([b, c, d])
+    with pytest.raises(OutOfSlots):
+        pool.extend(RequestSlots(8), 1)
+    assert pool.bytes_in_use() <= pool.budget_bytes
+
+
+def test_write_door():
+    pool = UnifiedPool(400, 4, 4, 1)
+    r = RequestSlots(8)
+    virt = pool.extend(r, 3)
+    wl = pool.write_loc(virt, "swa")
+    assert isinstance(wl, PhysicalLoc) and (check_physical_write_loc(wl, "swa") == wl.ids).all()
+    with pytest.raises(UnmarkedWriteLoc):
+        check_physical_write_loc(virt, "swa")       # virtual ids written as physical
+    with pytest.raises(UnmarkedWriteLoc):
+        check_physical_write_loc(wl, "full")
+
+
+def test_translation_clamps_to_the_sink():
+    pool = UnifiedPool(400, 4, 4, 4)
+    r = RequestSlots(16)
+    virt = pool.extend(r, 8)
+    ids = np.asarray([-3, -1, 0, 10 ** 6, int(virt[0]), int(virt[5])])
+    out = pool.translate_kv_loc(ids, "full")
+    assert out[:4].tolist() == [0, 0, 0, 0] and (out[4:] > 0).all()
+
+
+# --------------------------------------------------------------------------- U1 and U2
+
+def _churn(behaviour, *, page_size=1):
+    """Short requests, one after the other: the FIFO of virtual ids walks the full side's id space."""
+    pool = UnifiedPool(2200 * 10 * page_size, 10 * page_size, 100 * page_size, page_size, behaviour)
+    minted = []
+    for _ in range(pool.num_virtual_ids):
+        r = RequestSlots(2 * page_size)
+        minted.append(int(pool.extend(r, page_size)[0]) // page_size)
+        pool.free(r)
+    return pool, minted
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_u1_exact(page_size):
+    bug = with_unified_bug("U1")
+    assert unified_bugs_of(bug) == ("U1",) and unified_bugs_of(UNIFIED_0_5_23) == ()
+    pool = UnifiedPool(2200 * 10 * page_size, 10 * page_size, 100 * page_size, page_size, bug)
+    table = pool.swa.v2p.shape[0]
+    assert table == pool.swa.max_pages + 1 == 219
+    done = 0
+    with pytest.raises(IndexOutOfRange) as e:
+        while True:
+            r = RequestSlots(2 * page_size)
+            pool.extend(r, page_size)
+            pool.free(r)
+            done += 1
+    f = e.value.finding
+    # nothing fires before the first virtual page past the SWA table: then the bind is out of range
+    assert done == table - 1
+    assert (f.where, f.index, f.length, f.token) == ("swa.v2p.bind", table, table, table * page_size)
+    assert pool.findings == [f]
+    # fixed (0.5.23): the whole id space, nothing recorded
+    fixed, minted = _churn(UNIFIED_0_5_23, page_size=page_size)
+    assert max(minted) == fixed.num_virtual_ids - 1 > table and fixed.findings == []
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_u2_exact(page_size):
+    for behaviour, expect in ((with_unified_bug("U2"), list(range(-page_size, 0))), (UNIFIED_0_5_23, [0] * page_size)):
+        pool = UnifiedPool(4000, 4 * page_size, 4 * page_size, page_size, behaviour)
+        r = RequestSlots(8 * page_size)
+        virt = pool.extend(r, 3 * page_size)
+        pool.evict_swa(r, page_size)                # the first page leaves the window: tombstoned
+        assert pool.swa.v2p[virt[0] // page_size] == -1
+        assert pool.translate_kv_loc(virt[:page_size], "swa").tolist() == expect
+        wl = pool.write_loc(virt[:page_size], "swa")
+        if expect[0] < 0:
+            f = pool.findings[-1]
+            assert f.index == -page_size and f.where == "swa.write" and "negative" in str(f)
+        else:
+            assert pool.findings == [] and wl.ids.tolist() == [0] * page_size
+        # live pages translate the same either way
+        assert (pool.translate_kv_loc(virt[page_size:], "swa") > 0).all()
+
+
+# --------------------------------------------------------------------------- P7
+
+def _ctx(mode, real, padded):
+    return BoundaryContext(step=0, backend="triton", side="target", mode=mode, graph="eager", runner="eager",
+                           page_size=1, num_token_non_padded=real, dp_padded_len=padded, padded_len=padded,
+                           spec=BACKEND_SPECS["triton"], padding=SLOT0, loc_pad=0, swa_pad=0)
+
+
+@pytest.mark.parametrize("mode", ["target_verify", "draft_extend"])
+def test_p7_preplan_leaves_swa_loc_short_and_the_rebuild_does_not(mode):
+    full_to_swa = torch.arange(64, dtype=torch.int64) + 100
+    loc = torch.tensor([5, 6, 7, 8, 0, 0, 0, 0], dtype=torch.int64)   # 4 real tokens, DP-padded to 8
+    ctx = _ctx(mode, 4, 8)
+    state, fix = BUILTIN_DESIGNS["dots-eagle-preplan"](), BUILTIN_DESIGNS["dots-eagle-preplan-rebuild"]()
+    wl = state.make_write_loc(loc, state.translate(loc, full_to_swa, ctx), ctx)
+    assert wl.swa_loc.shape[0] == 4 < wl.loc.shape[0] == 8            # #29460's slice lets it through
+    wl = fix.make_write_loc(loc, fix.translate(loc, full_to_swa, ctx), ctx)
+    assert wl.swa_loc.shape[0] == wl.loc.shape[0] == 8
+    assert wl.swa_loc.tolist() == full_to_swa[loc].tolist()
+    # no DP padding, or not a pre-planned forward: both states agree
+    for c in (_ctx(mode, 8, 8), _ctx("decode", 4, 8)):
+        assert state.translate(loc, full_to_swa, c).tolist() == fix.translate(loc, full_to_swa, c).tolist()
