@@ -117,9 +117,22 @@ class Landing:
         return [w for w, a in zip(self.writes, self.at) if a == point]
 
     def record(self) -> dict:
-        """Compact form for steps.jsonl: the barrier, the layer count and [kind, request, point, entries]."""
+        """Compact form for steps.jsonl: the barrier, the layer count and [kind, request, point, entries,
+        full slots as inclusive [first, last] runs] per write (the report's timeline names the slots)."""
         return {"barrier": self.barrier, "layers": len(self.pts) - len(HEAD_POINTS),
-                "writes": [[w.kind, w.rid, self.pts[a], int(w.full.shape[0])] for w, a in zip(self.writes, self.at)]}
+                "writes": [[w.kind, w.rid, self.pts[a], int(w.full.shape[0]), slot_runs(w.full)]
+                           for w, a in zip(self.writes, self.at)]}
+
+
+def slot_runs(slots: np.ndarray) -> list[list[int]]:
+    """Slots as sorted inclusive runs: [1040, 1041, 1042, 7] -> [[7, 7], [1040, 1042]]."""
+    s = np.unique(np.asarray(slots, dtype=np.int64))
+    if s.size == 0:
+        return []
+    cut = np.nonzero(np.diff(s) != 1)[0]
+    starts = np.concatenate([[0], cut + 1])
+    ends = np.concatenate([cut, [s.size - 1]])
+    return [[int(s[a]), int(s[b])] for a, b in zip(starts, ends)]
 
 
 Chooser = Callable[[Sequence[SchedWrite], Sequence[int], int], Sequence[int]]   # (writes, earliest, end) -> points

@@ -57,7 +57,7 @@ def test_exact_landing_points_per_barrier(key):
     late = plan(writes, barrier, mode, graph, L, latest_chooser)
     assert late.at == (6, 6, 6, 6)
     assert late.record() == {"barrier": barrier, "layers": L,
-                             "writes": [[w.kind, 0, END_POINT, 1] for w in writes]}
+                             "writes": [[w.kind, 0, END_POINT, 1, [[5, 5]]] for w in writes]}
 
 
 def test_every_barrier_is_covered():
