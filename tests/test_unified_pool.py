@@ -266,3 +266,18 @@ def test_p7_preplan_leaves_swa_loc_short_and_the_rebuild_does_not(mode):
     # no DP padding, or not a pre-planned forward: both states agree
     for c in (_ctx(mode, 8, 8), _ctx("decode", 4, 8)):
         assert state.translate(loc, full_to_swa, c).tolist() == fix.translate(loc, full_to_swa, c).tolist()
+
+
+def test_p7_end_to_end_on_paths_spec():
+    """scenarios/paths-spec.toml (EAGLE, DP 2 with padding), 40 steps: the state's short swa_loc is a
+    length_mismatch at the store on every backend run; the rebuild is clean."""
+    from tests.helpers import scenario, simulate
+
+    sc = scenario("paths-spec").with_overrides(max_steps=40, backends=("triton", "flashinfer"))
+    bad = simulate(sc, "dots-eagle-preplan")
+    for b in ("triton", "flashinfer"):
+        st = bad.backends[b]
+        assert st.findings["length_mismatch"] > 0 and st.first_finding.cls == "length_mismatch", b
+        assert sum(st.findings.values()) == st.findings["length_mismatch"]
+    good = simulate(sc, "dots-eagle-preplan-rebuild")
+    assert {b: s.total for b, s in good.backends.items()} == {"triton": 0, "flashinfer": 0}
