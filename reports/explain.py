@@ -29,6 +29,8 @@ CLASS_WORDS = {
     "out_of_range": "an index outside the pool reached the store",
     "length_mismatch": "loc and swa_loc lengths disagreed; the store refused the write",
     "design_error": "a design hook raised, or returned an index no kernel would take; that write was skipped",
+    "torn_write": "the layers of one token wrote different slots (a mapping change between its layers)",
+    "stale_read": "attention read a slot that does not hold the token's rows (freed, reassigned or the sink)",
 }
 
 
