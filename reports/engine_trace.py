@@ -105,10 +105,10 @@ def render_engine_report(an: Any, sources: Sequence[str] = ()) -> str:
     st = an.trace.stats
     run_rows = []
     if an.run is not None:
-        from tracing.engine_analysis import _CMP_KEYS
+        from tracing.engine_analysis import CMP_KEYS
 
-        run_rows = [("engine", [an.run["engine"][k] for k in _CMP_KEYS]),
-                    ("simulator", [an.run["sim"][k] for k in _CMP_KEYS])]
+        run_rows = [("engine", [an.run["engine"][k] for k in CMP_KEYS]),
+                    ("simulator", [an.run["sim"][k] for k in CMP_KEYS])]
     title = ", ".join(Path(s).name for s in sources)[:200] or "trace"
     return _env().get_template("engine_trace.html.j2").render(
         title=title, sources=list(sources), requests=an.requests, batches=an.batches,

@@ -178,6 +178,20 @@ def _stopped_line(marker: dict, out: str) -> str:
             "(summary.json says incomplete)")
 
 
+def _add_trace_commands(sub) -> None:
+    """tracing's ``analyze`` and ``export``; ``analyze --report`` renders with reports/. The composition
+    of the two is the application layer's: tracing imports nothing of reports/ (docs/ARCHITECTURE.md)."""
+    from tracing.commands import register
+
+    register(sub, engine_report=_write_engine_report)
+
+
+def _write_engine_report(engine, output: str, sources: Sequence[str]) -> Path:
+    from reports.engine_trace import write_engine_report     # when asked: --help does not pay for matplotlib
+
+    return write_engine_report(engine, output, sources=sources)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slotscope",
@@ -187,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"slotscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
-    for module in ("tracing.commands", "reports.commands", "slotscope.corpus", "slotscope.minimize",
+    _add_trace_commands(sub)
+    for module in ("reports.commands", "slotscope.corpus", "slotscope.minimize",
                    "slotscope.bisect", "slotscope.conform",
                    "slotscope.scenario_cmd"):
         try:

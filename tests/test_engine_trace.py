@@ -91,6 +91,28 @@ def test_report_html_is_self_contained(tmp_path, capsys):
     assert "engine trace report:" in capsys.readouterr().err
 
 
+def test_tracing_analyze_reports_only_through_the_writer_it_is_given(tmp_path, capsys):
+    """tracing renders no HTML (docs/ARCHITECTURE.md): ``--report`` exists when the caller passes a writer."""
+    import argparse
+
+    from tracing.commands import register
+
+    def parse(argv, **kw):
+        parser = argparse.ArgumentParser(prog="slotscope")
+        register(parser.add_subparsers(dest="command", required=True), **kw)
+        return parser.parse_args(argv)
+
+    with pytest.raises(SystemExit):
+        parse(["analyze", str(TRACE), "--report", str(tmp_path / "x.html")])
+    assert "unrecognized arguments: --report" in capsys.readouterr().err
+    calls = []
+    args = parse(["analyze", str(TRACE), "--report", "x.html"],
+                 engine_report=lambda an, out, sources: calls.append((an.has_engine_spans, out, sources)) or out)
+    assert args.func(args) == 0
+    assert calls == [(True, "x.html", [str(TRACE)])]
+    assert "engine trace report: x.html" in capsys.readouterr().err
+
+
 def test_report_with_a_run_beside(tmp_path):
     replay = tmp_path / "replay.toml"
     assert main(["scenario", "from-trace", str(TRACE), "--preset", "gpt-oss-20b", "--num-layers", "2",
@@ -130,7 +152,7 @@ def test_reader_memory_is_bounded_by_requests_not_bytes(tmp_path):
 def test_releases_logger_and_tracing_drive_to_the_same_numbers(tmp_path, engine_releases, release):
     from engine_path import isolate
 
-    res = isolate.call(f"sglang=={release}", "tracing.sglang_drive:drive", str(tmp_path))
+    res = isolate.call(f"sglang=={release}", "slotscope.sglang_fixtures:drive", str(tmp_path))
     assert res["version"] == release and res["requests"] == 6
     for fmt in ("json", "text"):
         got = {r.rid: (r.prompt_tokens, r.completion_tokens, r.cached_tokens)

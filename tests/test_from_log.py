@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "sglang"
 RELEASES = ("0.5.14", "0.5.23")
 BASE = ROOT / "scenarios" / "smoke.toml"
-#: the fixture workload (tracing/sglang_drive.py WORKLOAD): rid -> (prompt, completion, cached)
+#: the fixture workload (engine_path/sglang_drive.py WORKLOAD): rid -> (prompt, completion, cached)
 EXPECTED = {f"req-{i:04d}": v for i, v in enumerate(((40, 6, 0), (52, 4, 32), (36, 8, 32), (64, 5, 0),
                                                         (44, 3, 32), (30, 7, 0)))}
 ARRIVAL_MS = (0.0, 3.0, 4.0, 30.0, 31.0, 55.0)

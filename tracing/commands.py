@@ -1,7 +1,9 @@
 """The ``analyze`` and ``export`` subcommands, registered into the slotscope CLI.
 
 The CLI proper lives in slotscope/ (the application layer); tracing only contributes its two
-subcommands here, so the tracing package can be tested and used without the application.
+subcommands here, so the tracing package can be tested and used without the application. Tracing
+renders no HTML: ``analyze --report`` exists when the caller passes ``engine_report`` (slotscope's CLI
+passes reports/engine_trace.py's writer), so tracing imports nothing of reports/ or slotscope/.
 Exit codes: 0 ok, 2 bad input (the message names the file and the line, or what is missing).
 Input is read with bounded memory: a line (JSON lines) or a document (pretty-printed) longer than
 ``--max-line-mb`` is reported by its line number, never read whole.
@@ -11,9 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
-
 from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 from .analyze import analyze_files
 from .chrome import default_output, export_chrome
@@ -23,8 +24,13 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2
 
 
-def register(subparsers: Any) -> None:
-    """Add ``analyze`` and ``export`` to an ``argparse`` subparsers object."""
+#: writes the HTML report of an engine trace analysis: (analysis, OUT.html, source files) -> the path written
+EngineReport = Callable[[Any, str, Sequence[str]], Any]
+
+
+def register(subparsers: Any, engine_report: Optional[EngineReport] = None) -> None:
+    """Add ``analyze`` and ``export`` to an ``argparse`` subparsers object; ``analyze --report`` only with
+    ``engine_report`` (the renderer lives in reports/, composed by the application layer)."""
     p = subparsers.add_parser(
         "analyze", help="tables of loc/swa_loc divergence and findings from OTLP JSON traces",
         description="Read OTLP JSON trace files (JSON lines or one document, from slotscope or "
@@ -34,13 +40,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--skip-bad", action="store_true",
                    help="skip malformed lines and count them instead of failing")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--report", metavar="OUT.html",
-                   help="engine traces (SGLang's request spans): write an HTML report (stage latencies, batch "
-                        "size and token timelines; with --run, the engine's batches beside the simulator's steps)")
+    if engine_report is not None:
+        p.add_argument("--report", metavar="OUT.html",
+                       help="engine traces (SGLang's request spans): write an HTML report (stage latencies, batch "
+                            "size and token timelines; with --run, the engine's batches beside the simulator's "
+                            "steps)")
     p.add_argument("--run", metavar="DIR", help="a slotscope run of the replayed scenario to set beside the engine's "
                                                 "batches (docs/REPLAY.md)")
     _add_max_line(p)
-    p.set_defaults(func=cmd_analyze)
+    p.set_defaults(func=cmd_analyze, engine_report=engine_report)
 
     e = subparsers.add_parser(
         "export", help="convert a run's trace.otlp.jsonl to another format",
@@ -101,11 +109,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         sys.stdout.write(result.render_text())
         if engine is not None:
             sys.stdout.write(engine.render_text())
-    if engine is not None and args.report:
-        from reports.engine_trace import write_engine_report
-
-        print(f"engine trace report: {write_engine_report(engine, args.report, sources=args.files)}",
-              file=sys.stderr)
+    report = getattr(args, "report", None)
+    if engine is not None and report:
+        print(f"engine trace report: {args.engine_report(engine, report, args.files)}", file=sys.stderr)
     if result.bad_lines:
         print(f"slotscope: warning: {result.bad_lines} bad line(s) skipped (--skip-bad)", file=sys.stderr)
     return EXIT_OK

@@ -70,12 +70,13 @@ class EngineTraceAnalysis:
                        f"batches, simulator {r['sim_steps']} steps")
             out.append(format_table(("", "batches/steps", "prefill/extend+mixed", "decode", "median batch size",
                                      "max batch size", "median tokens", "max tokens"),
-                                    [("engine",) + tuple(r["engine"][k] for k in _CMP_KEYS),
-                                     ("simulator",) + tuple(r["sim"][k] for k in _CMP_KEYS)], indent="    "))
+                                    [("engine",) + tuple(r["engine"][k] for k in CMP_KEYS),
+                                     ("simulator",) + tuple(r["sim"][k] for k in CMP_KEYS)], indent="    "))
         return "\n".join(out) + "\n"
 
 
-_CMP_KEYS = ("count", "prefill", "decode", "size_p50", "size_max", "tokens_p50", "tokens_max")
+#: the batch figures set side by side with --run (engine vs simulator; reports/engine_trace.py's table too)
+CMP_KEYS = ("count", "prefill", "decode", "size_p50", "size_max", "tokens_p50", "tokens_max")
 
 
 def _median(xs) -> float:
@@ -136,16 +137,17 @@ def analyze_engine_trace(paths: Iterable[Union[str, os.PathLike[str]]], *, skip_
     if run_dir is not None:
         sim = sim_steps(run_dir)
         run = {"dir": sim["dir"], "scenario": sim["scenario"], "engine_batches": batches["count"],
-               "sim_steps": len(sim["step"]), "engine": {k: batches[k] for k in _CMP_KEYS},
+               "sim_steps": len(sim["step"]), "engine": {k: batches[k] for k in CMP_KEYS},
                "sim": {k: v for k, v in _batch_summary(sim["size"], sim["tokens"], sim["mode"], ()).items()
-                       if k in _CMP_KEYS},
+                       if k in CMP_KEYS},
                "steps": sim}
     return EngineTraceAnalysis(et, stages, batches, requests, run)
 
 
 def engine_part(args: Any, result: Any) -> Optional[EngineTraceAnalysis]:
     """The engine part of ``slotscope analyze``: None unless the files hold SGLang request spans (or
-    --report / --run asks for it). The HTML itself is reports/engine_trace.py's (the CLI writes it)."""
+    --report / --run asks for it). The HTML itself is reports/engine_trace.py's (slotscope's CLI passes its
+    writer to tracing/commands.py: tracing imports nothing of reports/)."""
     report = getattr(args, "report", None)
     run_dir = getattr(args, "run", None)
     foreign = result.foreign.get("spans", 0) if hasattr(result, "foreign") else 0

@@ -1,7 +1,9 @@
 """Drive a real SGLang release's request logger and request tracing on a CPU, to make test fixtures.
 
-Run under a release with ``engine_path.isolate.call("sglang==0.5.23", "tracing.sglang_drive:drive", OUT_DIR)``
-(scripts/make-sglang-fixtures does it for each release it is given). Nothing of SGLang is copied: the
+Run under a release with ``engine_path.isolate.call("sglang==0.5.23", "slotscope.sglang_fixtures:drive", OUT_DIR)``
+(scripts/make-sglang-fixtures does it for each release it is given): slotscope/sglang_fixtures.py hands
+``drive`` tracing's OTLP JSON lines file exporter, as engine_path imports nothing of tracing/ (and every
+``import sglang`` of slotscope lives in engine_path/, docs/ARCHITECTURE.md). Nothing of SGLang is copied: the
 release's own ``RequestLogger`` (sglang/srt/utils/request_logger.py) writes the JSON and the text request
 logs, and its own ``APIServerReqTimeStats`` / ``SchedulerReqTimeStats`` / ``set_schedule_time_batch``
 (sglang/srt/observability/req_time_stats.py) drive its ``TraceReqContext`` (observability/trace.py),
@@ -16,8 +18,9 @@ which makes the spans; ``process_tracing_init`` sets up its OpenTelemetry provid
 * the clocks: the module globals ``time`` of req_time_stats.py and ``datetime`` of log_utils.py, and the
   log records' ``created`` time, read the simulated clock, so timestamps, latencies and batch times are
   those of the schedule (deterministic apart from the start time and ids);
-* the exporter: the gRPC OTLP exporter SGLang asks for is served by the OTLP JSON lines file exporter
-  (tracing/otlp_json.py, the Collector's file-exporter format), so the spans land in a file;
+* the exporter: the gRPC OTLP exporter SGLang asks for is served by the caller's file exporter
+  (``file_exporter(path)``: tracing/otlp_json.py's, the Collector's file-exporter format), so the spans
+  land in a file;
 * a Scheduler thread (``trace_set_thread_info("Scheduler", tp_rank=0)``) next to the main thread
   ("TokenizerManager"), and the time stats crossing between them by pickling, as between processes.
 """
@@ -31,7 +34,7 @@ import sys
 import threading
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 #: the fixture workload: (prompt_tokens, completion_tokens, cached_tokens, arrival ms)
 WORKLOAD = (
@@ -99,9 +102,10 @@ def _schedule(workload) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return reqs, batches
 
 
-def drive(out_dir: str) -> dict[str, Any]:
+def drive(out_dir: str, file_exporter: Callable[[Path], Any]) -> dict[str, Any]:
     """Write ``requests.json.log``, ``requests.text.log`` and ``trace.otlp.jsonl`` into ``out_dir``
-    with the active release's logger and tracing; returns what was written."""
+    with the active release's logger and tracing; returns what was written. ``file_exporter(path)``
+    makes the OpenTelemetry span exporter that writes OTLP JSON lines to ``path``."""
     import sglang
 
     out = Path(out_dir)
@@ -110,7 +114,7 @@ def drive(out_dir: str) -> dict[str, Any]:
     reqs, batches = _schedule(WORKLOAD)
     clock = _Clock()
     logs = _drive_logs(out, reqs, clock)
-    spans = _drive_trace(out, reqs, batches, clock)
+    spans = _drive_trace(out, reqs, batches, clock, file_exporter)
     return {"version": version, "requests": len(reqs), "batches": len(batches), "logs": logs, "spans": spans}
 
 
@@ -179,13 +183,11 @@ def _drive_logs(out: Path, reqs, clock: _Clock) -> dict[str, Any]:
 
 
 # -- request traces -----------------------------------------------------------------------------
-def _drive_trace(out: Path, reqs, batches, clock: _Clock) -> int:
+def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callable[[Path], Any]) -> int:
     path = out / "trace.otlp.jsonl"
-    from tracing.otlp_json import OtlpJsonLinesExporter
 
-    class _FileExporter(OtlpJsonLinesExporter):     # stands in for the Collector behind SGLang's exporter
-        def __init__(self, endpoint=None, insecure=None, **_kw):
-            super().__init__(path)
+    def _FileExporter(endpoint=None, insecure=None, **_kw):     # stands in for the Collector behind SGLang's exporter
+        return file_exporter(path)
 
     name = "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
     if name not in sys.modules:
