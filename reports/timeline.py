@@ -289,7 +289,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
             per_lane.setdefault(_lane_of_layer(run, f.layer), []).append(f.cls)
     writes = tl.writes
     with matplotlib.rc_context(_RC):
-        height = min(10.0, 1.3 + 0.22 * n)
+        height = min(10.0, 1.45 + 0.22 * n)
         fig = _figure(width, height, left=1.45, right=2.0, bottom=0.95, top=0.4)
         ax = fig.subplots()
         for j, name in enumerate(lanes):
@@ -315,7 +315,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
                 ax.annotate(label_text(_short_label(w)), (w.index, y), xytext=(7, 4 if w.index % 2 == 0 else -10),
                             textcoords="offset points", fontsize=7.5, zorder=4,
                             fontweight="bold" if big else "normal")
-        ax.set_ylim(n - 0.5, -0.5)
+        ax.set_ylim(n - 0.5, -1.15)       # room above metadata init for a write landing before it
         ax.set_xlim(-0.6, xmax - 0.4)
         every = max(1, -(-n // 48))
         ticks = list(range(0, n, every))
@@ -326,7 +326,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
         ax.grid(axis="y", visible=False)
         ax.set_xlabel("scheduler writes, in host order (a marker sits between the lanes it landed between)")
         ax.set_title(f"Step {tl.step}: where each scheduler write landed in the forward (barrier "
-                     f"{label_text(tl.barrier)}); shaded: {label_text(backend)}'s findings", y=1.01)
+                     f"{label_text(tl.barrier)}); shaded: {label_text(backend)}'s findings", y=1.02)
         present = list(dict.fromkeys(w.kind for w in writes))
         handles = [Line2D([], [], linestyle="none", marker=KIND_MARKERS.get(k, "D"), color=KIND_COLORS.get(k, "#555"),
                           label=label_text(KIND_WORDS.get(k, k))) for k in present]
