@@ -185,9 +185,10 @@ def _why(rec: Optional[FindingRecord], cls: str, kind: str, batch: Optional[dict
                 "No live token is damaged by this write, but it writes through a location the allocator no "
                 "longer owns; once the slot is reused the same write would clobber a live token."]
     if cls == "padding_slot":
-        return [f"The row of {exp if rec.expected else obs} went to the reserved slot {slot} (the padding slot) "
-                "instead of its own: its write location was the padding value, so the token's K/V is missing "
-                f"from the {pool}."]
+        return [f"The row of {exp if rec.expected else obs} went to the reserved padding slot instead of its own "
+                f"(slot {slot} of the {pool}; observed there: {obs}): its write location was the padding value, so the "
+                f"token's K/V is missing from the {pool}."
+                + (f" The checker: \u201c{rec.message}\u201d." if rec.message else "")]
     if cls == "missed":
         return [f"Slot {slot} of the {pool} should hold {exp} after this step but holds {obs}: that token's "
                 "write never reached its slot (skipped, or sent somewhere else)."]
