@@ -72,8 +72,8 @@ class CudaGraphExecutor:
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         pool = s.pool
-        if pool.device.type != "cuda" or getattr(pool, "store_impl", None) != "triton":
-            return self.eager.run(s)
+        if pool.device.type != "cuda" or getattr(pool, "store_impl", None) != "triton" or s.interleaved:
+            return self.eager.run(s)     # no graph: not the Triton store on cuda, or writes land between layers
         if s.batch.graph == "decode_graph":
             return self._run_decode(s)
         if s.batch.graph == "piecewise":

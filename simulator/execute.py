@@ -46,6 +46,9 @@ class BackendStep:
     #: scheduler writes); None: nothing to do. An executor that cannot call it per layer (a graph replay)
     #: may skip it: the run then checks reads after the layers.
     before_layer: Optional[Callable[[LayerInfo], None]] = None
+    #: scheduler writes land between this forward's layers (an overlap timeline): an executor must run
+    #: the layers one by one, calling ``before_layer``; a graph replay cannot interleave them
+    interleaved: bool = False
 
 
 class LayerExecutor(Protocol):

@@ -216,7 +216,8 @@ class Run:
             return
         reads = None if table is None else _ReadCheck(side, name, batch, truth, table, pool)
         writes = self.executor.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, self.obs,
-                                               self.now, rows_cache, self._layer_hook(batch, name, reads)))
+                                               self.now, rows_cache, self._layer_hook(batch, name, reads),
+                                               interleaved=self.before_layer is not None))
         self.crossings += len(side.layers)
         self.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
         found, counts = side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots)
