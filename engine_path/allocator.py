@@ -13,7 +13,8 @@ hands out and what it frees):
   non-empty prefix, else ``alloc_extend`` (batch of one request; ``last_loc`` -1 for an empty prefix).
 * ``evict_swa``: ``free_swa_segment`` where the release has it (the eviction rule's own free), else
   ``free_swa``, over the full slots of positions ``[swa_evicted, end)``.
-* ``free``: the evicted prefix's full slots with ``free_full`` (where the release asserts their mapping
+* ``free``: the release's ``free_kv_row_segments`` where it has it (0.5.23: the row free of
+  ``release_kv_cache``, page ids in position order); else the evicted prefix's full slots with ``free_full`` (where the release asserts their mapping
   is already clear), the rest with ``free``; releases without ``free_full`` free everything with ``free``.
 * ``truncate``: whole pages past the kept page with ``free``; the kept page's tail entries cleared in the
   mapping (``clear_full_to_swa_mapping`` where the release has it).
@@ -226,7 +227,14 @@ class EngineAllocator:
         if n == 0:
             return
         lo = slots.swa_evicted - slots.swa_evicted % self.page_size
-        if self.api.features.has_free_full and lo > 0:
+        row_free = _free_kv_row_segments()
+        if row_free is not None:
+            # the release's own way to free a request's kv row (release_kv_cache): the evicted prefix
+            # full side only (free_full_segments), the rest both sides (free_segments): page ids in
+            # position order (free_page_ids), not the slot free's sorted pages
+            row_free(self.engine, [(self._t(slots.full[:n]), 0)], swa_evicted_seqlen=lo)
+            self.calls["free_full" if lo >= n else "free"] += 1
+        elif self.api.features.has_free_full and lo > 0:
             self.engine.free_full(self._t(slots.full[:lo]))
             self.calls["free_full"] += 1
             if n > lo:
@@ -256,6 +264,16 @@ class EngineAllocator:
     def describe(self) -> dict:
         return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",
                 "page_size": self.page_size, "engine": self.api.info.to_json()}
+
+
+def _free_kv_row_segments():
+    """``sglang.srt.mem_cache.common.free_kv_row_segments`` where the release has it (0.5.23), else None."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module("sglang.srt.mem_cache.common"), "free_kv_row_segments", None)
+    except ImportError:
+        return None
 
 
 def allocator_factory(api: ReleaseAPI, **kw):

@@ -127,9 +127,10 @@ class _PageQueue:
 
 class _PageHead(_PageStack):
     """SGLang 0.5.23's paged free list (page_size > 1, ``PagedTokenToKVPoolAllocator``): freed pages go
-    ahead of the list. A free of slots (a finished request's, a truncation's: ``free``) puts its pages
-    there deduplicated and ascending (``torch.unique``); a free of exact page ids (an eviction's
-    ``free_swa_segment`` -> ``free_page_ids``) in the order given (``exact``)."""
+    ahead of the list. A free of slots (a truncation's: ``free``) puts its pages there deduplicated
+    and ascending (``torch.unique``); a free of exact page ids (an eviction's ``free_swa_segment``, a
+    finished request's row by ``free_kv_row_segments``: ``free_page_ids``) in the order given
+    (``exact``)."""
 
     def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
         if checked and not exact and pages.size:
@@ -416,9 +417,15 @@ class HybridAllocator:
             return
         first_page_pos = slots.swa_evicted - slots.swa_evicted % p
         live_swa = slots.swa[first_page_pos:n:p]
-        self._push_swa(live_swa[live_swa > 0] // p)
+        # SGLang 0.5.23 frees a request's row by segments (free_kv_row_segments: page ids in position
+        # order, the evicted prefix's full pages first); exact=True is read by the "head" list only
+        self._push_swa(live_swa[live_swa > 0] // p, exact=True)
         self.full_to_swa[slots.full[:n]] = 0
-        self._push_full(slots.full[0:n:p] // p)
+        if isinstance(self._full, _PageHead) and 0 < first_page_pos < n:
+            self._push_full(slots.full[0:first_page_pos:p] // p, exact=True)
+            self._push_full(slots.full[first_page_pos:n:p] // p, exact=True)
+        else:
+            self._push_full(slots.full[0:n:p] // p, exact=True)
         slots.swa[:n] = 0
         slots.length = 0
         slots.swa_evicted = 0

@@ -47,8 +47,9 @@ class FreeLists:
     pushed with the freed pages; SGLang's paged allocator prepends freed pages the same way).
     ``fifo``: freed pages join the tail and allocation takes from the head (SGLang 0.5.23's
     token allocator at page_size 1). ``head``: SGLang 0.5.23's paged allocator: freed pages go ahead of
-    the list, a slot free's pages deduplicated and ascending (``torch.unique``), an eviction's page ids
-    in position order; in a group the page-id frees are released before the slot frees.
+    the list, a slot free's pages (a truncation) deduplicated and ascending (``torch.unique``), a
+    finished request's row (``free_kv_row_segments``) and an eviction's page ids in position order; in
+    a group the page-id frees are released before the slot frees.
     ``grouped``: the frees of one scheduler phase (the finished
     requests of a step, the evictions of a batch) are released as one batch at the phase's end, as
     SGLang's ``free_group_begin`` / ``free_group_end`` do; with ``lifo`` that keeps the phase's own
