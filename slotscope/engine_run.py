@@ -9,10 +9,8 @@ What this module adds to engine_path (which owns every ``import sglang``):
 * :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
   engine_path drives the release on the CPU only (its allocator's mapping and the pool's CPU
   fallback store), with the compact K/V geometry and the release's own store.
-* :func:`allocator_seam` puts the engine's allocator where ``run_simulation`` makes its
-  ``HybridAllocator``: through the ``allocator_factory`` argument when the simulator has it, else by
-  swapping ``simulator.run.HybridAllocator`` for the length of the run (what
-  ``engine_path.checks.scenario_run`` does too).
+* :func:`allocator_seam` hands the engine's allocator to ``run_simulation`` (its
+  ``allocator_factory`` argument).
 * :func:`verdict` is one release's verdict on one scenario, run in a subprocess of its own by
   ``slotscope bisect`` (``engine_path.isolate.call``).
 * :func:`pieces_table` is the "which pieces were the engine's" table, from the runtime's own
@@ -20,7 +18,6 @@ What this module adds to engine_path (which owns every ``import sglang``):
 """
 from __future__ import annotations
 
-import inspect
 import sys
 import time
 from contextlib import contextmanager
@@ -77,7 +74,7 @@ def load_runtime(spec, *, quiet: bool = False):
             what += " (fetching it into slotscope's cache first)"
         print(f"slotscope: importing {what} ...", file=sys.stderr, flush=True)
     api = load(spec)
-    rt = EngineRuntime(api)
+    rt = EngineRuntime(api, model=release_model_design(api.info.version))
     rt.import_s = time.perf_counter() - t0        # type: ignore[attr-defined]
     if not quiet:
         print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s)",
@@ -85,21 +82,21 @@ def load_runtime(spec, *, quiet: bool = False):
     return rt
 
 
+def release_model_design(version: str):
+    """Our model of the release (``sglang-VERSION``), for the parts of an engine run that stay ours
+    (backend metadata beyond the SWA ids, the scheduler's release behaviour); None when slotscope has
+    no model of that release (the base backend specs and the mid-2026 behaviour are used then)."""
+    from simulator.designs import BUILTIN_DESIGNS
+
+    cls = BUILTIN_DESIGNS.get(f"sglang-{version}")
+    return None if cls is None else cls()
+
+
 @contextmanager
 def allocator_seam(runtime, run_kwargs: dict) -> Iterator[None]:
-    """Make ``run_simulation`` allocate through the release's allocator for the length of the block."""
-    import simulator.run as run_mod
-
-    if "allocator_factory" in inspect.signature(run_mod.run_simulation).parameters:
-        run_kwargs["allocator_factory"] = runtime.allocator_factory
-        yield
-        return
-    saved = run_mod.HybridAllocator
-    run_mod.HybridAllocator = runtime.allocator_factory
-    try:
-        yield
-    finally:
-        run_mod.HybridAllocator = saved
+    """Make ``run_simulation`` allocate through the release's allocator."""
+    run_kwargs["allocator_factory"] = runtime.allocator_factory
+    yield
 
 
 def engine_json(runtime) -> Optional[dict]:
