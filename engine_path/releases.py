@@ -56,7 +56,12 @@ class EngineInfo:
     path: str
 
     def to_json(self) -> dict:
-        return asdict(self)
+        from .patches import applied
+
+        d = asdict(self)
+        if applied():
+            d["patches"] = applied()      # --engine-patch: [{"path", "sha256", "applied_by"}]
+        return d
 
 
 def parse_spec(text: str) -> EngineSpec:
@@ -217,6 +222,9 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInf
     info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
     if spec.version is not None and info.version != spec.version:
         raise EngineError(f"asked for {spec} but imported sglang {info.version} from {info.path}")
+    from . import patches
+
+    patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
     _ACTIVE = info
     return info
 

@@ -139,13 +139,21 @@ class Provenance:
     layers: tuple[tuple[int, str], ...] = ()
     present: bool = False
     #: the real engine in the write path (run.json "engine": name, version, path); None: a model run
-    engine: Optional[dict[str, str]] = None
+    engine: Optional[dict[str, Any]] = None
     #: run.json "engine_pieces" rows: (piece, whose, by), as engine_path listed what it ran
     engine_pieces: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def engine_label(self) -> str:
-        return "" if not self.engine else f"{self.engine.get('name', '?')} {self.engine.get('version', '?')}"
+        if not self.engine:
+            return ""
+        label = f"{self.engine.get('name', '?')} {self.engine.get('version', '?')}"
+        pats = self.engine.get("patches") or ()        # --engine-patch: each file with its hash
+        if pats:
+            label += " patched with " + ", ".join(
+                f"{str(p.get('path', '?')).rsplit('/', 1)[-1]} (sha256 {str(p.get('sha256', ''))[:12]}, "
+                f"applied by {p.get('applied_by', '?')})" for p in pats)
+        return label
 
 
 @dataclass(frozen=True)
@@ -485,7 +493,11 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
     timings = d.get("timings") if isinstance(d.get("timings"), dict) else {}
     run_s = timings.get("run_s")
     engine = d.get("engine")
+    pats = engine.get("patches") if isinstance(engine, dict) else None
     engine = {k: _str(engine.get(k)) for k in ("name", "version", "path")} if isinstance(engine, dict) else None
+    if engine is not None and isinstance(pats, list):     # --engine-patch: [{"path", "sha256", "applied_by"}]
+        engine["patches"] = [{k: _str(p.get(k)) for k in ("path", "sha256", "applied_by")}
+                             for p in pats if isinstance(p, dict)]
     pieces_d = d.get("engine_pieces")
     rows = pieces_d.get("rows") if isinstance(pieces_d, dict) else None
     pieces = tuple((_str(r.get("piece")), _str(r.get("whose")), _str(r.get("by"), ""))

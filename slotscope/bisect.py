@@ -166,13 +166,19 @@ class Bisection:
         self.log = log
         self.runner = runner or _run_isolated
         self.scenario, self.scenario_hash = scenario_key(path, backends)
+        from engine_path.patches import env_paths, hashes
+
+        # --engine-patch: the patches' hashes are part of the cache key (a patched release is another engine)
+        self.patch_hashes = hashes(env_paths())
+        self.patch_key = ("" if not self.patch_hashes else
+                          "_patches-" + hashlib.sha256("\n".join(self.patch_hashes).encode()).hexdigest()[:16])
         self.code = code_fingerprint()
         self.results: dict[str, dict] = {}
 
     def cache_file(self, version: str) -> Path:
         from . import __version__
 
-        return cache_root() / "bisect" / f"sglang-{version}_{self.scenario_hash}_slotscope-{__version__}.json"
+        return cache_root() / "bisect" / f"sglang-{version}_{self.scenario_hash}{self.patch_key}_slotscope-{__version__}.json"
 
     def verdict(self, version: str) -> dict:
         if version in self.results:
@@ -191,7 +197,7 @@ class Bisection:
             from .pipeline import git_commit
 
             rec = {"release": version, "scenario": self.scenario.name, "scenario_hash": self.scenario_hash,
-                   "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),
+                   "patches": self.patch_hashes, "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),
                    "steps": res.get("steps"), "engine": res.get("engine"), "error": res.get("error"),
                    "seconds": round(time.perf_counter() - t0, 1)}
             if rec["error"] is None and not res.get("incomplete"):
@@ -291,6 +297,9 @@ def cmd_bisect(args) -> int:
     if spec.version is not None:
         raise UsageError(f"--engine {args.engine}: bisect takes the engine's name (--engine sglang) and the releases "
                          f"from --versions")
+    from .cli import use_engine_patches
+
+    use_engine_patches(args, args.engine)
     versions = resolve_versions(args.versions)
     if not versions:
         raise EngineError(f"--versions {args.versions}: no final release of sglang in that range on the registry")
@@ -327,7 +336,7 @@ def cmd_bisect(args) -> int:
 
 
 def register(sub) -> None:
-    from .cli import _backends, _positive
+    from .cli import _backends, _positive, add_engine_patch
 
     p = sub.add_parser(
         "bisect", help="the first SGLang release where a scenario's verdict changed",
@@ -349,6 +358,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
     p.add_argument("--engine", default="sglang", help="the engine (default and only one: sglang)")
+    add_engine_patch(p)
     p.add_argument("--versions", required=True, metavar="A..B | A,B,C",
                    help="releases: A..B the registry's final releases from A to B inclusive (pip index versions "
                         "sglang), or a comma list")

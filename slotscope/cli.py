@@ -99,6 +99,7 @@ def _add_run(sub) -> None:
                         "eviction rule, SWA translation, KVWriteLoc and SWAKVPool run; the scheduler, workload, "
                         "DP ranks and CUDA-only backend parts stay modelled (docs/ENGINE.md). Needs "
                         "pip install -e '.[sglang]'; runs on the CPU (default: the scenario's engine_release, if any)")
+    add_engine_patch(p)
     p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--out", default=None,
                    help="output directory (default: out/<scenario name>): an empty one, or a run directory, whose "
@@ -123,12 +124,34 @@ def _add_run(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def add_engine_patch(p) -> None:
+    p.add_argument("--engine-patch", action="append", default=[], metavar="FILE.yaml",
+                   help="apply a source patch to the engine right after its import, in SGLang's patch format "
+                        "(patches: [{target, edits: [{match, replacement|prepend|append}]}]), through the "
+                        "release's own patcher where it has one; repeatable; needs --engine "
+                        "(examples/engine-patches/, docs/ENGINE.md 'Patches')")
+
+
+def use_engine_patches(args, engine) -> list[str]:
+    """Check --engine-patch (readable, with an engine) and ask for it to be applied at the release's import."""
+    from engine_path import patches
+    from .rundir import UsageError
+
+    paths = list(getattr(args, "engine_patch", None) or [])
+    if paths and not engine:
+        raise UsageError("--engine-patch needs --engine (it patches a real SGLang release)")
+    patches.hashes(paths)
+    patches.set_env(paths)
+    return paths
+
+
 def cmd_run(args) -> int:
     from .pipeline import RunOptions, run_scenario
     from .progress import Progress
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    use_engine_patches(args, args.engine or scenario.engine_release)
     out = args.out or str(Path("out") / scenario.name)
     progress = None if args.quiet else Progress(scenario.name)
     try:
@@ -160,6 +183,8 @@ def cmd_run(args) -> int:
         if eng:
             print(f"engine: {eng['name']} {eng['version']} from {eng['path']} (which pieces ran: run.json "
                   f"engine_pieces, the report, docs/ENGINE.md)")
+        for pt in (eng or {}).get("patches", ()):
+            print(f"engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})")
         if (Path(out) / "report.html").exists():
             print(f"report: {Path(out) / 'report.html'}")
     if res.live_export_error is not None:

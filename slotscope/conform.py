@@ -174,6 +174,10 @@ def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, 
                   page_size=model["info"]["page_size"], max_steps=max_steps,
                   model_s=round(t1 - t0, 2), engine_s=round(t2 - t1, 2),
                   engine_calls=eng["info"].get("engine_calls"))
+    from engine_path.patches import env_paths, sha256_of
+
+    if env_paths():                       # --engine-patch, applied in the release's process
+        result["patches"] = [{"path": p, "sha256": sha256_of(p)} for p in env_paths()]
     return result
 
 
@@ -182,6 +186,8 @@ def _print(res: dict, out=sys.stdout) -> None:
     print(f"conform {res['path']} (page_size {res['page_size']}): model {res['design']} vs engine "
           f"sglang {e.get('version')} ({e.get('path')})"
           + (f", first {res['max_steps']} steps" if res.get("max_steps") else ""), file=out)
+    for pt in e.get("patches") or ():
+        print(f"  engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})", file=out)
     f = res["first"]
     if f is None:
         print(f"every step conforms ({res['steps_compared']} steps)", file=out)
@@ -205,6 +211,9 @@ def cmd_conform(args) -> int:
         print(f"slotscope: error: --allow {', '.join(unknown)}: not a documented difference (known: "
               f"{', '.join(sorted(KNOWN)) or 'none'}; docs/ENGINE.md, Conformance)", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from .cli import use_engine_patches
+
+    use_engine_patches(args, args.engine)
     res = run_conform(args.scenario, args.engine, page_size=args.page_size, design=args.design,
                       max_steps=args.max_steps, backends=list(args.backends) if args.backends else None)
     _print(res)
@@ -220,7 +229,7 @@ def cmd_conform(args) -> int:
 
 
 def register(sub) -> None:
-    from .cli import _backends, _positive
+    from .cli import _backends, _positive, add_engine_patch
 
     p = sub.add_parser(
         "conform", help="compare our model of an SGLang release with the release, step by step",
@@ -239,6 +248,7 @@ def register(sub) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
     p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")
+    add_engine_patch(p)
     p.add_argument("--page-size", type=_positive, metavar="N",
                    help="run at this page size (pool sizes rounded up to whole pages)")
     p.add_argument("--design", metavar="MODEL_DESIGN", help="the model design (default: sglang-VERSION)")

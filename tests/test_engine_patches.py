@@ -1,0 +1,259 @@
+"""`--engine-patch FILE.yaml`: SGLang's patch format, our patcher on a toy module, and the shipped patches
+(examples/engine-patches/) on sglang 0.5.23 through the real CLI.
+
+* the parser and our patcher (engine_path/patches.py) on a toy module written to a temporary directory: no
+  sglang needed; match + replacement / prepend / append, and each way a patch can fail (no match,
+  ambiguous match, unknown target) is an EngineError naming the target and the edit;
+* through the CLI (four 0.5.23 runs, started at once): B1 with the revert of #29460's slice gives exactly
+  0.5.14's pinned counts (length_mismatch 18 on the 7 backends that do not slice swa_loc themselves;
+  tests/test_engine_cli.py's PINNED), B1 without it is clean; the gap scenario is clean with the fix and
+  fails without it; summary.json and run.json name the patches with their sha256 and who applied them
+  (the release's patcher for the revert; ours for the fix, forced with SLOTSCOPE_ENGINE_PATCHER=slotscope).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from engine_path.errors import EngineError
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHES = ROOT / "examples" / "engine-patches"
+REVERT = PATCHES / "revert-29460-slice.yaml"
+FIX = PATCHES / "fix-gap-pad-short-swa-loc.yaml"
+ALL = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
+B1_0514 = {b: ({} if b == "trtllm_mha" else {"length_mismatch": 18}) for b in ALL}
+
+TOY = '''
+SCALE = 10
+
+
+def add(a, b):
+    total = a + b
+    return total
+
+
+class Box:
+    def __init__(self, n):
+        self.n = n
+
+    def grow(self, k):
+        self.n += k
+        self.n += k
+        return self.n
+
+    @staticmethod
+    def twice(x):
+        return 2 * x
+'''
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    import importlib
+
+    name = f"slotscope_toy_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**8}"
+    (tmp_path / f"{name}.py").write_text(TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module(name)
+    yield mod
+    sys.modules.pop(name, None)
+
+
+def _yaml(tmp_path, body: str) -> Path:
+    p = tmp_path / "p.yaml"
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def _apply(path):
+    from engine_path import patches
+
+    return patches.apply_file(path, use_engine=False)
+
+
+def test_parse_format():
+    from engine_path import patches
+
+    ps = patches.parse(textwrap.dedent("""
+        patches:
+          - target: a.b.f
+            edits:
+              - match: "x = 1"
+                replacement: "x = 2"
+              - match: "y"
+                prepend: "z = 0"
+              - match: "w"
+                append: "v = 1"
+              - match: "gone"
+    """))
+    assert [p.target for p in ps] == ["a.b.f"]
+    assert [(e.mode, e.text) for e in ps[0].edits] == [("replacement", "x = 2"), ("prepend", "z = 0"),
+                                                        ("append", "v = 1"), ("replacement", "")]
+    with pytest.raises(EngineError, match="only one of"):
+        patches.parse("patches:\n  - target: a.f\n    edits:\n      - {match: x, replacement: y, append: z}\n")
+    with pytest.raises(EngineError, match="'patches'"):
+        patches.parse("- target: a.f\n")
+    with pytest.raises(EngineError, match=r"target a\.f, edit 0: unknown keys"):
+        patches.parse("patches:\n  - target: a.f\n    edits:\n      - {match: x, replace: y}\n")
+
+
+@pytest.mark.engine
+def test_our_patcher_edits(toy, tmp_path):
+    t = toy.__name__
+    rec = _apply(_yaml(tmp_path, f"""
+        patches:
+          - target: {t}.add
+            edits:
+              - match: "total = a + b"
+                replacement: "total = (a + b) * SCALE"
+              - match: "return total"
+                prepend: "total += 1"
+          - target: {t}.Box.grow
+            edits:
+              - match: |
+                  self.n += k
+                  self.n += k
+                append: |
+                  self.n = -self.n
+          - target: {t}.Box.twice
+            edits:
+              - match: "return 2 * x"
+                replacement: "return 3 * x"
+    """))
+    assert toy.add(1, 2) == 31                     # replacement, the module's globals (SCALE), prepend
+    toy.SCALE = 100
+    assert toy.add(1, 2) == 301                    # the live module namespace, not a copy
+    assert toy.Box(1).grow(2) == -5                # a method, a two-line match, append
+    assert toy.Box.twice(2) == 6                   # a staticmethod stays one
+    assert rec["applied_by"] == "slotscope"
+    assert rec["sha256"] == hashlib.sha256(Path(rec["path"]).read_bytes()).hexdigest()
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("attr,ok_match,bad_match,why", [
+    ("add", "return total", "total = a - b", "no match"),
+    ("Box.grow", "return self.n", "self.n += k", "ambiguous match"),
+])
+def test_our_patcher_refuses(toy, tmp_path, attr, ok_match, bad_match, why):
+    target = f"{toy.__name__}.{attr}"
+    p = _yaml(tmp_path, f"""
+        patches:
+          - target: {target}
+            edits:
+              - match: "{ok_match}"
+                prepend: "pass"
+              - match: "{bad_match}"
+                replacement: "pass"
+    """)
+    owner = toy.Box if "." in attr else toy
+    before = owner.__dict__[attr.split(".")[-1]]
+    with pytest.raises(EngineError) as e:
+        _apply(p)
+    msg = str(e.value)
+    assert f"target {target}, edit 1 (match {bad_match!r})" in msg and why in msg, msg
+    assert owner.__dict__[attr.split(".")[-1]] is before          # nothing was changed
+
+
+@pytest.mark.engine
+def test_unknown_target(toy, tmp_path):
+    for target in (f"{toy.__name__}.nope", f"{toy.__name__}.Box.nope", "no_such_pkg_xyz.mod.f"):
+        with pytest.raises(EngineError, match=rf"target {target}: unknown target"):
+            _apply(_yaml(tmp_path, f"""
+                patches:
+                  - target: {target}
+                    edits:
+                      - match: "x"
+                        replacement: "y"
+            """))
+
+
+def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
+RUNS = {
+    "b1+revert": ("scenarios/b1-pcg-dp-padding.toml", [REVERT], {}),
+    "b1": ("scenarios/b1-pcg-dp-padding.toml", [], {}),
+    "gap+fix": ("scenarios/gap-swa-shorter.toml", [FIX], {"SLOTSCOPE_ENGINE_PATCHER": "slotscope"}),
+    "gap": ("scenarios/gap-swa-shorter.toml", [], {}),
+}
+
+
+@pytest.fixture(scope="module")
+def patched_runs(engine_releases, tmp_path_factory):
+    base = tmp_path_factory.mktemp("patched")
+
+    def one(key):
+        scenario, pats, env = RUNS[key]
+        out = base / key.replace("+", "_")
+        args = [scenario, "--engine", "sglang==0.5.23", "-q", "--no-report", "--trace-level", "off", "--out", str(out)]
+        for p in pats:
+            args += ["--engine-patch", str(p)]
+        proc = slotscope("run", *args, env=env)
+        return key, proc, out
+
+    with ThreadPoolExecutor(max_workers=2) as ex:
+        return {k: (p, o) for k, p, o in ex.map(one, RUNS)}
+
+
+def _findings(out: Path) -> dict:
+    s = json.loads((out / "summary.json").read_text())
+    return {b: {c: n for c, n in st["findings"].items() if n} for b, st in s["backends"].items()}
+
+
+@pytest.mark.engine
+def test_revert_reproduces_b1(patched_runs):
+    proc, out = patched_runs["b1+revert"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert _findings(out) == B1_0514
+    proc, out = patched_runs["b1"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _findings(out) == {b: {} for b in ALL}
+
+
+@pytest.mark.engine
+def test_fix_closes_gap(patched_runs):
+    proc, out = patched_runs["gap+fix"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _findings(out) == {b: {} for b in ALL}
+    proc, out = patched_runs["gap"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert any(_findings(out).values())
+
+
+@pytest.mark.engine
+def test_outputs_name_patches(patched_runs):
+    for key, by in (("b1+revert", "sglang"), ("gap+fix", "slotscope")):
+        _, out = patched_runs[key]
+        path = RUNS[key][1][0]
+        want = [{"path": str(path.resolve()), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                 "applied_by": by}]
+        assert json.loads((out / "summary.json").read_text())["engine"]["patches"] == want
+        assert want[0]["sha256"] in (out / "run.json").read_text()
+    _, out = patched_runs["b1"]
+    assert "patches" not in json.loads((out / "summary.json").read_text())["engine"]
+
+
+@pytest.mark.engine
+def test_cli_bad_patch(engine_releases, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(REVERT.read_text().replace("self.swa_loc = self.swa_loc[: self.loc.shape[0]]",
+                                              "self.swa_loc = self.swa_loc[:1]"))
+    proc = slotscope("run", "scenarios/b1-pcg-dp-padding.toml", "--engine", "sglang==0.5.23", "-q", "--no-report",
+                     "--trace-level", "off", "--out", str(tmp_path / "o"), "--engine-patch", str(bad))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert "KVWriteLoc.__post_init__, edit 0" in proc.stderr and "no match" in proc.stderr, proc.stderr
+    proc = slotscope("run", "scenarios/b1-pcg-dp-padding.toml", "-q", "--no-report", "--out", str(tmp_path / "o2"),
+                     "--engine-patch", str(REVERT))
+    assert proc.returncode == 2 and "--engine-patch needs --engine" in proc.stderr, proc.stderr
