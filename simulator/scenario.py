@@ -22,6 +22,9 @@ from .models import KV_DTYPES, PRESETS, KVGeometry, Model, format_pattern, parse
 from .padding import (default_decode_capture_sizes, default_piecewise_capture_sizes,
                       speculative_decode_capture_sizes)
 
+#: the design a scenario runs when it names none: the model of the newest release, SGLang 0.5.23
+DEFAULT_DESIGN = "sglang-0.5.23"
+
 BACKENDS: tuple[str, ...] = (
     "flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa",
 )
@@ -736,7 +739,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
         raise top.fail("seed", f"must be an integer in [0, 2^63), got {_short(top.data['seed'])}") from None
     max_steps = top.get("max_steps", int, None, minimum=1)
     engine_release = top.get("engine_release", str, None)
-    design = top.get("design", str, "sglang-post-29460")
+    design = top.get("design", str, DEFAULT_DESIGN)
     backends = top.get("backends", list, list(BACKENDS))
     for i, b in enumerate(backends):
         if b not in BACKENDS:
