@@ -294,7 +294,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(req)
-            take = min(req.prefill_len, budget)
+            take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
             prefill.append((req, take))
             budget -= take
 
@@ -552,15 +552,23 @@ class Scheduler:
         loc[:real] = full_a
         batch = ForwardBatch(step=step, mode=mode, graph=graph, out_cache_loc=loc, num_token_non_padded=real,
                              padded_len=padded, pad_value=self.pad_value, num_requests=num_requests,
-                             requests=BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__))
+                             requests=self._batch_requests(tags))
         truth = BatchTruth(
             tags=tags_a, full_slots=full_a, swa_slots=swa_a,
             freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),
             evicted_swa=_cat(self._evicted_swa),
             mapping_changed=_cat(self._mapping_changed + [full_a]),
+            content_keys=self._content_keys,
         )
         self._clear_pending()
         return batch, truth
+
+    #: the read check's content keys (None: each request's own tags); a sharing scheduler sets its own
+    _content_keys = None
+
+    def _batch_requests(self, tags: list) -> BatchRequests:
+        """The batch's requests as metadata init reads them, from its per-request tag arrays."""
+        return BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__)
 
     def _clear_pending(self) -> None:
         self._mapping_changed.clear()
