@@ -243,6 +243,52 @@ class Checker:
                                  observed, msg))
         return found, bad
 
+    def check_contents(self, step: int, backend: str, kind: str, pool: PoolWriter, slots: np.ndarray, layers,
+                       seen: set, sweep: bool = False, tags: Optional[np.ndarray] = None) -> list[Finding]:
+        """The content check (under --inject): the pool under test's rows at ``slots`` (a forward's read set,
+        or every live slot at the end-of-run sweep) against the reference, one gather over every layer of the
+        kind. A live slot whose K or V does not carry its owner's tag is a ``stale_read`` (attention would read
+        another row than the token's), one per (slot, owner), at the first differing layer; not live, reserved
+        and out-of-range entries are the read check's."""
+        rows = pool.rows(kind)
+        live = self.reference.live[kind]
+        freed = tags is not None
+        if tags is None:      # the read set / the sweep: live slots against the reference
+            slots = slots[(slots >= 0) & (slots < min(rows, live.shape[0]))]
+            slots = slots[live[slots] & ~np.isin(slots, self.reserved)]
+            tags = self.reference.expected[kind][slots]
+        else:                 # slots freed since the last step, against their last owner (``tags``)
+            keep = (tags != 0) & ~np.isin(slots, self.reserved)
+            slots, tags = slots[keep], tags[keep]
+        if slots.size == 0:
+            return []
+        st = torch.from_numpy(slots).to(pool.device)
+        diff = pool.mismatches(kind, st, torch.from_numpy(np.ascontiguousarray(tags)).to(pool.device))
+        if not bool(diff.any()):
+            return []
+        by_index = {li.index: li.layer for li in layers if li.kind == kind}
+        li, ci = (x.cpu().numpy() for x in torch.nonzero(diff, as_tuple=True))
+        out = []
+        firsts: dict[int, int] = {}
+        for l_i, c_i in zip(li.tolist(), ci.tolist()):
+            firsts[c_i] = min(firsts.get(c_i, l_i), l_i)
+        for c_i in sorted(firsts):
+            slot, l_i = int(slots[c_i]), firsts[c_i]
+            tag = int(tags[c_i])
+            if (kind, slot, tag) in seen:
+                continue
+            seen.add((kind, slot, tag))
+            ktags, vtags = pool.read_tags(kind, torch.tensor([slot], dtype=torch.int64, device=pool.device))
+            kt, vt = int(ktags[l_i, 0]), int(vtags[l_i, 0])
+            obs = kt if kt != tag else vt
+            half = "K" if kt != tag else "V"
+            layer = by_index.get(l_i, -1)
+            where = "the end-of-run sweep" if sweep else "the read set" if not freed else "a freed slot"
+            out.append(Finding(step, backend, layer, kind, "stale_read", slot, self._owner(tag), self._owner(obs),
+                               f"content check ({where}): {kind} slot {slot} layer {layer} {half} holds "
+                               f"{self._owner(obs).label}, not its owner's row"))
+        return out
+
     def emit_all(self, found: list[Finding]) -> tuple[list[Finding], dict[str, int]]:
         """Emit findings made apart from :meth:`check` (reads); counts by class."""
         findings: list[Finding] = []

@@ -49,6 +49,8 @@ class BackendStep:
     #: scheduler writes land between this forward's layers (an overlap timeline): an executor must run
     #: the layers one by one, calling ``before_layer``; a graph replay cannot interleave them
     interleaved: bool = False
+    #: --inject: a layer's store through the fault injector, ``(s, layer, wl, target, k, v) -> LayerWrite``
+    write_fault: Optional[Callable] = None
 
 
 class LayerExecutor(Protocol):
@@ -116,5 +118,6 @@ class EagerExecutor:
                 continue
             wl, target = w
             k, v = rows_for(s, layer)
-            writes.append(store_layer(s, layer, wl, target, k, v))
+            store = store_layer if s.write_fault is None else s.write_fault
+            writes.append(store(s, layer, wl, target, k, v))
         return writes

@@ -74,8 +74,6 @@ class RunResult:
     findings_truncated: bool
     crossings: int
     wall_s: float
-    #: engine.radix_cache: the cache's counters (SharingScheduler.summary); None when the cache is off
-    radix: Optional[dict] = None
 
     @property
     def total_findings(self) -> int:
@@ -122,16 +120,9 @@ class Run:
                               HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size))
         pad = run_padding(design_padding(design), alloc)
         self.pad_slots = pad.pad_slots
-        if getattr(scenario.engine, "radix_cache", False):
-            # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
-            from .sharing_run import SharingScheduler
-            self.scheduler = SharingScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                              pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                              release=release_of(design), sharing=getattr(design, "sharing", None))
-        else:
-            self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                       pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                       release=release_of(design))
+        self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
+                                   pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
+                                   release=release_of(design))
         owner_of = self.scheduler.owner_of
         self.target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved,
                                         device, pad.swa_pad)
@@ -153,6 +144,8 @@ class Run:
             self.mapping = self.mapping.to(device)
         #: engine.overlap: the timeline driver (simulator/overlap.py; it gives the run a mapping of its own)
         self.overlap = overlap_driver(self, scenario, release_of(design))
+        #: --inject: the fault injector (simulator/faults.py); None: no faults, no content check
+        self.faults = None
         self.info = RunInfo(
             scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
             seed=scenario.seed, backends=tuple(scenario.backends),
@@ -171,8 +164,7 @@ class Run:
     def result(self) -> RunResult:
         return RunResult(info=self.info, backends=self.stats, findings=self.findings, steps=self.steps,
                          findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
-                         wall_s=time.perf_counter() - self._wall0,
-                         radix=self.scheduler.summary() if hasattr(self.scheduler, "cache") else None)
+                         wall_s=time.perf_counter() - self._wall0)
 
     # ------------------------------------------------------------------ one step
 
@@ -181,13 +173,31 @@ class Run:
             return self.overlap.step(batch, truth)
         t_start = self.now()
         side = self.draft if self.draft is not None and batch.mode in DRAFT_MODES else self.target
+        if self.faults is not None:
+            # the content check's freed slots, with their last owner's tag (before the oracle forgets it)
+            self._freed = {k: (f, side.reference.expected[k][f].copy())
+                           for k, f in (("full", truth.freed_full), ("swa", truth.freed_swa))}
         self._apply_truth(side, truth)
         loc = torch.from_numpy(batch.out_cache_loc).to(self.device)
         tags = torch.from_numpy(truth.tags).to(self.device)
         rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         read_in = self._read_inputs(batch.requests) if self.read_check and batch.requests is not None else None
+        if self.faults is not None:
+            return self._faulty_step(side, batch, truth, loc, tags, rows_cache, read_in, t_start)
         for name in side.boundaries:
             self._backend_forward(side, name, batch, truth, loc, tags, rows_cache, read_in)
+        return self._record_step(batch, t_start)
+
+    def _faulty_step(self, side, batch, truth, loc, tags, rows_cache, read_in, t_start) -> StepRecord:
+        """A step under --inject: the forward seam's faults change this step's read inputs and mapping."""
+        self._fault_side = side
+        mapping = self.mapping
+        read_in, self.mapping = self.faults.begin_step(self, batch, truth, read_in)
+        try:
+            for name in side.boundaries:
+                self._backend_forward(side, name, batch, truth, loc, tags, rows_cache, read_in)
+        finally:
+            self.mapping = mapping
         return self._record_step(batch, t_start)
 
     def sync_mapping(self, full_slots: np.ndarray) -> None:
@@ -215,6 +225,13 @@ class Run:
                          read_in: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None) -> None:
         """One backend's forward: metadata init, the layers (reads checked, then writes), the checks."""
         boundary, pool = side.boundaries[name], side.pools[name]
+        if self.faults is not None:
+            self.faults.before_forward(self, batch, truth, name, pool)
+            freed = [f for kind, (slots, ftags) in getattr(self, "_freed", {}).items()
+                     for f in side.checker.check_contents(batch.step, name, kind, pool, slots, side.layers,
+                                                          self._content_seen.setdefault(name, set()), tags=ftags)]
+            if freed:
+                self._count(side, name, *side.checker.emit_all(freed))
         try:
             meta = boundary.init_metadata(batch, loc, self.mapping)
             table = None if read_in is None else boundary.read_table(meta, *read_in, self.mapping)
@@ -227,7 +244,9 @@ class Run:
         reads = None if table is None else _ReadCheck(side, name, batch, truth, table, pool)
         writes = self.executor.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags, self.obs,
                                                self.now, rows_cache, self._layer_hook(batch, name, reads),
-                                               interleaved=self.before_layer is not None))
+                                               interleaved=self.before_layer is not None,
+                                               write_fault=None if self.faults is None else
+                                               self.faults.write_hook(self, name, side.layers)))
         self.crossings += len(side.layers)
         self.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
         found, counts = side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots)
@@ -238,7 +257,37 @@ class Run:
                 more, more_counts = side.checker.emit_all(reads.found)
                 found = found + more
                 counts = {c: n + more_counts[c] for c, n in counts.items()}
+        if self.faults is not None:
+            self.faults.after_forward(self, batch, truth, name, pool)
+            found, counts = self._content_check(side, name, batch.step, pool, table, found, counts)
         self._count(side, name, found, counts)
+
+    def _content_check(self, side, name, step, pool, table, found, counts, sweep: bool = False):
+        """Under --inject: the pool under test's rows at the read set (every live slot at the final sweep)
+        against the reference, after the forward; a difference is a stale_read (checker.check_contents)."""
+        for kind in ("full", "swa"):
+            if sweep:
+                slots = np.flatnonzero(side.reference.live[kind])
+            else:
+                ids = None if table is None else table.of(kind)
+                if ids is None:
+                    continue
+                slots = np.unique(ids.indices.cpu().numpy().astype(np.int64))
+            more = side.checker.check_contents(step, name, kind, pool, slots, side.layers,
+                                               self._content_seen.setdefault(name, set()), sweep)
+            if more:
+                m, mc = side.checker.emit_all(more)
+                found = found + m
+                counts = {c: n + mc[c] for c, n in counts.items()}
+        return found, counts
+
+    def content_sweep(self) -> None:
+        """Under --inject, at the end of the run: every live slot of every pool checked once."""
+        step = self.steps[-1].step if self.steps else 0
+        for side in self.sides:
+            for name in side.boundaries:
+                self._count(side, name, *self._content_check(side, name, step, side.pools[name], None, [],
+                                                             dict.fromkeys(FINDING_CLASSES, 0), sweep=True))
 
     def _layer_hook(self, batch: ForwardBatch, name: str,
                     reads: Optional["_ReadCheck"]) -> Optional[Callable[[LayerInfo], None]]:
@@ -334,12 +383,18 @@ def run_simulation(
     executor: Optional[LayerExecutor] = None,
     make_draft_pool: Optional[DraftPoolFactory] = None,
     allocator_factory: Optional[AllocatorFactory] = None,
+    faults=None,
 ) -> RunResult:
     """Run a scenario under a design; on any exception (^C included) the partial result rides on it."""
     run = Run(scenario, design, make_pool, device=torch.device(device), observer=observer or NullObserver(),
               executor=executor or EagerExecutor(), make_draft_pool=make_draft_pool,
               info_extra=run_info_extra or {}, version=version, allocator_factory=allocator_factory)
     run.obs.on_run_start(run.info)
+    if faults is not None:
+        # --inject (simulator/faults.py): not on an overlap timeline, whose step is the driver's
+        if run.overlap is not None:
+            raise ValueError("--inject is not modelled on an overlap timeline (engine.overlap)")
+        run.faults, run._content_seen, run._fault_side = faults, {}, run.target
     try:
         source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
         for n_step, (batch, truth) in enumerate(source):
@@ -353,5 +408,8 @@ def run_simulation(
         exc.partial_result = run.result()  # type: ignore[attr-defined]
         exc.partial_at_step = len(run.steps)  # type: ignore[attr-defined]
         raise
+    if run.faults is not None:
+        run.content_sweep()
+        run.faults.detect(run.findings)
     run.obs.on_run_end()
     return run.result()

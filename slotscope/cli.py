@@ -120,6 +120,9 @@ def _add_run(sub) -> None:
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     p.add_argument("--max-steps", type=_positive, metavar="N",
                    help="stop after N forward steps (N >= 1); a run cut there is marked incomplete, never clean")
+    p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
+                   help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
+                        "faults.jsonl with what detected them; repeatable (simulator/faults.py FAULT_KINDS)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 
@@ -159,7 +162,7 @@ def cmd_run(args) -> int:
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
             otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-            max_steps=args.max_steps, progress=progress, engine=args.engine))
+            max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject)))
     except BaseException as exc:
         if progress is not None:
             progress.close()

@@ -174,6 +174,7 @@ class RunOptions:
     engine: Optional[str] = None          # "sglang" / "sglang==VERSION": the release in the write path
     quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
+    inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/faults.py)
 
 
 @dataclass
@@ -259,8 +260,6 @@ def summary_of(scenario: Scenario, design: Design, result: RunResult,
     }
     if scenario.max_steps is not None:
         out["max_steps"] = scenario.max_steps
-    if getattr(result, "radix", None) is not None:
-        out["radix"] = result.radix          # engine.radix_cache's counters (written only when it is on)
     if incomplete is not None:
         out["incomplete"] = incomplete
     return out
@@ -284,6 +283,7 @@ class _Setup:
     extra: dict[str, Any]
     opts: RunOptions
     runtime: Any = None                   # engine_path.runtime.EngineRuntime of an engine run
+    faults: Any = None                    # --inject: simulator.faults.FaultInjector
 
     @property
     def engine(self) -> Optional[dict[str, Any]]:
@@ -374,9 +374,19 @@ def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> 
 
         executor = CudaGraphExecutor()
     su.extra["cuda_graphs"] = executor is not None
+    if su.opts.inject:
+        from simulator.faults import FaultInjector, parse_inject
+
+        try:
+            kinds = parse_inject(su.opts.inject)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        su.faults = FaultInjector(kinds, su.scenario.seed)
     kwargs: dict[str, Any] = dict(device=su.device, observer=observer, progress=progress, run_info_extra=su.extra,
                                   version=__version__, max_steps=su.scenario.max_steps, executor=executor,
                                   make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
+    if su.faults is not None:
+        kwargs["faults"] = su.faults
     if su.runtime is None:
         return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
                               **kwargs)
@@ -524,6 +534,10 @@ class _RunWriter:
         trace and the report; run.json again with their timings."""
         t1 = time.perf_counter()
         summary = summary_of(self.su.scenario, self.su.design, result, incomplete, self.su.engine)
+        if self.su.faults is not None:
+            # --inject: every fault, and what detected it (simulator/faults.py)
+            summary["faults"] = self.su.faults.summary()
+            write_atomic(self.out / "faults.jsonl", self.su.faults.jsonl())
         write_json_atomic(self.out / "summary.json", summary)
         self._write_shapes()
         status = "complete" if incomplete is None else "incomplete"
