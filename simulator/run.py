@@ -74,6 +74,8 @@ class RunResult:
     findings_truncated: bool
     crossings: int
     wall_s: float
+    #: engine.radix_cache: the cache's counters (SharingScheduler.summary); None when the cache is off
+    radix: Optional[dict] = None
 
     @property
     def total_findings(self) -> int:
@@ -120,9 +122,16 @@ class Run:
                               HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size))
         pad = run_padding(design_padding(design), alloc)
         self.pad_slots = pad.pad_slots
-        self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                   pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                   release=release_of(design))
+        if getattr(scenario.engine, "radix_cache", False):
+            # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
+            from .sharing_run import SharingScheduler
+            self.scheduler = SharingScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
+                                              pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
+                                              release=release_of(design), sharing=getattr(design, "sharing", None))
+        else:
+            self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
+                                       pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
+                                       release=release_of(design))
         owner_of = self.scheduler.owner_of
         self.target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved,
                                         device, pad.swa_pad)
@@ -164,7 +173,8 @@ class Run:
     def result(self) -> RunResult:
         return RunResult(info=self.info, backends=self.stats, findings=self.findings, steps=self.steps,
                          findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
-                         wall_s=time.perf_counter() - self._wall0)
+                         wall_s=time.perf_counter() - self._wall0,
+                         radix=self.scheduler.summary() if hasattr(self.scheduler, "cache") else None)
 
     # ------------------------------------------------------------------ one step
 

@@ -260,6 +260,8 @@ def summary_of(scenario: Scenario, design: Design, result: RunResult,
     }
     if scenario.max_steps is not None:
         out["max_steps"] = scenario.max_steps
+    if getattr(result, "radix", None) is not None:
+        out["radix"] = result.radix          # engine.radix_cache's counters (written only when it is on)
     if incomplete is not None:
         out["incomplete"] = incomplete
     return out
