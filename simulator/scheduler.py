@@ -399,20 +399,7 @@ class Scheduler:
             self._write_tokens(r, d, tags, full, swa)
         yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
                                graph_kind="decode_graph")
-        # accept 1 + (leading accepted drafts) per request; the rest give their slots back
-        drafts_ok = self.rng.random((len(reqs), d - 1)) < spec.accept_rate
-        accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
-        tags, full, swa = [], [], []
-        for r, start, a in zip(reqs, starts, accepted.tolist()):
-            self._give_back(r, start + a)
-            s = r.slots
-            tags.append(np.arange(r.tag_base + start, r.tag_base + start + a, dtype=np.int64))
-            full.append(s.full[start:start + a].copy())
-            swa.append(s.swa[start:start + a].copy())
-            r.decoded += a
-        # DRAFT_EXTEND after decode: the draft's K/V of the accepted tokens, in the draft-extend graph runner
-        yield self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
-                               graph_kind="draft_extend_graph")
+        yield self._accept_round(reqs, starts)
 
     def _speculative_round_columns(self, reqs: list[Request]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """SGLang 0.5.23's chain draft: the round's window of num_draft_tokens slots per request is
@@ -437,7 +424,14 @@ class Scheduler:
         swa = [r.slots.swa[st:st + d].copy() for r, st in zip(reqs, starts)]
         yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
                                graph_kind="decode_graph")
-        drafts_ok = self.rng.random((len(reqs), d - 1)) < spec.accept_rate
+        yield self._accept_round(reqs, starts)
+
+    def _accept_round(self, reqs: list[Request], starts: list[int]) -> tuple[ForwardBatch, BatchTruth]:
+        """The end of a speculative round: each request accepts 1 + its leading accepted drafts, the rest
+        give their slots back (in one free group where the release groups frees); then DRAFT_EXTEND, the
+        draft's K/V of the accepted tokens, in the draft-extend graph runner."""
+        d = self.spec.num_draft_tokens
+        drafts_ok = self.rng.random((len(reqs), d - 1)) < self.spec.accept_rate
         accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
         tags, full, swa = [], [], []
         with self.alloc.free_group(self._grouped):
@@ -448,8 +442,8 @@ class Scheduler:
                 full.append(s.full[start:start + a].copy())
                 swa.append(s.swa[start:start + a].copy())
                 r.decoded += a
-        yield self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
-                               graph_kind="draft_extend_graph")
+        return self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
+                                graph_kind="draft_extend_graph")
 
     def _give_back(self, req: Request, length: int) -> None:
         s = req.slots
