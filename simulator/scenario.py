@@ -573,27 +573,30 @@ def _workload(t: _Table) -> WorkloadConfig:
     return cfg
 
 
+def _paired(rt: _Table, id_key: str, int_key: str, missing_int: str, missing_id: str) -> tuple:
+    """A non-empty string id and the integer (>= 1) that must come with it: both or neither."""
+    ident = rt.get(id_key, str, None)
+    if ident is not None and not ident:
+        raise rt.fail(id_key, "must not be empty")
+    value = rt.get(int_key, int, None, minimum=1)
+    if ident is not None and value is None:
+        raise rt.fail(int_key, missing_int)
+    if ident is None and value is not None:
+        raise rt.fail(int_key, missing_id)
+    return ident, value
+
+
 def _request(rt: _Table, i: int) -> RequestSpec:
     """One [[workload.request]] table (its sharing fields checked on their own)."""
     prompt_len = rt.get("prompt_len", int, minimum=1)
-    group = rt.get("prefix_group", str, None)
-    if group is not None and not group:
-        raise rt.fail("prefix_group", "must not be empty")
-    prefix_len = rt.get("prefix_len", int, None, minimum=1)
-    if group is not None and prefix_len is None:
-        raise rt.fail("prefix_len", "is required with prefix_group (the tokens shared with the group)")
-    if group is None and prefix_len is not None:
-        raise rt.fail("prefix_len", "needs prefix_group (the group whose first tokens these are)")
+    group, prefix_len = _paired(rt, "prefix_group", "prefix_len",
+                                "is required with prefix_group (the tokens shared with the group)",
+                                "needs prefix_group (the group whose first tokens these are)")
     if prefix_len is not None and prefix_len > prompt_len:
         raise rt.fail("prefix_len", f"{prefix_len} is larger than prompt_len {prompt_len}")
-    conversation = rt.get("conversation", str, None)
-    if conversation is not None and not conversation:
-        raise rt.fail("conversation", "must not be empty")
-    turn = rt.get("turn", int, None, minimum=1)
-    if conversation is not None and turn is None:
-        raise rt.fail("turn", "is required with conversation (1 for its first turn)")
-    if conversation is None and turn is not None:
-        raise rt.fail("turn", "needs conversation (the conversation this is a turn of)")
+    conversation, turn = _paired(rt, "conversation", "turn",
+                                 "is required with conversation (1 for its first turn)",
+                                 "needs conversation (the conversation this is a turn of)")
     think_time = rt.get("think_time", int, None, minimum=0)
     if think_time is not None and (turn is None or turn < 2):
         raise rt.fail("think_time", "applies to a conversation's turns after the first (turn >= 2)")
