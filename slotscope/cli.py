@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_trace_commands(sub)
     for module in ("reports.commands", "slotscope.corpus", "slotscope.minimize",
-                   "slotscope.bisect", "slotscope.conform",
+                   "slotscope.bisect", "slotscope.conform", "slotscope.fuzz", "slotscope.sweep",
                    "slotscope.scenario_cmd"):
         try:
             mod = __import__(module, fromlist=["register"])
