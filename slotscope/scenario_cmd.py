@@ -4,10 +4,13 @@ One explicit ``[[workload.request]]`` per finished request of the records (SGLan
 request traces), in arrival order: ``arrival_step`` from the arrival time at a step rate derived from the
 records (or ``--step-ms``), ``prompt_len`` / ``output_len`` from ``prompt_tokens`` / ``completion_tokens``,
 and the request's ``cached_tokens`` as a shared prefix (``prefix_group`` / ``prefix_len``: one group for
-the common cached prefix, one per ``extra_key`` where the records carry SGLang's cache namespace). Model,
-pool and engine come from ``--base SCENARIO`` or the flags, so the same traffic replays under any
-preset, pool size or design. The prefixes *share* once the scheduler uses the radix cache (issue 12);
-until then a replay allocates every request's prompt in full (docs/REPLAY.md).
+the common cached prefix, one per ``extra_key`` where the records carry SGLang's cache namespace). Requests
+of one conversation (the logged request's ``conversation_id``, ``session_id`` or ``session_params`` id)
+become its turns, in arrival order, where each prompt holds the whole previous turn. Model, pool and
+engine come from ``--base SCENARIO`` or the flags, so the same traffic replays under any preset, pool size
+or design; with any shared prefix or later turn the replay turns the radix cache on
+(``engine.radix_cache = true``; ``--no-radix-cache`` keeps the base's setting), so the prefixes share
+(docs/REPLAY.md).
 
 Exit codes: 0 written, 2 bad input (a file, a line, a flag, or no request with the numbers needed).
 """
@@ -42,7 +45,8 @@ def register(subparsers: Any) -> None:
             name, help=f"a scenario from {what}",
             description=f"A scenario from {what}: one request per finished request, in arrival order; model, "
                         "pool and engine from --base or the flags. The cached tokens become a shared prefix "
-                        "(prefix_group 'cached'); they share once the radix cache is integrated (issue 12).",
+                        "(prefix_group 'cached'), a conversation's requests its turns; either turns the radix cache "
+                        "on (engine.radix_cache = true) unless --no-radix-cache.",
             epilog="--window FROM..TO: request indices (0-based, in arrival order, TO excluded) when both are "
                    "integers below 10^9; otherwise times: Unix seconds (e.g. 1780000000.5) or ISO 8601 "
                    "(2026-05-28T20:26:40, local time unless it has an offset), TO excluded; either side may be "
@@ -69,6 +73,8 @@ def register(subparsers: Any) -> None:
                             "time between batches of a trace, or the median e2e_latency / completion_tokens)")
         s.add_argument("--limit", type=int, metavar="N", help="keep the first N requests (after --window)")
         s.add_argument("--window", metavar="FROM..TO", help="a cut of the records (see below)")
+        s.add_argument("--no-radix-cache", action="store_true",
+                       help="keep the base's engine.radix_cache (default: on when the replay shares anything)")
         s.add_argument("--skip-bad", action="store_true", help="skip malformed lines (counted) instead of failing")
         s.add_argument("--max-line-mb", type=int, default=64, metavar="MB", help="longest line read (default 64)")
         s.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
@@ -157,7 +163,7 @@ def derive_step_s(requests, batch_ts=None) -> tuple[float, str]:
 
 
 def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, description: str,
-                 window=None, limit: Optional[int] = None):
+                 window=None, limit: Optional[int] = None, radix: bool = True):
     """(Scenario, report): the usable requests, windowed, limited and fitted to the pool, as a scenario."""
     usable, lacking = [], []
     for r in requests:
@@ -184,17 +190,22 @@ def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, de
     t0 = usable_reqs[0].arrival
     specs = []
     groups: dict[str, int] = {}
+    turns = _Turns()
     for i, r in enumerate(usable_reqs):
         step = int(round((r.arrival - t0) / step_s)) if step_s > 0 else 0
+        conv, turn = turns.place(r)
         cached = min(r.cached_tokens or 0, r.prompt_tokens)
         group = None
-        if cached > 0:
+        if cached > 0 and turn <= 1:          # a later turn inherits turn 1's prefix; its history is shared
             group = CACHED_GROUP if not r.extra_key else f"{CACHED_GROUP}/{r.extra_key[:100]}"
             groups[group] = groups.get(group, 0) + 1
         specs.append(RequestSpec(arrival_step=max(0, min(step, 2**31 - 1)), prompt_len=r.prompt_tokens,
                                  output_len=r.completion_tokens, prefix_group=group,
-                                 prefix_len=cached if group else 0, uid=i))
+                                 prefix_len=cached if group else 0, conversation=conv, turn=turn, uid=i))
     data = dict(base)
+    sharing = bool(groups) or turns.later > 0
+    if sharing and radix:
+        data["engine"] = {**data.get("engine", {}), "radix_cache": True}
     data["name"] = name
     data["description"] = description
     data["workload"] = {"request": [_request_table(s) for s in specs]}
@@ -207,15 +218,46 @@ def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, de
         raise AssertionError("the replayed scenario does not read back equal")
     report = {"read": len(requests), "lacking": lacking, "oversize": oversize, "replayed": len(specs),
               "steps": specs[-1].arrival_step + 1, "groups": groups, "t0": t0,
+              "conversations": turns.conversations, "later_turns": turns.later, "restarts": turns.restarts,
+              "radix_cache": bool(sc.engine.radix_cache),
               "span_s": usable_reqs[-1].arrival - t0,
               "arrival_from": _tally(r.arrival_from for r in usable_reqs)}
     return sc, text, report
+
+
+class _Turns:
+    """Requests of one recorded conversation as its turns, in arrival order. A request whose prompt does not
+    hold the whole previous turn (prompt + output) starts the conversation anew (``ID#2``, ...): the scenario's
+    turns share every earlier position, which only such prompts do."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[str, int, int]] = {}      # recorded id -> (scenario id, turn, total length)
+        self.segments: dict[str, int] = {}
+        self.conversations = self.later = self.restarts = 0
+
+    def place(self, r) -> tuple[Optional[str], int]:
+        cid = getattr(r, "conversation", None)
+        if not cid:
+            return None, 0
+        prev = self.last.get(cid)
+        if prev is not None and r.prompt_tokens > prev[2]:
+            name, turn = prev[0], prev[1] + 1
+            self.later += 1
+        else:
+            seg = self.segments[cid] = self.segments.get(cid, 0) + 1
+            name, turn = (cid[:100] if seg == 1 else f"{cid[:100]}#{seg}"), 1
+            self.conversations += 1
+            self.restarts += prev is not None
+        self.last[cid] = (name, turn, r.prompt_tokens + r.completion_tokens)
+        return name, turn
 
 
 def _request_table(s: RequestSpec) -> dict[str, Any]:
     d: dict[str, Any] = {"arrival_step": s.arrival_step, "prompt_len": s.prompt_len, "output_len": s.output_len}
     if s.prefix_group is not None:
         d["prefix_group"], d["prefix_len"] = s.prefix_group, s.prefix_len
+    if s.conversation is not None:
+        d["conversation"], d["turn"] = s.conversation, s.turn
     return d
 
 
@@ -267,11 +309,11 @@ def cmd_from_records(args) -> int:
     name = args.name or f"replay-{Path(args.files[0]).name.split('.')[0]}"
     description = (f"Replay of {', '.join(Path(f).name for f in args.files)[:300]} ({args.source}): one request "
                    f"per finished request in arrival order, {step_s * 1e3:.3g} ms per step ({how}). Cached "
-                   f"tokens are the shared prefix group '{CACHED_GROUP}'; they share only once the radix cache "
-                   f"is integrated (issue 12): until then every prompt is allocated in full.")
+                   f"tokens are the shared prefix group '{CACHED_GROUP}', a conversation's requests its turns; "
+                   f"with either the radix cache is on (unless --no-radix-cache).")
     try:
         sc, text, rep = build_replay(requests, base, step_s=step_s, name=name, description=description,
-                                     window=window, limit=args.limit)
+                                     window=window, limit=args.limit, radix=not args.no_radix_cache)
     except ScenarioError as exc:
         raise UsageError(f"the replayed scenario is not valid: {exc}") from None
     if out is None:
@@ -304,7 +346,10 @@ def cmd_from_records(args) -> int:
         log(f"  {len(rep['oversize'])} request(s) longer than the pool ({base['pool']['full_size']} slots) left "
             f"out; --full-size {need} or more keeps them")
     groups = ", ".join(f"'{g}' x{n}" for g, n in rep["groups"].items()) or "none"
+    convs = (f"; {rep['conversations']} conversations, {rep['later_turns']} later turns"
+             + (f" ({rep['restarts']} restarted: a prompt without the whole previous turn)" if rep["restarts"] else "")
+             if rep["conversations"] else "")
     log(f"wrote {out or 'stdout'}: {rep['replayed']} requests over {rep['steps']} steps "
-        f"({rep['span_s']:.3f} s of arrivals at {step_s * 1e3:.3g} ms/step, {how}); prefix groups: {groups} "
-        f"(shared once the radix cache is integrated, issue 12)")
+        f"({rep['span_s']:.3f} s of arrivals at {step_s * 1e3:.3g} ms/step, {how}); prefix groups: {groups}{convs}; "
+        f"radix cache {'on' if rep['radix_cache'] else 'off'}")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ BASE = ROOT / "scenarios" / "smoke.toml"
 EXPECTED = {f"req-{i:04d}": v for i, v in enumerate(((40, 6, 0), (52, 4, 32), (36, 8, 32), (64, 5, 0),
                                                         (44, 3, 32), (30, 7, 0)))}
 ARRIVAL_MS = (0.0, 3.0, 4.0, 30.0, 31.0, 55.0)
+#: the replays' prefix hits: req-0004 finds the 32 cached tokens (req-0001 and req-0002 arrive together, before
+#: either is cached); with the conversation, turn 2 also finds turn 1's 45 tokens with K/V (40 + 6, less the last
+#: output token, whose K/V is never written)
+PLAIN_HITS, CONV_HITS = 32, 32 + 45
 
 
 def _numbers(reqs):
@@ -82,7 +87,9 @@ def test_from_records_writes_a_scenario_that_reads_back(tmp_path, source, name, 
     assert main(["scenario", source, str(FIX / "0.5.23" / name), "--base", str(BASE), "-o", str(out)]) == 0
     sc = load_scenario(out)
     base = load_scenario(BASE)
-    assert (sc.model, sc.pool, sc.engine, sc.design, sc.backends, sc.seed) == \
+    # cached tokens are present: the replay turns the radix cache on, everything else is the base's
+    assert not base.engine.radix_cache and sc.engine.radix_cache
+    assert (sc.model, sc.pool, replace(sc.engine, radix_cache=False), sc.design, sc.backends, sc.seed) == \
            (base.model, base.pool, base.engine, base.design, base.backends, base.seed)
     reqs = sc.workload.explicit
     assert [(r.prompt_len, r.output_len) for r in reqs] == [(p, o) for p, o, _ in EXPECTED.values()]
@@ -92,7 +99,7 @@ def test_from_records_writes_a_scenario_that_reads_back(tmp_path, source, name, 
     assert steps == sorted(steps) and steps[0] == 0 and steps[-1] > steps[1]
     assert parse_scenario(sc.to_toml(), "again") == sc
     err = capsys.readouterr().err
-    assert "issue 12" in err and "6 requests" in err
+    assert "radix cache on" in err and "6 requests" in err
 
 
 def test_flags_instead_of_a_base_and_step_ms(tmp_path):
@@ -250,6 +257,66 @@ def test_trace_bad_and_unknown_spans(tmp_path):
     et = read_engine_trace([p], skip_bad=True)
     assert et.stats.unknown == {"my_custom_stage": 1} and et.stats.bad_lines == 1
     assert len(et.requests) == 6
+
+
+# -- sharing: cached prefixes and conversations under the radix cache -----------------------------
+SMALL_BASE = ('name = "b"\nbackends = ["flashinfer"]\n[model]\npreset = "gpt-oss-20b"\nnum_layers = 2\n'
+              '[pool]\nfull_size = 1024\n[workload]\nrequests = 1\n')
+#: fixture requests given a conversation id: req-0003 holds the whole of req-0000 (40 + 6 < 64), req-0005
+#: does not hold req-0003 (30 <= 64 + 5): it starts the conversation anew
+CONVERSATION = {"req-0000": "chat-a", "req-0003": "chat-a", "req-0005": "chat-a"}
+
+
+def _with_conversations(tmp_path: Path, fmt: str) -> Path:
+    """The 0.5.23 fixture log (SGLang's own logger's lines) with conversation_id set on three requests."""
+    out = []
+    for line in (FIX / "0.5.23" / f"requests.{fmt}.log").read_text().splitlines():
+        for rid, conv in CONVERSATION.items():
+            if f'"rid": "{rid}"' in line:
+                line = line.replace('"conversation_id": null', f'"conversation_id": "{conv}"')
+            if f"rid='{rid}'" in line:
+                line = line.replace("conversation_id=None", f"conversation_id='{conv}'")
+        out.append(line)
+    p = tmp_path / f"conv.{fmt}.log"
+    p.write_text("\n".join(out) + "\n")
+    return p
+
+
+@pytest.mark.parametrize("fmt", ("json", "text"))
+def test_conversations_become_turns(tmp_path, fmt, capsys):
+    log = _with_conversations(tmp_path, fmt)
+    reqs, _ = read_request_log([log])
+    assert {r.rid: r.conversation for r in reqs if r.conversation} == CONVERSATION
+    base = tmp_path / "base.toml"
+    base.write_text(SMALL_BASE)
+    out = tmp_path / "r.toml"
+    assert main(["scenario", "from-log", str(log), "--base", str(base), "-o", str(out)]) == 0
+    sc = load_scenario(out)
+    got = [(r.prompt_len, r.conversation, r.turn, r.prefix_group, r.prefix_len) for r in sc.workload.explicit]
+    assert got == [(40, "chat-a", 1, None, 0), (52, None, 0, "cached", 32), (36, None, 0, "cached", 32),
+                   (64, "chat-a", 2, None, 0), (44, None, 0, "cached", 32), (30, "chat-a#2", 1, None, 0)]
+    assert sc.engine.radix_cache
+    err = capsys.readouterr().err
+    assert "2 conversations, 1 later turns (1 restarted" in err and "radix cache on" in err
+
+
+def test_replay_shares_cached_prefixes_and_turns(tmp_path):
+    """Cached tokens and a conversation's history are prefix hits of the radix cache in the replay's run."""
+    base = tmp_path / "base.toml"
+    base.write_text(SMALL_BASE)
+    runs = {}
+    for name, log, extra in (("plain", FIX / "0.5.23" / "requests.json.log", []),
+                             ("conv", _with_conversations(tmp_path, "json"), []),
+                             ("off", FIX / "0.5.23" / "requests.json.log", ["--no-radix-cache"])):
+        out = tmp_path / f"{name}.toml"
+        assert main(["scenario", "from-log", str(log), "--base", str(base), "-o", str(out), "-q", *extra]) == 0
+        assert main(["run", str(out), "--out", str(tmp_path / name), "--device", "cpu", "-q", "--no-report",
+                     "--trace-level", "off"]) == 0
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    assert "radix" not in runs["off"]
+    assert runs["plain"]["radix"]["hit_tokens"] == PLAIN_HITS
+    assert runs["conv"]["radix"]["hit_tokens"] == CONV_HITS
+    assert runs["conv"]["radix"]["hit_tokens"] > runs["plain"]["radix"]["hit_tokens"]
 
 
 # -- end to end -----------------------------------------------------------------------------------

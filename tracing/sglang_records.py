@@ -62,6 +62,10 @@ _META_NUM = re.compile(r"'(prompt_tokens|completion_tokens|cached_tokens|e2e_lat
 _META_ID = re.compile(r"'meta_info':\s*\{'id':\s*'([^']*)'")
 _RID = re.compile(r"\brid='([^']*)'")
 _EXTRA_KEY = re.compile(r"\bextra_key='([^']*)'")
+#: a conversation's id in a request object (GenerateReqInput, 0.5.14..0.5.23): conversation_id, session_id
+#: (0.5.23), session_params' id (a dict, or the struct's array form with the id first)
+_CONV_TEXT = (re.compile(r"\bconversation_id='([^']+)'"), re.compile(r"\bsession_id='([^']+)'"),
+              re.compile(r"\bsession_params=\{'id': '([^']+)'"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,7 @@ class EngineRequest:
     where: str                       # FILE:LINE of the record
     arrival_from: str = ""           # request_received_ts | received_event | finish_minus_e2e | root_span
     extra_key: Optional[str] = None  # SGLang's cache namespace (requests of different keys never share)
+    conversation: Optional[str] = None  # conversation_id, session_id or session_params' id of the request
 
     def lacking(self) -> list[str]:
         out = []
@@ -247,7 +252,8 @@ def _log_line(rd: _Reader, path: str, line_no: int, raw: bytes,
         mrid = _RID.search(obj_part)
         rid = mid.group(1) if mid else (mrid.group(1) if mrid else f"line{line_no}")
         ek = _EXTRA_KEY.search(obj_part)
-        return _finished(rd, path, line_no, rid, nums, prefix_ts, received, ek.group(1) if ek else None)
+        conv = next((m3.group(1) for m3 in (rx.search(obj_part) for rx in _CONV_TEXT) if m3), None)
+        return _finished(rd, path, line_no, rid, nums, prefix_ts, received, ek.group(1) if ek else None, conv)
     if text.startswith("Receive OpenAI: "):
         st.count(st.unknown, "request.received.openai")
         return None
@@ -290,11 +296,24 @@ def _json_record(rd: _Reader, path: str, line_no: int, d: dict[str, Any], prefix
     obj = d.get("obj")
     extra = obj.get("extra_key") if isinstance(obj, dict) else None
     return _finished(rd, path, line_no, rid or f"line{line_no}", nums, ts, received,
-                     extra if isinstance(extra, str) and extra else None)
+                     extra if isinstance(extra, str) and extra else None, _conversation(obj))
+
+
+def _conversation(obj: Any) -> Optional[str]:
+    """The conversation a logged request object belongs to: conversation_id, session_id or session_params' id."""
+    if not isinstance(obj, dict):
+        return None
+    sp = obj.get("session_params")
+    sp_id = sp.get("id") if isinstance(sp, dict) else (sp[0] if isinstance(sp, list) and sp else None)
+    for v in (obj.get("conversation_id"), obj.get("session_id"), sp_id):
+        if isinstance(v, str) and v:
+            return v[:200]
+    return None
 
 
 def _finished(rd: _Reader, path: str, line_no: int, rid: str, nums: dict[str, float], ts: Optional[float],
-              received: dict[str, float], extra_key: Optional[str]) -> EngineRequest:
+              received: dict[str, float], extra_key: Optional[str],
+              conversation: Optional[str] = None) -> EngineRequest:
     got = received.pop(rid, None)
     e2e = nums.get("e2e_latency")
     if "request_received_ts" in nums:
@@ -312,7 +331,7 @@ def _finished(rd: _Reader, path: str, line_no: int, rid: str, nums: dict[str, fl
         rid=rid[:200], arrival=arrival,
         prompt_tokens=_int(nums.get("prompt_tokens")), completion_tokens=_int(nums.get("completion_tokens")),
         cached_tokens=_int(cached) if cached is not None else None, e2e_latency=e2e,
-        where=f"{path}:{line_no}", arrival_from=src, extra_key=extra_key)
+        where=f"{path}:{line_no}", arrival_from=src, extra_key=extra_key, conversation=conversation)
 
 
 def _short(exc: BaseException) -> str:
