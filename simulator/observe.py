@@ -7,7 +7,8 @@ buffers there (no OpenTelemetry, no I/O, no allocation of rich objects).
 """
 from __future__ import annotations
 
-from typing import Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Sequence
 
 from .records import Finding, RunInfo, StepRecord
 
@@ -83,3 +84,33 @@ class ObserverFanout:
     def on_run_end(self) -> None:
         for o in self._observers:
             o.on_run_end()
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardView:
+    """One backend forward as an in-engine checker would see it (issue 15 point 3: SGLang's kv_canary).
+
+    ``read_in`` is what metadata init reads (``req_to_token`` rows, ``seq_lens``, ``extend_lens``; an
+    injected fault's copy under ``--inject``), None when the run does not read-check; ``mapping`` the
+    ``full_to_swa`` the backends see this step. Read-only for observers."""
+
+    step: int
+    backend: str
+    side: str                     # "target" | "draft"
+    batch: Any                    # ForwardBatch
+    truth: Any                    # BatchTruth
+    pool: Any                     # the backend's PoolWriter
+    layers: tuple
+    window: Optional[int]
+    read_in: Optional[tuple]
+    mapping: Any                  # torch int64 tensor
+
+
+class ForwardObserver(Protocol):
+    """Called around every backend forward (not in the per-layer hot path): ``before_forward`` after the
+    faults at rest were applied and before metadata init; ``after_forward`` once the layers wrote and the
+    write check ran, before the faults after the forward."""
+
+    def before_forward(self, view: ForwardView) -> None: ...
+
+    def after_forward(self, view: ForwardView) -> None: ...

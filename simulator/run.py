@@ -28,7 +28,7 @@ from .allocator import HybridAllocator, RequestSlots
 from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .designs import Design, HookFailure, design_padding
 from .execute import BackendStep, EagerExecutor, LayerExecutor
-from .observe import NullObserver, RunObserver
+from .observe import ForwardObserver, ForwardView, NullObserver, RunObserver
 from .overlap import overlap_driver
 from .padding_convention import PaddingConvention
 from .pool import PoolWriter
@@ -155,6 +155,8 @@ class Run:
         self.overlap = overlap_driver(self, scenario, release_of(design))
         #: --inject: the fault injector (simulator/faults.py); None: no faults, no content check
         self.faults = None
+        #: called around each backend forward (observe.ForwardObserver: bench/vs_kv_canary.py's canary)
+        self.forward_observer: Optional[ForwardObserver] = None
         self.info = RunInfo(
             scenario=scenario.name, scenario_path=scenario.source, scenario_hash=scenario.hash, design=design.name,
             seed=scenario.seed, backends=tuple(scenario.backends),
@@ -242,6 +244,11 @@ class Run:
                                                           self._content_seen.setdefault(name, set()), tags=ftags)]
             if freed:
                 self._count(side, name, *side.checker.emit_all(freed))
+        view = None
+        if self.forward_observer is not None:
+            view = ForwardView(batch.step, name, "draft" if side is self.draft else "target", batch, truth, pool,
+                               side.layers, boundary.window, read_in, self.mapping)
+            self.forward_observer.before_forward(view)
         try:
             meta = boundary.init_metadata(batch, loc, self.mapping)
             table = None if read_in is None else boundary.read_table(meta, *read_in, self.mapping)
@@ -260,6 +267,8 @@ class Run:
         self.crossings += len(side.layers)
         self.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
         found, counts = side.checker.check(batch.step, name, pool, truth, writes, self.pad_slots)
+        if view is not None:
+            self.forward_observer.after_forward(view)
         if reads is not None:
             reads.finish()
             if reads.found:
@@ -394,11 +403,13 @@ def run_simulation(
     make_draft_pool: Optional[DraftPoolFactory] = None,
     allocator_factory: Optional[AllocatorFactory] = None,
     faults=None,
+    forward_observer: Optional[ForwardObserver] = None,
 ) -> RunResult:
     """Run a scenario under a design; on any exception (^C included) the partial result rides on it."""
     run = Run(scenario, design, make_pool, device=torch.device(device), observer=observer or NullObserver(),
               executor=executor or EagerExecutor(), make_draft_pool=make_draft_pool,
               info_extra=run_info_extra or {}, version=version, allocator_factory=allocator_factory)
+    run.forward_observer = forward_observer
     run.obs.on_run_start(run.info)
     if faults is not None:
         # --inject (simulator/faults.py): not on an overlap timeline, whose step is the driver's

@@ -175,6 +175,7 @@ class RunOptions:
     quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
     inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/faults.py)
+    forward_observer: Any = None          # simulator.observe.ForwardObserver (bench/vs_kv_canary.py)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class RunOutput:
     timings: dict[str, float]
     incomplete: Optional[dict[str, Any]] = None       # set when the run was cut short (--max-steps)
     live_export_error: Optional[str] = None           # set when --otlp-endpoint did not take the spans
+    faults: Any = None                                # --inject: the run's FaultInjector (its Fault records)
 
     @property
     def complete(self) -> bool:
@@ -389,6 +391,8 @@ def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> 
                                   make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
     if su.faults is not None:
         kwargs["faults"] = su.faults
+    if su.opts.forward_observer is not None:
+        kwargs["forward_observer"] = su.opts.forward_observer
     if su.runtime is None:
         return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
                               **kwargs)
@@ -446,7 +450,7 @@ def _run_in_memory(su: _Setup) -> RunOutput:
     result = _simulate(su, observer, progress)
     incomplete = _cut_marker(su, result, progress)
     return RunOutput(result, summary_of(su.scenario, su.design, result, incomplete, su.engine), None,
-                     {"run_s": time.perf_counter() - t0}, incomplete=incomplete)
+                     {"run_s": time.perf_counter() - t0}, incomplete=incomplete, faults=su.faults)
 
 
 class _RunWriter:
@@ -529,7 +533,7 @@ class _RunWriter:
         incomplete = _cut_marker(su, result, progress)
         summary = self._write_outputs(result, incomplete)
         return RunOutput(result, summary, self.out, self.timings, incomplete=incomplete,
-                         live_export_error=self.live_export_error)
+                         live_export_error=self.live_export_error, faults=self.su.faults)
 
     def _write_outputs(self, result: RunResult, incomplete: Optional[dict[str, Any]]) -> dict[str, Any]:
         """summary.json, shapes.jsonl and run.json first (cheap, what every other tool reads), then the
