@@ -44,6 +44,9 @@ from .rundir import UsageError
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 MAX_LEVEL = 6
+#: the scheduler's words for a scenario whose pools can never admit a waiting request: a draw that cannot
+#: run (like one the validator refuses), not a failure of the design
+STALLED = "scheduler stalled"
 PRESET_NAMES = ("gpt-oss-20b", "gpt-oss-120b", "llama4", "mimo-v2-flash", "gemma4-31b")
 WINDOWS = (2, 4, 8, 16, 32, 64, 128)
 PAGES = (1, 1, 1, 2, 4, 16, 16, 64)
@@ -318,6 +321,10 @@ def run_one(sc: Scenario, engine: Optional[str]) -> Outcome:
         return Outcome("found", f.finding)
     except (ScenarioError, UsageError):
         return Outcome("rejected")
+    except RuntimeError as e:
+        if str(e).startswith(STALLED):     # pools too small for any request (a dummy request's page): cannot run
+            return Outcome("rejected")
+        raise
     return Outcome("clean", None, out.result.steps, out.result.radix)
 
 

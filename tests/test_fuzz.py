@@ -1,0 +1,119 @@
+"""slotscope fuzz: valid draws over the whole space, the same seed gives the same scenarios, it finds the first
+half of the corpus's buggy designs within short budgets, and a design fixed everywhere runs clean."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import pytest
+
+from simulator.scenario import parse_scenario
+from simulator.toml_write import dumps
+from slotscope.corpus import load_corpus
+from slotscope.fuzz import Fuzzer, Generator, draw_scenario, fix_up, fuzz, parse_budget
+
+from helpers import ROOT
+
+#: kvwriteloc-strict with the WAR barrier on ROCm too: the design the fuzzer must not fail (no false positives)
+FIXED = f"{ROOT / 'examples' / 'sweeps' / 'fixed_everywhere.py'}:FixedEverywhere"
+
+
+def corpus_buggy_designs() -> list[str]:
+    """The corpus's buggy designs, each once, in corpus order."""
+    return list(dict.fromkeys(c.buggy for c in load_corpus()))
+
+
+def test_budget_parsing():
+    assert parse_budget("10m") == 600.0
+    assert parse_budget("90s") == 90.0
+    assert parse_budget("1.5h") == 5400.0
+    assert parse_budget("42") == 42.0
+    for bad in ("0", "-3m", "ten", "5x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_budget(bad)
+
+
+def test_draws_are_valid_and_cover_the_space():
+    """Every accepted draw is a scenario the validator reads back equal; the draws reach every knob group."""
+    gen = Generator(7)
+    seen: dict[str, int] = {}
+    accepted = 0
+    for i in range(400):
+        level = 1 + i % 6
+        data = fix_up(gen.fresh(level, i), level)
+        sc = draw_scenario(data, "kvwriteloc-strict")
+        if sc is None:
+            continue
+        accepted += 1
+        assert parse_scenario(sc.to_toml(defaults=False), "back.toml") == sc
+        e = sc.engine
+        for key, hit in (("spec", e.speculative.enabled), ("draft_pool", e.speculative.draft_full_size is not None),
+                         ("overlap", e.overlap), ("rocm", e.platform == "rocm"), ("radix", e.radix_cache),
+                         ("retract", e.reserve == "none"), ("paged", sc.pool.page_size > 1), ("dp", e.dp_size > 1),
+                         ("mixed", e.mixed_chunk), ("pcg", e.piecewise_cuda_graph), ("noshrink", not e.piecewise_shrink),
+                         ("no_decode_graph", not e.cuda_graph), ("preset", sc.model.preset is not None),
+                         ("pattern", sc.model.preset is None), ("big_pool", sc.pool.full_size > 65535),
+                         ("explicit", bool(sc.workload.explicit)), ("turns", sc.workload.turns.dist != "fixed")):
+            seen[key] = seen.get(key, 0) + bool(hit)
+    assert accepted >= 300
+    assert all(seen[k] >= 3 for k in seen), seen
+
+
+def test_same_seed_same_scenarios():
+    a = Fuzzer(FIXED, seed=11).run(budget_s=600, max_scenarios=6)
+    b = Fuzzer(FIXED, seed=11).run(budget_s=600, max_scenarios=6)
+    c = Fuzzer(FIXED, seed=12).run(budget_s=600, max_scenarios=6)
+    assert a.status == b.status == "clean"
+    assert len(a.hashes) == 6 and a.hashes == b.hashes
+    assert a.hashes != c.hashes
+    assert a.coverage == b.coverage > 0
+
+
+def test_fixed_design_runs_clean():
+    """No false positives: the design with every fix shows no finding in a short search."""
+    res = fuzz(FIXED, seed=1, budget_s=40)
+    assert res.status == "clean", (res.finding, res.scenario and res.scenario.to_toml(defaults=False))
+    assert res.tried >= 5
+
+
+@pytest.mark.parametrize("design", corpus_buggy_designs()[: (len(corpus_buggy_designs()) + 1) // 2])
+def test_finds_the_first_half_of_the_corpus(design):
+    res = fuzz(design, seed=0, budget_s=60)
+    assert res.status == "found", f"{design}: nothing in {res.tried} scenarios"
+    assert res.finding.cls in ("length_mismatch", "clobbered", "evicted_slot", "missed", "padding_slot",
+                               "out_of_range", "stale_read", "torn_write")
+
+
+def test_cli_writes_the_minimal_scenario_its_run_and_report(tmp_path):
+    out = tmp_path / "fz"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", "sglang-pre-24743", "--seed", "1",
+                        "--budget", "60s", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 1, p.stderr[-2000:]
+    info = json.loads((out / "fuzz.json").read_text())
+    assert info["status"] == "found" and info["design"] == "sglang-pre-24743"
+    minimal = parse_scenario((out / "minimal.toml").read_text(), "minimal.toml")
+    found = parse_scenario((out / "found.toml").read_text(), "found.toml")
+    assert minimal.backends == (info["finding"]["backend"],)
+    assert len(minimal.workload.explicit) <= max(found.workload.requests, len(found.workload.explicit))
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    assert summary["findings_total"] == info["minimal_findings_total"] >= 1
+    assert (out / "run" / "report.html").stat().st_size > 1000
+    assert "scenarios in" in p.stderr or "FOUND after" in p.stderr
+    assert p.stdout == (out / "minimal.toml").read_text()
+
+
+def test_clean_budget_exits_0(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", FIXED, "--seed", "3", "--budget", "20s",
+                        "--max-scenarios", "2", "--out", str(tmp_path / "fz")], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "clean: 2 scenarios run" in p.stderr
+    assert not (tmp_path / "fz").exists()
+
+
+def test_bad_design_is_bad_input():
+    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", "no-such-design", "--budget", "5s"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 2
+    assert "no-such-design" in p.stderr
