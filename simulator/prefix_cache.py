@@ -277,7 +277,7 @@ class PrefixCache:
             return
         reps = full[::self.p]
         if self.b.resolve_swa_at_flush and self.alloc.in_free_group:
-            self._deferred.append((reps, owner, cause, True))
+            self._deferred.append((reps.copy(), owner, cause, True))     # the ids, not a view of a row
             return
         self._resolve_segment(reps, owner, cause)
 
@@ -298,7 +298,7 @@ class PrefixCache:
         if not full.size:
             return
         if self.b.resolve_swa_at_flush and self.alloc.in_free_group:
-            self._deferred.append((full, owner, cause, False))
+            self._deferred.append((full.copy(), owner, cause, False))
             return
         self._resolve_tokens(full, owner, cause)
 

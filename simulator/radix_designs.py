@@ -1,48 +1,59 @@
-"""Designs for runs with the radix cache on (``engine.radix_cache``): the post-#29460 write path with a
+"""Designs for runs with the radix cache on (``engine.radix_cache``): SGLang 0.5.23 (its write path and its
+release model: FIFO free lists, grouped frees, its eviction cadence) with a
 :class:`~simulator.prefix_cache.SharingBehaviour` as its ``sharing`` attribute, which the scheduler's
 :class:`~simulator.prefix_cache.PrefixCache` uses (docs/SHARING.md, "Bug switches").
 
-Not registered (the built-in list is the write-path designs'); use them as
-``--design simulator/radix_designs.py:RadixR8`` or pass an instance to ``run_simulation``. Each bug's
-design is the fixed one plus one switch (``with_bug``); R8's is 0.5.23's default (the unfiltered SWA free)
-plus its trigger (a leaf eviction that frees a tombstone's SWA side).
+Registered (``--design radix-r2``; the corpus rows name them): ``radix-fixed`` is 0.5.23 plus #38519's
+proposed filter (every sharing fix); each bug's design is ``radix-fixed`` plus one switch in its buggy
+position (``with_bug``). R8 needs no design of its own: it is live in the default ``sglang-0.5.23`` (whose
+``sharing`` is 0.5.23's unfiltered SWA free) once its trigger is on (``engine.cache_linker = true``,
+#38519's external linker); ``radix-r8`` is the same with the trigger built in. Loading this file by path
+(``simulator/radix_designs.py:RadixR2``) still works.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.designs import SGLangPost29460
+from simulator.designs import register
 from simulator.prefix_cache import FIXED, SGLANG_0_5_23, with_bug
+from simulator.release_designs import SGLang0523
 
 
-class RadixFixed(SGLangPost29460):
+@register
+class RadixFixed(SGLang0523):
     name = "radix-fixed"
-    description = "post-#29460 write path; the radix cache with every sharing fix"
+    description = ("SGLang 0.5.23 with the radix cache and every sharing fix, #38519's proposed filter included "
+                   "(SWA frees skip page representatives with no SWA peer): the fix of R8")
     sharing = FIXED
 
 
-class Radix0523(SGLangPost29460):
+@register
+class Radix0523(SGLang0523):
     name = "radix-0.5.23"
-    description = "post-#29460 write path; the radix cache as 0.5.23 has it (R8's unfiltered free, no trigger)"
+    description = "SGLang 0.5.23 with the radix cache as 0.5.23 has it (R8's unfiltered SWA free; no trigger)"
     sharing = SGLANG_0_5_23
 
 
-def _bug(bug: str, base=FIXED) -> type:
-    return type(f"Radix{bug}", (SGLangPost29460,), {
-        "name": f"radix-{bug.lower()}", "sharing": with_bug(bug, base),
-        "description": f"post-#29460 write path; the radix cache with {bug}'s switch in its buggy position",
-        "__module__": __name__})
+_ISSUES = {"R2": "#29352", "R3": "#27586", "R7": "#36135/#36646", "A1": "#27779", "A2": "#25805"}
+
+
+def _bug(bug: str) -> type:
+    return register(type(f"Radix{bug}", (SGLang0523,), {
+        "name": f"radix-{bug.lower()}", "sharing": with_bug(bug, FIXED),
+        "description": f"radix-fixed with {bug}'s switch in its buggy position ({_ISSUES[bug]}; docs/SHARING.md)",
+        "__module__": __name__}))
 
 
 RadixR2 = _bug("R2")
 RadixR3 = _bug("R3")
 RadixR7 = _bug("R7")
 RadixA1 = _bug("A1")
+RadixA2 = _bug("A2")
 
 
-class RadixR8(SGLangPost29460):
+@register
+class RadixR8(SGLang0523):
     name = "radix-r8"
-    description = ("post-#29460 write path; the radix cache as 0.5.23 has it plus R8's trigger (a leaf eviction "
-                   "frees a tombstone's SWA side, #38519's linker): the sink page enters the SWA free list")
+    description = ("SGLang 0.5.23 with the radix cache as 0.5.23 has it plus R8's trigger built in (a leaf "
+                   "eviction frees a tombstone's SWA side, #38519's linker): the sink page enters the SWA free list")
     sharing = replace(SGLANG_0_5_23, name="sglang-0.5.23+R8-trigger", linker_frees_tombstones=True)
-

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .designs import Design, register
+from .prefix_cache import SGLANG_0_5_23 as SHARING_0_5_23
 from .release_model import SGLANG_0_5_23
 
 
@@ -27,6 +28,8 @@ class SGLang0523(Design):
     #: 0.5.23's graph SWA buffers are int64 again (the #24743 tail zeroing stays)
     graph_swa_dtype = torch.int64
     release = SGLANG_0_5_23
+    #: the radix cache's free paths as 0.5.23 has them (engine.radix_cache): R8's unfiltered SWA free
+    sharing = SHARING_0_5_23
 
 
 # ---------------------------------------------------------------------------- the overlap scheduler's barrier

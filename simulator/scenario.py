@@ -246,6 +246,9 @@ class EngineConfig:
     #: the radix prefix cache (simulator/prefix_cache.py); SGLang's default is on, slotscope's stays off
     #: until the scheduler uses it, so existing scenarios keep their results
     radix_cache: bool = False
+    #: an external cache linker is attached to the radix cache (#38519's trigger of R8): evicting a leaf
+    #: frees its SWA side through ``free_swa_segment`` even when the leaf is a tombstone (docs/SHARING.md)
+    cache_linker: bool = False
     #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
     #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
     #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
@@ -704,6 +707,7 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
         attn_tp_size=t.get("attn_tp_size", int, d.attn_tp_size, minimum=1, maximum=1024),
         swa_eviction_interval=t.get("swa_eviction_interval", int, d.swa_eviction_interval, minimum=1),
         radix_cache=t.get("radix_cache", bool, d.radix_cache),
+        cache_linker=t.get("cache_linker", bool, d.cache_linker),
         overlap=t.get("overlap", bool, d.overlap),
         war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
         platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
@@ -910,8 +914,8 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
-    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "overlap", "war_barrier", "platform",
-                "reserve", "read_check"):
+    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "overlap", "war_barrier",
+                "platform", "reserve", "read_check"):
         _put(d, key, getattr(e, key), getattr(base, key), False)
     if e.speculative != NO_SPECULATIVE:
         d["speculative"] = _speculative_data(e.speculative, defaults)

@@ -23,11 +23,12 @@ position).
 from __future__ import annotations
 
 from collections import Counter, deque
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
-from .allocator import HybridAllocator, RequestSlots
+from .allocator import HybridAllocator, OverFree, RequestSlots
 from .batch import BatchRequests
 from .prefix_cache import FIXED, CachedRequest, PrefixCache, SharingBehaviour
 from .records import Owner
@@ -57,6 +58,9 @@ class SharingScheduler(Scheduler):
         self.total_requests = len(requests)
         self._check_fits(list(self._later.values()))
         self.sharing = sharing if sharing is not None else FIXED
+        if eng.cache_linker and not self.sharing.linker_frees_tombstones:
+            # #38519's trigger: an external cache linker frees evicted leaves' SWA side, tombstones included
+            self.sharing = replace(self.sharing, name=f"{self.sharing.name}+cache-linker", linker_frees_tombstones=True)
         self.cache = PrefixCache(allocator, self.window, self.sharing)
         self._ready: list[tuple[int, int, RequestSpec]] = []      # (step, order, spec): a turn that may arrive
         self._creq: dict[int, CachedRequest] = {}
@@ -69,6 +73,12 @@ class SharingScheduler(Scheduler):
         #: counters for the summary: prefix-hit tokens, tombstones, recoveries, tree evictions
         self.hit_tokens = 0
         self.counts: Counter = Counter()
+        #: where the run ended early: the SWA or full allocator's capacity assert (SGLang's
+        #: ``available_size() <= size``), which kills the engine; None when the run ran to its end
+        self.stopped: Optional[dict] = None
+        #: every slot event and allocation, in order: (step, kind, pool, cause, owner, slots, peers); the
+        #: ownership history of the first divergent slot is read from it (:meth:`ownership`)
+        self._log: list[tuple] = []
 
     # ------------------------------------------------------------------ tags
 
@@ -114,6 +124,8 @@ class SharingScheduler(Scheduler):
     def _collect_events(self) -> None:
         for ev in self.cache.drain_events():
             self.counts[f"{ev.kind}:{ev.pool}:{ev.cause}"] += 1
+            self._log.append((self._step, ev.kind, ev.pool, ev.cause, None if ev.owner is None else str(ev.owner),
+                              ev.slots, ev.peers))
             if ev.kind == "free":
                 if ev.pool == "full":
                     self._freed_full.append(ev.slots)
@@ -236,14 +248,47 @@ class SharingScheduler(Scheduler):
 
     # ------------------------------------------------------------------ steps
 
+    def steps(self):
+        """The plain scheduler's steps; an over-free (the allocator's capacity assert, which kills SGLang's
+        engine) ends them cleanly, recorded in :attr:`stopped` and the summary, instead of raising."""
+        try:
+            yield from super().steps()
+        except OverFree as e:
+            self._collect_events()
+            self.stopped = {"step": self._step, "class": "over_free", "assert": "available_size() <= size",
+                            "message": str(e)}
+
     def _schedule(self):
         self._arrive_turns()
-        # the previous forward ran: each chunked request's KV so far joins the tree (cache_unfinished_req)
-        for r in self.running:
-            if not r.prefill_done and r.prefilled > self._cached_len.get(r.rid, 0):
-                self.cache.cache_unfinished(self._creq[r.rid], r.slots.length)
-                self._cached_len[r.rid] = r.prefilled
+        # the previous forward's result (process_batch_result_prefill): one free group over its requests
+        # in batch order, a mixed batch's extend requests first (merge_batch): each chunked request's
+        # checkpoint (its out-of-window SWA freed, then its KV so far inserted), then the finishes
+        still = []
+        with self.alloc.free_group(self._grouped):
+            for r in self.running:
+                if not r.finished and not r.prefill_done and r.prefilled > self._cached_len.get(r.rid, 0):
+                    self._checkpoint(r)
+            for r in self.running:
+                if r.finished:
+                    self._release(r)
+                else:
+                    still.append(r)
+        self.running = still
         yield from super()._schedule()
+
+    def _checkpoint(self, r: Request) -> None:
+        """``checkpoint_into_tree`` of an unfinished request: ``free_out_of_window_slots(req, key - 1)``
+        (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, on by default), then the insert."""
+        creq, L = self._creq[r.rid], r.slots.length
+        if L > 0:
+            margin = -(-max(self.window, self.page) // self.page) * self.page     # ceil_align(max(window, page))
+            self.cache.free_out_of_window(creq, max(L - 1 - margin, 0))
+        self.cache.cache_unfinished(creq, L)
+        self._cached_len[r.rid] = r.prefilled
+
+    def _evict_extend(self, req: Request) -> None:
+        """0.5.23 frees no out-of-window SWA at extend when the cache shares prefixes (prepare_for_extend's
+        ``not supports_prefix_sharing()`` gate): the checkpoint does (:meth:`_checkpoint`)."""
 
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         end = eviction_end(prefix_len, self.window, self.page)
@@ -258,16 +303,50 @@ class SharingScheduler(Scheduler):
             self.cache.evict(full_tokens=max(0, k - self.alloc.full_free), swa_tokens=max(0, k - self.alloc.swa_free))
             self.counts["evict_calls:alloc"] += 1
         new_full = self.alloc.extend(s, n)
+        self._collect_events()          # what the tree did before this allocation comes first in the log
+        who = f"request:{req.rid}"
+        self._log.append((self._step, "alloc", "full", "alloc", who, new_full.copy(), None))
+        self._log.append((self._step, "alloc", "swa", "alloc", who, s.swa[start:start + n].copy(), None))
         tags.append(self._tag_rows[req.rid][start:start + n].copy())
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
         self._batch_rids.append(req.rid)
 
-    def summary(self) -> dict:
+    #: the most events an ownership history keeps (the first ones, and the last ones past the cap)
+    OWNERSHIP_EVENTS = 400
+
+    def ownership(self, pool: str, slot: int) -> list[list]:
+        """Every event that touched ``slot`` of ``pool`` in order, as [step, kind, cause, owner, peer]:
+        ``alloc`` (given to a request), ``adopt`` (a tree node holds it), ``free`` (given up on behalf of
+        the owner named), ``available`` (in the free list), ``lock`` / ``unlock`` (a request reads it),
+        ``map`` (a full id now maps to it, or, for a full slot, to ``peer``)."""
+        out: list[list] = []
+        for step, kind, p, cause, owner, slots, peers in self._log:
+            if kind == "map" and pool == "swa":
+                # a full id re-pointed at this slot (a mapping cleared to 0 is no news for the sink)
+                hit = np.flatnonzero(peers == slot) if peers is not None and slot != 0 else ()
+                out += [[step, "map", cause, owner, int(slots[i])] for i in hit[:1]]
+            elif p == pool and np.any(slots == slot):
+                peer = int(peers[np.flatnonzero(slots == slot)[0]]) if peers is not None else None
+                out.append([step, kind, cause, owner, peer])
+        cap = self.OWNERSHIP_EVENTS
+        return out if len(out) <= cap else out[:cap // 2] + out[-cap // 2:]
+
+    def summary(self, findings: Optional[list] = None) -> dict:
         """What the summary's ``radix`` entry holds: prefix-hit tokens, SWA tombstones made, recoveries
-        over a tombstone, tree leaves evicted, and every event count by kind:cause."""
+        over a tombstone, tree leaves evicted, every event count by kind:cause, where the run stopped
+        (``stopped``, an over-free) and, given the run's findings, the ``ownership`` history of the first
+        finding's slot (the first divergent slot): reports/ownership.py draws it."""
         c = self.counts
-        return {"hit_tokens": self.hit_tokens,
+        out = {} if self.stopped is None else {"stopped": dict(self.stopped)}
+        first = next((f for f in findings or () if f.slot >= 0 and f.kind in ("full", "swa")), None)
+        if first is not None:
+            hist = self.ownership(first.kind, first.slot)
+            out["ownership"] = {"pool": first.kind, "slot": int(first.slot), "step": int(first.step),
+                                "backend": first.backend, "class": first.cls, "message": first.message[:300],
+                                "truncated": len(hist) == self.OWNERSHIP_EVENTS and len(self._log) > 0,
+                                "events": hist}
+        return {**out, "hit_tokens": self.hit_tokens,
                 "tombstones": c["free:swa:tombstone"] + c["free:swa:tombstone@flush"],
                 "recoveries": c["adopt:swa:recover"] + c["adopt:swa:recover_locked"],
                 "evicted_leaves": c["free:full:evict_leaf"],

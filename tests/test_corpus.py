@@ -116,7 +116,7 @@ def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, caps
     head = re.split(r"\s{2,}", lines[0])
     assert head[:5] == ["bug", "issue", "design", "role", "expected"] and head[-1] == "verdict"
     assert list(BACKENDS) == head[5:-1]
-    rows = [re.split(r"\s{2,}", l) for l in lines[2:] if re.match(r"^(B\d|gap|W\d)", l)]
+    rows = [re.split(r"\s{2,}", l) for l in lines[2:] if re.match(r"^(B\d|gap|W\d|R\d|A\d|U\d|P\d)", l)]
     cases = load_corpus(CORPUS)
     assert len(rows) == 2 * len(cases)
     assert all(r[-1] == "holds" for r in rows)
@@ -126,6 +126,11 @@ def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, caps
     assert by[("B3", "buggy")][5:-1] == ["oor+1"] * 8
     assert by[("B4", "buggy")][5:-1][1].startswith("oor") and by[("B4", "buggy")][5:-1].count("clean") == 7
     assert by[("B2/dummy", "buggy")][5:-1] == ["clean"] * 8
+    # the radix cache's bugs are the allocator's and the tree's: every backend; R8 under the 0.5.23 default
+    for bug in ("R2", "R3", "R7", "R8"):
+        assert by[(bug, "buggy")][5:-1] == ["stale_rd"] * 8, bug
+    assert by[("R8", "buggy")][2] == "sglang-0.5.23"
+    assert by[("P7", "buggy")][5:-1] == ["len_mism"] * 8
     assert all(r[5:-1] == ["clean"] * 8 for (cid, role), r in by.items() if role == "fixed")
     assert f"{2 * len(cases)} of {2 * len(cases)} verdicts hold" in out
     page = report.read_text()

@@ -3,14 +3,16 @@ SharingScheduler over scenarios/sharing-system-prompt.toml, exact counts.
 
 The scenario (seed 8): 24 conversations, 55 requests in all, 2 system prompts, page size 1, a small pool.
 Scheduler-only runs (no backends) pin what the cache does; full runs (one backend, read checking on) pin
-what the oracle finds under the fixed design and under R2 / R3 / R8.
+what the oracle finds under the fixed design; each bug's shipped scenario (scenarios/r2-..., r3-..., r7-...,
+r8-...) pins what its buggy design gives and that the fix is clean. The designs are registered
+(simulator/radix_designs.py: SGLang 0.5.23 with the cache's switches).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from simulator.allocator import HybridAllocator, OverFree
+from simulator.allocator import HybridAllocator
 from simulator.designs import load_design
 from simulator.prefix_cache import FIXED, SGLANG_0_5_23, with_bug
 from simulator.release_model import release_of
@@ -21,17 +23,16 @@ from simulator.workload import make_requests
 from helpers import scenario, simulate
 
 NAME = "sharing-system-prompt"
-DESIGNS = "simulator/radix_designs.py:"
 
 
-def schedule_only(sharing=FIXED):
+def schedule_only(sharing=FIXED, name=NAME, design="radix-fixed"):
     """The scheduler and the cache alone: every step's batch and truth, no backends."""
-    sc = scenario(NAME)
+    sc = scenario(name)
     rng = np.random.default_rng(sc.seed)
     p = sc.pool
     alloc = HybridAllocator(p.full_size, p.swa_size, p.page_size)
     s = SharingScheduler(sc, alloc, make_requests(sc.workload, rng), rng,
-                         release=release_of(load_design(sc.design)), sharing=sharing)
+                         release=release_of(load_design(design)), sharing=sharing)
     pairs = list(s.steps())
     return s, pairs
 
@@ -39,22 +40,33 @@ def schedule_only(sharing=FIXED):
 def test_the_knob_is_off_by_default_and_on_in_the_sharing_scenario():
     assert not scenario("smoke").engine.radix_cache
     assert scenario(NAME).engine.radix_cache
+    assert not scenario(NAME).engine.cache_linker and scenario("r8-sink-free-list").engine.cache_linker
+
+
+def test_the_radix_designs_are_registered_on_0523():
+    from simulator.designs import BUILTIN_DESIGNS
+    from simulator.prefix_cache import bugs_of
+    for bug in ("R2", "R3", "R7", "A1", "A2"):
+        d = BUILTIN_DESIGNS[f"radix-{bug.lower()}"]()
+        assert bugs_of(d.sharing) == (bug,) and d.release.name == load_design("sglang-0.5.23").release.name
+    assert bugs_of(BUILTIN_DESIGNS["radix-fixed"]().sharing) == ()
+    assert load_design("sglang-0.5.23").sharing == SGLANG_0_5_23 and bugs_of(SGLANG_0_5_23) == ("R8",)
 
 
 def test_prefix_hits_tombstones_and_recoveries_happen():
     s, pairs = schedule_only()
-    assert len(pairs) == 454
+    assert len(pairs) == 399
     assert s.total_requests == 55 and s.finished_count == 55
     r = s.summary()
-    assert (r["hit_tokens"], r["tombstones"], r["recoveries"], r["evicted_leaves"]) == (7562, 81, 57, 92)
-    assert s.counts["adopt:swa:recover_locked"] == 9          # recoveries over a tombstone a running request locks
+    assert (r["hit_tokens"], r["tombstones"], r["recoveries"], r["evicted_leaves"]) == (7765, 50, 26, 107)
+    assert s.counts["adopt:swa:recover_locked"] == 1          # a recovery over a tombstone a running request locks
     # the cache is consistent with the allocator at the end, and nothing is locked any more
     s.cache.check_invariants([])
     assert all(n.full_lock == 0 and n.swa_lock == 0 for n in s.cache.nodes.values())
     # matched prefixes are not written again: the tokens written are the requests' lengths minus the hits
     written = sum(t.tags.size for _, t in pairs)
     assert written == sum(r.prompt_len + r.output_len for r in make_requests(
-        scenario(NAME).workload, np.random.default_rng(8))) - 7562
+        scenario(NAME).workload, np.random.default_rng(8))) - 7765
 
 
 def test_content_tags_are_shared_between_requests():
@@ -70,60 +82,78 @@ def test_content_tags_are_shared_between_requests():
 
 
 def test_the_write_and_read_paths_are_clean_under_the_fixed_design():
-    r = simulate(NAME, DESIGNS + "RadixFixed", backends=["triton"])
-    assert len(r.steps) == 454
+    r = simulate(NAME, "radix-fixed", backends=["triton"])
+    assert len(r.steps) == 399
     assert r.total_findings == 0
-    assert r.radix["hit_tokens"] == 7562 and r.radix["tombstones"] == 81 and r.radix["recoveries"] == 57
+    assert r.radix["hit_tokens"] == 7765 and r.radix["tombstones"] == 50 and r.radix["recoveries"] == 26
+    assert "stopped" not in r.radix and "ownership" not in r.radix
 
 
-def test_r8_the_sink_page_is_handed_out_and_read_then_the_capacity_assert():
-    # 0.5.23's unfiltered SWA free plus R8's trigger: evicted tombstone leaves free mapping[rep] // 1 = 0,
-    # once per token; the sink is allocated to requests, which read one another's K/V there, until an
-    # over-free trips the allocator's capacity assert
-    with pytest.raises(OverFree) as e:
-        simulate(NAME, DESIGNS + "RadixR8", backends=["triton"])
-    part = e.value.partial_result
-    assert e.value.partial_at_step == 224
-    assert {k: v for k, v in part.backends["triton"].findings.items() if v} == {"stale_read": 3577}
-    assert {f.slot for f in part.findings} == {0}
-    first = part.backends["triton"].first_finding
-    assert (first.step, first.kind) == (192, "swa")
+def _found(r):
+    return {k: v for k, v in r.backends["triton"].findings.items() if v}
 
 
-def test_r3_frees_live_slots_then_the_capacity_assert():
-    # SWA eviction leaves the tombstone's mapping stale; an unlocked recovery's free() then frees live
-    # SWA slots through it (a request's own window here), and later the over-free trips the assert
-    with pytest.raises(OverFree) as e:
-        simulate(NAME, DESIGNS + "RadixR3", backends=["triton"])
-    part = e.value.partial_result
-    assert e.value.partial_at_step == 151
-    assert {k: v for k, v in part.backends["triton"].findings.items() if v} == {"stale_read": 14321}
-    f = part.findings[0]
-    assert (f.step, f.kind, f.slot) == (61, "swa", 5) and "the slot was freed" in f.message
-
-
-def test_r2_frees_the_locked_full_that_a_matching_request_reads():
-    # a recovery over a tombstone whose Full a running request locks frees that Full: the running
-    # request, which matched it, reads freed full slots (shared ones: written by another request)
-    r = simulate(NAME, DESIGNS + "RadixR2", backends=["triton"])
-    assert len(r.steps) == 454
-    assert {k: v for k, v in r.backends["triton"].findings.items() if v} == {"stale_read": 6500}
+def test_r2_frees_the_locked_full_that_the_running_request_reads():
+    # B's finish recovers the tombstone over A's out-of-window prefix, which A (running) locks: R2 frees
+    # A's full ids as if unlocked, and A reads its prefix's full slots, freed
+    r = simulate("r2-locked-full-recovery", "radix-r2", backends=["triton"])
+    assert len(r.steps) == 55 and _found(r) == {"stale_read": 280}
     f = r.findings[0]
-    assert (f.step, f.kind, f.slot) == (43, "full", 644)
-    assert f.expected.request == 1 and f.message.startswith("req 5 pos 0 ") and "freed" in f.message
+    assert (f.step, f.kind, f.slot) == (31, "full", 70) and (f.expected.request, f.expected.position) == (0, 0)
+    assert f.message.startswith("req 1 pos 0 ") and "freed" in f.message
+    assert simulate("r2-locked-full-recovery", "radix-fixed", backends=["triton"]).total_findings == 0
 
 
-def test_0523_without_r8s_trigger_and_r7_schedule_as_the_fixed_design():
-    # R7 needs an SWA free queued in a free group and then a locked recovery re-pointing the same full
-    # ids in that group: the scheduler's tree eviction runs at admission and allocation, outside the
-    # finish group, so the switch changes nothing here (nothing is resolved at a flush)
+def test_r3_frees_live_slots_then_the_run_stops_at_the_capacity_assert():
+    # SWA eviction leaves the tombstone's mapping stale; an unlocked recovery's free() then frees live
+    # SWA slots through it; the over-free (available_size() <= size) ends the run cleanly, recorded
+    r = simulate("r3-stale-tombstone-mapping", "radix-r3", backends=["triton"])
+    assert len(r.steps) == 74 and _found(r) == {"stale_read": 18}
+    assert r.radix["stopped"] == {"step": 75, "class": "over_free", "assert": "available_size() <= size",
+                                  "message": "freeing 64 pages leaves 538 free of 512"}
+    f = r.findings[0]
+    assert (f.step, f.kind, f.slot) == (61, "swa", 106) and "the slot was freed" in f.message
+    # the ownership history: node 7's tombstone freed slot 106, requests 11 (then node 13) and 13 were
+    # given it, and node 7's recovery freed it again (the stale mapping) while request 13 held it
+    own = r.radix["ownership"]
+    assert (own["pool"], own["slot"], own["step"]) == ("swa", 106, 61)
+    key = [e[:4] for e in own["events"] if e[1] in ("alloc", "free")]
+    assert key[-6:] == [[38, "free", "tombstone", "node:7"], [38, "alloc", "alloc", "request:11"],
+                        [50, "free", "evict_leaf", "node:13"], [60, "alloc", "alloc", "request:13"],
+                        [61, "free", "recover", "node:7"], [75, "free", "tombstone", "node:7"]]
+
+
+def test_r7_the_flush_frees_the_repointed_slots():
+    # A's checkpoint queues its out-of-window SWA free; B's finish (same group) recovers the tombstone over
+    # A's full ids (locked): the flush then reads the re-pointed mapping and frees the node's new SWA slots
+    s, _ = schedule_only(with_bug("R7"), "r7-grouped-free-flush", "radix-r7")
+    assert s.counts["free:swa:out_of_window@flush"] == 3 and s.counts["adopt:swa:recover_locked"] == 1
+    r = simulate("r7-grouped-free-flush", "radix-r7", backends=["triton"])
+    assert len(r.steps) == 55 and _found(r) == {"stale_read": 30}
+    f = r.findings[0]
+    assert (f.step, f.kind, f.slot) == (40, "swa", 0) and f.message.startswith("req 2 pos 25 ")
+    assert simulate("r7-grouped-free-flush", "radix-fixed", backends=["triton"]).total_findings == 0
+    t, _ = schedule_only(FIXED, "r7-grouped-free-flush", "radix-fixed")
+    t.cache.check_invariants([])
+
+
+def test_r8_live_in_the_0523_default_the_sink_is_handed_out_then_the_capacity_assert():
+    # 0.5.23's unfiltered SWA free plus the linker (engine.cache_linker): evicted tombstone leaves free
+    # mapping[rep] // 16 = page 0; request 15 is given the sink page and reads it; the repeated frees of
+    # page 0 end in the capacity assert
+    r = simulate("r8-sink-free-list", "sglang-0.5.23", backends=["triton"])
+    assert len(r.steps) == 98 and _found(r) == {"stale_read": 1184}
+    assert {f.slot for f in r.findings if f.kind == "swa"} == set(range(16))      # the sink page, page 0
+    assert r.radix["stopped"]["step"] == 99 and r.radix["stopped"]["class"] == "over_free"
+    own = r.radix["ownership"]
+    assert [e[:4] for e in own["events"] if e[1] == "alloc"][0] == [85, "alloc", "alloc", "request:15"]
+    assert simulate("r8-sink-free-list", "radix-fixed", backends=["triton"]).total_findings == 0
+
+
+def test_0523_without_r8s_trigger_schedules_as_the_fixed_design():
     s, _ = schedule_only(SGLANG_0_5_23)
     assert s.summary() == schedule_only(FIXED)[0].summary()
     assert not any("@flush" in k for k in s.counts)
-    for bug in ("R7",):
-        t, _ = schedule_only(with_bug(bug))
-        assert t.summary() == s.summary()
-        t.cache.check_invariants([])
 
 
 def test_radix_refuses_what_it_does_not_model():
