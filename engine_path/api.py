@@ -99,6 +99,9 @@ class ReleaseAPI:
 
 
 def _import(name: str, info: EngineInfo) -> ModuleType:
+    from . import shims
+    from .releases import _stub_note
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -109,10 +112,10 @@ def _import(name: str, info: EngineInfo) -> ModuleType:
                               f"module {name} is missing (known releases: 0.5.14 .. 0.5.23)") from None
         raise EngineError(f"importing {name} from sglang {info.version} at {info.path} failed: module "
                           f"{e.name!r} is missing; install the engine's dependencies with "
-                          f"pip install -e '.[sglang]'") from None
+                          f"pip install -e '.[sglang]'{_stub_note(shims._INSTALLED)}") from None
     except Exception as e:
         raise EngineError(f"importing {name} from sglang {info.version} at {info.path} failed: "
-                          f"{type(e).__name__}: {e}") from None
+                          f"{type(e).__name__}: {e}{_stub_note(shims._INSTALLED)}") from None
 
 
 def _optional(name: str) -> Optional[ModuleType]:
@@ -179,9 +182,9 @@ def _has_cpu_paged_path(paged_mod: Optional[ModuleType]) -> bool:
     return "naive" in src
 
 
-def load(spec: EngineSpec | str | None = None) -> ReleaseAPI:
+def load(spec: EngineSpec | str | None = None, *, device: str = "cpu") -> ReleaseAPI:
     """Activate the release (fetching it if needed), import the write-path modules, probe the features."""
-    info = activate(spec if spec is not None else EngineSpec())
+    info = activate(spec if spec is not None else EngineSpec(), device=device)
     got: dict[str, Any] = {}
     modules: dict[str, ModuleType] = {}
     for mod_name, attr in REQUIRED:

@@ -206,6 +206,7 @@ def release_report(scenarios: Optional[list[str]] = None) -> dict:
            "pool": pool_roundtrip(),
            "differential": allocator_differentials(),
            "design": design_hooks(),
+           "graph_buffers": graph_buffers(),
            "second_release": second_release("0.5.15" if api.info.version != "0.5.15" else "0.5.14"),
            "scenarios": {}}
     for path in scenarios or []:
@@ -318,6 +319,36 @@ def design_hooks() -> dict:
         "found": {"allocator": alloc.found, "translator": rt.translator.found,
                   "pool": rt.pool_factory(_TwoLayerModel())(alloc.full_rows, alloc.swa_rows).found},
     }
+
+
+def graph_buffers() -> dict:
+    """EngineDesign's graph static-buffer hooks on stale buffers, per (runner, backend): the buffer's
+    head and tail after the hook, whose code refreshed it, and whether it equals the model's refresh."""
+    from types import SimpleNamespace
+
+    from simulator.designs import Design
+
+    from .runtime import EngineRuntime
+
+    rt = EngineRuntime(load())
+    design, model = rt.design, Design()
+    loc = torch.tensor([7, 9, 11], dtype=torch.int64)
+    swa = torch.tensor([3, 4, 5], dtype=torch.int64)
+    out: dict = {"describe": design.graph_code.describe()}
+    for runner, backend in (("decode", "triton"), ("decode", "flashinfer"), ("draft_decode", "triton"),
+                            ("target_verify", "trtllm_mha")):
+        ctx = SimpleNamespace(runner=runner, backend=backend, loc_pad=0, swa_pad=0)
+        row = {}
+        for what, hook, ids in (("loc", "fill_graph_loc_buffer", loc), ("swa", "fill_graph_swa_buffer", swa)):
+            before = dict(design.graph_code.calls[what])
+            bufs = [torch.full((8,), 99, dtype=torch.int64) for _ in range(2)]
+            getattr(design, hook)(bufs[0], ids, 5, ctx)
+            getattr(model, hook)(bufs[1], ids, 5, ctx)
+            whose = "engine" if design.graph_code.calls[what]["engine"] > before["engine"] else "model"
+            row[what] = {"whose": whose, "buffer": bufs[0].tolist(), "equals_model_upto_padded":
+                         bool(torch.equal(bufs[0][:5], bufs[1][:5]))}
+        out[f"{runner}/{backend}"] = row
+    return out
 
 
 class _TwoLayerModel:

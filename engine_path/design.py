@@ -8,10 +8,15 @@ hook                        what runs                                           
 ==========================  =============================================================  =========
 ``translate``               the plan's write ids (plan backends of the release) or the     engine
                             hybrid pool's ``translate_loc_from_full_to_swa``
-``fill_graph_loc_buffer``   the model's static-buffer refresh (the engine's graph runners  ours
-                            need CUDA)
-``fill_graph_swa_buffer``   the model's refresh; the tail is zeroed in every release the   ours
-                            adapter knows (#24743 landed before 0.5.14)
+``fill_graph_loc_buffer``   decode / target_verify graphs: the release's                  engine
+                            ``CudaGraphBufferRegistry.fill_from`` with its
+                            ``build_decode_registry`` ``out_cache_loc`` slot (ZERO tail);
+                            draft / draft-extend graphs (inline in the EAGLE runners):     ours
+                            the model's refresh
+``fill_graph_swa_buffer``   triton: the release's ``TritonAttnBackend.                     engine
+                            _fill_cuda_graph_swa_out_cache_loc`` on our buffer; the other
+                            backends (inline in their CUDA-graph metadata init): the       ours
+                            model's refresh (engine_path/graphbuf.py)
 ``make_write_loc``          the release's ``KVWriteLoc(loc, swa_loc)`` with its            engine
                             ``__post_init__``, handed on as the simulator's KVWriteLoc
 ``size_draft_pools``        the base design's (#17630 fixed in every known release)         ours
@@ -31,6 +36,7 @@ import torch
 from simulator.designs import Design, KVWriteLoc
 
 from .api import ReleaseAPI
+from .graphbuf import GraphBufferCode
 from .writeloc import Translator, make_write_loc
 
 
@@ -51,6 +57,8 @@ class EngineDesign(Design):
         if model is not None and getattr(model, "release", None) is not None:
             self.release = model.release
         self.name = f"sglang-{api.info.version}"
+        #: the release's graph static-buffer refresh, where it runs on a CPU (shared by every copy)
+        self.graph_code = GraphBufferCode()
         f = api.features
         self.description = (f"SGLang {api.info.version} ({api.info.path}): KVWriteLoc"
                             f"{' with' if f.has_post_init_slice else ' without'} the __post_init__ slice; SWA ids "
@@ -74,6 +82,18 @@ class EngineDesign(Design):
         real = getattr(ctx, "num_token_non_padded", None)
         return self.translator.translate(out_cache_loc, backend, full_to_swa=full_to_swa, num_token_non_padded=real)
 
+    def fill_graph_loc_buffer(self, buffer: torch.Tensor, loc: torch.Tensor, padded: int, ctx: Any) -> None:
+        if self.graph_code.fills_loc(getattr(ctx, "runner", ""), buffer):
+            self.graph_code.fill_loc(buffer, loc, padded)
+            return None
+        return (self.model or super()).fill_graph_loc_buffer(buffer, loc, padded, ctx)
+
+    def fill_graph_swa_buffer(self, buffer: torch.Tensor, swa_loc: torch.Tensor, padded: int, ctx: Any) -> None:
+        if self.graph_code.fills_swa(getattr(ctx, "backend", ""), buffer):
+            self.graph_code.fill_swa(buffer, swa_loc)
+            return None
+        return (self.model or super()).fill_graph_swa_buffer(buffer, swa_loc, padded, ctx)
+
     def make_write_loc(self, loc: torch.Tensor, swa_loc: Optional[torch.Tensor], ctx: Any = None) -> KVWriteLoc:
         wl = make_write_loc(self.api, loc, swa_loc)
         return KVWriteLoc(wl.loc, wl.swa_loc)
@@ -88,15 +108,17 @@ class EngineDesign(Design):
 
     def describe(self) -> dict:
         """Which pieces are the engine's, for run.json / the report."""
+        graph = self.graph_code.describe()
         return {
             "engine": self.api.info.to_json(),
             "features": self.api.features.to_json(),
+            "graph_buffer_refreshes": graph["calls"],
             "engine_pieces": [p for p in (
                 "SWATokenToKVPoolAllocator", "free_swa_out_of_window_slots",
                 "KVIndexTranslator.write_ids" if self.api.features.has_plan_ids else "",
                 "SWAKVPool.translate_loc_from_full_to_swa",
                 "KVWriteLoc.__post_init__" if self.api.features.has_post_init_slice else "KVWriteLoc",
-                "SWAKVPool.set_kv_buffer") if p],
-            "model_pieces": ["scheduler", "workload", "DP ranks", "graph runners (static buffers)",
-                             "backend metadata beyond the SWA ids", "per-layer narrowing"],
+                "SWAKVPool.set_kv_buffer", *graph["engine"]) if p],
+            "model_pieces": ["scheduler", "workload", "DP ranks", "graph capture sizes (bucket choice)",
+                             *graph["model"], "backend metadata beyond the SWA ids", "per-layer narrowing"],
         }

@@ -7,6 +7,14 @@ own store (on a CPU the torch fallback ``k_cache[loc] = k``), and the checker re
 from the pool's own K/V buffers. Rows are the simulator's tagged rows (simulator.kvrows), made in
 the pool's dtype so the release's store never casts or scales them.
 
+On CUDA (``--device cuda``) the sub-pools' buffers are CUDA tensors and the store is the release's
+CUDA path of ``_set_kv_buffer_impl``: its JIT ``store_cache`` kernel where the release can build it
+there (``can_use_store_cache``: tvm-ffi and nvcc), else torch's index put on the CUDA tensors.
+:func:`release_store` finds out which, and whether the store skips slot 0 (the JIT kernel's
+``reserved_skip_index``), by a probe write on a scratch pool of the release. An index out of range is
+not handed to the store there (the kernel's bound check is a device assert that ends the process):
+the layer writes nothing and the indices are counted, as the CPU's ``IndexError`` does.
+
 Differences from cuda_path's ``TaggedKVPool`` (which models the CUDA kernel's contract) are the
 engine's, and the checker sees them as they are: the CPU fallback writes slot 0 (``skip_index`` is
 None: padded rows land in the reserved slot), reads a negative index from the end, raises torch's
@@ -28,6 +36,8 @@ from .api import ReleaseAPI
 from .errors import EngineError
 
 COMPACT_WIDTH = 16
+#: (id(api), device) -> release_store's answer (one probe per release and device)
+_STORES: dict = {}
 NO_POSITION = 2**62          # as cuda_path.store: no out-of-range index seen
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -61,6 +71,66 @@ def build_swa_pool(api: ReleaseAPI, *, size: int, size_swa: int, page_size: int,
                           f"{type(e).__name__}: {e}") from None
 
 
+def release_store(api: ReleaseAPI, device: torch.device, *, dtype: torch.dtype = torch.bfloat16,
+                  head_num: int = 1, head_dim: int = COMPACT_WIDTH) -> dict:
+    """Which store the release's MHA sub-pool runs on ``device`` for these rows, and the index it skips.
+
+    ``{"store": ..., "skip_index": 0 | None, "is_cuda": bool}``; an EngineError where the release's
+    store for that device cannot run here (the reason named)."""
+    mp = api.modules.get("sglang.srt.mem_cache.memory_pool")
+    is_cuda = bool(getattr(mp, "_is_cuda", False))
+    v = api.info.version
+    if device.type == "cpu":
+        if is_cuda:
+            raise EngineError(f"sglang {v} was imported where CUDA is available (its is_cuda() is True), so its "
+                              f"KV store takes the CUDA path; CPU tensors cannot go through it: run with "
+                              f"--device cuda")
+        return {"store": "CPU fallback k_cache[loc] = k", "skip_index": None, "is_cuda": False}
+    if device.type != "cuda":
+        raise EngineError(f"--device {device.type} with --engine: the adapter knows the release's CPU and CUDA "
+                          f"stores only")
+    if not is_cuda:
+        raise EngineError(f"sglang {v}: --device cuda, but the release's is_cuda() was False at import "
+                          f"(torch.cuda.is_available() {torch.cuda.is_available()}, torch.version.cuda "
+                          f"{torch.version.cuda}): its store would be the CPU path")
+    jit, why = _jit_store(mp, head_num * head_dim * torch.empty((), dtype=dtype).element_size())
+    skip = _probe_skip(api, device, dtype, head_num, head_dim)
+    store = ("JIT store_cache kernel" if jit else f"torch index_put on CUDA (JIT store_cache unavailable: {why})")
+    return {"store": store, "skip_index": skip, "is_cuda": True}
+
+
+def _jit_store(mp, row_bytes: int) -> tuple[bool, str]:
+    """The release's own answer (``can_use_store_cache``) and, when it says no, why (its JIT build's error)."""
+    can = getattr(mp, "can_use_store_cache", None)
+    if can is None:
+        return False, "the release has no can_use_store_cache"
+    if can(row_bytes):
+        return True, ""
+    import sys as _sys
+
+    build = getattr(_sys.modules.get(getattr(can, "__module__", "") or ""), "_jit_kvcache_module", None)
+    try:
+        if build is not None:
+            build(row_bytes, row_bytes, 0)
+    except Exception as e:
+        return False, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return False, "can_use_store_cache said no"
+
+
+def _probe_skip(api: ReleaseAPI, device: torch.device, dtype: torch.dtype, head_num: int, head_dim: int):
+    """Write ones at slots 0 and 1 of a scratch pool through the release's store: 0 if slot 0 stayed zero."""
+    pool = build_swa_pool(api, size=8, size_swa=8, page_size=1, full_layers=[0], swa_layers=[], head_num=head_num,
+                          head_dim=head_dim, dtype=dtype, device=str(device))
+    rows = torch.ones((2, head_num, head_dim), dtype=dtype, device=device)
+    pool.set_kv_buffer(_layer(0), api.KVWriteLoc(torch.tensor([0, 1], dtype=torch.int64, device=device)), rows, rows)
+    k = pool.full_kv_pool.k_buffer[0].reshape(pool.full_kv_pool.k_buffer[0].shape[0], -1)
+    wrote0, wrote1 = bool((k[0] != 0).any()), bool((k[1] != 0).any())
+    if not wrote1:
+        raise EngineError(f"sglang {api.info.version}: the release's store on {device} wrote nothing in a probe "
+                          f"(slot 1 stayed zero)")
+    return None if wrote0 else 0
+
+
 def _layer(layer_id: int):
     """The part of a RadixAttention layer the pool reads: its global id."""
     return SimpleNamespace(layer_id=layer_id, is_cross_attention=False)
@@ -84,7 +154,14 @@ class EnginePool:
             raise EngineError(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
         self.api = api
         self.device = torch.device(device)
-        self.skip_index = None          # the CPU fallback absorbs padded rows in slot 0
+        #: the release's store on this device (release_store): the CPU fallback absorbs padded rows in
+        #: slot 0 (skip_index None); the JIT kernel on CUDA skips slot 0 (skip_index 0)
+        self.store_info = _STORES.get((id(api), str(self.device))) or release_store(api, self.device,
+                                                                                      dtype=_DTYPES[kv_dtype],
+                                                                                      head_num=heads,
+                                                                                      head_dim=head_dim)
+        _STORES[(id(api), str(self.device))] = self.store_info
+        self.skip_index = self.store_info["skip_index"]
         self.page_size = page_size
         self.dtype = _DTYPES[kv_dtype]
         self.heads, self.head_dim = heads, head_dim
@@ -96,7 +173,8 @@ class EnginePool:
         self.pool = build_swa_pool(api, size=full_size, size_swa=swa_size, page_size=page_size,
                                    full_layers=full_ids, swa_layers=swa_ids, head_num=heads, head_dim=head_dim,
                                    dtype=self.dtype, device=str(self.device))
-        if mapping is not None:
+        if mapping is not None and self.device.type == "cpu":
+            # the store never translates (SWA layers get swa_loc); on a GPU the host mapping is not registered
             self.pool.register_mapping(mapping)
         self._rows = {"full": full_size + page_size, "swa": swa_size + page_size}
         self._sub = {"full": self.pool.full_kv_pool, "swa": self.pool.swa_kv_pool}
@@ -137,6 +215,8 @@ class EnginePool:
         target = write_loc.swa_loc if kind == "swa" else write_loc.loc
         if target is not None:
             self._count_out_of_range(kind, index, target)
+            if self.device.type != "cpu" and self._any_out_of_range(kind, target):
+                return      # a device assert in the release's kernel would end the process: nothing written
         try:
             self.pool.set_kv_buffer(_layer(layer_id), write_loc, k, v)
         except IndexError:
@@ -204,6 +284,6 @@ class EnginePool:
     # --- what the report names -----------------------------------------------------------------
     def describe(self) -> dict:
         return {"pool": f"{type(self.pool).__module__}.{type(self.pool).__name__}", "found": self.found,
-                "store": f"{type(self.pool.full_kv_pool).__name__}.set_kv_buffer"
-                         + (" (CPU fallback k_cache[loc] = k)" if self.device.type == "cpu" else ""),
+                "store": f"{type(self.pool.full_kv_pool).__name__}.set_kv_buffer ({self.store_info['store']})",
+                "device": str(self.device), "skip_index": self.skip_index,
                 "engine": self.api.info.to_json()}

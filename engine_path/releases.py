@@ -173,8 +173,10 @@ def _same(info: EngineInfo, spec: EngineSpec) -> bool:
     return spec.version is None or spec.version == info.version
 
 
-def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInfo:
-    """Import the release ``spec`` names (fetching it first if needed) and return what was imported."""
+def activate(spec: EngineSpec | str, *, fetch_missing: bool = True, device: str = "cpu") -> EngineInfo:
+    """Import the release ``spec`` names (fetching it first if needed) and return what was imported.
+
+    ``device``: where its objects will live; "cuda" leaves Triton alone (no ``TRITON_INTERPRET``)."""
     global _ACTIVE
     if isinstance(spec, str):
         spec = parse_spec(spec)
@@ -205,7 +207,7 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInf
                           "e.g. --engine sglang==0.5.23")
     from . import shims
 
-    shims.install()
+    rep = shims.install(triton_interpret=device == "cpu")
     try:
         with warnings.catch_warnings():
             # import-time notices of a CPU-only machine ("Only CUDA ... support AWQ", "Triton is not supported")
@@ -214,10 +216,10 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInf
     except ModuleNotFoundError as e:
         _forget(spec)
         raise EngineError(f"importing {where} failed: module {e.name!r} is missing; install the engine's "
-                          f"dependencies with pip install -e '.[sglang]'") from None
+                          f"dependencies with pip install -e '.[sglang]'{_stub_note(rep)}") from None
     except Exception as e:  # an import error of any kind is the user's to see, not a traceback
         _forget(spec)
-        raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}") from None
+        raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}{_stub_note(rep)}") from None
     pkg = Path(mod.__file__).parent
     info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
     if spec.version is not None and info.version != spec.version:
@@ -227,6 +229,15 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True) -> EngineInf
     patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
     _ACTIVE = info
     return info
+
+
+def _stub_note(rep) -> str:
+    """What the import ran on, where CUDA made the release take its CUDA branches."""
+    if getattr(rep, "native_stubs", None) is None:
+        return ""
+    used = rep.stubbed
+    return (f" (CUDA is available here, so the release imported its CUDA branches; absent native packages "
+            f"stubbed by slotscope: {', '.join(used) if used else 'none asked for'})")
 
 
 def _forget(spec: EngineSpec) -> None:

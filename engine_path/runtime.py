@@ -19,7 +19,7 @@ from .allocator import EngineAllocator
 from .api import ReleaseAPI
 from .design import EngineDesign
 from .errors import EngineError
-from .pool import EnginePool
+from .pool import EnginePool, build_swa_pool
 from .writeloc import Translator
 
 
@@ -33,6 +33,8 @@ class EngineRuntime:
         self.allocator: Optional[EngineAllocator] = None
         self.translator: Optional[Translator] = None
         self.design = EngineDesign(api, model=model)
+        #: the release's store the pools run (engine_path.pool.release_store), once a pool is made
+        self.store_info: Optional[dict] = None
 
     def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
                           **_ignored) -> EngineAllocator:
@@ -41,10 +43,20 @@ class EngineRuntime:
         if swa_size is None:
             cfg = full_size
             full_size, swa_size, page_size = cfg.full_size, cfg.swa_size, cfg.page_size
-        alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort,
-                                device=self.device)
+        if self.device != "cpu" and page_size > 1:
+            raise EngineError(f"--engine with --device {self.device} runs the release's allocator on the host, and "
+                              f"at page size {page_size} its alloc_extend / alloc_decode take their Triton path "
+                              f"(GPU tensors only) where Triton is installed: use page size 1 on a GPU, or "
+                              f"--device cpu")
+        # the allocator is host bookkeeping (its int64 mapping on the CPU, as the run loop reads it)
+        alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort, device="cpu")
         self.allocator = alloc
-        self.translator = Translator(self.api, alloc.kvcache, alloc.engine, page_size, self.device)
+        pool = alloc.kvcache
+        if self.device != "cpu":
+            # a host pool of the translator's own: it registers host copies of the run's device mapping
+            pool = build_swa_pool(self.api, size=full_size, size_swa=swa_size, page_size=page_size,
+                                  full_layers=[1], swa_layers=[0], device="cpu")
+        self.translator = Translator(self.api, pool, alloc.engine, page_size, "cpu")
         self.design.bind(self.translator)
         return alloc
 
@@ -56,13 +68,20 @@ class EngineRuntime:
             if self.allocator is None:
                 raise EngineError("the engine allocator must be made before the engine pools")
             page = self.allocator.page_size
-            return EnginePool(self.api, full_size=full_rows - page, swa_size=swa_rows - page, page_size=page,
+            pool = EnginePool(self.api, full_size=full_rows - page, swa_size=swa_rows - page, page_size=page,
                               layers=layers, mapping=self.allocator.mapping, kv_dtype=dtype, device=self.device)
+            self.store_info = pool.store_info
+            return pool
 
         return make_pool
 
     def describe(self) -> dict:
         d = self.design.describe()
+        d["device"] = self.device
+        if self.store_info is not None:
+            d["store"] = self.store_info
+            d["engine_pieces"] = [f"{p} ({self.store_info['store']} on {self.device})"
+                                  if p == "SWAKVPool.set_kv_buffer" else p for p in d["engine_pieces"]]
         if self.allocator is not None:
             d["allocator"] = self.allocator.describe()["allocator"]
         return d

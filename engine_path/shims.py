@@ -13,7 +13,14 @@ run on a CPU (allocators, pools, ``KVWriteLoc``, the index translator) import th
   probe would then fail to parse the stub's version), so transformers is asked once, before the
   stub exists, whether torchvision is available, and caches the answer False.
 * Releases up to 0.5.14 allocate pages with a Triton kernel even on a CPU; ``TRITON_INTERPRET=1``
-  (set before Triton is imported) runs those kernels on CPU tensors.
+  (set before Triton is imported) runs those kernels on CPU tensors. Not for a ``--device cuda`` run
+  (``install(triton_interpret=False)``): there Triton runs on the GPU.
+* On a machine where CUDA is available the release's modules take their CUDA branches at import
+  (``_is_cuda = is_cuda()``) and import native packages there: ``sgl_kernel``, ``flashinfer`` and
+  the like, which a GPU machine without SGLang's kernels lacks. :class:`NativeStubFinder` serves a
+  stub for each of :data:`NATIVE_STUBS` that is not installed (any submodule too); calling anything of
+  a stub raises. The write path never calls them: the store is ``_set_kv_buffer_impl`` (the JIT
+  ``store_cache`` kernel or torch's index put). Which ones were stubbed is in :class:`ShimReport`.
 
 :func:`install` applies all of them and is idempotent; it must run before the first ``import sglang``.
 """
@@ -37,6 +44,11 @@ LAZY_PACKAGES = ("sglang.srt.configs",)
 STUB_MODULES = ("torchvision", "torchvision.io", "torchvision.transforms", "torchvision.transforms.functional")
 
 _STUB_MARK = "__slotscope_stub__"
+
+#: native packages a release imports in its CUDA branches; stubbed only where absent and CUDA is available
+#: (what the releases' module-level ``if _is_cuda:`` blocks import; optional packages tried in a
+#: ``try: import ... except ImportError`` are not stubbed, so the release sees them absent)
+NATIVE_STUBS = ("sgl_kernel", "flashinfer", "deep_gemm")
 
 
 def reexports(init_file: Path, package: str) -> dict[str, str]:
@@ -103,8 +115,8 @@ class LazyPackageFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _stub_module(name: str) -> types.ModuleType:
-    mod = types.ModuleType(name, "slotscope stub: the real package is not installed")
+def _stub_module(name: str, missing: str = "torchvision") -> types.ModuleType:
+    mod = types.ModuleType(name, f"slotscope stub: {missing} is not installed")
     setattr(mod, _STUB_MARK, True)
     mod.__version__ = "0.0.0+slotscope.stub"  # type: ignore[attr-defined]
     mod.__path__ = []  # type: ignore[attr-defined]  (a package, so stubbed submodules attach)
@@ -115,12 +127,56 @@ def _stub_module(name: str) -> types.ModuleType:
             raise AttributeError(attr)
 
         def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{name}.{attr} is a slotscope stub: torchvision is not installed")
+            raise RuntimeError(f"{name}.{attr} is a slotscope stub: {missing} is not installed")
 
         return unavailable
 
     mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
     return mod
+
+
+class _StubLoader(importlib.abc.Loader):
+    def __init__(self, root: str):
+        self.root = root
+
+    def create_module(self, spec):
+        return _stub_module(spec.name, self.root)
+
+    def exec_module(self, module) -> None:
+        return None
+
+
+class NativeStubFinder(importlib.abc.MetaPathFinder):
+    """Stubs for the native packages of :data:`NATIVE_STUBS` that are not installed (and their submodules)."""
+
+    def __init__(self, roots: Sequence[str] = NATIVE_STUBS):
+        self.roots = tuple(r for r in roots if importlib.machinery.PathFinder.find_spec(r) is None)
+        #: the roots a module actually asked for (what the report names)
+        self.used: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        root = fullname.partition(".")[0]
+        if root not in self.roots:
+            return None
+        self.used.add(root)
+        return importlib.machinery.ModuleSpec(fullname, _StubLoader(root), is_package=True)
+
+
+def install_native_stubs() -> Optional[NativeStubFinder]:
+    """The native-package stubs, on a machine where CUDA is available (None elsewhere: nothing to stub)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, NativeStubFinder):
+            return finder
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+    except Exception:
+        return None
+    finder = NativeStubFinder()
+    sys.meta_path.append(finder)      # after the real finders: an installed package always wins
+    return finder
 
 
 def ask_transformers_first() -> Optional[bool]:
@@ -169,6 +225,12 @@ class ShimReport:
     transformers_says_torchvision: Optional[bool]
     lazy_packages: tuple[str, ...]
     triton_interpret: bool
+    #: the finder of native-package stubs (CUDA machines only; its ``used`` names what was stubbed)
+    native_stubs: Optional[NativeStubFinder] = None
+
+    @property
+    def stubbed(self) -> list[str]:
+        return sorted(self.native_stubs.used) if self.native_stubs is not None else []
 
 
 _INSTALLED: Optional[ShimReport] = None
@@ -186,5 +248,6 @@ def install(*, triton_interpret: bool = True) -> ShimReport:
     install_lazy_packages()
     _INSTALLED = ShimReport(torchvision_stubbed=stubbed, transformers_says_torchvision=answer,
                             lazy_packages=LAZY_PACKAGES,
-                            triton_interpret=os.environ.get("TRITON_INTERPRET") == "1")
+                            triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
+                            native_stubs=install_native_stubs())
     return _INSTALLED

@@ -33,6 +33,7 @@ class Translator:
         self.page_size = page_size
         self.device = device
         self._plan = None
+        self._host_map: Optional[torch.Tensor] = None     # GPU runs: the host copy of the run's mapping
         if api.features.has_plan_ids and api.KVIndexTranslator is not None:
             self._plan = api.KVIndexTranslator(
                 req_to_token=torch.zeros((1, 1), dtype=torch.int32, device=device),
@@ -57,7 +58,25 @@ class Translator:
 
     def translate(self, out_cache_loc: torch.Tensor, backend: str, *, full_to_swa: Optional[torch.Tensor] = None,
                   num_token_non_padded: Optional[int] = None) -> torch.Tensor:
-        """``swa_out_cache_loc`` of one forward for ``backend`` (length of ``out_cache_loc``)."""
+        """``swa_out_cache_loc`` of one forward for ``backend`` (length of ``out_cache_loc``).
+
+        On a GPU run (``out_cache_loc`` on CUDA) the release's translation runs on host copies of the
+        batch's ids and of the run's mapping (the same torch ops; this translator's pool is a host pool
+        of its own, so the allocator's registered mapping is never replaced by a copy); the ids go back
+        to the device."""
+        dev = out_cache_loc.device
+        if dev.type == "cpu":
+            return self._translate(out_cache_loc, backend, full_to_swa, num_token_non_padded)
+        host_map = None
+        if full_to_swa is not None:
+            if self._host_map is None or self._host_map.shape != full_to_swa.shape:
+                self._host_map = torch.empty(full_to_swa.shape, dtype=full_to_swa.dtype)
+            host_map = self._host_map
+            host_map.copy_(full_to_swa)
+        return self._translate(out_cache_loc.cpu(), backend, host_map, num_token_non_padded).to(dev)
+
+    def _translate(self, out_cache_loc: torch.Tensor, backend: str, full_to_swa: Optional[torch.Tensor],
+                   num_token_non_padded: Optional[int]) -> torch.Tensor:
         self._register(full_to_swa)
         if self.source(backend) == "translate":
             return self.pool.translate_loc_from_full_to_swa(out_cache_loc)

@@ -7,8 +7,9 @@ What this module adds to engine_path (which owns every ``import sglang``):
   slotscope's cache when missing) and builds its ``EngineRuntime``: the design, allocator factory
   and pool factory of docs/ENGINE.md's "Integration plan".
 * :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
-  engine_path drives the release on the CPU only (its allocator's mapping and the pool's CPU
-  fallback store), with the compact K/V geometry and the release's own store.
+  the compact K/V geometry and the release's own store (on the CPU its fallback ``k_cache[loc] = k``;
+  with ``--device cuda`` its CUDA store, engine_path.pool.release_store); :func:`engine_layout` is
+  the geometry and draft-pool store an engine run takes on either device.
 * :func:`allocator_seam` hands the engine's allocator to ``run_simulation`` (its
   ``allocator_factory`` argument).
 * :func:`verdict` is one release's verdict on one scenario, run in a subprocess of its own by
@@ -25,10 +26,6 @@ from typing import Any, Iterator, Optional
 
 from engine_path.errors import EngineError
 
-#: what ``run`` needs of an engine run, and why (UsageError text)
-CPU_ONLY = ("--engine runs the release on the CPU only: engine_path builds its allocator mapping and its "
-            "SWAKVPool with device='cpu' (the release's CPU fallback store, k_cache[loc] = k); the release's "
-            "CUDA store kernel is not wired yet (docs/ENGINE.md). Use --device cpu (or auto)")
 
 
 def engine_spec(text: str, where: str = "--engine"):
@@ -48,21 +45,30 @@ def check_options(device: str, geometry: Optional[str], store: Optional[str], de
     """The run options an engine run cannot honour (UsageError, exit 2)."""
     from .rundir import UsageError
 
-    if device == "cuda":
-        raise UsageError(CPU_ONLY.replace("--engine runs", "--device cuda with --engine: engine_path runs"))
+    if device not in ("cpu", "cuda", "auto"):
+        raise UsageError(f"--device {device} with --engine: the adapter drives the release's CPU and CUDA "
+                         f"stores only (--device cpu | cuda | auto)")
     if geometry not in (None, "compact"):
         raise UsageError(f"--geometry {geometry} with --engine: the engine's pool is built with the compact "
                          f"geometry (1 head of 16 lanes per row); leave --geometry out")
     if store not in (None, "torch"):
         raise UsageError(f"--store {store} with --engine: the store is the release's own "
-                         f"(SWAKVPool.set_kv_buffer, its CPU fallback); leave --store out")
+                         f"(SWAKVPool.set_kv_buffer: its CPU fallback, or its CUDA store with --device cuda); "
+                         f"leave --store out")
     if design is not None:
         raise UsageError(f"--design {design} with --engine: the engine's design is the release's own code "
                          f"(translation and KVWriteLoc); run the model design without --engine")
 
 
-def load_runtime(spec, *, quiet: bool = False):
-    """Import the release (fetching it first if needed) and build its runtime; EngineError on failure."""
+def engine_layout(opts_geometry: Optional[str], opts_store: Optional[str]) -> tuple[str, str]:
+    """(geometry, store) of an engine run on any device: the release's pool is built with the compact
+    geometry, and "torch" is the store of the pools that stay ours (draft pools); no CUDA-graph executor."""
+    return opts_geometry or "compact", opts_store or "torch"
+
+
+def load_runtime(spec, *, quiet: bool = False, device: str = "cpu"):
+    """Import the release (fetching it first if needed) and build its runtime on ``device`` ("cpu" or
+    "cuda"); EngineError on failure."""
     from engine_path.api import load
     from engine_path.releases import active, is_cached
     from engine_path.runtime import EngineRuntime
@@ -73,12 +79,12 @@ def load_runtime(spec, *, quiet: bool = False):
         if spec.version is not None and not is_cached(spec.version):
             what += " (fetching it into slotscope's cache first)"
         print(f"slotscope: importing {what} ...", file=sys.stderr, flush=True)
-    api = load(spec)
-    rt = EngineRuntime(api, model=release_model_design(api.info.version))
+    api = load(spec, device=device)
+    rt = EngineRuntime(api, device=device, model=release_model_design(api.info.version))
     rt.import_s = time.perf_counter() - t0        # type: ignore[attr-defined]
     if not quiet:
-        print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s"
+              f"{', device ' + device if device != 'cpu' else ''})", file=sys.stderr, flush=True)
     return rt
 
 
@@ -109,7 +115,10 @@ def pieces_table(runtime) -> dict[str, Any]:
     info = d.get("engine") or runtime.api.info.to_json()
     rows = [{"piece": p, "whose": "engine", "by": f"{info['name']} {info['version']}"} for p in d.get("engine_pieces", ())]
     rows += [{"piece": p, "whose": "slotscope", "by": "modelled"} for p in d.get("model_pieces", ())]
-    out = {"rows": rows, "features": d.get("features", {})}
+    out = {"rows": rows, "features": d.get("features", {}), "device": d.get("device", "cpu")}
+    for key in ("store", "graph_buffer_refreshes"):      # which store ran; whose code refreshed graph buffers
+        if key in d:
+            out[key] = d[key]
     if "allocator" in d:
         out["allocator"] = d["allocator"]
     return out

@@ -340,8 +340,8 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
         spec = engine_spec(scenario.engine_release,
                            "--engine" if opts.engine is not None else f"{scenario.source}: engine_release")
         check_options(opts.device, opts.geometry, opts.store, opts.design)
-        device = resolve_device("cpu")
-        runtime = load_runtime(spec, quiet=opts.quiet_engine)
+        device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
+        runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
         design = runtime.design
     else:
         design = load_design(scenario.design)
@@ -353,6 +353,10 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
         torch.set_num_threads(1)
     geometry = opts.geometry or ("real" if device.type == "cuda" else "compact")
     store = opts.store or ("triton" if device.type == "cuda" else "torch")
+    if runtime is not None:
+        from .engine_run import engine_layout
+
+        geometry, store = engine_layout(opts.geometry, opts.store)
     if store == "triton" and device.type == "cpu":
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("--store triton on cpu needs TRITON_INTERPRET=1 before triton is imported")

@@ -142,9 +142,15 @@ def test_bad_engine_spec(tmp_path, spec, needle):
     _one_line_error(slotscope("run", B1, "--engine", spec, "--out", str(tmp_path / "o")), needle, repr(spec))
 
 
-def test_engine_with_cuda_or_design_is_refused(tmp_path):
-    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--device", "cuda", "--out", str(tmp_path)),
-                    "--device cuda with --engine", "CPU")
+def test_engine_with_cuda_here_or_design_is_refused(tmp_path):
+    """--device cuda composes with --engine (tests/test_gpu.py runs it on a GPU); here there is no CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--device", "cuda", "--out", str(tmp_path)),
+                        "--device cuda: no CUDA device is available here")
+    _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--geometry", "real", "--out", str(tmp_path)),
+                    "--geometry real with --engine")
     _one_line_error(slotscope("run", B1, "--engine", "sglang==0.5.14", "--design", "sglang-post-29460",
                               "--out", str(tmp_path)), "--design sglang-post-29460 with --engine")
 

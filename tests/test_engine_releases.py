@@ -205,3 +205,22 @@ def test_paged_scenario_runs_on_the_releases_allocator_and_eviction_rule(reports
         assert others == 0, (backend, st)
         if version == "0.5.23" or backend == "trtllm_mha":
             assert st["findings"]["length_mismatch"] == 0, (backend, st)
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_graph_static_buffers_are_refreshed_by_the_releases_code(reports, version):
+    """fill_graph_loc_buffer / fill_graph_swa_buffer: the release's registry slot and triton's refresh
+    where the release has them (decode / verify loc buffers, triton's SWA buffer), the model's refresh
+    elsewhere, and the same buffer up to the padded length either way. Stale 99s show whose code ran:
+    triton's method zeroes the whole tail, the registry slot and the model only [n:padded]."""
+    g = reports[version]["graph_buffers"]
+    assert len(g["describe"]["engine"]) == 2 and len(g["describe"]["model"]) == 2
+    head = [7, 9, 11, 0, 0]
+    for key, loc_whose, swa_whose in (("decode/triton", "engine", "engine"), ("decode/flashinfer", "engine", "model"),
+                                      ("draft_decode/triton", "model", "engine"),
+                                      ("target_verify/trtllm_mha", "engine", "model")):
+        row = g[key]
+        assert (row["loc"]["whose"], row["swa"]["whose"]) == (loc_whose, swa_whose), key
+        assert row["loc"]["buffer"] == head + [99, 99, 99], key
+        assert row["swa"]["buffer"] == [3, 4, 5, 0, 0] + ([0, 0, 0] if swa_whose == "engine" else [99, 99, 99]), key
+        assert row["loc"]["equals_model_upto_padded"] and row["swa"]["equals_model_upto_padded"], key

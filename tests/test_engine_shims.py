@@ -205,3 +205,29 @@ def test_the_stub_before_transformers_is_what_fails():
         print("AVAILABLE", iu.is_torchvision_available())
     """)
     assert "AVAILABLE True" in r.stdout, r.stdout + r.stderr     # fooled: the stub looks installed
+
+
+def test_native_stubs_serve_only_absent_packages_and_raise_when_called():
+    """On a CUDA machine the release's CUDA branches import sgl_kernel / flashinfer: absent ones are stubbed
+    (submodules too), an installed package is never shadowed, and calling a stub raises naming it."""
+    import importlib
+    import sys
+
+    from engine_path.shims import NativeStubFinder
+
+    finder = NativeStubFinder(("slotscope_absent_native", "json"))
+    assert finder.roots == ("slotscope_absent_native",)          # json is installed: left to the real finder
+    sys.meta_path.append(finder)
+    try:
+        mod = importlib.import_module("slotscope_absent_native.quantization")
+        from slotscope_absent_native import gelu_and_mul          # what `if _is_cuda:` blocks do
+        with pytest.raises(RuntimeError, match="slotscope_absent_native.gelu_and_mul is a slotscope stub: "
+                                               "slotscope_absent_native is not installed"):
+            gelu_and_mul(1)
+        assert mod.__name__ == "slotscope_absent_native.quantization"
+        assert finder.used == {"slotscope_absent_native"}
+        assert importlib.import_module("json").dumps([1]) == "[1]"
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [m for m in sys.modules if m.startswith("slotscope_absent_native")]:
+            del sys.modules[name]
