@@ -13,11 +13,13 @@ import triton.language as tl
 
 BLOCK = 128
 NUM_WARPS = 2
+#: load the random tag sectors with .cg (L2 only)
+CACHE_GLOBAL = False
 
 
 @triton.jit
 def _tag_mismatch_kernel(k_words, v_words, layers, slots, want, out, n, k_layer_stride, k_row_stride,
-                         v_layer_stride, v_row_stride, NW: tl.constexpr, BLOCK: tl.constexpr):
+                         v_layer_stride, v_row_stride, NW: tl.constexpr, BLOCK: tl.constexpr, CG: tl.constexpr):
     li = tl.program_id(1)
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < n
@@ -25,21 +27,34 @@ def _tag_mismatch_kernel(k_words, v_words, layers, slots, want, out, n, k_layer_
     m2 = m[:, None]
     layer = tl.load(layers + li).to(tl.int64)
     slot = tl.load(slots + i, mask=m, other=0).to(tl.int64)
-    # each row's tag words in one vector load (16 bytes for bf16/fp16 pools)
+    # each row's tag words in one vector load (16 bytes for bf16/fp16 pools); K's and V's issued together
+    k_at = k_words + (layer * k_layer_stride + slot * k_row_stride)[:, None] + w
+    v_at = v_words + (layer * v_layer_stride + slot * v_row_stride)[:, None] + w
+    if CG:        # random sectors: read through L2 only, not L1
+        kw = tl.load(k_at, mask=m2, other=0, cache_modifier=".cg")
+        vw = tl.load(v_at, mask=m2, other=0, cache_modifier=".cg")
+    else:
+        kw = tl.load(k_at, mask=m2, other=0)
+        vw = tl.load(v_at, mask=m2, other=0)
     exp = tl.load(want + i[:, None] * NW + w, mask=m2, other=0)
-    kw = tl.load(k_words + (layer * k_layer_stride + slot * k_row_stride)[:, None] + w, mask=m2, other=0)
-    vw = tl.load(v_words + (layer * v_layer_stride + slot * v_row_stride)[:, None] + w, mask=m2, other=0)
     bad = tl.max(((kw != exp) | (vw != exp)).to(tl.int32), axis=1)
     tl.store(out + li * n + i, bad.to(tl.int8), mask=m)
 
 
+def as_words(buf: torch.Tensor, rows: int) -> torch.Tensor:
+    """A ``[layers, rows, ...]`` buffer as int64 words ``[layers, rows, words]`` (its row stride kept: the
+    K and V halves of an interleaved pool are strided views)."""
+    if buf.is_contiguous():
+        return buf.view(buf.shape[0], rows, -1).view(torch.int64)
+    return buf.view(torch.int64).flatten(2) if buf.dim() == 3 else buf.view(torch.int64)[..., 0, :]
+
+
 def tag_mismatches(k: torch.Tensor, v: torch.Tensor, rows: int, slots: torch.Tensor, want: torch.Tensor,
-                   layers: torch.Tensor, block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+                   layers: torch.Tensor, block: int | None = None, num_warps: int | None = None,
+                   cg: bool | None = None) -> torch.Tensor:
     """``[len(layers), len(slots)]`` bool. ``k``/``v``: ``[layers, rows, ...]`` buffers; ``want``:
     ``[len(slots), words]`` int64 expected tag-lane words."""
-    n_layers = k.shape[0]
-    kw = k.view(n_layers, rows, -1).view(torch.int64)
-    vw = v.view(n_layers, rows, -1).view(torch.int64)
+    kw, vw = as_words(k, rows), as_words(v, rows)
     n, nw = want.shape
     out = torch.empty((layers.shape[0], n), dtype=torch.int8, device=k.device)
     if n == 0 or layers.shape[0] == 0:
@@ -47,5 +62,90 @@ def tag_mismatches(k: torch.Tensor, v: torch.Tensor, rows: int, slots: torch.Ten
     block = block or BLOCK
     grid = (triton.cdiv(n, block), layers.shape[0])
     _tag_mismatch_kernel[grid](kw, vw, layers, slots, want.contiguous(), out, n, kw.stride(0), kw.stride(1),
-                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=block, num_warps=num_warps or NUM_WARPS)
+                               vw.stride(0), vw.stride(1), NW=nw, BLOCK=block, CG=CACHE_GLOBAL if cg is None else cg,
+                               num_warps=num_warps or NUM_WARPS)
     return out.bool()
+
+
+@triton.jit
+def _verdict_kernel(k_words, v_words, layers, n_layers, slots_a, n_a, slots_b, n_b, exp_words, ref_rows,
+                    reserved, err, out, rows, k_layer_stride, k_row_stride, v_layer_stride, v_row_stride,
+                    NW: tl.constexpr, BLOCK: tl.constexpr):
+    """Adds to ``out[0]`` the number of candidate slots (``slots_a`` then ``slots_b``; out of range and
+    reserved ones skipped) whose K or V tag words differ from ``exp_words[slot]`` in any of ``layers``,
+    plus (program 0) the out-of-range counts of those layers in ``err``. Zero: the checker finds nothing."""
+    pid = tl.program_id(0)
+    blocks_a = tl.cdiv(n_a, BLOCK)
+    if pid < blocks_a:
+        i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n_a
+        s = tl.load(slots_a + i, mask=m, other=-1).to(tl.int64)
+    else:
+        i = (pid - blocks_a).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = i < n_b
+        s = tl.load(slots_b + i, mask=m, other=-1).to(tl.int64)
+    ok = m & (s >= 0) & (s < rows)
+    s0 = tl.where(ok, s, 0)
+    res = tl.load(reserved + s0, mask=ok, other=1)
+    ok = ok & (res == 0)
+    beyond = ok & (s0 >= ref_rows)          # a slot the reference does not hold: let the checker decide
+    ok = ok & (s0 < ref_rows)
+    w = tl.arange(0, NW)[None, :]
+    ok2 = ok[:, None]
+    exp = tl.load(exp_words + s0[:, None] * NW + w, mask=ok2, other=0)
+    bad = beyond.to(tl.int32)
+    for li in range(n_layers):
+        layer = tl.load(layers + li).to(tl.int64)
+        kw = tl.load(k_words + layer * k_layer_stride + s0[:, None] * k_row_stride + w, mask=ok2, other=0)
+        vw = tl.load(v_words + layer * v_layer_stride + s0[:, None] * v_row_stride + w, mask=ok2, other=0)
+        bad = bad | tl.max(((kw != exp) | (vw != exp)).to(tl.int32), axis=1)
+    total = tl.sum(bad, axis=0).to(tl.int64)
+    if pid == 0:
+        for li in range(n_layers):
+            layer = tl.load(layers + li).to(tl.int64)
+            total += tl.load(err + layer * 2)
+    if total > 0:
+        tl.atomic_add(out, total)
+
+
+def _words(buf: torch.Tensor) -> torch.Tensor:
+    return as_words(buf, buf.shape[1])
+
+
+def verdict(k: torch.Tensor, v: torch.Tensor, layers: torch.Tensor, slots_a: torch.Tensor, slots_b: torch.Tensor,
+            exp_words: torch.Tensor, reserved: torch.Tensor, err: torch.Tensor, out: torch.Tensor,
+            kernel: bool | None = None) -> None:
+    """Add to ``out`` (an int64 device scalar view) a count that is zero exactly when no candidate slot
+    differs and no layer counted an out-of-range index; no host sync (``out`` is read once per step).
+
+    ``k``/``v``: ``[layers, rows, ...]`` pool buffers; ``layers``: int64 indices of the layers written;
+    ``slots_a``/``slots_b``: candidate slots (int32/int64, any values); ``exp_words``: ``[ref_rows, words]``
+    int64, the tag-lane words each slot should hold; ``reserved``: bool ``[rows]``; ``err``: ``[L, 2]``.
+    ``kernel``: the Triton kernel (default on CUDA; on CPU tensors only under ``TRITON_INTERPRET=1``)."""
+    kw, vw = _words(k), _words(v)
+    n_a, n_b = slots_a.shape[0], slots_b.shape[0]
+    if layers.shape[0] == 0:
+        return
+    if not (k.device.type == "cuda" if kernel is None else kernel):   # CPU: the same verdict with torch ops
+        out += _verdict_torch(kw, vw, layers, torch.cat([slots_a.to(torch.int64), slots_b.to(torch.int64)]),
+                              exp_words, reserved, err)
+        return
+    block = BLOCK
+    grid = (max(1, triton.cdiv(n_a, block) + triton.cdiv(n_b, block)),)
+    _verdict_kernel[grid](kw, vw, layers, layers.shape[0], slots_a, n_a, slots_b, n_b, exp_words, exp_words.shape[0],
+                          reserved, err, out, k.shape[1], kw.stride(0), kw.stride(1), vw.stride(0), vw.stride(1),
+                          NW=exp_words.shape[1], BLOCK=block, num_warps=NUM_WARPS)
+
+
+def _verdict_torch(kw, vw, layers, s, exp_words, reserved, err) -> torch.Tensor:
+    rows, ref_rows = kw.shape[1], exp_words.shape[0]
+    s = s[(s >= 0) & (s < rows)]
+    s = s[~reserved[s]]
+    beyond = int((s >= ref_rows).sum())
+    s = s[s < ref_rows]
+    nw = exp_words.shape[1]
+    exp = exp_words[s]
+    k = kw.index_select(1, s)[layers][:, :, :nw]
+    v = vw.index_select(1, s)[layers][:, :, :nw]
+    bad = ((k != exp) | (v != exp)).any(dim=-1).any(dim=0)
+    return bad.sum() + beyond + err[layers, 0].sum()

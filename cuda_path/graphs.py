@@ -21,15 +21,33 @@ between its layers (a graph replay has no per-layer host timestamps).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from simulator.checker import LayerWrite
-from simulator.execute import BackendStep, EagerExecutor, observe, prepare_write, store_layer
+from simulator.execute import BackendStep, EagerExecutor, dtype_name, observe, prepare_write, rows_for
 from simulator.kvrows import TAG_LANES, encode_rows, pad_tags
+from simulator.records import PAD_TAG
 from simulator.pool import KVLengthMismatch
+
+from .pool import TaggedKVPool
+
+
+@contextlib.contextmanager
+def _capturing():
+    """Around a capture: torch's sync debug mode off (a capture is a one-off; bench/gpu_step.py counts the
+    steps' synchronisations, not the captures')."""
+    mode = torch.cuda.get_sync_debug_mode()
+    if mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        if mode:
+            torch.cuda.set_sync_debug_mode(mode)
 
 
 class _NotCaptured(Exception):
@@ -41,7 +59,10 @@ class _DecodeGraph:
     graph: torch.cuda.CUDAGraph
     write_locs: list            # KVWriteLoc per layer, captured views of the static buffers
     targets: list               # the tensors each layer's store reads at replay
-    rows: dict                  # kind -> (k, v) static row buffers, [padded, heads, dim]
+    rows: dict                  # kind -> (k, v) row buffers made in the graph from the static tags
+    writes: tuple               # the LayerWrite log of a replay (the same every replay)
+    observed: tuple             # per layer the boundary observation's (layer, loc_len, swa_len, dtypes)
+    verdict: bool               # the step runner's verdict is in the graph
 
 
 @dataclass
@@ -53,22 +74,20 @@ class _Piece:
     v: torch.Tensor
 
 
-def _step_rows(s: BackendStep, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """This step's K/V rows for a layer kind, stamped for its first layer (the graph re-stamps the rest)."""
-    first = next(l for l in s.layers if l.kind == kind)
-    return s.pool.make_rows(pad_tags(s.tags, s.meta.rows), first.layer, kind)
-
-
 class CudaGraphExecutor:
     """A :class:`simulator.execute.LayerExecutor` that runs decode and piecewise batches in CUDA graphs."""
 
     def __init__(self) -> None:
         self.eager = EagerExecutor()
         self._decode: dict[tuple[str, int], Optional[_DecodeGraph]] = {}
-        self._pieces: dict[tuple[int, str, int], _Piece] = {}
+        self._pieces: dict[tuple, _Piece] = {}     # (capture size, kind, geometry): shared by backends
         self.replays = 0
         self.captures = 0
         self.piece_replays = 0
+        self.grouped_stores = 0
+        self.steps = None               # the GpuStepRunner, made at the first CUDA step
+        self.verdict_in_graph = False   # the last decode replay added the backend's verdict
+        self._tags: dict[int, torch.Tensor] = {}   # capture size -> static tags of the decode graphs
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         pool = s.pool
@@ -76,13 +95,26 @@ class CudaGraphExecutor:
             return self.eager.run(s)     # no graph: not the Triton store on cuda, or writes land between layers
         if s.batch.graph == "decode_graph":
             return self._run_decode(s)
+        if s.write_fault is not None:
+            return self.eager.run(s)     # --inject: each layer's store goes through the injector
         if s.batch.graph == "piecewise":
             return self._run_piecewise(s)
-        return self.eager.run(s)
+        return self._run_grouped(s, {})
+
+    def run_step(self, run, batch, truth):
+        """A whole step (cuda_path.step.GpuStepRunner) when the run is on CUDA; None: the run's own step."""
+        if run.device.type != "cuda" or not all(isinstance(p, TaggedKVPool) for m in run.sides
+                                                for p in m.pools.values()):
+            return None
+        if self.steps is None:
+            from .step import GpuStepRunner
+            self.steps = GpuStepRunner(self)
+        return self.steps(run, batch, truth)
 
     # ------------------------------------------------------------------ decode graphs
 
     def _run_decode(self, s: BackendStep) -> list[LayerWrite]:
+        self.verdict_in_graph = False
         key = (s.backend, s.batch.padded_len)
         if key not in self._decode:
             writes = self.eager.run(s)      # warm-up on real data; nothing captured yet
@@ -91,41 +123,59 @@ class CudaGraphExecutor:
         g = self._decode[key]
         if g is None:
             return self.eager.run(s)
-        for kind, (k, v) in g.rows.items():
-            k0, v0 = _step_rows(s, kind)
-            k.copy_(k0)
-            if v is not k:
-                v.copy_(v0)
+        self._fill_tags(s)
         t0 = s.now()
-        g.graph.replay()
-        torch.cuda.current_stream().synchronize()
+        g.graph.replay()                 # no host sync: the step's verdict read waits for it
         t1 = s.now()
         self.replays += 1
+        self.verdict_in_graph = g.verdict
         per = (t1 - t0) // max(len(s.layers), 1)
-        writes = []
-        for i, (layer, wl, target) in enumerate(zip(s.layers, g.write_locs, g.targets)):
-            observe(s, layer, wl, t0 + i * per, t0 + (i + 1) * per, None)
-            writes.append(LayerWrite(layer.layer, layer.kind, layer.index, target, None))
-        return writes
+        on_boundary, step, backend = s.observer.on_boundary, s.batch.step, s.backend
+        for i, args in enumerate(g.observed):
+            on_boundary(step, backend, *args, t0 + i * per, t0 + (i + 1) * per, None)
+        return list(g.writes)
+
+    def _tags_buffer(self, s: BackendStep) -> torch.Tensor:
+        """The static tags of a capture size: every backend's decode graph of that size reads them."""
+        n = s.meta.rows
+        buf = self._tags.get(n)
+        if buf is None:
+            buf = self._tags[n] = torch.full((n,), PAD_TAG, dtype=torch.int64, device=s.pool.device)
+        return buf
+
+    def _fill_tags(self, s: BackendStep) -> None:
+        """This step's tags into the static buffer, once per step (the first backend's replay)."""
+        key = ("decode-tags", s.meta.rows)
+        if key not in s.rows_cache:
+            s.rows_cache[key] = True
+            self._tags_buffer(s).copy_(pad_tags(s.tags, s.meta.rows))
 
     def _capture_decode(self, s: BackendStep) -> Optional[_DecodeGraph]:
+        """The whole write step of one backend at one capture size: K/V rows from the static tags (the
+        projection), per layer the design's write location, the layer stamp and the Triton store; then, with
+        the step runner, the backend's verdict (cuda_path/step.py) into its static slot."""
         n = s.meta.rows
-        rows = {}
-        for kind in {l.kind for l in s.layers}:
-            k, v = _step_rows(s, kind)
-            kc = k.clone()
-            rows[kind] = (kc, kc if v is k else v.clone())
         write_locs, targets = [], []
         # shapes first: a step whose stores would raise, or whose design fails, is not captured
+        planned = []
         for layer in s.layers:
             w = prepare_write(s, layer)
             if isinstance(w, LayerWrite) or w[1].shape[0] != n:
                 return None
+            planned.append(LayerWrite(layer.layer, layer.kind, layer.index, w[1], None))
+        if self.steps is not None:
+            self.steps.graph_verdict(s, planned, warm=True)     # its tables and kernel, outside the capture
+        tags = self._tags_buffer(s)
+        tags.copy_(pad_tags(s.tags, n))
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
+        verdict = False
         try:
-            with torch.cuda.graph(graph, stream=stream):
+            with _capturing(), torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
+                rows = {kind: s.pool.make_rows(tags, next(l.layer for l in s.layers if l.kind == kind), kind)
+                        for kind in dict.fromkeys(l.kind for l in s.layers)}
+                writes = []
                 for layer in s.layers:
                     w = prepare_write(s, layer)
                     if isinstance(w, LayerWrite):
@@ -136,18 +186,26 @@ class CudaGraphExecutor:
                     s.pool.store(layer.kind, layer.index, target, k, v)
                     write_locs.append(wl)
                     targets.append(target)
+                    writes.append(LayerWrite(layer.layer, layer.kind, layer.index, target, None))
+                if self.steps is not None:
+                    verdict = self.steps.graph_verdict(s, writes)
         except (KVLengthMismatch, _NotCaptured):
             return None
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
-        return _DecodeGraph(graph, write_locs, targets, rows)
+        observed = []
+        for layer, wl in zip(s.layers, write_locs):
+            swa = wl.swa_loc
+            observed.append((layer.layer, int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]),
+                             dtype_name(wl.loc.dtype), "" if swa is None else dtype_name(swa.dtype)))
+        return _DecodeGraph(graph, write_locs, targets, rows, tuple(writes), tuple(observed), verdict)
 
     # ------------------------------------------------------------------ piecewise graphs
 
     def _piece(self, s: BackendStep, kind: str) -> _Piece:
         cap = s.batch.padded_len
         pool = s.pool
-        key = (cap, kind, id(pool))
+        key = (cap, kind, pool.shape[kind], pool.row_dtype, pool.k_scale, pool.v_scale, pool.device)
         piece = self._pieces.get(key)
         if piece is not None:
             return piece
@@ -170,7 +228,7 @@ class CudaGraphExecutor:
             project()                       # warm-up outside capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+        with _capturing(), torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
             project()
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
@@ -179,22 +237,58 @@ class CudaGraphExecutor:
 
     def _run_piecewise(self, s: BackendStep) -> list[LayerWrite]:
         n = s.meta.rows               # rows the layer produces: narrowed to the real tokens under shrinkage
-        writes = []
-        filled: set[str] = set()
-        for layer in s.layers:
-            piece = self._piece(s, layer.kind)
-            if layer.kind not in filled:
-                piece.tags.copy_(pad_tags(s.tags, piece.tags.shape[0]))
-                filled.add(layer.kind)
-            piece.layer.fill_(float(layer.layer))
-            piece.graph.replay()          # the captured piece: K/V projection for this layer
+        rows = {}
+        for kind in dict.fromkeys(l.kind for l in s.layers):
+            piece = self._piece(s, kind)
+            piece.tags.copy_(pad_tags(s.tags, piece.tags.shape[0]))
+            piece.layer.fill_(float(next(l.layer for l in s.layers if l.kind == kind)))
+            piece.graph.replay()          # the captured piece: K/V projection (each layer's stamp at its store)
             self.piece_replays += 1
-            k, v = piece.k[:n], piece.v[:n]
+            rows[kind] = (piece.k[:n], piece.v[:n])
+        return self._run_grouped(s, rows)
+
+    def _run_grouped(self, s: BackendStep, rows: dict) -> list[LayerWrite]:
+        """Every layer's write location from the design, in layer order (as the eager executor builds them);
+        then the layers of a kind that got the same target write it in one launch (``pool.store_layers``,
+        each row stamped for its layer), any other layer alone; observations in layer order."""
+        before = s.before_layer
+        prepared, groups = [], {}
+        for i, layer in enumerate(s.layers):
+            if before is not None:
+                before(layer)
             w = prepare_write(s, layer)
+            prepared.append(w)
+            if not isinstance(w, LayerWrite):
+                t = w[1]
+                groups.setdefault((layer.kind, t.data_ptr(), t.shape[0], t.stride(0), t.dtype), []).append(i)
+        done: dict[int, tuple[int, int, Optional[str]]] = {}
+        for (kind, *_), members in groups.items():
+            k, v = rows.get(kind) or rows_for(s, s.layers[members[0]])
+            target = prepared[members[0]][1]
+            t0 = s.now()
+            try:
+                if len(members) == 1:
+                    s.pool.restamp(k, v, s.layers[members[0]].layer)
+                    s.pool.store(kind, s.layers[members[0]].index, target, k, v)
+                else:
+                    s.pool.store_layers(kind, tuple(s.layers[i].index for i in members),
+                                        tuple(s.layers[i].layer for i in members), target, k, v)
+                    self.grouped_stores += 1
+                err = None
+            except KVLengthMismatch as e:
+                err = str(e)
+            t1 = s.now()
+            per = (t1 - t0) // len(members)
+            for j, i in enumerate(members):
+                done[i] = (t0 + j * per, t0 + (j + 1) * per, err)
+        writes = []
+        for i, (layer, w) in enumerate(zip(s.layers, prepared)):
             if isinstance(w, LayerWrite):
                 writes.append(w)          # the design failed: nothing stored for this layer
                 continue
             wl, target = w
-            writes.append(store_layer(s, layer, wl, target, k, v))     # eager, between pieces
+            t0, t1, err = done[i]
+            observe(s, layer, wl, t0, t1, err)
+            writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
         return writes
 

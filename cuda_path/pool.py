@@ -80,6 +80,7 @@ class TaggedKVPool:
         self.v: dict[str, torch.Tensor] = {}
         self.err: dict[str, torch.Tensor] = {}
         self.shape: dict[str, tuple[int, int, int]] = {}
+        self._groups: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}   # store_layers' tables
         for kind in ("full", "swa"):
             layers = model.count(kind)
             g = model.geometry(kind)
@@ -119,6 +120,33 @@ class TaggedKVPool:
         store_kv(self.k[kind][index], self.v[kind][index], loc, k, v, skip_index=self.skip_index,
                  err=self.err[kind][index], k_scale=self.k_scale if self.fp8 else None,
                  v_scale=self.v_scale if self.fp8 else None, impl=self.store_impl)
+
+    def store_layers(self, kind: str, indices: tuple[int, ...], layer_ids: tuple[int, ...], loc: torch.Tensor,
+                     k: torch.Tensor, v: torch.Tensor) -> None:
+        """The layers ``indices`` of sub-pool ``kind`` (global ids ``layer_ids``) all write ``k``/``v`` at
+        ``loc``, each row re-stamped for its layer: what :meth:`restamp` then :meth:`store` per layer leave,
+        in one launch with the Triton store. Raises KVLengthMismatch before writing, like :meth:`store`."""
+        if self.store_impl != "triton":
+            for index, layer in zip(indices, layer_ids):
+                self.restamp(k, v, layer)
+                self.store(kind, index, loc, k, v)
+            return
+        from .triton_store import store_kv_layers_triton
+
+        key = (kind, indices, layer_ids, k.dtype, v.dtype)
+        group = self._groups.get(key)
+        if group is None:
+            ks = torch.empty(len(layer_ids), dtype=k.dtype)
+            vs = torch.empty(len(layer_ids), dtype=v.dtype)
+            for i, layer in enumerate(layer_ids):     # the values set_layer_lane writes, set the same way
+                ks[i] = float(layer + 1) * self.k_scale
+                vs[i] = float(layer + 1) * self.v_scale
+            group = self._groups[key] = (torch.tensor(indices, dtype=torch.int64).to(self.device),
+                                         ks.to(self.device), vs.to(self.device))
+        store_kv_layers_triton(self.k[kind], self.v[kind], group[0], group[1], group[2], loc, k, v,
+                               skip_index=self.skip_index, err=self.err[kind], stamp_lane=TAG_LANES,
+                               k_scale=self.k_scale if self.fp8 else None,
+                               v_scale=self.v_scale if self.fp8 else None)
 
     def _tag_words(self, buf: torch.Tensor, kind: str, slots: torch.Tensor,
                    layers: Optional[list[int]]) -> torch.Tensor:

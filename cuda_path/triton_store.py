@@ -304,3 +304,116 @@ def store_kv_triton(
         BLOCK_T=block_t, BLOCK_C=block_c, N_BLOCKS=(max(k_width, v_width) + block_c - 1) // block_c,
         num_warps=num_warps,
     )
+
+
+@triton.jit
+def _store_kv_layers_kernel(
+    k_cache, v_cache, layers, k_stamp, v_stamp, loc, k, v, err,
+    n, rows, skip,
+    k_layer_stride, v_layer_stride, k_cache_stride, v_cache_stride, k_stride, v_stride,
+    k_scale, v_scale,
+    K_WIDTH: tl.constexpr, V_WIDTH: tl.constexpr,
+    K_SRC: tl.constexpr, K_DST: tl.constexpr, V_SRC: tl.constexpr, V_DST: tl.constexpr,
+    K_HAS_SCALE: tl.constexpr, V_HAS_SCALE: tl.constexpr,
+    HAS_SKIP: tl.constexpr, NO_POS: tl.constexpr, SATURATE: tl.constexpr, STAMP_LANE: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, N_BLOCKS: tl.constexpr,
+):
+    """:func:`_store_kv_kernel` for several layers of one sub-pool at once (grid axis 1: the layer).
+
+    Every layer gets the same rows except lane ``STAMP_LANE``, which takes the layer's stamp
+    (``k_stamp[i]`` / ``v_stamp[i]``: what ``set_layer_lane`` writes there); layer ``layers[i]``'s
+    out-of-range count goes to its own ``err`` row."""
+    pid = tl.program_id(0)
+    li = tl.program_id(1)
+    layer = tl.load(layers + li).to(tl.int64)
+    ks = tl.load(k_stamp + li)
+    vs = tl.load(v_stamp + li)
+    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_batch = tok < n
+    slot = tl.load(loc + tok, mask=in_batch, other=0).to(tl.int64)
+    in_range = (slot >= 0) & (slot < rows)
+    if HAS_SKIP:
+        keep = slot != skip
+    else:
+        keep = in_batch
+    write = in_batch & in_range & keep
+    bad = in_batch & (~in_range) & keep
+
+    n_bad = tl.sum(bad.to(tl.int64), axis=0)
+    if n_bad > 0:
+        tl.atomic_add(err + layer * 2, n_bad)
+        tl.atomic_min(err + layer * 2 + 1, tl.min(tl.where(bad, tok, NO_POS), axis=0))
+
+    k_src = k + tok[:, None] * k_stride
+    v_src = v + tok[:, None] * v_stride
+    k_dst = k_cache + layer * k_layer_stride + slot[:, None] * k_cache_stride
+    v_dst = v_cache + layer * v_layer_stride + slot[:, None] * v_cache_stride
+    row_mask = write[:, None]
+    for j in tl.static_range(N_BLOCKS):
+        cols = j * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+        if (j + 1) * BLOCK_C <= K_WIDTH:
+            k_mask = row_mask
+        else:
+            k_mask = row_mask & (cols < K_WIDTH)
+        if (j + 1) * BLOCK_C <= V_WIDTH:
+            v_mask = row_mask
+        else:
+            v_mask = row_mask & (cols < V_WIDTH)
+        if j * BLOCK_C < K_WIDTH:
+            kx = tl.load(k_src + cols, mask=k_mask)
+            if j * BLOCK_C <= STAMP_LANE and STAMP_LANE < (j + 1) * BLOCK_C:
+                kx = tl.where(cols == STAMP_LANE, ks, kx)
+            tl.store(k_dst + cols, _convert(kx, k_scale, K_SRC, K_DST, K_HAS_SCALE, SATURATE), mask=k_mask)
+        if j * BLOCK_C < V_WIDTH:
+            vx = tl.load(v_src + cols, mask=v_mask)
+            if j * BLOCK_C <= STAMP_LANE and STAMP_LANE < (j + 1) * BLOCK_C:
+                vx = tl.where(cols == STAMP_LANE, vs, vx)
+            tl.store(v_dst + cols, _convert(vx, v_scale, V_SRC, V_DST, V_HAS_SCALE, SATURATE), mask=v_mask)
+
+
+def store_kv_layers_triton(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layers: torch.Tensor,
+    k_stamp: torch.Tensor,
+    v_stamp: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    skip_index: Optional[int],
+    err: torch.Tensor,
+    stamp_lane: int,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+) -> None:
+    """One launch for the layers ``layers`` (int64 device tensor of layer indices into ``[L, rows, heads,
+    dim]`` caches) that all write ``k``/``v`` at ``loc``, lane ``stamp_lane`` of each row replaced by the
+    layer's stamp (``k_stamp``/``v_stamp``, in ``k``'s / ``v``'s dtype, one per entry of ``layers``);
+    ``err`` is the sub-pool's ``[L, 2]`` error buffer. The same contract per layer as
+    :func:`store_kv_triton` (which checks the lengths the same way before anything is written)."""
+    check_lengths(loc, k, v)
+    n = k.shape[0]
+    k_src, k_dst, k = _operand(k, k_cache[0], "k")
+    v_src, v_dst, v = _operand(v, v_cache[0], "v")
+    if n == 0 or layers.shape[0] == 0:
+        return
+    if loc.stride(0) != 1:
+        loc = loc.contiguous()
+    k_s, k_has = _scale_arg(k_scale, k_dst)
+    v_s, v_has = _scale_arg(v_scale, v_dst)
+    k_width, v_width = k.shape[1] * k.shape[2], v.shape[1] * v.shape[2]
+    block_t, block_c, num_warps = launch_config(n, k_width, v_width, max(k.element_size(), v.element_size()))
+    grid = ((n + block_t - 1) // block_t, layers.shape[0])
+    _store_kv_layers_kernel[grid](
+        k_cache, v_cache, layers, k_stamp, v_stamp, loc, k, v, err,
+        n, k_cache.shape[1], 0 if skip_index is None else int(skip_index),
+        k_cache.stride(0), v_cache.stride(0), k_cache.stride(1), v_cache.stride(1), k.stride(0), v.stride(0),
+        k_s, v_s,
+        K_WIDTH=k_width, V_WIDTH=v_width,
+        K_SRC=k_src, K_DST=k_dst, V_SRC=v_src, V_DST=v_dst,
+        K_HAS_SCALE=k_has, V_HAS_SCALE=v_has,
+        HAS_SKIP=skip_index is not None, NO_POS=NO_POSITION, SATURATE=FP8_SATURATES, STAMP_LANE=stamp_lane,
+        BLOCK_T=block_t, BLOCK_C=block_c, N_BLOCKS=(max(k_width, v_width) + block_c - 1) // block_c,
+        num_warps=num_warps,
+    )

@@ -13,6 +13,12 @@ import torch
 from .batch import BatchTruth
 
 
+def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on the device; to CUDA through pinned memory, without a host synchronisation."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
 class ReferencePool:
     """Expected owner tag and liveness per slot; ``expected_on`` mirrors the tags on the pool's device
     so that the checker compares there (on the CPU the mirror shares memory with the host array)."""
@@ -56,9 +62,9 @@ class ReferencePool:
         self.live_tag["swa"][truth.swa_slots] = truth.tags
         self.evicted[truth.swa_slots] = False
         if self.device.type != "cpu" and truth.tags.size:
-            tags = torch.from_numpy(truth.tags).to(self.device)
-            self.expected_on["full"][torch.from_numpy(truth.full_slots).to(self.device)] = tags
-            self.expected_on["swa"][torch.from_numpy(truth.swa_slots).to(self.device)] = tags
+            tags = _on(truth.tags, self.device)
+            self.expected_on["full"][_on(truth.full_slots, self.device)] = tags
+            self.expected_on["swa"][_on(truth.swa_slots, self.device)] = tags
 
     def slots_of(self, kind: str, truth: BatchTruth) -> np.ndarray:
         return truth.full_slots if kind == "full" else truth.swa_slots

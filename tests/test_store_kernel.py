@@ -461,3 +461,34 @@ def test_triton_rejects_bad_arguments(dev, bad):
         triton_store.store_kv_triton(k_cache, v_cache, loc, k, torch.zeros(3, 2, 8, dtype=torch.bfloat16,
                                                                           device=device),
                                      skip_index=0, err=err)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("geometry", ["compact", "real"])
+def test_store_layers_equals_restamp_and_store_per_layer(impl, geometry):
+    """TaggedKVPool.store_layers (one launch for the layers sharing a target) leaves every buffer and error
+    row exactly as re-stamping and storing layer by layer does, padding and out-of-range indices included."""
+    if impl == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton store runs on CPU tensors only under TRITON_INTERPRET=1")
+    from cuda_path.pool import TaggedKVPool
+    from helpers import scenario
+
+    model = scenario("smoke").model
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a, b = (TaggedKVPool(model, 512, 256, device=dev, geometry=geometry, store_impl=impl, skip_index=0)
+            for _ in range(2))
+    tags = torch.arange(1, 21, device=dev)
+    loc = torch.tensor(list(range(5, 23)) + [0, 900], device=dev)
+    idx = tuple(range(a.k["swa"].shape[0]))
+    ids = tuple(3 * i + 1 for i in idx)
+    k, v = a.make_rows(tags, ids[0], "swa")
+    a.store_layers("swa", idx, ids, loc, k, v)
+    k2, v2 = b.make_rows(tags, ids[0], "swa")
+    for i, layer in zip(idx, ids):
+        b.restamp(k2, v2, layer)
+        b.store("swa", i, loc, k2, v2)
+    for x, y in ((a.k["swa"], b.k["swa"]), (a.v["swa"], b.v["swa"])):
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+    assert torch.equal(a.err["swa"], b.err["swa"]) and a.err["swa"][:, 0].tolist() == [1] * len(idx)
+    with pytest.raises(KVLengthMismatch):
+        a.store_layers("swa", idx, ids, loc[:5], k, v)

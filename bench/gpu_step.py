@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The scale scenario on a CUDA device: run time, host synchronisations per step, and the same findings
+as the CPU path.
+
+Each run is ``slotscope run SCENARIO --device cuda --trace-level off --no-report`` in this process
+(``slotscope.pipeline.run_scenario`` without an output directory: real K/V geometry, the Triton store,
+CUDA graphs, the GPU step runner of cuda_path/step.py). Three runs:
+
+  cold      the first run in the process (Triton compiles its kernels, graphs are captured)
+  warm      the same run again (the figure the issue's target is about: the run, not the compiler)
+  counted   the same run once more under ``torch.cuda.set_sync_debug_mode("warn")``: every host
+            synchronisation torch performs (a device-to-host copy, ``.item()``, a stream or device
+            synchronize, ``nonzero``, a blocking host-to-device copy) raises a warning, counted per step
+
+Steady state is every decode-graph step after the run's first 100 steps (by then each capture size
+has been captured). With ``--compare-cpu`` the summary and findings are compared with a CPU run of the
+same scenario (compact geometry, torch store; several minutes on a laptop-class CPU).
+Ends with one line holding a JSON object of the figures.
+
+    python bench/gpu_step.py                      # scenarios/scale.toml
+    python bench/gpu_step.py --quick              # 200 requests
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simulator.scenario import load_scenario  # noqa: E402
+from slotscope.pipeline import RunOptions, run_scenario  # noqa: E402
+
+TARGETS = {"run_s": 3.0, "steady_syncs_per_step": 2}
+STEADY_AFTER = 100
+
+
+def one_run(sc, device: str, progress=None):
+    opts = RunOptions(device=device, trace_level="off", report=False, progress=progress)
+    t0 = time.perf_counter()
+    out = run_scenario(sc, None, opts)
+    return out, time.perf_counter() - t0
+
+
+def counted_run(sc):
+    """A run with every host synchronisation counted, per step (progress is called after each step)."""
+    per_step: list[tuple[int, int]] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        last = [0]
+
+        def progress(step, done, total):
+            per_step.append((step, len(caught) - last[0]))
+            last[0] = len(caught)
+
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            out, secs = one_run(sc, "cuda", progress)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        where: dict[str, int] = {}
+        for w in caught:
+            key = str(w.message).split("\n")[0][:80]
+            where[key] = where.get(key, 0) + 1
+    return out, secs, per_step, where
+
+
+def findings_of(out) -> list:
+    return [f.to_json() for f in out.result.findings]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", default=str(ROOT / "scenarios/scale.toml"))
+    ap.add_argument("--quick", action="store_true", help="200 requests instead of the scenario's count")
+    ap.add_argument("--compare-cpu", action="store_true", help="also run on the CPU and compare the findings")
+    ap.add_argument("--profile", type=int, metavar="N", default=0,
+                    help="instead: one warm-up run, then one under cProfile; print the top N functions")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
+        return 2
+    sc = load_scenario(args.scenario)
+    if args.quick:
+        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
+    if args.profile:
+        import cProfile
+        import pstats
+
+        one_run(sc, "cuda")
+        prof = cProfile.Profile()
+        prof.enable()
+        _, secs = one_run(sc, "cuda")
+        prof.disable()
+        print(f"profiled run: {secs:.2f} s")
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(args.profile)
+        stats.sort_stats("cumulative").print_stats(args.profile)
+        return 0
+    cold, cold_s = one_run(sc, "cuda")
+    warm, warm_s = one_run(sc, "cuda")
+    try:
+        counted, counted_s, per_step, where = counted_run(sc)
+    except Exception as e:          # the figures of the other runs still print
+        print(f"counted run failed: {type(e).__name__}: {e}", file=sys.stderr)
+        counted, counted_s, per_step, where = warm, float("nan"), [], {"counted run failed": 1}
+    r = warm.result
+    modes = {s.step: s.graph for s in r.steps}
+    steady = [n for step, n in per_step[STEADY_AFTER:] if modes.get(step) == "decode_graph"]
+    all_n = [n for _, n in per_step]
+    by_graph: dict[str, list[int]] = {}
+    for step, n in per_step:
+        by_graph.setdefault(modes.get(step, "?"), []).append(n)
+    same_gpu = findings_of(cold) == findings_of(warm) == findings_of(counted) and \
+        cold.summary["backends"] == warm.summary["backends"]
+    figures = {
+        "bench": "gpu_step", "scenario": sc.name, "requests": sc.workload.requests,
+        "device": torch.cuda.get_device_name(), "steps": len(r.steps), "crossings": r.crossings,
+        "findings": r.total_findings, "run_s_cold": round(cold_s, 3), "run_s_warm": round(warm_s, 3),
+        "run_loop_s_warm": round(r.wall_s, 3), "counted_run_s": round(counted_s, 3),
+        "crossings_per_s_warm": round(r.crossings / warm_s, 1),
+        "syncs_total": sum(all_n), "syncs_per_step_mean": round(sum(all_n) / max(1, len(all_n)), 2),
+        "steady_decode_steps": len(steady),
+        "steady_syncs_per_step_max": max(steady) if steady else None,
+        "steady_syncs_per_step_median": statistics.median(steady) if steady else None,
+        "syncs_per_step_by_graph": {g: {"steps": len(v), "mean": round(sum(v) / len(v), 2), "max": max(v)}
+                                    for g, v in by_graph.items()},
+        "sync_sources": dict(sorted(where.items(), key=lambda kv: -kv[1])[:8]),
+        "same_findings_across_gpu_runs": same_gpu,
+    }
+    if args.compare_cpu:
+        cpu, cpu_s = one_run(sc, "cpu")
+        figures["cpu_run_s"] = round(cpu_s, 3)
+        figures["same_as_cpu"] = (findings_of(cpu) == findings_of(warm)
+                                  and cpu.summary["backends"] == warm.summary["backends"])
+    figures["targets_met"] = {
+        "run_s_warm": warm_s <= TARGETS["run_s"],
+        "steady_syncs_per_step": bool(steady) and max(steady) <= TARGETS["steady_syncs_per_step"],
+    }
+    print(f"\n# {sc.name} on {figures['device']}: {len(r.steps)} steps, {r.crossings} crossings, "
+          f"{r.total_findings} findings")
+    print(f"run (cold, first in process) {cold_s:8.2f} s")
+    print(f"run (warm)                   {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
+          f"{r.crossings / warm_s:,.0f} crossings/s")
+    print(f"host syncs per step          mean {figures['syncs_per_step_mean']}, steady decode max "
+          f"{figures['steady_syncs_per_step_max']} median {figures['steady_syncs_per_step_median']} "
+          f"over {len(steady)} steps (target <= {TARGETS['steady_syncs_per_step']})")
+    for g, v in figures["syncs_per_step_by_graph"].items():
+        print(f"  {g:14s} {v['steps']:6d} steps  mean {v['mean']:6.2f}  max {v['max']}")
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
