@@ -78,7 +78,7 @@ def parse_budget(text: str) -> float:
 class Generator:
     """Scenario data (the TOML tables) drawn from its own seeded stream, in knob groups."""
 
-    GROUPS = ("model", "pool", "workload", "chunking", "dp", "graphs", "speculative", "overlap", "sharing",
+    GROUPS = ("model", "workload", "pool", "chunking", "dp", "graphs", "speculative", "overlap", "sharing",
               "retraction")
 
     def __init__(self, seed: int):
@@ -116,18 +116,6 @@ class Generator:
         if self.chance(0.15):
             d["model"]["kv_dtype"] = r.choice(("bfloat16", "float16", "fp8_e4m3"))
 
-    def g_pool(self, d: dict, level: int) -> None:
-        r = self.rng
-        page = r.choice(PAGES)
-        if self.chance(0.07):                      # a deployment-size pool: ids past 32,767 / 65,535
-            full = r.choice((40960, 70000, 131072))
-        else:
-            full = r.randint(2, 4 * 2 ** level) * 32
-        full = max(2 * page, full - full % page)
-        d["pool"] = {"full_size": full, "swa_ratio": r.choice((0.25, 0.5, 0.5, 0.8, 1.0, round(r.uniform(0.1, 1), 2)))}
-        if page > 1:
-            d["pool"]["page_size"] = page
-
     def g_workload(self, d: dict, level: int) -> None:
         r = self.rng
         n = r.randint(1, 2 + 3 * level)
@@ -136,18 +124,37 @@ class Generator:
                              "output_len": {"dist": "uniform", "min": r.randint(0, 4), "max": r.randint(4, 8 * level + 8)}}
         if self.chance(0.5):
             w["arrival"], w["rate"] = "poisson", r.choice((0.5, 1.0, 2.0, 4.0))
-        if self.chance(0.2):                       # explicit requests: one long first (high ids), then short ones
-            w = self._explicit(d, level)
+        if self.chance(0.25):                      # explicit requests: one long first (high ids), then short ones
+            w = self._explicit(level)
         d["workload"] = w
+        self.g_pool(d, level)                      # the pool follows the load
 
-    def _explicit(self, d: dict, level: int) -> dict:
+    def _explicit(self, level: int) -> dict:
         r = self.rng
-        full = d.get("pool", {}).get("full_size", 512)
-        reqs = [{"arrival_step": 0, "prompt_len": max(1, int(full * r.uniform(0.3, 0.85))), "output_len": r.randint(1, 6)}]
+        if self.chance(0.3):                       # a deployment-size prompt: ids past 32,767 / 65,535
+            first = r.choice((33000, 40000, 66000, 70000))
+        else:
+            first = r.randint(8, 48 * 2 ** level)
+        reqs = [{"arrival_step": 0, "prompt_len": first, "output_len": r.randint(1, 6)}]
         for _ in range(r.randint(1, 2 + level)):
             reqs.append({"arrival_step": r.randint(0, 4 * level), "prompt_len": r.randint(1, 24 * level),
                          "output_len": r.randint(1, 12)})
         return {"request": reqs}
+
+    def g_pool(self, d: dict, level: int) -> None:
+        """Pools sized from the load: from tight (a few requests at a time, pools filled to the last page,
+        eviction and retraction) to roomy."""
+        r = self.rng
+        biggest, demand = _demand(d.get("workload", {}))
+        page = r.choice(PAGES)
+        full = max(int(biggest * r.choice((1.05, 1.2, 1.5))) + 8, int(demand * r.choice((0.3, 0.5, 0.8, 1, 1.5, 3, 6))))
+        full = max(2 * page, full + (-full) % page)
+        ratio = r.choice((0.25, 0.5, 0.5, 0.8, 1.0, round(r.uniform(0.1, 1), 2)))
+        if biggest > 30000:                        # one chunk: the SWA pool holds the whole deployment-size prompt
+            ratio = 1.0
+        d["pool"] = {"full_size": full, "swa_ratio": ratio}
+        if page > 1:
+            d["pool"]["page_size"] = page
 
     def g_chunking(self, d: dict, level: int) -> None:
         e = d.setdefault("engine", {})
@@ -233,12 +240,34 @@ class Generator:
             e["reserve"] = "none"
 
 
+def _demand(w: dict) -> tuple[int, int]:
+    """(the largest request's tokens, all requests' tokens) of drawn workload data."""
+    if "request" in w:
+        sizes = [q["prompt_len"] + q["output_len"] for q in w["request"]]
+    else:
+        one = w["prompt_len"]["max"] + w["output_len"]["max"] + w.get("system_prompt_len", {}).get("max", 0)
+        sizes = [one] * w["requests"]
+    return max(sizes), sum(sizes)
+
+
 def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
     """Resolve the validator's exclusions the cheap way (the second knob gives way): overlap and retraction
-    run without speculative decoding, mixed chunks without speculative decoding or retraction."""
+    run without speculative decoding, mixed chunks without speculative decoding or retraction. A
+    deployment-size prompt is prefilled in one chunk on two layers (its high ids in one forward, in seconds)."""
     e = data.get("engine", {})
+    biggest, _ = _demand(data.get("workload", {}))
+    if biggest > 30000:
+        e["chunked_prefill_size"] = max(e.get("chunked_prefill_size", 8192), biggest)
+        m = data["model"]
+        if "layers" in m:
+            m["layers"] = m["layers"][:2]
+        else:
+            m["num_layers"] = min(m.get("num_layers", 2), 2)
     if "speculative" in e and (e.get("overlap") or e.get("reserve") == "none"):
         del e["speculative"]
+    spec, page = e.get("speculative", {}), data["pool"].get("page_size", 1)
+    if "draft_full_size" in spec:          # drawn against an earlier pool: keep it a multiple of this one's page
+        spec["draft_full_size"] = max(2 * page, spec["draft_full_size"] - spec["draft_full_size"] % page)
     if e.get("mixed_chunk") and ("speculative" in e or e.get("reserve") == "none"):
         e["mixed_chunk"] = False
     data["max_steps"] = 40 + 40 * level
@@ -341,12 +370,15 @@ class FuzzResult:
     scenario: Optional[Scenario] = None           # the failing one, as drawn
     finding: Any = None
     error: Optional[str] = None
+    shared: int = 0                               # --against: failures the reference design showed too
 
 
 class Fuzzer:
     def __init__(self, design: str, seed: int, engine: Optional[str] = None,
-                 log: Callable[[str], None] = lambda s: None, progress_s: float = 5.0):
+                 log: Callable[[str], None] = lambda s: None, progress_s: float = 5.0, against: Optional[str] = None):
         self.design, self.seed, self.engine, self.log, self.progress_s = design, seed, engine, log, progress_s
+        self.against = against              # a reference design: a failure counts only where it is clean
+        self.shared = 0                     # failures the reference design shows too (not the design's own)
         self.gen = Generator(seed)
         self.seen: set[tuple] = set()
         self.interesting: list[dict] = []
@@ -385,7 +417,7 @@ class Fuzzer:
                 continue
             self.tried += 1
             self.hashes.append(sc.hash)
-            if out.status == "found":
+            if out.status == "found" and not self.shared_failure(sc):
                 return self._result("found", t0, sc, out.finding)
             new = features(sc, out.steps, out.radix) - self.seen
             if new:
@@ -396,16 +428,26 @@ class Fuzzer:
                 self.log(self.progress_line(last - t0))
         return self._result("clean", t0)
 
+    def shared_failure(self, sc: Scenario) -> bool:
+        """With --against: whether the reference design fails the same scenario (then it is not this design's)."""
+        if self.against is None:
+            return False
+        if run_one(replace(sc, design=self.against), None).status != "found":
+            return False
+        self.shared += 1
+        return True
+
     def progress_line(self, elapsed: float) -> str:
         paths = sorted({f"{f[1]}/{f[2]}" for f in self.seen if f[0] == "path"})
         return (f"fuzz: {self.tried} scenarios in {elapsed:.0f}s ({self.tried / max(elapsed, 1e-9):.2f}/s), "
-                f"{self.rejected} rejected, level {self.level()}, coverage {len(self.seen)} combinations; "
+                f"{self.rejected} rejected, " + (f"{self.shared} failing under {self.against} too, " if self.against else "")
+                + f"level {self.level()}, coverage {len(self.seen)} combinations; "
                 f"mode/graph: {', '.join(paths)}")
 
     def _result(self, status: str, t0: float, sc: Optional[Scenario] = None, finding=None,
                 error: Optional[str] = None) -> FuzzResult:
         return FuzzResult(status, self.tried, self.rejected, time.perf_counter() - t0, len(self.seen),
-                          list(self.hashes), sc, finding, error)
+                          list(self.hashes), sc, finding, error, self.shared)
 
 
 # --------------------------------------------------------------------------- on a failure
@@ -434,7 +476,8 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
                                f"{sc.design} ({m.runs} candidate runs)."), m.runs
 
 
-def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Callable[[str], None]) -> dict:
+def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Callable[[str], None],
+                against: Optional[str] = None) -> dict:
     """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json."""
     from .pipeline import RunOptions, run_scenario
 
@@ -452,13 +495,17 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Call
             "finding": {"class": f.cls, "backend": f.backend, "step": f.step, "layer": f.layer, "kind": f.kind,
                         "message": f.message},
             "minimal_findings_total": run.summary["findings_total"]}
+    if against is not None:
+        info["against"] = against
+        info["shared_with_against"] = res.shared
+        info["against_on_minimal"] = run_one(replace(back, design=against), None).status
     (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
 def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optional[str] = None,
          max_scenarios: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-         progress_s: float = 5.0) -> FuzzResult:
+         progress_s: float = 5.0, against: Optional[str] = None) -> FuzzResult:
     """Search until the first failing scenario or the end of the budget (no outputs written)."""
     import torch
 
@@ -466,7 +513,9 @@ def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optiona
 
     torch.set_num_threads(1)
     load_design(design)                  # a bad --design is bad input before anything runs
-    return Fuzzer(design, seed, engine, log, progress_s).run(budget_s, max_scenarios)
+    if against is not None:
+        load_design(against)
+    return Fuzzer(design, seed, engine, log, progress_s, against).run(budget_s, max_scenarios)
 
 
 def register(subparsers: Any) -> None:
@@ -487,6 +536,9 @@ def register(subparsers: Any) -> None:
                    help="how long to search: 90s, 10m, 1h (default 10m)")
     p.add_argument("--seed", type=int, default=0, help="the search's seed (same seed, same scenarios)")
     p.add_argument("--out", metavar="DIR", help="where a failure goes (default out/fuzz-<design>)")
+    p.add_argument("--against", metavar="DESIGN",
+                   help="a reference design: count a failure only where it runs clean (e.g. the design yours "
+                        "started from: a bug they share, like W7 on ROCm, is not yours)")
     p.add_argument("--max-scenarios", type=int, metavar="N", help="stop after N scenarios run")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_fuzz)
@@ -509,7 +561,7 @@ def cmd_fuzz(args) -> int:
     out_dir = Path(args.out or f"out/fuzz-{_slug(args.design)}")
     log(f"fuzz: design {args.design}, seed {args.seed}, budget {args.budget:.0f}s")
     res = fuzz(args.design, seed=args.seed, budget_s=args.budget, engine=engine, max_scenarios=args.max_scenarios,
-               log=log)
+               log=log, against=args.against)
     log(f"fuzz: {res.status}: {res.tried} scenarios run, {res.rejected} rejected, {res.elapsed_s:.1f}s, "
         f"coverage {res.coverage} combinations")
     if res.status == "internal":
@@ -524,7 +576,7 @@ def cmd_fuzz(args) -> int:
     f = res.finding
     log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {f.cls} on {f.backend} at step {f.step}, "
         f"layer {f.layer} ({f.kind}); minimizing")
-    info = write_found(res, out_dir, engine, log)
+    info = write_found(res, out_dir, engine, log, args.against)
     log(f"fuzz: wrote {out_dir}/found.toml, minimal.toml, run/report.html, fuzz.json "
         f"(minimized in {info['minimize_s']}s)")
     print((out_dir / "minimal.toml").read_text(), end="")
