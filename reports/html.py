@@ -121,10 +121,11 @@ def render_report(run: RunData) -> str:
     mismatches, distinct = first_mismatches(run)
     from .timeline import timeline_view  # the first divergence's step under the overlap scheduler, else None
     from .faults import fault_view        # --inject: the injected faults and what detected them, else None
+    from .ownership import ownership_view  # the radix cache: the first divergent slot's owners over time, else None
 
     return _env().get_template("report.html.j2").render(
         run=run, verdict=verdict_sentence(run), incomplete=incomplete_sentence(run), verdict_rows=verdict_rows(run),
-        divergence=div, plots=plots, timeline=timeline_view(run, div),
+        divergence=div, plots=plots, timeline=timeline_view(run, div), ownership=ownership_view(run),
         plot_notes=notes, mismatches=mismatches, distinct_mismatches=distinct, layer_mix=_layer_mix(run),
         faults=fault_view(run.path), **_common())
 
