@@ -119,8 +119,11 @@ class Run:
         pool_cfg = scenario.pool
         # allocator_factory: the seam for an engine's allocator (engine_path.runtime.EngineRuntime)
         self.alloc = alloc = (allocator_factory(pool_cfg) if allocator_factory is not None else
-                              HybridAllocator(pool_cfg.full_size, pool_cfg.swa_size, pool_cfg.page_size))
+                              _model_allocator(scenario, design))
         pad = run_padding(design_padding(design), alloc)
+        if pool_cfg.unified and pad.convention.dummy_request:
+            raise ValueError(f"pool.unified: design {design.name}'s padding convention uses a dummy request, "
+                             f"whose slots would be virtual ids; the unified pool pads with the sink (slot 0)")
         self.pad_slots = pad.pad_slots
         if getattr(scenario.engine, "radix_cache", False):
             # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
@@ -148,9 +151,14 @@ class Run:
         #: the overlap timeline's seam: called before each layer of each backend (see the module docstring)
         self.before_layer: Optional[BeforeLayer] = None
         # on the CPU the tensor shares the allocator's memory (always current); elsewhere updated per step
-        self.mapping = torch.from_numpy(alloc.full_to_swa)
+        self.mapping = torch.from_numpy(alloc.physical_full_to_swa() if pool_cfg.unified else alloc.full_to_swa)
         if device.type != "cpu":
             self.mapping = self.mapping.to(device)
+        #: pool.unified: the per-forward plan between virtual and physical ids (simulator/unified_run.py)
+        self.unified = None
+        if pool_cfg.unified:
+            from .unified_run import UnifiedPlan
+            self.unified = UnifiedPlan(self)
         #: engine.overlap: the timeline driver (simulator/overlap.py; it gives the run a mapping of its own)
         self.overlap = overlap_driver(self, scenario, release_of(design))
         #: --inject: the fault injector (simulator/faults.py); None: no faults, no content check
@@ -173,6 +181,8 @@ class Run:
         return self._epoch0 + (time.perf_counter_ns() - self._perf0)
 
     def result(self) -> RunResult:
+        if self.unified is not None:
+            self.info.extra["unified"] = self.unified.summary()
         return RunResult(info=self.info, backends=self.stats, findings=self.findings, steps=self.steps,
                          findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
                          wall_s=time.perf_counter() - self._wall0,
@@ -183,6 +193,8 @@ class Run:
     def step(self, batch: ForwardBatch, truth: BatchTruth) -> StepRecord:
         if self.overlap is not None:
             return self.overlap.step(batch, truth)
+        if self.unified is not None:
+            batch, truth = self.unified.bind(batch, truth)     # virtual ids -> physical (the plan's bind)
         whole = getattr(self.executor, "run_step", None)    # an executor that runs whole steps (cuda_path)
         rec = None if whole is None else whole(self, batch, truth)
         if rec is not None:
@@ -198,6 +210,9 @@ class Run:
         tags = torch.from_numpy(truth.tags).to(self.device)
         rows_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         read_in = self._read_inputs(batch.requests) if self.read_check and batch.requests is not None else None
+        if self.unified is not None:
+            read_in = None if read_in is None else self.unified.read_inputs(read_in)
+            self.unified.read_door(side, batch)
         if self.faults is not None:
             return self._faulty_step(side, batch, truth, loc, tags, rows_cache, read_in, t_start)
         for name in side.boundaries:
@@ -392,6 +407,15 @@ class _ReadCheck:
             self._reported[kind] = bad if prev is None else np.concatenate([prev, bad])
 
 
+def _model_allocator(scenario: Scenario, design: Design):
+    """The modelled allocator of a scenario: the static hybrid pool, or the unified pool (pool.unified)."""
+    cfg = scenario.pool
+    if cfg.unified:
+        from .unified_run import model_unified_pool
+        return model_unified_pool(scenario, design)
+    return HybridAllocator(cfg.full_size, cfg.swa_size, cfg.page_size)
+
+
 def run_simulation(
     scenario: Scenario,
     design: Design,
@@ -422,6 +446,8 @@ def run_simulation(
         run.faults, run._content_seen, run._fault_side = faults, {}, run.target
     try:
         source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
+        if run.unified is not None:
+            source = run.unified.guard(source)      # a device-side index assert (U1) ends the run
         for n_step, (batch, truth) in enumerate(source):
             if max_steps is not None and n_step >= max_steps:
                 break

@@ -722,8 +722,22 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
     if spec.enabled and cfg.mixed_chunk:
         raise t.fail("mixed_chunk", "cannot be true with speculative decoding (SGLang turns mixed chunked "
                                     "prefill off under speculative decoding)")
+    if pool.unified:
+        _unified_combos(t, cfg)
     t.done()
     return cfg
+
+
+def _unified_combos(t: _Table, cfg: EngineConfig) -> None:
+    """What the unified pool (pool.unified) does not run with yet: each refused by the [engine] field."""
+    why = {"radix_cache": "the prefix cache's page-level entry points are not v2p operations yet",
+           "overlap": "the overlap timeline keeps a mapping of its own; the unified run pins the previous "
+                      "forward's write window instead",
+           "speculative": "draft pools and speculative give-backs are not translated yet"}
+    on = {"radix_cache": cfg.radix_cache, "overlap": cfg.overlap, "speculative": cfg.speculative.enabled}
+    for key, is_on in on.items():
+        if is_on:
+            raise t.fail(key, f"cannot be on with pool.unified = true ({why[key]})")
 
 
 def parse_scenario(text: str, source: str = "<inline>") -> Scenario:

@@ -207,6 +207,9 @@ class UnifiedPool:
         self._group: Optional[list[tuple[str, np.ndarray]]] = None
         self.group_end_hooks: list = []
         self.moves = 0
+        #: the scheduler's limits (full, SWA tokens): the static split the budget was made from, when known
+        #: (from_pool_config); else each side's maximum
+        self.split: Optional[tuple[int, int]] = None
 
     @classmethod
     def from_pool_config(cls, cfg, full_bytes_per_token: int, swa_bytes_per_token: int,
@@ -215,7 +218,18 @@ class UnifiedPool:
         sink page) as one budget; per-page costs from the per-token bytes (all layers of the kind)."""
         p = cfg.page_size
         budget = (cfg.full_size + p) * full_bytes_per_token + (cfg.swa_size + p) * swa_bytes_per_token
-        return cls(budget, full_bytes_per_token * p, swa_bytes_per_token * p, p, behaviour)
+        pool = cls(budget, full_bytes_per_token * p, swa_bytes_per_token * p, p, behaviour)
+        pool.split = (cfg.full_size, cfg.swa_size)
+        return pool
+
+    #: the virtual ids are minted FIFO (0.5.23); physical pages lowest free first
+    free_order = "fifo"
+
+    def set_free_order(self, order: str) -> None:
+        """The scheduler's knob: the unified pool's orders are its own (virtual ids FIFO, physical pages
+        lowest first); a valid order is accepted and not applied."""
+        if order not in ("lifo", "fifo", "head"):
+            raise ValueError(f"free order must be 'lifo', 'fifo' or 'head', got {order!r}")
 
     # ---- events
 
@@ -238,11 +252,13 @@ class UnifiedPool:
 
     @property
     def full_size(self) -> int:
-        return self.full.max_pages * self.page_size
+        """What the scheduler may reserve full-side: the static split's full tokens (every reservation
+        within the split fits the budget once compacted), else the side's maximum."""
+        return self.split[0] if self.split is not None else self.full.max_pages * self.page_size
 
     @property
     def swa_size(self) -> int:
-        return self.swa.max_pages * self.page_size
+        return self.split[1] if self.split is not None else self.swa.max_pages * self.page_size
 
     @property
     def full_rows(self) -> int:
@@ -483,6 +499,11 @@ class UnifiedPool:
     def pinned(self) -> frozenset:
         return frozenset(self._pinned)
 
+    def flush_opportunistic(self) -> int:
+        """0.5.23's lazy compaction at a scheduler boundary (``flush_opportunistic``; lazy compaction is on by
+        default): the holes freed pages left are filled by moving the highest pages down, never a pinned one."""
+        return self.compact()
+
     def compact(self) -> int:
         """Move live pages of each side into the lowest holes, highest first, never a pinned page; returns
         how many pages moved."""
@@ -537,6 +558,23 @@ class UnifiedPool:
         if self.behaviour.unclamped_translate:
             return np.where(inside, raw, 0)
         return np.where(phys > 0, raw, 0)
+
+    def physical_full_to_swa(self) -> np.ndarray:
+        """Per *physical* full slot, the SWA physical slot of the same virtual token (0: none; the last
+        entry the -1 sentinel): the static pool's ``full_to_swa`` in physical terms, what the design hooks
+        of a forward whose ``out_cache_loc`` was bound physical translate through (the plan's SWA ids)."""
+        p = self.page_size
+        out = np.zeros(self.full_rows + 1, dtype=np.int64)
+        out[-1] = -1
+        bound = np.flatnonzero(self.full.v2p[1:] > 0) + 1
+        if self.behaviour.swa_table_own_size:
+            bound = bound[bound < self.swa.v2p.shape[0]]
+        if bound.size:
+            offs = np.arange(p, dtype=np.int64)
+            virt = (bound[:, None] * p + offs).ravel()
+            phys = (self.full.v2p[bound][:, None] * p + offs).ravel()
+            out[phys] = self.translate_kv_loc(virt, "swa")
+        return out
 
     @property
     def full_to_swa(self) -> np.ndarray:

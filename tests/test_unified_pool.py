@@ -281,3 +281,90 @@ def test_p7_end_to_end_on_paths_spec():
         assert sum(st.findings.values()) == st.findings["length_mismatch"]
     good = simulate(sc, "dots-eagle-preplan-rebuild")
     assert {b: s.total for b, s in good.backends.items()} == {"triton": 0, "flashinfer": 0}
+
+
+# --------------------------------------------------------------------------- pool.unified in the run loop
+
+def _run_unified(name, design, backends, max_steps=None):
+    from cuda_path.pool import TaggedKVPool
+    from simulator.designs import load_design
+    from simulator.run import run_simulation
+    from tests.helpers import scenario
+
+    sc = scenario(name).with_overrides(design=design, backends=backends)
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", geometry="compact", store_impl="torch",
+                            skip_index=skip)
+    return run_simulation(sc, load_design(sc.design), make, max_steps=max_steps)
+
+
+def _summary(r):
+    return {b: (s.writes, {c: n for c, n in s.findings.items() if n},
+                None if s.first_finding is None else (s.first_finding.step, s.first_finding.cls))
+            for b, s in r.backends.items()}
+
+
+def test_unified_scenario_fields_are_validated():
+    from simulator.scenario import ScenarioError
+    from tests.helpers import tiny
+
+    base = ('name = "u"\n[model]\npreset = "gpt-oss-20b"\nnum_layers = 2\n[pool]\nfull_size = 512\nunified = {u}\n'
+            '[workload]\nrequests = 2\n{engine}')
+    assert tiny(base.format(u="true", engine="")).pool.unified is True
+    with pytest.raises(ScenarioError, match=r"pool\.unified"):
+        tiny(base.format(u='"yes"', engine=""))
+    for engine, field in (("[engine]\noverlap = true\n", "engine.overlap"),
+                          ("[engine]\nradix_cache = true\n", "engine.radix_cache"),
+                          ("[engine.speculative]\nnum_draft_tokens = 3\n", "engine.speculative")):
+        with pytest.raises(ScenarioError, match=rf"{field}: cannot be on with pool\.unified = true"):
+            tiny(base.format(u="true", engine=engine))
+        tiny(base.format(u="false", engine=engine))                 # the static pool takes them
+
+
+def test_unified_run_compacts_and_is_clean_and_u2_escapes_on_page_table_backends():
+    """scenarios/u2-unified-tombstone-escape.toml, 70 steps: the pool compacts (479 page moves, none of the
+    in-flight window); 0.5.23 is clean; with U2 the tombstoned -1 reaches flashattention's whole-row SWA page
+    table (first at step 51), never triton's window indices."""
+    fixed = _run_unified("u2-unified-tombstone-escape", "sglang-0.5.23-unified", ("triton", "flashattention"), 70)
+    assert len(fixed.steps) == 70
+    assert _summary(fixed) == {"triton": (280, {}, None), "flashattention": (280, {}, None)}
+    u = fixed.info.extra["unified"]
+    assert (u["moves"], u["pinned_moves"], u["read_door_findings"], u["died"]) == (479, 0, 0, None)
+    assert (u["num_virtual_ids"], u["swa_table"]) == (1537, 1537)
+    bug = _run_unified("u2-unified-tombstone-escape", "sglang-unified-pre-35933", ("triton", "flashattention"), 70)
+    assert _summary(bug) == {"triton": (280, {}, None),
+                             "flashattention": (280, {"out_of_range": 20}, (51, "out_of_range"))}
+    f = next(f for f in bug.findings if f.backend == "flashattention")
+    assert (f.kind, f.slot) == ("swa", -1) and "read_table of the whole row" in f.message
+
+
+def test_a_broken_compaction_copy_is_caught(monkeypatch):
+    """If the pools under test did not get the moved pages' rows, every moved live slot is a stale_read."""
+    import simulator.unified_run as ur
+
+    orig = ur.UnifiedPlan._move
+
+    def move_oracle_only(self, kind, src, dst):
+        stores = [(p, p.store) for side in self.run.sides for p in side.pools.values()]
+        for p, _ in stores:
+            p.store = lambda *a, **k: None
+        try:
+            orig(self, kind, src, dst)
+        finally:
+            for p, st in stores:
+                p.store = st
+    monkeypatch.setattr(ur.UnifiedPlan, "_move", move_oracle_only)
+    r = _run_unified("u2-unified-tombstone-escape", "sglang-0.5.23-unified", ("triton",), 70)
+    assert _summary(r) == {"triton": (280, {"stale_read": 479}, (23, "stale_read"))}
+
+
+def test_u1_run_dies_at_the_first_virtual_page_past_the_swa_table():
+    """scenarios/u1-unified-swa-table.toml: the SWA table has 614 entries, the full side mints ids up to 3,068;
+    the run ends at step 28, at the bind of virtual page 614, one out_of_range per backend."""
+    r = _run_unified("u1-unified-swa-table", "sglang-unified-pre-37560", ("triton", "musa"))
+    assert len(r.steps) == 28
+    assert _summary(r) == {"triton": (168, {"out_of_range": 1}, (28, "out_of_range")),
+                           "musa": (168, {"out_of_range": 1}, (28, "out_of_range"))}
+    assert r.info.extra["unified"]["died"] == {"step": 28, "where": "swa.v2p.bind", "index": 614, "length": 614,
+                                               "token": 614}
