@@ -65,6 +65,12 @@ def observed(summary: dict) -> dict:
 #  paths-noshrink   4 layers x 27 = 108; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
 #  paths-big-pool   2 layers x 14 = 28; B2's stale tail: steps 6-8 replay 3 rows in capture size 4, one stale row
 #                   each x 1 SWA layer = 3 clobbered.
+#  U1      gemma4-31b, 6 layers (1 full, 5 SWA); SWA pages cost 5x full ones, so the SWA table of the buggy pool has
+#          614 entries while the full side mints virtual pages up to 3,068: 28 forwards x 6 = 168 writes, then the
+#          bind of virtual page 614 is the device-side assert: one out_of_range per backend. Fixed: 66 x 6 = 396.
+#  U2      gpt-oss-20b, 4 layers, 180 forwards: 720 writes; flashattention and musa translate each request's whole
+#          row into their SWA page table: under U2 a tombstoned page is -1 in 81 (forward, request) pairs, from
+#          step 51; the other backends translate the window only.
 PINNED_CORPUS = {
     ("B1", "buggy"): pinned("sglang-pre-29460", steps=9,
         every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
@@ -128,6 +134,16 @@ PINNED_CORPUS = {
         every=(124, {"padding_slot": 4, "stale_read": 107}, (13, 0, "padding_slot"))),
     ("W7", "fixed"): pinned("sglang-0.5.23-war-barrier", steps=31,
         every=(124, {}, None)),
+    ("U1", "buggy"): pinned("sglang-unified-pre-37560", steps=28,
+        every=(168, {"out_of_range": 1}, (28, -1, "out_of_range"))),
+    ("U1", "fixed"): pinned("sglang-0.5.23-unified", steps=66,
+        every=(396, {}, None)),
+    ("U2", "buggy"): pinned("sglang-unified-pre-35933", steps=180,
+        every=(720, {}, None),
+        flashattention=(720, {"out_of_range": 81}, (51, -1, "out_of_range")),
+        musa=(720, {"out_of_range": 81}, (51, -1, "out_of_range"))),
+    ("U2", "fixed"): pinned("sglang-0.5.23-unified", steps=180,
+        every=(720, {}, None)),
 }
 
 #: shipped path scenarios: (scenario, design or "own") -> pin
@@ -163,7 +179,7 @@ PINNED_SCENARIOS = {
 }
 
 BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
-                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-")))
+                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-", "u1-", "u2-")))
 PATH_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem.startswith(("paths-", "smoke")))
 
 
