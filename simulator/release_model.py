@@ -81,11 +81,15 @@ class EvictionContext:
     interval: int = 128            # SGLANG_SWA_EVICTION_INTERVAL (0.5.23)
     draft_window: int = 0          # the draft model's window when its layers read the SWA pool, else 0
     extra: int = 0                 # tokens a request may hold past its last one (speculative verify window)
+    overlap: bool = False          # the run models the overlap scheduler (engine.overlap): the overlap guards
 
 
 class MidYear2026Eviction:
     """SGLang before 0.5.23 (mid-2026): lazily per request; decode when ``decode_step % window == 1``, every
-    prefill chunk up to ``prefix - window``; a speculative round once twice the window is held.
+    prefill chunk up to ``prefix - window``; a speculative round once twice the window is held. Under the
+    overlap scheduler (``ctx.overlap``, only when the run models it) a chunked prefill keeps the guard its
+    ``maybe_evict_swa`` had then: no eviction for the first two extend batches, then against ``prefix_len -
+    chunked_prefill_size``, because the previous chunk may still be running and reading those slots.
 
     The ``*_point`` methods return the prefix length to evict against (the scheduler frees the SWA
     slots of positions ``[evicted, point - retained window)``, page-aligned) or None for no eviction.
@@ -103,6 +107,11 @@ class MidYear2026Eviction:
         return length if decoded % ctx.window == 1 else None
 
     def extend_point(self, ctx: EvictionContext, *, prefix_len: int, evicted: int, chunk: int) -> Optional[int]:
+        if ctx.overlap:
+            if chunk < 2:
+                return None
+            if ctx.chunked_prefill_size > 0:
+                return prefix_len - ctx.chunked_prefill_size
         return prefix_len
 
     def speculative_point(self, ctx: EvictionContext, *, length: int, evicted: int,
@@ -110,8 +119,10 @@ class MidYear2026Eviction:
         return length if length - evicted >= 2 * ctx.window else None
 
     def swa_hold_bound(self, ctx: EvictionContext) -> int:
-        """Most SWA slots one request may hold at once (admission reserves this much)."""
-        return 2 * ctx.window + ctx.chunked_prefill_size + 2 * ctx.page_size + 2 * ctx.extra
+        """Most SWA slots one request may hold at once (admission reserves this much); the overlap guard
+        keeps one more chunk."""
+        chunks = 2 * ctx.chunked_prefill_size if ctx.overlap else ctx.chunked_prefill_size
+        return 2 * ctx.window + chunks + 2 * ctx.page_size + 2 * ctx.extra
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,7 +115,7 @@ class Scheduler:
             interval=scenario.engine.swa_eviction_interval,
             # the draft's SWA layers read the same window of the shared SWA pool
             draft_window=scenario.model.window if self.spec is not None and "swa" in spec.draft_layers else 0,
-            extra=self._extra)
+            extra=self._extra, overlap=self.overlap)
         # the window an evicting request keeps (SGLang 0.5.23: max(window, draft window))
         self.window = self._eviction.retain_window(self._ev_ctx)
         self.pending: deque[RequestSpec] = deque(requests)

@@ -5,6 +5,7 @@ docs/OVERLAP.md explains the model; the table of orderings under which each W bu
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -143,7 +144,7 @@ cuda_graph_bs = [1, 2, 4, 8]
 """)
 
 
-def _run(sc, design: str, chooser=None):
+def _run(sc, design: str, chooser=None, setup=None):
     from cuda_path.pool import TaggedKVPool
 
     def make(full_rows, swa_rows, skip):
@@ -153,6 +154,8 @@ def _run(sc, design: str, chooser=None):
               executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
     if chooser is not None:
         run.overlap.choose = chooser
+    if setup is not None:
+        setup(run)
     source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
     for batch, truth in source:
         run.step(batch, truth)
@@ -317,3 +320,70 @@ def test_different_landing_seeds_give_different_orders_of_the_same_writes():
     # the scenario's own seed picks the stream: same seed, same order
     again = _run(sc, "sglang-post-33587")[0]
     assert _landing_points(again) == _landing_points(_run(sc, "sglang-post-33587")[0])
+
+
+# ------------------------------------------------------------------ whose tokens the W findings are on
+
+def _live_and_dropped(run, res) -> tuple[int, int]:
+    """Findings on a request whose free (its finish, seen one batch late) or retraction races that very
+    forward (SGLang drops that token's output) vs on any other request."""
+    gone = {rec.step: {w.rid for w in ld.writes if w.kind in ("free", "retract")}
+            for rec, ld in zip(res.steps, run.overlap.landings)}
+    live = dropped = 0
+    for f in res.findings:
+        if f.expected.request in gone[f.step]:
+            dropped += 1
+        else:
+            live += 1
+    return live, dropped
+
+
+def test_chunked_prefill_keeps_the_overlap_guard_so_w1_reaches_no_live_token():
+    """Prompts past the window, prefilled in chunks under the overlap scheduler without a barrier (W1),
+    every write as early as allowed: the next chunk's out-of-window free_swa would clear entries the
+    in-flight chunk still reads, but mid-2026's maybe_evict_swa already guarded that (no eviction for the
+    first two extend batches, then against prefix_len - chunked_prefill_size). So every finding is on a
+    token SGLang drops; the fixed barrier is clean."""
+    from simulator.release_model import EvictionContext, MidYear2026Eviction
+
+    ev = MidYear2026Eviction()
+    on = EvictionContext(window=128, page_size=1, chunked_prefill_size=64, overlap=True)
+    off = EvictionContext(window=128, page_size=1, chunked_prefill_size=64)
+    assert [ev.extend_point(on, prefix_len=320, evicted=0, chunk=c) for c in (0, 1, 2)] == [None, None, 256]
+    assert ev.extend_point(off, prefix_len=320, evicted=0, chunk=0) == 320
+    assert (ev.swa_hold_bound(on), ev.swa_hold_bound(off)) == (386, 322)
+    sc = tiny("""
+name = "t"
+seed = 26380
+backends = ["flashinfer", "trtllm_mha"]
+[model]
+preset = "gpt-oss-20b"
+num_layers = 4
+[pool]
+full_size = 4096
+swa_ratio = 0.5
+[workload]
+requests = 6
+arrival = "poisson"
+rate = 2.0
+prompt_len = { dist = "uniform", min = 300, max = 600 }
+output_len = { dist = "uniform", min = 4, max = 40 }
+[engine]
+chunked_prefill_size = 64
+cuda_graph_bs = [1, 2, 4, 8]
+overlap = true
+""")
+    run, res = _run(sc, "sglang-pre-26380", earliest_chooser)
+    assert len(res.steps) == 98
+    assert sum(1 for ld in run.overlap.landings for w in ld.writes if w.kind == "free_swa") == 25
+    assert _counts(res) == {b: {"padding_slot": 12, "stale_read": 768} for b in ("flashinfer", "trtllm_mha")}
+    assert _live_and_dropped(run, res) == (0, 1560)
+    assert not any(_counts(_run(sc, "sglang-post-33587", earliest_chooser)[1]).values())
+
+    # without the guard the next chunk's free_swa clears entries the in-flight chunk still reads: live
+    # requests' prefill tokens read slot 0 (what the guard is for, and what the read check would report)
+    def unguarded(run):
+        run.scheduler._ev_ctx = dataclasses.replace(run.scheduler._ev_ctx, overlap=False)
+    run, res = _run(sc, "sglang-pre-26380", earliest_chooser, unguarded)
+    assert _counts(res)["flashinfer"] == {"padding_slot": 12, "stale_read": 2250}
+    assert _live_and_dropped(run, res) == (2964, 1560)
