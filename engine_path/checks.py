@@ -207,6 +207,7 @@ def release_report(scenarios: Optional[list[str]] = None) -> dict:
            "differential": allocator_differentials(),
            "design": design_hooks(),
            "graph_buffers": graph_buffers(),
+           "stores": stores(),
            "second_release": second_release("0.5.15" if api.info.version != "0.5.15" else "0.5.14"),
            "scenarios": {}}
     for path in scenarios or []:
@@ -348,6 +349,21 @@ def graph_buffers() -> dict:
             row[what] = {"whose": whose, "buffer": bufs[0].tolist(), "equals_model_upto_padded":
                          bool(torch.equal(bufs[0][:5], bufs[1][:5]))}
         out[f"{runner}/{backend}"] = row
+    return out
+
+
+def stores() -> dict:
+    """What ``release_store`` says for each device here: the CPU fallback, and for CUDA the clear refusal a
+    machine without it gets (the release's ``is_cuda()`` was False at import)."""
+    from .errors import EngineError
+    from .pool import release_store
+
+    api = load()
+    out = {"cpu": release_store(api, torch.device("cpu"))}
+    try:
+        out["cuda"] = release_store(api, torch.device("cuda"))
+    except EngineError as e:
+        out["cuda"] = {"error": str(e)}
     return out
 
 

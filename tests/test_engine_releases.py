@@ -224,3 +224,16 @@ def test_graph_static_buffers_are_refreshed_by_the_releases_code(reports, versio
         assert row["loc"]["buffer"] == head + [99, 99, 99], key
         assert row["swa"]["buffer"] == [3, 4, 5, 0, 0] + ([0, 0, 0] if swa_whose == "engine" else [99, 99, 99]), key
         assert row["loc"]["equals_model_upto_padded"] and row["swa"]["equals_model_upto_padded"], key
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_the_releases_store_per_device(reports, version):
+    """CPU: the release's fallback store, which writes slot 0 (skip_index None). CUDA on a machine without
+    it: one clear error naming why the release's CUDA store cannot run (tests/test_engine_gpu.py runs it)."""
+    import torch
+
+    st = reports[version]["stores"]
+    assert st["cpu"] == {"store": "CPU fallback k_cache[loc] = k", "skip_index": None, "is_cuda": False}
+    if not torch.cuda.is_available():
+        assert st["cuda"]["error"].startswith(f"sglang {version}: --device cuda, but the release's is_cuda() was "
+                                              f"False at import (torch.cuda.is_available() False")
