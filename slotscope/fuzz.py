@@ -467,9 +467,18 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
 
     from simulator.designs import load_design
 
-    from .minimize import Minimizer
+    from .minimize import InternalError, Minimizer
 
-    m = Minimizer(sc, load_design(sc.design), target_of(sc, finding), log)
+    class FuzzMinimizer(Minimizer):
+        def reproduces(self, cand: Scenario, what: str = "candidate") -> bool:
+            try:
+                return super().reproduces(cand, what)
+            except InternalError as e:     # a candidate whose pools can never admit a request: rejected
+                if isinstance(e.exc, RuntimeError) and str(e.exc).startswith(STALLED):
+                    return False
+                raise
+
+    m = FuzzMinimizer(sc, load_design(sc.design), target_of(sc, finding), log)
     out = m.run()
     return replace(out, name=f"{sc.name}-minimal",
                    description=f"Found by slotscope fuzz and minimized: {m.target.describe()} under design "
@@ -576,7 +585,16 @@ def cmd_fuzz(args) -> int:
     f = res.finding
     log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {f.cls} on {f.backend} at step {f.step}, "
         f"layer {f.layer} ({f.kind}); minimizing")
-    info = write_found(res, out_dir, engine, log, args.against)
+    from .minimize import InternalError
+
+    try:
+        info = write_found(res, out_dir, engine, log, args.against)
+    except InternalError as e:
+        (out_dir / "minimize-error.toml").write_text(e.candidate.to_toml(defaults=False))
+        sys.stderr.write(e.trace)
+        log(f"slotscope: error: internal error of slotscope while minimizing: {e}; the failing scenario is in "
+            f"{out_dir / 'found.toml'}, the candidate that triggered the error in {out_dir / 'minimize-error.toml'}")
+        return EXIT_INTERNAL
     log(f"fuzz: wrote {out_dir}/found.toml, minimal.toml, run/report.html, fuzz.json "
         f"(minimized in {info['minimize_s']}s)")
     print((out_dir / "minimal.toml").read_text(), end="")

@@ -348,14 +348,29 @@ def run_local(todo: Sequence[Todo], cache: Path, device: str, on_done: Callable[
         on_done(t, run_point(t.scenario.raw, t.point.source, str(cache / t.hash), device))
 
 
+def init_ray(address: Optional[str] = None, num_cpus: Optional[int] = None, tries: int = 2) -> None:
+    """``ray.init`` here (``num_cpus``; None: every core) or at ``address``, without the dashboard; one
+    torch thread per worker. A local start that times out (Ray gives its raylet 30 s, which a loaded
+    machine can miss) is tried once more."""
+    ray = _ray()
+    kw: dict[str, Any] = {"address": address} if address else {"num_cpus": num_cpus}
+    for attempt in range(tries):
+        try:
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     runtime_env={"env_vars": {"SLOTSCOPE_TORCH_THREADS": "1"}}, **kw)
+            return
+        except Exception as e:
+            if address or "timed out during startup" not in str(e) or attempt == tries - 1:
+                raise
+            ray.shutdown()
+
+
 def run_ray(todo: Sequence[Todo], cache: Path, device: str, on_done: Callable[[Todo, dict], None],
             address: Optional[str] = None, num_cpus: Optional[int] = None) -> None:
     """Each point a Ray task (one GPU or one CPU); a dead worker's task is retried once, then reported."""
     ray = _ray()
     if not ray.is_initialized():
-        kw: dict[str, Any] = {"address": address} if address else {"num_cpus": num_cpus}
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 runtime_env={"env_vars": {"SLOTSCOPE_TORCH_THREADS": "1"}}, **kw)
+        init_ray(address=address, num_cpus=num_cpus)
     res = {"num_gpus": 1, "num_cpus": 1} if device == "cuda" else {"num_cpus": 1}
     task = ray.remote(max_retries=1, **res)(run_point)
     pending = {task.remote(t.scenario.raw, t.point.source, str((cache / t.hash).resolve()), device): t for t in todo}

@@ -153,7 +153,9 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from slotscope.sweep import init_ray
+
+    init_ray(num_cpus=2)
     yield
     ray.shutdown()
 
