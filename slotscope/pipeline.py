@@ -343,6 +343,12 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
         design = runtime.design
+        if scenario.pool.unified:
+            # the release's unified allocator in the loop; the scenario's modelled design and our pools
+            from engine_path.unified import UnifiedEngineRuntime
+
+            design = load_design(scenario.design)
+            runtime = UnifiedEngineRuntime(runtime.api, design, scenario)
     else:
         design = load_design(scenario.design)
         device = resolve_device(opts.device)
@@ -397,7 +403,9 @@ def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> 
         kwargs["faults"] = su.faults
     if su.opts.forward_observer is not None:
         kwargs["forward_observer"] = su.opts.forward_observer
-    if su.runtime is None:
+    if su.runtime is None or getattr(su.runtime, "unified", False):
+        if su.runtime is not None:
+            kwargs["allocator_factory"] = su.runtime.allocator_factory     # pool.unified: the release's allocator
         return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
                               **kwargs)
     from .engine_run import allocator_seam

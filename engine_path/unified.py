@@ -1,0 +1,316 @@
+"""The release's unified allocator (``--enable-unified-memory``) behind the run loop's unified-pool interface.
+
+:class:`UnifiedEngineAllocator` drives SGLang 0.5.23's ``UnifiedSWATokenToKVPoolAllocator`` (built by the
+release's own ``init_unified_swa_pools`` on the CPU, with the scenario model's full and SWA layer geometry,
+so the byte budget splits as the engine's would) at **page size 1**, with the interface
+``simulator/unified_run.py`` expects of :class:`simulator.unified_pool.UnifiedPool`:
+
+* ``extend`` -> ``alloc(n)`` (virtual token ids minted by the full side, bound on both sides);
+* ``evict_swa`` -> ``free_swa`` (the SWA tombstone path: ``swa.v2p = -1``, the full side kept);
+* ``free`` / ``truncate`` -> ``free`` (the composite filters tombstoned pages itself), inside the release's
+  ``free_group_begin`` / ``free_group_end`` when the scheduler groups frees;
+* ``translate_kv_loc(loc, "full" | "swa")`` -> the release's ``translate_kv_loc`` /
+  ``translate_loc_from_full_to_swa`` (its clamping to the sink);
+* ``set_inflight_forward`` -> the release's, with a CPU stand-in for the forward-done event (not done until
+  the next forward is planned); ``flush_opportunistic`` -> the release's lazy compaction (on, as in a server).
+
+Ownership events (bind, unbind, tombstone, move) are read off the release's own page tables: after every call
+the adapter compares each sub-pool's ``virtual_to_physical`` with its copy from before, so what the oracle
+learns is what the engine did, compaction moves included. Paged unified allocation (page size > 1) is not
+driven (:class:`EngineError`).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from simulator.allocator import OutOfSlots, RequestSlots
+from simulator.prefix_cache import SlotEvent
+from simulator.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND
+
+from .errors import EngineError
+
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+class _PendingForward:
+    """A CPU stand-in for the forward-done CUDA event: in flight until :meth:`done`."""
+
+    def __init__(self):
+        self._done = False
+
+    def query(self) -> bool:
+        return self._done
+
+    def done(self) -> None:
+        self._done = True
+
+
+def build_unified(model, budget_bytes: int, page_size: int = 1, lazy_compaction: bool = True):
+    """The release's SWA-hybrid unified pool stack for ``model`` (its layers and geometry) over ``budget_bytes``."""
+    try:
+        from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
+    except ImportError as e:
+        raise EngineError(f"this release has no unified memory pool (init_unified_swa_pools): {e}") from None
+    layers = model.layers()
+    full, swa = model.geometry("full"), model.geometry("swa")
+    return init_unified_swa_pools(
+        device="cpu", kv_cache_dtype=_TORCH_DTYPES.get(model.kv_dtype, torch.bfloat16),
+        head_num=full.heads, head_dim=full.head_dim, v_head_dim=full.v_head_dim,
+        swa_head_num=swa.heads, swa_head_dim=swa.head_dim, swa_v_head_dim=swa.v_head_dim,
+        page_size=page_size, start_layer=0, end_layer=len(layers),
+        swa_attention_layer_ids=[li.layer for li in layers if li.kind == "swa"],
+        full_attention_layer_ids=[li.layer for li in layers if li.kind == "full"],
+        total_bytes=budget_bytes, enable_memory_saver=False, need_sort=False, lazy_compaction=lazy_compaction)
+
+
+class UnifiedEngineAllocator:
+    """The run loop's unified-pool interface over the release's ``UnifiedSWATokenToKVPoolAllocator``."""
+
+    page_size = 1
+    free_order = "engine"
+
+    def __init__(self, model, pool_cfg, budget_bytes: int):
+        if pool_cfg.page_size != 1:
+            raise EngineError(f"pool.page_size {pool_cfg.page_size} with pool.unified and --engine: the release's "
+                              f"unified allocator is driven at page size 1 only (its paged alloc_extend is not wired)")
+        self.bundle = build_unified(model, budget_bytes)
+        self.engine = self.bundle.token_to_kv_pool_allocator
+        self.fa, self.sa = self.engine.full_attn_allocator, self.engine.swa_attn_allocator
+        self.split = (pool_cfg.full_size, pool_cfg.swa_size)
+        self.budget_bytes = budget_bytes
+        self.num_virtual_ids = int(self.fa.num_virtual_ids)
+        self._tables = {"full": self._v2p("full"), "swa": self._v2p("swa")}
+        self.events: list[SlotEvent] = []
+        self.group_end_hooks: list = []
+        self._in_group = False
+        self._forward: Optional[_PendingForward] = None
+        self.calls = dict.fromkeys(("alloc", "free", "free_swa", "flush_opportunistic", "set_inflight_forward"), 0)
+
+    # ---- page tables -> events
+
+    def _side(self, pool: str):
+        return self.fa if pool == "full" else self.sa
+
+    def _v2p(self, pool: str) -> np.ndarray:
+        return self._side(pool).virtual_to_physical.numpy().copy()
+
+    def _diff(self, cause: str, swa_unbind: str = UNBIND) -> None:
+        """Events from the change of both page tables since the last call (moves first, then binds, unbinds)."""
+        for pool in ("full", "swa"):
+            old, new = self._tables[pool], self._v2p(pool)
+            ch = np.flatnonzero(old != new)
+            self._tables[pool] = new
+            if ch.size == 0:
+                continue
+            o, n = old[ch], new[ch]
+            moved, bound, gone = (o > 0) & (n > 0), (o <= 0) & (n > 0), (o > 0) & (n <= 0)
+            if moved.any():
+                self.events.append(SlotEvent(MOVE, pool, o[moved], None, n[moved], "compact"))
+            if bound.any():
+                self.events.append(SlotEvent(BIND, pool, n[bound], None, ch[bound], cause))
+            if gone.any():
+                kind = swa_unbind if pool == "swa" else UNBIND
+                self.events.append(SlotEvent(kind, pool, o[gone], None, ch[gone], cause))
+
+    def drain_events(self) -> list[SlotEvent]:
+        out, self.events = self.events, []
+        return out
+
+    # ---- sizes and counts (HybridAllocator's, in tokens)
+
+    @property
+    def full_size(self) -> int:
+        return self.split[0]
+
+    @property
+    def swa_size(self) -> int:
+        return self.split[1]
+
+    @property
+    def full_rows(self) -> int:
+        return int(self.fa.max_slots)
+
+    @property
+    def swa_rows(self) -> int:
+        return int(self.sa.max_slots)
+
+    @property
+    def full_used(self) -> int:
+        return int(self.fa.allocated_count())
+
+    @property
+    def swa_used(self) -> int:
+        return int(self.sa.allocated_count())
+
+    @property
+    def full_free(self) -> int:
+        return int(self.engine.full_available_size())
+
+    @property
+    def swa_free(self) -> int:
+        return int(self.engine.swa_available_size())
+
+    def pages_needed(self, slots: RequestSlots, n: int) -> int:
+        return max(0, n)
+
+    def set_free_order(self, order: str) -> None:
+        if order not in ("lifo", "fifo", "head"):
+            raise ValueError(f"free order must be 'lifo', 'fifo' or 'head', got {order!r}")
+
+    # ---- allocation and frees
+
+    def extend(self, slots: RequestSlots, n: int) -> np.ndarray:
+        if n <= 0:
+            return np.zeros(0, dtype=np.int64)
+        if slots.length + n > slots.capacity:
+            raise ValueError(f"request grows to {slots.length + n} tokens, past its capacity {slots.capacity}")
+        self.calls["alloc"] += 1
+        v = self.engine.alloc(n)
+        self._diff("extend")
+        if v is None:
+            raise OutOfSlots(f"the release's unified allocator refused {n} tokens "
+                             f"(joint available {self.engine.available_size()})")
+        ids = v.numpy().astype(np.int64)
+        start = slots.length
+        slots.full[start:start + n] = ids
+        slots.swa[start:start + n] = ids
+        slots.length = start + n
+        return ids.copy()
+
+    def evict_swa(self, slots: RequestSlots, end: int) -> int:
+        end = min(end, slots.length)
+        begin = slots.swa_evicted
+        if end <= begin:
+            return 0
+        self.calls["free_swa"] += 1
+        self.engine.free_swa(torch.from_numpy(slots.full[begin:end].copy()))
+        self._diff("out_of_window", TOMBSTONE)
+        slots.swa[begin:end] = 0
+        slots.swa_evicted = end
+        return end - begin
+
+    def _free(self, ids: np.ndarray, cause: str) -> None:
+        if ids.size:
+            self.calls["free"] += 1
+            self.engine.free(torch.from_numpy(ids.copy()))
+            if not self._in_group:
+                self._diff(cause)
+
+    def truncate(self, slots: RequestSlots, length: int) -> int:
+        n = slots.length
+        if length >= n:
+            return 0
+        if length < slots.swa_evicted:
+            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
+        self._free(slots.full[length:n], "truncate")
+        slots.full[length:n] = 0
+        slots.swa[length:n] = 0
+        slots.length = length
+        return n - length
+
+    def free(self, slots: RequestSlots) -> None:
+        n = slots.length
+        if n == 0:
+            return
+        self._free(slots.full[:n], "release")
+        slots.swa[:n] = 0
+        slots.length = 0
+        slots.swa_evicted = 0
+
+    @property
+    def in_free_group(self) -> bool:
+        return self._in_group
+
+    @contextmanager
+    def free_group(self, enabled: bool = True) -> Iterator[None]:
+        """The release's ``free_group_begin`` / ``free_group_end`` around the frees made inside."""
+        if not enabled or self._in_group:
+            yield
+            return
+        self.engine.free_group_begin()
+        self._in_group = True
+        try:
+            yield
+        finally:
+            for hook in self.group_end_hooks:
+                hook()
+            self._in_group = False
+            self.engine.free_group_end()
+            self._diff("flush")
+
+    # ---- the plan's side: translation, the in-flight window, compaction
+
+    def translate_kv_loc(self, loc, pool: str = "full") -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(np.asarray(loc, dtype=np.int64)))
+        out = self.engine.translate_kv_loc(t) if pool == "full" else self.engine.translate_loc_from_full_to_swa(t)
+        return out.numpy().astype(np.int64)
+
+    def physical_full_to_swa(self) -> np.ndarray:
+        """Per physical full slot, the SWA physical slot of the same virtual token (0: none; last entry -1)."""
+        out = np.zeros(self.full_rows + 1, dtype=np.int64)
+        out[-1] = -1
+        v2p = self._tables["full"]
+        bound = np.flatnonzero(v2p[1:] > 0) + 1
+        if bound.size:
+            out[v2p[bound]] = self.translate_kv_loc(bound, "swa")
+        return out
+
+    def set_inflight_forward(self, virtual_loc) -> None:
+        """The previous forward is done; the new one (``virtual_loc``; None: none) is in flight."""
+        if self._forward is not None:
+            self._forward.done()
+            self._forward = None
+        self.calls["set_inflight_forward"] += 1
+        if virtual_loc is None or len(virtual_loc) == 0:
+            self.engine.set_inflight_forward(_PendingForward(), None)
+            return
+        self._forward = _PendingForward()
+        self.engine.set_inflight_forward(self._forward, torch.from_numpy(np.asarray(virtual_loc, dtype=np.int64).copy()))
+
+    def flush_opportunistic(self) -> int:
+        self.calls["flush_opportunistic"] += 1
+        moved = int(self.engine.flush_opportunistic())
+        self._diff("flush")
+        return moved
+
+    def describe(self) -> dict:
+        return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}", "page_size": 1,
+                "budget_bytes": self.budget_bytes, "num_virtual_ids": self.num_virtual_ids,
+                "full_rows": self.full_rows, "swa_rows": self.swa_rows, "swa_v2p_len": int(self.sa.virtual_to_physical.shape[0]),
+                "calls": dict(self.calls)}
+
+
+class UnifiedEngineRuntime:
+    """An engine run of a ``pool.unified`` scenario: the release's unified allocator in the loop; the design
+    (the scenario's modelled one), the backends' metadata and the pools under test stay slotscope's."""
+
+    unified = True
+
+    def __init__(self, api, design, scenario):
+        self.api = api
+        self.design = design
+        self.scenario = scenario
+        self.allocator: Optional[UnifiedEngineAllocator] = None
+
+    def allocator_factory(self, cfg) -> UnifiedEngineAllocator:
+        """The run loop's seam: the scenario's pool config -> the release's allocator over the model's budget."""
+        from simulator.unified_run import model_unified_pool
+
+        budget = model_unified_pool(self.scenario, self.design).budget_bytes
+        self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget)
+        return self.allocator
+
+    def describe(self) -> dict:
+        d = {"engine": self.api.info.to_json(),
+             "engine_pieces": ["UnifiedSWATokenToKVPoolAllocator (alloc, free, free_swa, free groups, translate_kv_loc, "
+                               "translate_loc_from_full_to_swa, set_inflight_forward, flush_opportunistic: virtual ids, "
+                               "page tables, lazy compaction)"],
+             "model_pieces": [f"design {self.design.name} (write locations, read ids)", "backend metadata",
+                              "pools under test", "scheduler"]}
+        if self.allocator is not None:
+            d["allocator"] = self.allocator.describe()
+        return d
