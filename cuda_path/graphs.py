@@ -22,18 +22,30 @@ between its layers (a graph replay has no per-layer host timestamps).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from simulator.checker import LayerWrite
+from simulator.designs import Design, SGLangPre29460
 from simulator.execute import BackendStep, EagerExecutor, dtype_name, observe, prepare_write, rows_for
 from simulator.kvrows import TAG_LANES, encode_rows, pad_tags
 from simulator.records import PAD_TAG
 from simulator.pool import KVLengthMismatch
 
 from .pool import TaggedKVPool
+
+
+#: ``make_write_loc`` implementations that look only at ``loc`` and ``swa_loc`` (not at the layer, the
+#: context or any state): one call per kind and forward gives what a call per layer gives
+LAYER_FREE_WRITE_LOC = frozenset({Design.make_write_loc, SGLangPre29460.make_write_loc})
+
+
+def _layer_free(design) -> bool:
+    return getattr(type(design), "make_write_loc", None) in LAYER_FREE_WRITE_LOC \
+        and "make_write_loc" not in getattr(design, "__dict__", {})
 
 
 @contextlib.contextmanager
@@ -108,7 +120,9 @@ class CudaGraphExecutor:
             return None
         if self.steps is None:
             from .step import GpuStepRunner
-            self.steps = GpuStepRunner(self)
+            # a proxy: no reference cycle, so a finished run's graphs are freed at once, never by a
+            # garbage collection that could fall inside a later capture
+            self.steps = GpuStepRunner(weakref.proxy(self))
         return self.steps(run, batch, truth)
 
     # ------------------------------------------------------------------ decode graphs
@@ -253,10 +267,16 @@ class CudaGraphExecutor:
         each row stamped for its layer), any other layer alone; observations in layer order."""
         before = s.before_layer
         prepared, groups = [], {}
+        free = _layer_free(s.boundary.design)
+        per_kind: dict[str, object] = {}
         for i, layer in enumerate(s.layers):
             if before is not None:
                 before(layer)
-            w = prepare_write(s, layer)
+            w = per_kind.get(layer.kind) if free else None
+            if w is None:      # layer-free: the same write location for every layer of a kind, built once
+                w = prepare_write(s, layer)
+                if free and not isinstance(w, LayerWrite):
+                    per_kind[layer.kind] = w      # (a failure is built per layer: its text names the layer)
             prepared.append(w)
             if not isinstance(w, LayerWrite):
                 t = w[1]

@@ -31,7 +31,7 @@ import torch
 
 from simulator.batch import BatchTruth, ForwardBatch
 from simulator.checker import LayerWrite
-from simulator.designs import HookFailure, ReadTable, call_hook, check_read_table
+from simulator.designs import Design, HookFailure, ReadTable, call_hook, check_read_table
 from simulator.execute import BackendStep
 from simulator.kvrows import tag_lanes
 from simulator.records import DRAFT_MODES, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
@@ -106,7 +106,7 @@ class GpuStepRunner:
         if run.read_check and batch.requests is not None:
             rq = batch.requests
             read_in = (torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
-                       torch.from_numpy(rq.extend_lens))
+                       torch.from_numpy(rq.extend_lens), {})     # the last: tables shared within the step
         rows_cache: dict = {}
         done = [self._forward(run, side, name, batch, truth, loc, tags, rows_cache, read_in)
                 for name in side.boundaries]
@@ -126,7 +126,7 @@ class GpuStepRunner:
              "in_graph": False}
         try:
             meta = boundary.init_metadata(batch, loc, run.mapping)
-            table = None if read_in is None else self._read_table(boundary, meta, read_in, run)
+            table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
         except HookFailure as f:
             d["failure"] = (f, boundary)
             return d
@@ -142,12 +142,23 @@ class GpuStepRunner:
         return d
 
     @staticmethod
-    def _read_table(boundary, meta, read_in, run) -> ReadTable:
-        """BackendBoundary.read_table on host copies of its inputs (and the allocator's own mapping)."""
-        mapping = torch.from_numpy(run.alloc.full_to_swa)
-        ctx = dataclasses.replace(meta.ctx, full_to_swa=mapping)
-        table = call_hook("read_ids", boundary.design.read_ids, *read_in, mapping, ctx)
-        table = check_read_table(table, int(read_in[1].shape[0]), CPU)
+    def _read_table(boundary, meta, read_in, run, shared: dict) -> ReadTable:
+        """BackendBoundary.read_table on host copies of its inputs (and the allocator's own mapping).
+
+        Backends whose design keeps the base ``Design.read_ids`` (a function of the inputs and
+        ``ctx.window`` alone) share one table per step: the same object, so its read check runs once."""
+        design = boundary.design
+        key = None
+        if type(design).read_ids is Design.read_ids and "read_ids" not in getattr(design, "__dict__", {}):
+            key = ("base read_ids", meta.ctx.window)
+        table = shared.get(key) if key is not None else None
+        if table is None:
+            mapping = torch.from_numpy(run.alloc.full_to_swa)
+            ctx = dataclasses.replace(meta.ctx, full_to_swa=mapping)
+            table = call_hook("read_ids", design.read_ids, *read_in, mapping, ctx)
+            table = check_read_table(table, int(read_in[1].shape[0]), CPU)
+            if key is not None:
+                shared[key] = table
         if not meta.window and table.full is not None:
             table = ReadTable(full=table.full, swa=table.full)
         return table

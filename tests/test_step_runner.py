@@ -69,3 +69,33 @@ def test_step_runner_leaves_fault_injection_to_the_runs_own_step():
         before_layer = None
 
     assert ex.run_step(_Run(), None, None) is None
+
+
+class _GroupedOnCpu:
+    """cuda_path's grouped writes (graphs.CudaGraphExecutor._run_grouped) on a CPU pool: every layer's write
+    location (once per kind where the design's make_write_loc is layer-free), the layers sharing a target in
+    one store_layers call, observations in layer order."""
+
+    def __init__(self):
+        from cuda_path.graphs import CudaGraphExecutor
+
+        self.graphs = CudaGraphExecutor()
+
+    def run(self, s):
+        if s.interleaved or s.write_fault is not None:
+            return EagerExecutor().run(s)
+        return self.graphs._run_grouped(s, {})
+
+
+@pytest.mark.parametrize("name, design", [("b1-pcg-dp-padding", "sglang-pre-29460"),
+                                          ("gap-swa-shorter", None), ("b1-pcg-dp-padding", "sglang-post-29460")])
+def test_grouped_writes_give_the_runs_own_findings(name, design):
+    sc = scenario(name).with_overrides(design=design)
+    make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
+    own_obs, fast_obs = _Recorder(), _Recorder()
+    own = run_simulation(sc, load_design(sc.design), make, observer=own_obs)
+    fast = run_simulation(sc, load_design(sc.design), make, observer=fast_obs,
+                          executor=StepwiseExecutor(_GroupedOnCpu()))
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
+    assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
+    assert fast_obs.events == own_obs.events
