@@ -264,6 +264,8 @@ def summary_of(scenario: Scenario, design: Design, result: RunResult,
         out["max_steps"] = scenario.max_steps
     if getattr(result, "radix", None) is not None:
         out["radix"] = result.radix          # engine.radix_cache's counters (written only when it is on)
+    if "unified" in result.info.extra:
+        out["unified"] = result.info.extra["unified"]    # pool.unified's plan counters (written only when it is on)
     if incomplete is not None:
         out["incomplete"] = incomplete
     return out
