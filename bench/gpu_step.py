@@ -8,9 +8,10 @@ CUDA graphs, the GPU step runner of cuda_path/step.py). Three runs:
 
   cold      the first run in the process (Triton compiles its kernels, graphs are captured)
   warm      the same run again (the figure the issue's target is about: the run, not the compiler)
-  counted   the same run once more under ``torch.cuda.set_sync_debug_mode("warn")``: every host
-            synchronisation torch performs (a device-to-host copy, ``.item()``, a stream or device
-            synchronize, ``nonzero``, a blocking host-to-device copy) raises a warning, counted per step
+  counted   the same run once more under ``torch.cuda.set_sync_debug_mode("warn")``: each host
+            synchronisation torch detects (a device-to-host copy, ``.item()``, a stream or device
+            synchronize, ``nonzero``, a blocking host-to-device copy; torch calls the mode a prototype
+            that does not yet detect all) raises a warning, counted per step (captures excluded)
 
 Steady state is every decode-graph step after the run's first 100 steps (by then each capture size
 has been captured). With ``--compare-cpu`` the summary and findings are compared with a CPU run of the
