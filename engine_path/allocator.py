@@ -30,7 +30,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from simulator.allocator import HybridAllocator, OutOfSlots, RequestSlots
+from simulator.allocator import HybridAllocator, OutOfSlots, OverFree, RequestSlots
 
 from .api import ReleaseAPI
 from .errors import EngineError
@@ -73,6 +73,8 @@ class EngineAllocator:
         self.requested_free_order: Optional[str] = None
         self._in_group = False
         self._rules: dict = {}
+        #: the radix cache's hooks at a free group's end (simulator/prefix_cache.py), as HybridAllocator's
+        self.group_end_hooks: list = []
         #: calls made into the release, by kind (what a run's report can say the engine did)
         self.calls = dict.fromkeys(("alloc", "alloc_extend", "alloc_decode", "free", "free_full", "free_swa",
                                     "eviction_rule"), 0)
@@ -96,8 +98,11 @@ class EngineAllocator:
         try:
             yield
         finally:
+            for hook in self.group_end_hooks:
+                hook()
             self._in_group = False
-            end()
+            with _capacity_assert(self.api, "free_group_end"):
+                end()
 
     # --- sizes and counts, as HybridAllocator --------------------------------------------------
     @property
@@ -248,6 +253,48 @@ class EngineAllocator:
         slots.length = 0
         slots.swa_evicted = 0
 
+    # --- the radix cache's free paths (simulator/prefix_cache.py runs these through the release) ----------
+    #: PrefixCache delegates its frees to the release's free paths (free_swa_segment, free_swa, free_full,
+    #: free) instead of pushing pages itself; what they free is read from the mapping before each call
+    release_frees = True
+
+    @property
+    def in_free_group(self) -> bool:
+        return self._in_group
+
+    def set_mapping(self, full: np.ndarray, swa: np.ndarray) -> None:
+        self.engine.set_full_to_swa_mapping(self._t(full), self._t(swa))
+
+    def clear_mapping(self, full: np.ndarray) -> None:
+        self.engine.clear_full_to_swa_mapping(self._t(full))
+
+    def _freeing(self, call: str, fn, *args, **kw) -> None:
+        self.calls[call] = self.calls.get(call, 0) + 1
+        with _capacity_assert(self.api, call):
+            fn(*args, **kw)
+
+    def release_free_swa_segment(self, full: np.ndarray) -> None:
+        """The release's ``free_swa_segment`` over whole pages of full ids (page-aligned, start 0): it frees
+        ``mapping[rep] // page`` for each page's representative, as the release decides (0.5.23: no filter)."""
+        self._freeing("free_swa_segment", self.engine.free_swa_segment, self._t(full), start_pos=0)
+
+    def release_free_swa(self, full: np.ndarray) -> None:
+        self._freeing("free_swa", self.engine.free_swa, self._t(full))
+
+    def release_free_full(self, full: np.ndarray) -> None:
+        self._freeing("free_full", self.engine.free_full, self._t(full))
+
+    @property
+    def swa_free_list(self) -> np.ndarray:
+        """The release's SWA free list as page ids (where it keeps one as ``free_pages``), for checks."""
+        a = self.engine.swa_attn_allocator
+        pages = getattr(a, "free_pages", None)
+        if pages is None:
+            return np.zeros(0, np.int64)
+        rel = getattr(a, "release_pages", None)
+        parts = [pages] + ([rel] if isinstance(rel, torch.Tensor) else [])
+        return torch.cat([t.to("cpu", torch.int64) for t in parts]).numpy()
+
     @property
     def found(self) -> dict:
         """What this adapter found in the release (probed, not by version)."""
@@ -264,6 +311,16 @@ class EngineAllocator:
     def describe(self) -> dict:
         return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",
                 "page_size": self.page_size, "engine": self.api.info.to_json()}
+
+
+@contextmanager
+def _capacity_assert(api: ReleaseAPI, where: str):
+    """The release's ``available_size() <= size`` assert (an over-free) as the simulator's OverFree."""
+    try:
+        yield
+    except AssertionError as e:
+        raise OverFree(f"sglang {api.info.version} {where}: available_size() <= size failed"
+                       + (f" ({e})" if str(e) else "")) from e
 
 
 def _free_kv_row_segments():

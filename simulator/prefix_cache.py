@@ -220,6 +220,15 @@ class PrefixCache:
         self._clock = 0
         self._deferred: list[tuple[np.ndarray, Owner, str, bool]] = []   # R7: SWA frees resolved at flush
         self._held: list[tuple[str, np.ndarray]] = []                     # frees waiting for the group's end
+        #: an engine's allocator (engine_path.allocator.EngineAllocator) runs the free paths itself: the
+        #: release's free_swa_segment / free_swa / free_full; the events say what they freed (read from the
+        #: mapping before each call), and the model's switches of those paths do not apply
+        self._release = bool(getattr(alloc, "release_frees", False))
+        if self._release:
+            model_only = [bug for bug in bugs_of(behaviour) if bug != "R8"]
+            if model_only:
+                raise ValueError(f"the release's own free paths run with an engine allocator: the model's "
+                                 f"switches {', '.join(model_only)} cannot be set there")
         alloc.group_end_hooks.append(self._on_group_end)
 
     # ------------------------------------------------------------------ events and small helpers
@@ -255,10 +264,11 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ free paths (allocator/swa.py)
 
-    def _pushed(self, pool: str, pages: np.ndarray, owner: Optional[Owner], cause: str) -> None:
+    def _pushed(self, pool: str, pages: np.ndarray, owner: Optional[Owner], cause: str, push: bool = True) -> None:
         if not pages.size:
             return
-        (self.alloc.free_full_pages if pool == "full" else self.alloc.free_swa_pages)(pages, checked=False)
+        if push:
+            (self.alloc.free_full_pages if pool == "full" else self.alloc.free_swa_pages)(pages, checked=False)
         self._emit(FREE, pool, self._page_slots(pages), owner, cause)
         if self.alloc.in_free_group:
             self._held.append((pool, pages))
@@ -267,7 +277,10 @@ class PrefixCache:
 
     def free_full(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free_full`` / ``free_full_segment``: the full pages only; the mapping is not read."""
-        self._pushed("full", self._pages(np.asarray(full, np.int64)), owner, cause)
+        full = np.asarray(full, np.int64)
+        if self._release and full.size:
+            self.alloc.release_free_full(full)
+        self._pushed("full", self._pages(full), owner, cause, push=not self._release)
 
     def free_swa_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free_swa_segment`` -> ``_free_swa_pages`` over a page-aligned run of full ids: one
@@ -276,19 +289,22 @@ class PrefixCache:
         if not full.size:
             return
         reps = full[::self.p]
-        if self.b.resolve_swa_at_flush and self.alloc.in_free_group:
+        if self.b.resolve_swa_at_flush and self.alloc.in_free_group and not self._release:
             self._deferred.append((reps.copy(), owner, cause, True))     # the ids, not a view of a row
             return
         self._resolve_segment(reps, owner, cause)
 
     def _resolve_segment(self, reps: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        m = self.alloc.full_to_swa[reps]
-        if self.b.filter_unmapped_swa_frees:
+        m = self.alloc.full_to_swa[reps].copy()
+        if self.b.filter_unmapped_swa_frees and not self._release:
             reps, m = reps[m > 0], m[m > 0]
         rows = self._page_slots(reps // self.p)
-        self.alloc.clear_mapping(rows)
+        if self._release:
+            self.alloc.release_free_swa_segment(rows)      # the release's _free_swa_pages: mapping[rep] // page
+        else:
+            self.alloc.clear_mapping(rows)
         self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
-        self._pushed("swa", m // self.p, owner, cause)
+        self._pushed("swa", m // self.p, owner, cause, push=not self._release)
 
     def free_swa(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free_swa`` of an arbitrary set of full ids. Page 1: ``_free_swa_pages`` (unfiltered in 0.5.23).
@@ -297,7 +313,7 @@ class PrefixCache:
         full = np.asarray(full, np.int64)
         if not full.size:
             return
-        if self.b.resolve_swa_at_flush and self.alloc.in_free_group:
+        if self.b.resolve_swa_at_flush and self.alloc.in_free_group and not self._release:
             self._deferred.append((full.copy(), owner, cause, False))
             return
         self._resolve_tokens(full, owner, cause)
@@ -307,10 +323,13 @@ class PrefixCache:
             self._resolve_segment(full, owner, cause)
             return
         rows = full if self.b.clear_freed_tokens_only else self._page_slots(self._pages(full))
-        m = self.alloc.full_to_swa[rows]
-        self.alloc.clear_mapping(rows)
+        m = self.alloc.full_to_swa[rows].copy()
+        if self._release:
+            self.alloc.release_free_swa(full)               # expands to pages, frees the peers > 0 (_release_swa)
+        else:
+            self.alloc.clear_mapping(rows)
         self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
-        self._pushed("swa", self._pages(m[m > 0]), owner, cause)
+        self._pushed("swa", self._pages(m[m > 0]), owner, cause, push=not self._release)
 
     def free(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free``: SWA first (it reads the mapping), then full."""

@@ -48,8 +48,9 @@ class SharingScheduler(Scheduler):
         if eng.speculative.enabled or eng.overlap:
             raise ScenarioError(f"{scenario.source}: engine.radix_cache is not modelled with speculative "
                                 "decoding or the overlap scheduler yet")
-        if getattr(allocator, "evict_out_of_window", None) is not None:
-            raise ScenarioError(f"{scenario.source}: engine.radix_cache runs on the modelled allocator only")
+        if not isinstance(allocator, HybridAllocator) and not getattr(allocator, "release_frees", False):
+            raise ScenarioError(f"{scenario.source}: engine.radix_cache runs on the modelled allocator or on an "
+                                "engine allocator that runs the release's free paths (engine_path.allocator)")
         # later turns wait for the previous turn: hold them back from the arrival queue
         first = [r for r in requests if r.turn <= 1]
         self._later = {(r.conversation, r.turn): r for r in requests if r.turn > 1}
