@@ -71,6 +71,15 @@ def observed(summary: dict) -> dict:
 #  U2      gpt-oss-20b, 4 layers, 180 forwards: 720 writes; flashattention and musa translate each request's whole
 #          row into their SWA page table: under U2 a tombstoned page is -1 in 81 (forward, request) pairs, from
 #          step 51; the other backends translate the window only.
+#  R2, R7 2 layers (SF), 55 forwards: 110 writes. R2: request 1 (A) reads its 40-token prefix's full slots, freed by
+#          B's locked recovery, at its full layer in every forward from step 31: 280 stale_read. R7: C and D read
+#          the node's window through the mapping the flush cleared (slot 0): 30 stale_read from step 40.
+#  R3      2 layers, 74 forwards (148 writes) up to the over-free at step 75 (radix.stopped); 18 stale_read of SWA
+#          slots the stale mapping freed, first request 13's slot 106 at step 61. Fixed: 169 x 2 = 338.
+#  R8      2 layers, page 16, 98 forwards (196 writes) up to the over-free at step 99; the sink page (slots 0..15)
+#          handed to request 15 at step 85 and read: 1184 stale_read. Fixed (the filter): 178 x 2 = 356.
+#  P7      paths-spec's schedule (366 writes); the pre-planned speculative forwards under DP padding: 10
+#          length_mismatch at the draft's SWA layer (id 5), first at step 4.
 PINNED_CORPUS = {
     ("B1", "buggy"): pinned("sglang-pre-29460", steps=9,
         every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
@@ -134,6 +143,26 @@ PINNED_CORPUS = {
         every=(124, {"padding_slot": 4, "stale_read": 107}, (13, 0, "padding_slot"))),
     ("W7", "fixed"): pinned("sglang-0.5.23-war-barrier", steps=31,
         every=(124, {}, None)),
+    ("R2", "buggy"): pinned("radix-r2", steps=55,
+        every=(110, {"stale_read": 280}, (31, 1, "stale_read"))),
+    ("R2", "fixed"): pinned("radix-fixed", steps=55,
+        every=(110, {}, None)),
+    ("R3", "buggy"): pinned("radix-r3", steps=74,
+        every=(148, {"stale_read": 18}, (61, 0, "stale_read"))),
+    ("R3", "fixed"): pinned("radix-fixed", steps=169,
+        every=(338, {}, None)),
+    ("R7", "buggy"): pinned("radix-r7", steps=55,
+        every=(110, {"stale_read": 30}, (40, 0, "stale_read"))),
+    ("R7", "fixed"): pinned("radix-fixed", steps=55,
+        every=(110, {}, None)),
+    ("R8", "buggy"): pinned("sglang-0.5.23", steps=98,
+        every=(196, {"stale_read": 1184}, (85, 0, "stale_read"))),
+    ("R8", "fixed"): pinned("radix-fixed", steps=178,
+        every=(356, {}, None)),
+    ("P7", "buggy"): pinned("dots-eagle-preplan", steps=147,
+        every=(366, {"length_mismatch": 10}, (4, 5, "length_mismatch"))),
+    ("P7", "fixed"): pinned("dots-eagle-preplan-rebuild", steps=147,
+        every=(366, {}, None)),
     ("U1", "buggy"): pinned("sglang-unified-pre-37560", steps=28,
         every=(168, {"out_of_range": 1}, (28, -1, "out_of_range"))),
     ("U1", "fixed"): pinned("sglang-0.5.23-unified", steps=66,
@@ -179,7 +208,8 @@ PINNED_SCENARIOS = {
 }
 
 BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
-                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-", "u1-", "u2-")))
+                       if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-", "u1-", "u2-",
+                                             "r2-", "r3-", "r7-", "r8-", "p7-")))
 PATH_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem.startswith(("paths-", "smoke")))
 
 
