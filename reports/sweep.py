@@ -28,7 +28,7 @@ _TEMPLATE = """{% extends "base.html.j2" %}
 <h2>Verdict: design / release &times; point</h2>
 <div class="scroll">
 <table class="verdict-table">
-  <thead><tr><th>design / release</th>{% for c in columns %}<th class="mono">{{ c }}</th>{% endfor %}</tr></thead>
+  <thead><tr><th>design / release</th>{% for c in columns %}<th class="mono" style="white-space: normal">{{ c }}</th>{% endfor %}</tr></thead>
   <tbody>
   {% for row, cells in table %}
     <tr><td class="mono overflow">{{ row }}</td>{% for cell in cells %}<td>{% if cell %}{% if cell.link %}<a href="{{ cell.link }}">{% endif %}<span class="tag {{ cell.css }}">{{ cell.text }}</span>{% if cell.link %}</a>{% endif %}{% else %}&mdash;{% endif %}</td>{% endfor %}</tr>

@@ -155,6 +155,8 @@ class Generator:
         d["pool"] = {"full_size": full, "swa_ratio": ratio}
         if page > 1:
             d["pool"]["page_size"] = page
+        if self.chance(0.25):                      # 0.5.23's unified pool (one byte budget, virtual ids)
+            d["pool"]["unified"] = True
 
     def g_chunking(self, d: dict, level: int) -> None:
         e = d.setdefault("engine", {})
@@ -219,11 +221,15 @@ class Generator:
     def g_sharing(self, d: dict, level: int) -> None:
         e, w = d.setdefault("engine", {}), d.setdefault("workload", {})
         e.pop("radix_cache", None)
+        e.pop("cache_linker", None)
         for k in ("system_prompts", "system_prompt_len", "share", "turns", "think_time"):
             w.pop(k, None)
         if not self.chance(0.25):
             return
         e["radix_cache"] = True
+        e.pop("cache_linker", None)
+        if self.chance(0.3):                       # an external cache linker (R8's trigger)
+            e["cache_linker"] = True
         if "request" in w:
             return
         w["system_prompts"] = self.rng.randint(1, 3)
@@ -252,9 +258,12 @@ def _demand(w: dict) -> tuple[int, int]:
 
 def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
     """Resolve the validator's exclusions the cheap way (the second knob gives way): overlap and retraction
-    run without speculative decoding, mixed chunks without speculative decoding or retraction. A
+    run without speculative decoding, mixed chunks without speculative decoding or retraction, the unified
+    pool without the radix cache, overlap or speculative decoding. A
     deployment-size prompt is prefilled in one chunk on two layers (its high ids in one forward, in seconds)."""
     e = data.get("engine", {})
+    if data["pool"].get("unified") and (e.get("radix_cache") or e.get("overlap") or "speculative" in e):
+        del data["pool"]["unified"]        # the unified pool runs without them yet: it gives way
     biggest, _ = _demand(data.get("workload", {}))
     if biggest > 30000:
         e["chunked_prefill_size"] = max(e.get("chunked_prefill_size", 8192), biggest)
@@ -290,7 +299,7 @@ def features(sc: Scenario, steps, radix: Optional[dict]) -> set[tuple]:
     padding, eviction, sharing and the id range, and the knobs that shape the write path."""
     e = sc.engine
     groups = sorted({BACKEND_GROUP.get(b, b) for b in sc.backends})
-    knobs = ("page>1" if sc.pool.page_size > 1 else "page1", "spec" if e.speculative.enabled else "-",
+    knobs = ("unified" if sc.pool.unified else "page>1" if sc.pool.page_size > 1 else "page1", "spec" if e.speculative.enabled else "-",
              f"overlap:{e.war_barrier}:{e.platform}" if e.overlap else "-", "noshrink" if not e.piecewise_shrink else "-",
              "retract" if e.reserve == "none" else "-", "radix" if e.radix_cache else "-")
     out: set[tuple] = {("knobs",) + knobs}

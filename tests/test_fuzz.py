@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import pytest
 
 from simulator.scenario import parse_scenario
 from simulator.toml_write import dumps
+from slotscope.cli import main
 from slotscope.corpus import load_corpus
 from slotscope.fuzz import Fuzzer, Generator, draw_scenario, fix_up, fuzz, parse_budget
 
@@ -54,7 +53,8 @@ def test_draws_are_valid_and_cover_the_space():
                          ("mixed", e.mixed_chunk), ("pcg", e.piecewise_cuda_graph), ("noshrink", not e.piecewise_shrink),
                          ("no_decode_graph", not e.cuda_graph), ("preset", sc.model.preset is not None),
                          ("pattern", sc.model.preset is None), ("big_pool", sc.pool.full_size > 65535),
-                         ("explicit", bool(sc.workload.explicit)), ("turns", sc.workload.turns.dist != "fixed")):
+                         ("explicit", bool(sc.workload.explicit)), ("turns", sc.workload.turns.dist != "fixed"),
+                         ("unified", sc.pool.unified), ("cache_linker", e.cache_linker)):
             seen[key] = seen.get(key, 0) + bool(hit)
     assert accepted >= 300
     assert all(seen[k] >= 3 for k in seen), seen
@@ -85,11 +85,11 @@ def test_finds_the_first_half_of_the_corpus(design):
                                "out_of_range", "stale_read", "torn_write")
 
 
-def test_cli_writes_the_minimal_scenario_its_run_and_report(tmp_path):
+def test_cli_writes_the_minimal_scenario_its_run_and_report(tmp_path, capsys):
     out = tmp_path / "fz"
-    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", "sglang-pre-24743", "--seed", "1",
-                        "--budget", "60s", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 1, p.stderr[-2000:]
+    rc = main(["fuzz", "--design", "sglang-pre-24743", "--seed", "1", "--budget", "60s", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 1, cap.err[-2000:]
     info = json.loads((out / "fuzz.json").read_text())
     assert info["status"] == "found" and info["design"] == "sglang-pre-24743"
     minimal = parse_scenario((out / "minimal.toml").read_text(), "minimal.toml")
@@ -98,22 +98,24 @@ def test_cli_writes_the_minimal_scenario_its_run_and_report(tmp_path):
     assert len(minimal.workload.explicit) <= max(found.workload.requests, len(found.workload.explicit))
     summary = json.loads((out / "run" / "summary.json").read_text())
     assert summary["findings_total"] == info["minimal_findings_total"] >= 1
+    assert summary["backends"][info["finding"]["backend"]]["findings"][info["finding"]["class"]] >= 1
     assert (out / "run" / "report.html").stat().st_size > 1000
-    assert "scenarios in" in p.stderr or "FOUND after" in p.stderr
-    assert p.stdout == (out / "minimal.toml").read_text()
+    assert "FOUND after" in cap.err
+    assert cap.out == (out / "minimal.toml").read_text()
 
 
-def test_clean_budget_exits_0(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", FIXED, "--seed", "3", "--budget", "20s",
-                        "--max-scenarios", "2", "--out", str(tmp_path / "fz")], capture_output=True, text=True,
-                       timeout=300, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert "clean: 2 scenarios run" in p.stderr
+def test_clean_budget_exits_0(tmp_path, capsys):
+    rc = main(["fuzz", "--design", FIXED, "--seed", "3", "--budget", "20s", "--max-scenarios", "2",
+               "--out", str(tmp_path / "fz")])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err[-2000:]
+    assert "clean: 2 scenarios run" in cap.err
     assert not (tmp_path / "fz").exists()
 
 
-def test_bad_design_is_bad_input():
-    p = subprocess.run([sys.executable, "-m", "slotscope", "fuzz", "--design", "no-such-design", "--budget", "5s"],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert p.returncode == 2
-    assert "no-such-design" in p.stderr
+def test_bad_design_is_bad_input(capsys):
+    assert main(["fuzz", "--design", "no-such-design", "--budget", "5s"]) == 2
+    assert "no-such-design" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["fuzz", "--design", "kvwriteloc-strict", "--budget", "ten"])
+    assert "--budget 'ten'" in capsys.readouterr().err
