@@ -771,6 +771,9 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
         raise top.fail("backends", "names a backend twice")
     model = _model(top.table("model", required=True))
     pool = _pool(top.table("pool", required=True))
+    if pool.unified and not (model.count("full") and model.count("swa")):
+        raise ScenarioError(f"{source}: pool.unified: needs both full and SWA layers (SGLang's unified SWA pool "
+                            f"asserts both; model layers {format_pattern(model.layer_kinds)!r})")
     workload = _workload(top.table("workload", required=True))
     engine_t = top.table("engine")
     engine = _engine(engine_t, pool) if engine_t else EngineConfig()

@@ -108,6 +108,8 @@ class UnifiedPlan:
                     torch.from_numpy(ref.expected[kind][dst]).to(ref.device)
             ref.epoch += 1
             layers = [li for li in side.layers if li.kind == kind]
+            if not layers:
+                continue
             step = getattr(self.run.scheduler, "_step", 0)
             for name, pool in side.pools.items():
                 s = torch.from_numpy(src).to(pool.device)

@@ -320,6 +320,8 @@ def test_unified_scenario_fields_are_validated():
         with pytest.raises(ScenarioError, match=rf"{field}: cannot be on with pool\.unified = true"):
             tiny(base.format(u="true", engine=engine))
         tiny(base.format(u="false", engine=engine))                 # the static pool takes them
+    with pytest.raises(ScenarioError, match=r"pool\.unified: needs both full and SWA layers"):
+        tiny(base.format(u="true", engine="").replace('preset = "gpt-oss-20b"\nnum_layers = 2', 'layers = "SS"\nwindow = 16'))
 
 
 def test_unified_run_compacts_and_is_clean_and_u2_escapes_on_page_table_backends():
