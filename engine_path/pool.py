@@ -119,7 +119,7 @@ def _jit_store(mp, row_bytes: int) -> tuple[bool, str]:
 
 def _probe_skip(api: ReleaseAPI, device: torch.device, dtype: torch.dtype, head_num: int, head_dim: int):
     """Write ones at slots 0 and 1 of a scratch pool through the release's store: 0 if slot 0 stayed zero."""
-    pool = build_swa_pool(api, size=8, size_swa=8, page_size=1, full_layers=[0], swa_layers=[], head_num=head_num,
+    pool = build_swa_pool(api, size=8, size_swa=8, page_size=1, full_layers=[0], swa_layers=[1], head_num=head_num,
                           head_dim=head_dim, dtype=dtype, device=str(device))
     rows = torch.ones((2, head_num, head_dim), dtype=dtype, device=device)
     pool.set_kv_buffer(_layer(0), api.KVWriteLoc(torch.tensor([0, 1], dtype=torch.int64, device=device)), rows, rows)
