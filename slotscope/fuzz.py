@@ -472,8 +472,6 @@ def target_of(sc: Scenario, finding):
 
 def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[Scenario, int]:
     """The smallest scenario that still shows the finding (slotscope/minimize.py's search)."""
-    import torch
-
     from simulator.designs import load_design
 
     from .minimize import InternalError, Minimizer

@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, load_scenario, parse_scenario
 from simulator.models import PRESETS
@@ -438,7 +438,7 @@ def register(subparsers: Any) -> None:
         epilog="exit codes: 0 every point ran (whatever its verdict), 1 a point could not run (error, worker died),\n"
                "            2 bad grid, 130 interrupted (^C: finished points and their report are kept)\n"
                f"Ray is the optional extra: {RAY_HINT}\n"
-               "example: slotscope sweep examples/sweeps/corpus-b1-b2.toml --out out/sweep",
+               "example: slotscope sweep examples/sweeps/b1-b2.toml --out out/sweep-b1-b2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("grid", metavar="GRID.toml")
     p.add_argument("--out", metavar="DIR", help="the sweep's directory (default out/sweep-<grid name>)")

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from simulator.scenario import parse_scenario
-from simulator.toml_write import dumps
 from slotscope.cli import main
 from slotscope.corpus import load_corpus
 from slotscope.fuzz import Fuzzer, Generator, draw_scenario, fix_up, fuzz, parse_budget
