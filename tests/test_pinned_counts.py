@@ -71,6 +71,9 @@ def observed(summary: dict) -> dict:
 #  U2      gpt-oss-20b, 4 layers, 180 forwards: 720 writes; flashattention and musa translate each request's whole
 #          row into their SWA page table: under U2 a tombstoned page is -1 in 81 (forward, request) pairs, from
 #          step 51; the other backends translate the window only.
+#  U1/p16  pages of 16: the SWA table has 38 pages, the full side 188; 33 forwards x 6 = 198, then the bind of
+#          virtual page 38 (token 608). Fixed: 73 x 6 = 438.
+#  U2/p16  pages of 16: 197 forwards x 4 = 788; the same 81 (forward, request) pairs meet a tombstoned page.
 #  R2, R7 2 layers (SF), 55 forwards: 110 writes. R2: request 1 (A) reads its 40-token prefix's full slots, freed by
 #          B's locked recovery, at its full layer in every forward from step 31: 280 stale_read. R7: C and D read
 #          the node's window through the mapping the flush cleared (slot 0): 30 stale_read from step 40.
@@ -173,6 +176,16 @@ PINNED_CORPUS = {
         musa=(720, {"out_of_range": 81}, (51, -1, "out_of_range"))),
     ("U2", "fixed"): pinned("sglang-0.5.23-unified", steps=180,
         every=(720, {}, None)),
+    ("U1/p16", "buggy"): pinned("sglang-unified-pre-37560", steps=33,
+        every=(198, {"out_of_range": 1}, (33, -1, "out_of_range"))),
+    ("U1/p16", "fixed"): pinned("sglang-0.5.23-unified", steps=73,
+        every=(438, {}, None)),
+    ("U2/p16", "buggy"): pinned("sglang-unified-pre-35933", steps=197,
+        every=(788, {}, None),
+        flashattention=(788, {"out_of_range": 81}, (51, -1, "out_of_range")),
+        musa=(788, {"out_of_range": 81}, (51, -1, "out_of_range"))),
+    ("U2/p16", "fixed"): pinned("sglang-0.5.23-unified", steps=197,
+        every=(788, {}, None)),
 }
 
 #: shipped path scenarios: (scenario, design or "own") -> pin
