@@ -95,3 +95,8 @@ class SGLang0523WarBarrier(SGLang0523):
                    "#36054 / #38258): after_launch on ROCm as on CUDA. W7's fix.")
     release = _replace(SGLANG_0_5_23, name="sglang-0.5.23, SGLANG_ENABLE_WAR_BARRIER=1",
                        war_barriers=(("cuda", "after_launch"), ("rocm", "after_launch")))
+
+
+# the radix cache's designs (radix-fixed, radix-r2, ...: SGLang 0.5.23 with a sharing behaviour), registered
+# here, after SGLang0523, whichever of designs.py and this module is imported first
+from . import radix_designs as _radix_designs  # noqa: E402,F401

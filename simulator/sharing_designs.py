@@ -51,7 +51,3 @@ class DotsEaglePreplanRebuild(DotsEaglePreplan):
         if planned.shape[0] != out_cache_loc.shape[0]:       # _metadata_mismatches_dp_padded_batch
             return full_to_swa[out_cache_loc]                  # rebuilt eagerly over the padded batch
         return planned
-
-
-# the radix cache's designs (radix-fixed, radix-r2, ...): registered from simulator/radix_designs.py
-from . import radix_designs as _radix_designs  # noqa: E402,F401
