@@ -262,12 +262,25 @@ def ownership_plot(h: OwnershipHistory, key: str, width: float = 10.0):
     return Plot(key, "slot ownership", alt, svg=svg)
 
 
+def read_stop(run: RunData) -> Optional[str]:
+    """The sentence for ``radix.stopped`` (an over-free ended the run), or None."""
+    try:
+        st = json.loads((run.path / "summary.json").read_text())["radix"]["stopped"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(st, dict) or _int(st.get("step")) is None:
+        return None
+    return (f"The run stopped at step {st['step']}: the allocator's capacity assert ({str(st.get('assert', '?'))[:60]}) "
+            f"failed, which ends SGLang's engine: {str(st.get('message', ''))[:200]}.")
+
+
 def ownership_view(run: RunData, key: str = "run-ownership", width: float = 10.0) -> Optional[OwnershipView]:
     """The ownership section of the run's report, or None (no radix history in summary.json)."""
     h = read_history(run)
     if h is None:
         return None
-    notes: list[str] = []
+    stop = read_stop(run)
+    notes: list[str] = [] if stop is None else [stop]
     if h.truncated:
         notes.append("The history is cut: the summary keeps the first and last events of a busy slot.")
     plot = None

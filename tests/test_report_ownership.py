@@ -59,6 +59,9 @@ def test_words_name_who_held_freed_and_was_given_the_slot(runs):
                         "held it: a free of a slot its owner still uses.")
     assert words[4] == "Read through a prefix lock by request 0, request 4, request 7, request 11, request 13."
     assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 106" in view.plot.svg
+    # the over-free that ended the run (radix.stopped) is said too
+    assert view.notes == ("The run stopped at step 75: the allocator's capacity assert (available_size() <= size) "
+                          "failed, which ends SGLang's engine: freeing 64 pages leaves 538 free of 512.",)
 
 
 def test_the_report_has_the_section_and_clean_runs_do_not(runs):
