@@ -12,7 +12,8 @@
    same for the reader alone (tracing.sglang_records.read_request_log); then both for a 10x longer log
    (10 N requests): the memory growth must stay <= 100 MB for the streamed reader.
 3. Runs the replay (``slotscope run``) with a small base scenario (gpt-oss-20b, 2 layers, flashinfer,
-   full pool 131,072 slots, tracing at anomaly, report on): wall time and steps.
+   full pool 131,072 slots, tracing at anomaly, report on; from-log turns the radix cache on, the cached
+   prefixes being present): wall time, steps, the radix cache's prefix-hit tokens.
 
 Prints the figures side by side and ends with one JSON line.
 """
@@ -186,9 +187,13 @@ def main() -> int:
             steps = sum(1 for _ in open(out_dir / "steps.jsonl", "rb"))
             summary = json.loads((out_dir / "summary.json").read_text())
             findings = sum(sum(b["findings"].values()) for b in summary["backends"].values())
-            print(f"replay of {args.requests:,} requests (base: gpt-oss-20b, 2 layers, flashinfer, 131,072 slots): "
-                  f"{run_s:.1f} s, {steps:,} steps, exit {rc}, {findings} findings")
-            result.update(run_s=run_s, run_steps=steps, run_rc=rc, run_findings=findings)
+            radix = summary.get("radix") or {}
+            run_json = json.loads((out_dir / "run.json").read_text())
+            print(f"replay of {args.requests:,} requests (base: gpt-oss-20b, 2 layers, flashinfer, 131,072 slots; "
+                  f"radix cache {'on' if radix else 'off'}): {run_s:.1f} s, {steps:,} steps, exit {rc}, {findings} "
+                  f"findings, {radix.get('hit_tokens', 0):,} prefix-hit tokens")
+            result.update(run_s=run_s, run_steps=steps, run_rc=rc, run_findings=findings,
+                          run_hit_tokens=radix.get("hit_tokens"), run_timings=run_json.get("timings"))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -3,7 +3,9 @@
 The canary keeps a 32-byte shadow record per slot (token, position, a hash chained from the predecessor
 slot, optionally a fingerprint of the slot's real bytes) per pool kind; before each forward it verifies the
 slots the batch reads (FULL: ``[0, prefix)``; SWA: ``[prefix - window, prefix)`` through ``req_to_token``
-and ``full_to_swa``) and after it stamps the slots the batch wrote (``out_cache_loc``, translated for SWA).
+and ``full_to_swa``) and after it verifies them again and stamps the slots the batch wrote (``out_cache_loc``, translated for
+SWA): its HEAD and TAIL launches. Here both act on one shadow per pool kind (the engine keeps one per
+stage; the HEAD buffer's own stamps, taken before the forward wrote the bytes, are not modelled).
 :class:`CanaryDriver` does exactly that with the release's own plan, verify and write references
 (``launch_canary_plan_kernels_torch_reference``, ``launch_canary_verify_kernel_torch_reference``,
 ``launch_canary_write_kernel_torch_reference``), over the same ``req_to_token``, ``full_to_swa`` and pool
@@ -125,6 +127,10 @@ class _Shadow:
                 for r in rows]
 
 
+def _raise(e: BaseException) -> None:
+    raise e
+
+
 def _layer0_k(pool: Any, kind: str) -> Optional[torch.Tensor]:
     """Layer 0 of ``kind``'s K buffer as ``[rows, bytes-per-slot]`` (a view of the live pool), if the pool has one."""
     k = getattr(pool, "k", None)
@@ -182,6 +188,7 @@ class CanaryDriver:
     entries_verified: int = 0
     entries_written: int = 0
     forwards: int = 0
+    errors: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -216,6 +223,19 @@ class CanaryDriver:
                            kv_token_id_vs_position_offset=0)
         return vp, wp, lut
 
+    def _launch(self, view: Any, sh: _Shadow, stage: str, fn, **kw) -> None:
+        """One reference launch; what it raises (an index past the canary buffer: on a GPU a device assert)
+        is the canary's outcome too, recorded as a violation whose reason names the exception."""
+        try:
+            fn(**kw)
+        except Exception as e:  # the reference's own error is an outcome, never the run's end
+            self.violations.append(Violation(view.step, view.backend, view.side, sh.kind, stage, -1, -1,
+                                             (f"raised {type(e).__name__}",)))
+            self.errors.append(f"step {view.step} {view.backend} {sh.kind} {stage}: {type(e).__name__}: {e}"[:300])
+            sh.index.zero_()
+            return
+        self._collect(view, sh, stage)
+
     def _collect(self, view: Any, sh: _Shadow, stage: str) -> None:
         reasons = self.refs.consts.FailReason
         for slot, pos, bits in sh.take():
@@ -232,27 +252,34 @@ class CanaryDriver:
             writes = {}
             for kind in self._kinds(view):
                 sh = self._shadow(view, kind)
-                vp, wp, lut = self._plans(view, kind, b)
-                self.refs.verify_ref(context=sh.ctx["head"], plan=vp, check_verify_expected_token=False)
+                try:
+                    vp, wp, lut = self._plans(view, kind, b)
+                except Exception as e:  # the plan reference refuses an index (an SWA slot past the mapping)
+                    self._launch(view, sh, "head", _raise, e=e)
+                    continue
+                self._launch(view, sh, "head", self.refs.verify_ref, context=sh.ctx["head"], plan=vp,
+                             check_verify_expected_token=False)
                 self.entries_verified += int(vp.verify_num_valid[0]) if int(vp.enable[0]) else 0
-                self._collect(view, sh, "head")
-                writes[kind] = (wp, b.out_cache_loc if lut is None else lut[b.out_cache_loc])
+                writes[kind] = (vp, wp, b.out_cache_loc if lut is None else lut[b.out_cache_loc])
             self._pending = (view.step, view.backend, b, writes)
         self.seconds += time.perf_counter() - t0
 
     def after_forward(self, view: Any) -> None:
-        """TAIL: stamp the slots this forward wrote (``out_cache_loc``, SWA-translated), real bytes hashed."""
+        """TAIL: verify the read slots again (what the forward did to them), then stamp the slots it wrote
+        (``out_cache_loc``, SWA-translated), their real bytes hashed."""
         if self._pending is None or self._pending[:2] != (view.step, view.backend):
             return
         t0 = time.perf_counter()
         _, _, b, writes = self._pending
-        for kind, (wp, loc) in writes.items():
+        for kind, (vp, wp, loc) in writes.items():
             sh = self._shadow(view, kind)
-            self.refs.write_ref(context=sh.ctx["tail"], plan=wp, input_ids=b.input_ids, positions=b.positions,
-                                out_cache_loc=loc, enable_write_input_assert=False, expected_input_tokens=None,
-                                expected_input_positions=None)
+            self._launch(view, sh, "tail", self.refs.verify_ref, context=sh.ctx["tail"], plan=vp,
+                         check_verify_expected_token=False)
+            self.entries_verified += int(vp.verify_num_valid[0]) if int(vp.enable[0]) else 0
+            self._launch(view, sh, "tail", self.refs.write_ref, context=sh.ctx["tail"], plan=wp,
+                         input_ids=b.input_ids, positions=b.positions, out_cache_loc=loc,
+                         enable_write_input_assert=False, expected_input_tokens=None, expected_input_positions=None)
             self.entries_written += int(loc.shape[0])
-            self._collect(view, sh, "tail")
         self.seconds += time.perf_counter() - t0
 
     def summary(self) -> dict:
@@ -263,4 +290,5 @@ class CanaryDriver:
                 reasons[r] = reasons.get(r, 0) + 1
         return {"mode": self.mode, "violations": len(self.violations), "reasons": reasons, "first": first,
                 "seconds": round(self.seconds, 4), "forwards": self.forwards,
-                "entries_verified": self.entries_verified, "entries_written": self.entries_written}
+                "entries_verified": self.entries_verified, "entries_written": self.entries_written,
+                "errors": self.errors[:5]}
