@@ -159,3 +159,26 @@ def test_u1_and_u2_are_fixed_in_the_release_code(run):
     u1 = run["u1"]
     assert u1["died"] is None and u1["findings"] == {} and u1["steps"] == 40 and u1["minted_max"] == 763
     assert (u1["num_virtual_ids"], u1["swa_v2p_len"]) == (3074, 3075)
+
+
+def test_slotscope_run_engine_on_a_unified_scenario(engine_releases, tmp_path):
+    """``slotscope run SCENARIO --engine sglang==0.5.23`` on a pool.unified scenario: the release's unified
+    allocator, the scenario's modelled design, our pools; 30 forwards, no findings (exit 5: cut short)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "slotscope", "run", str(U2), "--engine", "sglang==0.5.23",
+                           "--backends", "flashattention", "--max-steps", "30", "--out", str(out), "--no-report"],
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["engine"]["version"] == "0.5.23" and s["design"] == "sglang-unified-pre-35933" and s["steps"] == 30
+    assert s["findings_total"] == 0
+    assert (s["unified"]["moves"], s["unified"]["pinned_moves"], s["unified"]["num_virtual_ids"]) == (350, 0, 1538)
+    pieces = json.loads((out / "run.json").read_text())["engine_pieces"]
+    assert pieces["allocator"]["allocator"].endswith("UnifiedSWATokenToKVPoolAllocator")
+    assert pieces["allocator"]["calls"] == {"alloc": 54, "free": 2, "free_swa": 0, "flush_opportunistic": 30,
+                                            "set_inflight_forward": 31}
+    assert [r["whose"] for r in pieces["rows"]][0] == "engine"
