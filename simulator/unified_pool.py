@@ -33,7 +33,10 @@ describes the model and what is left out.
 
 The allocator API is :class:`~simulator.allocator.HybridAllocator`'s (``extend``, ``evict_swa``,
 ``truncate``, ``free``, ``free_group``, counts, a ``full_to_swa`` view), so the pool can be swapped in; the
-ids it hands out are virtual.
+ids it hands out are virtual. ``pool.unified = true`` runs it in the loop through
+:class:`simulator.unified_run.UnifiedPlan` (which also drives engine_path's adapter of the release's own
+unified allocator through the same interface: ``translate_kv_loc``, ``physical_full_to_swa``,
+``set_inflight_forward``, ``flush_opportunistic``, ``drain_events``).
 """
 from __future__ import annotations
 

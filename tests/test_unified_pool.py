@@ -1,5 +1,7 @@
 """The unified pool (simulator/unified_pool.py): a state machine over its virtual / physical invariants at
-page sizes 1 and 4, the exact U1 and U2 cases, the write door, and P7's design pair."""
+page sizes 1 and 4, the exact U1 and U2 cases, the write door, and P7's design pair; and ``pool.unified`` in the
+run loop (simulator/unified_run.py): validation, a compacting run that is clean, U2 on the page-table backends,
+a broken compaction copy caught by the oracle, U1's run ending at the device-side assert."""
 from __future__ import annotations
 
 import numpy as np
