@@ -308,7 +308,6 @@ def register(cls: type[Design]) -> type[Design]:
 from . import corpus_designs as _corpus_designs  # noqa: E402,F401  (registers the corpus's designs)
 from . import release_designs as _release_designs  # noqa: E402,F401  (registers the release designs)
 from . import sharing_designs as _sharing_designs  # noqa: E402,F401  (registers the sharing issue's designs: P7)
-from . import unified_designs as _unified_designs  # noqa: E402,F401  (registers U1, U2 and their fix)
 
 
 # ---------------------------------------------------------------------------- the run's side of the protocol

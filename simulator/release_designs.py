@@ -97,6 +97,7 @@ class SGLang0523WarBarrier(SGLang0523):
                        war_barriers=(("cuda", "after_launch"), ("rocm", "after_launch")))
 
 
-# the radix cache's designs (radix-fixed, radix-r2, ...: SGLang 0.5.23 with a sharing behaviour), registered
-# here, after SGLang0523, whichever of designs.py and this module is imported first
+# the radix cache's designs (radix-fixed, radix-r2, ...: SGLang 0.5.23 with a sharing behaviour) and the unified
+# pool's (U1, U2 and their fix), registered here, after SGLang0523, whichever of designs.py and this module is imported first
 from . import radix_designs as _radix_designs  # noqa: E402,F401
+from . import unified_designs as _unified_designs  # noqa: E402,F401
