@@ -15,7 +15,7 @@ import torch
 from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
 from simulator.models import Model
 
-from .store import STORE_IMPLS, new_error_buffer, store_kv
+from .store import STORE_IMPLS, new_error_buffer, store_kv, store_kv_layers_torch
 
 GEOMETRIES = ("real", "compact")
 COMPACT_WIDTH = 16
@@ -126,13 +126,11 @@ class TaggedKVPool:
         """The layers ``indices`` of sub-pool ``kind`` (global ids ``layer_ids``) all write ``k``/``v`` at
         ``loc``, each row re-stamped for its layer: what :meth:`restamp` then :meth:`store` per layer leave,
         in one launch with the Triton store. Raises KVLengthMismatch before writing, like :meth:`store`."""
-        if self.store_impl != "triton":
+        if self.store_impl not in ("torch", "triton"):
             for index, layer in zip(indices, layer_ids):
                 self.restamp(k, v, layer)
                 self.store(kind, index, loc, k, v)
             return
-        from .triton_store import store_kv_layers_triton
-
         key = (kind, indices, layer_ids, k.dtype, v.dtype)
         group = self._groups.get(key)
         if group is None:
@@ -143,6 +141,14 @@ class TaggedKVPool:
                 vs[i] = float(layer + 1) * self.v_scale
             group = self._groups[key] = (torch.tensor(indices, dtype=torch.int64).to(self.device),
                                          ks.to(self.device), vs.to(self.device))
+        if self.store_impl == "torch":      # the layers in one scatter per buffer (cuda_path/store.py)
+            store_kv_layers_torch(self.k[kind], self.v[kind], group[0], group[1], group[2], loc, k, v,
+                                  skip_index=self.skip_index, err=self.err[kind], stamp_lane=TAG_LANES,
+                                  k_scale=self.k_scale if self.fp8 else None,
+                                  v_scale=self.v_scale if self.fp8 else None)
+            return
+        from .triton_store import store_kv_layers_triton
+
         store_kv_layers_triton(self.k[kind], self.v[kind], group[0], group[1], group[2], loc, k, v,
                                skip_index=self.skip_index, err=self.err[kind], stamp_lane=TAG_LANES,
                                k_scale=self.k_scale if self.fp8 else None,

@@ -14,6 +14,17 @@ class KVLengthMismatch(ValueError):
     """Raised by a store before launch when K, V and the index tensor disagree in length."""
 
 
+def check_lengths(loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The host-side check of the real store kernel, with its kind of message (every store runs it first)."""
+    n = k.shape[0]
+    if v.shape[0] != n:
+        raise KVLengthMismatch(f"Size mismatch: expected value rows {n} but got {v.shape[0]}")
+    if loc.shape[0] != n:
+        raise KVLengthMismatch(
+            f"Size mismatch: expected out_loc of length {n} (rows of key) but got {loc.shape[0]}"
+        )
+
+
 class PoolWriter(Protocol):
     device: torch.device
     skip_index: int | None          # the index the store skips (0, -1) or None (absorbs slot 0)
