@@ -259,3 +259,40 @@ def test_path_scenario_counts_are_pinned(key):
                                   report=False))
     assert "incomplete" not in res.summary
     assert observed(res.summary) == PINNED_SCENARIOS[key]
+
+
+# A1 (#27779) and A2 (#25805) are modelled (radix-a1, radix-a2; tests/test_prefix_cache.py) but are no corpus rows:
+# no path of the run reaches their switches (docs/CORPUS.md, "A1, A2"). A1 lives in the token-level paged
+# free_swa (PrefixCache._resolve_tokens, reached through free_swa / free), A2 in alloc_extend_swa_tail
+# (PrefixCache.extend_swa_tail, PD decode only). On R8's paged scenario without its linker (page 16, tombstones,
+# recoveries, tree eviction) every free is a segment free: neither is called, and both designs run exactly as
+# radix-fixed (178 forwards x 2 layers, clean). When a modelled path starts calling them, this fails: add the
+# A1 / A2 scenarios, corpus rows and pins then.
+A_SWITCH_PATHS = ("_resolve_tokens", "free_swa", "free", "extend_swa_tail")
+
+
+@pytest.mark.parametrize("design", ["radix-a1", "radix-a2"])
+def test_a1_a2_switches_are_not_reached_by_the_run(design, monkeypatch):
+    import tomllib
+
+    from simulator import prefix_cache
+    from simulator.scenario import parse_scenario
+    from simulator.toml_write import dumps
+
+    calls: dict[str, int] = dict.fromkeys(A_SWITCH_PATHS, 0)
+    for name in A_SWITCH_PATHS:
+        orig = getattr(prefix_cache.PrefixCache, name)
+
+        def counted(self, *a, _orig=orig, _name=name, **k):
+            calls[_name] += 1
+            return _orig(self, *a, **k)
+        monkeypatch.setattr(prefix_cache.PrefixCache, name, counted)
+    data = tomllib.loads((ROOT / "scenarios" / "r8-sink-free-list.toml").read_text())
+    data["engine"]["cache_linker"] = False
+    scenario = parse_scenario(dumps(data), "r8-sink-free-list.toml without engine.cache_linker")
+    res = run_scenario(scenario, None, RunOptions(design=design, backends=("triton",), device="cpu",
+                                                  trace_level="off", report=False))
+    assert calls == dict.fromkeys(A_SWITCH_PATHS, 0)
+    assert res.summary["steps"] == 178 and "stopped" not in res.summary["radix"]
+    assert observed(res.summary)["backends"] == {"triton": (356, {}, None)}
+    assert res.summary["radix"]["tombstones"] > 0 and res.summary["radix"]["recoveries"] > 0
