@@ -155,8 +155,9 @@ def _scatter_rows(cache: torch.Tensor, flat: torch.Tensor, src: torch.Tensor) ->
         return
     width = dst[0].numel() * dst.element_size()
     item = np.dtype((np.void, width))
-    dst.view(torch.uint8).numpy().view(item).reshape(-1)[flat.numpy()] = \
-        src.view(torch.uint8).numpy().view(item).reshape(-1)
+    rows = (x.reshape(x.shape[0], -1).view(torch.uint8).numpy().view(item).reshape(-1) for x in (dst, src))
+    d, s = rows
+    d[flat.numpy()] = s
 
 
 def _stamp(k: torch.Tensor, v: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, lane: int) -> None:
