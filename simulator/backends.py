@@ -20,14 +20,21 @@ from typing import Optional
 import torch
 
 from .batch import ForwardBatch
-from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, ReadTable, call_hook, check_index,
-                      check_read_table, check_write_loc, design_padding, graph_runner)
+from .designs import (BoundaryContext, Design, DesignError, KVWriteLoc, ReadTable, SGLangPre29460, call_hook,
+                      check_index, check_read_table, check_write_loc, design_padding, graph_runner)
 from .records import GRAPH_PATHS, STATIC_GRAPHS
 from .release_model import release_of
 from .scenario import BACKENDS, EngineConfig
 
 #: Static buffers a graph runner's replay can refresh: the full-pool loc and the SWA locations.
 STATIC_BUFFERS: tuple[str, ...] = ("loc", "swa_loc")
+
+#: ``make_write_loc`` implementations that look at neither the layer nor any state (only at ``loc`` and
+#: ``swa_loc``): one call per kind and forward gives what a call per layer would
+LAYER_FREE_WRITE_LOC = frozenset({Design.make_write_loc, SGLangPre29460.make_write_loc})
+#: ``read_ids`` implementations that look only at their tensors and ``ctx.window``: backends of a step with
+#: the same window get the same table (one object: the checker checks it once)
+PURE_READ_IDS = frozenset({Design.read_ids})
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +159,20 @@ class BackendBoundary:
                                window=batch.graph in self.spec.window_graphs)
 
     def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
-                   extend_lens: torch.Tensor, full_to_swa: torch.Tensor) -> ReadTable:
+                   extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
+                   shared: Optional[dict] = None) -> ReadTable:
         """The forward's read ids (metadata init, after the write locations); raises HookFailure when
-        ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids."""
-        table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
-                          meta.ctx)
-        table = check_read_table(table, int(seq_lens.shape[0]), self.device)
+        ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids.
+        ``shared``: a step's tables by window, for a design whose ``read_ids`` is one of :data:`PURE_READ_IDS`
+        (computed by the first backend of the step that asks, the same object for the others)."""
+        pure = shared is not None and getattr(self.design.read_ids, "__func__", None) in PURE_READ_IDS
+        table = shared.get(self.window) if pure else None
+        if table is None:
+            table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
+                              meta.ctx)
+            table = check_read_table(table, int(seq_lens.shape[0]), self.device)
+            if pure:
+                shared[self.window] = table
         if not meta.window and table.full is not None:
             table = ReadTable(full=table.full, swa=table.full)
         return table
@@ -170,6 +185,10 @@ class BackendBoundary:
                 torch.zeros(self.max_rows, dtype=torch.int64, device=self.device),
                 torch.zeros(self.max_rows, dtype=self.design.graph_swa_dtype, device=self.device))
         return bufs
+
+    def layer_free_write_loc(self) -> bool:
+        """The design's ``make_write_loc`` is one of :data:`LAYER_FREE_WRITE_LOC` (a layer's result is its kind's)."""
+        return getattr(self.design.make_write_loc, "__func__", None) in LAYER_FREE_WRITE_LOC
 
     def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
         """One layer's write location; raises HookFailure when make_write_loc fails or returns a bad index."""

@@ -153,13 +153,18 @@ class Checker:
     def check(self, step: int, backend: str, pool: PoolWriter, truth: BatchTruth, writes: list[LayerWrite],
               pad_slots: tuple[int, ...]) -> tuple[list[Finding], dict[str, int]]:
         """Findings of one (step, backend), and counts by class (complete even when details are capped)."""
-        findings: list[Finding] = []
-        counts = dict.fromkeys(FINDING_CLASSES, 0)
+        return self.emit_all(self.collect(step, backend, pool, truth, writes, pad_slots))
+
+    def collect(self, step: int, backend: str, pool: PoolWriter, truth: BatchTruth, writes: list[LayerWrite],
+                pad_slots: tuple[int, ...]) -> list[Finding]:
+        """The findings :meth:`check` emits, in its order, not yet emitted: a backend whose pool and writes are
+        another's (a shared pool) takes the same list with its own name (:meth:`emit_all`)."""
+        found: list[Finding] = []
         for kind in ("full", "swa"):
             kw = [w for w in writes if w.kind == kind]
             if kw:
-                self._check_kind(step, backend, kind, pool, truth, kw, pad_slots, findings, counts)
-        return findings, counts
+                self._check_kind(step, backend, kind, pool, truth, kw, pad_slots, found.append)
+        return found
 
     def design_error(self, step: int, backend: str, kind: str, text: str) -> tuple[list[Finding], dict[str, int]]:
         """The one finding of a forward whose per-forward design hook failed (its writes were skipped)."""
@@ -319,8 +324,7 @@ class Checker:
     def _owner(self, tag: int) -> Owner:
         return self.owner_of(int(tag))
 
-    def _check_kind(self, step, backend, kind, pool, truth, writes, pad_slots, findings, counts) -> None:
-        emit = lambda f: self._emit(findings, counts, f)  # noqa: E731
+    def _check_kind(self, step, backend, kind, pool, truth, writes, pad_slots, emit) -> None:
         ok = self._failed_writes(step, backend, kind, writes, emit)
         oor = pool.take_out_of_range(kind)
         if not ok:

@@ -5,7 +5,8 @@ the protocol here keeps the dependency one-way (cuda_path imports the simulator,
 """
 from __future__ import annotations
 
-from typing import Protocol
+import copy
+from typing import Optional, Protocol
 
 import torch
 
@@ -52,3 +53,71 @@ class PoolWriter(Protocol):
     def take_out_of_range(self, kind: str) -> torch.Tensor:
         """Per layer of this kind, (count, first position) of skipped out-of-range indices since the
         last call, as an int64 ``[layers, 2]`` host tensor; resets the counters."""
+
+
+# ---------------------------------------------------------------------------- pools shared by backends
+
+#: what two pools must agree on to hold the same contents after the same writes
+_LAYOUT = ("skip_index", "geometry", "store_impl", "k_scale", "v_scale", "fp8")
+_BUFFERS = ("k", "v", "err")
+
+
+def clone_pool(pool: PoolWriter) -> Optional[PoolWriter]:
+    """A copy of ``pool`` that shares nothing written later: its own ``clone()`` where it has one, else a
+    shallow copy with its K, V and error buffers (dicts of tensors by kind) copied; None when it has neither."""
+    fn = getattr(pool, "clone", None)
+    if fn is not None:
+        return fn()
+    if not all(isinstance(getattr(pool, a, None), dict) for a in _BUFFERS):
+        return None
+    new = copy.copy(pool)
+    for a in _BUFFERS:
+        setattr(new, a, {kind: t.clone() for kind, t in getattr(pool, a).items()})
+    return new
+
+
+def _same_layout(a: PoolWriter, b: PoolWriter) -> bool:
+    return (type(a) is type(b) and a.device == b.device and all(a.rows(k) == b.rows(k) for k in ("full", "swa"))
+            and all(getattr(a, x, None) == getattr(b, x, None) for x in _LAYOUT))
+
+
+class PoolClasses:
+    """The backends of one model side whose pools under test hold the same contents, each class on one
+    physical pool (the run's ``pools[backend]`` is its class's). At the start every backend's pool is a fresh
+    zeroed pool of one layout, so all are one class; a class splits the moment its members' writes of a step
+    differ: the members whose writes are not the first member's get a copy of the pool as it was before the
+    step (copy on divergence), then each class takes its own writes once. Pools that cannot be copied stay
+    one class per backend."""
+
+    def __init__(self, pools: dict[str, PoolWriter]):
+        self.pools = pools
+        names = list(pools)
+        first = pools[names[0]]
+        share = all(_same_layout(first, pools[n]) for n in names) and (
+            getattr(first, "clone", None) is not None or all(isinstance(getattr(first, a, None), dict)
+                                                             for a in _BUFFERS))
+        self.of: dict[str, int] = {n: 0 if share else i for i, n in enumerate(names)}
+        if share:
+            for n in names:
+                pools[n] = first
+        self._next = len(names)
+        self.splits = 0
+
+    def partition(self, signatures: list[tuple[str, tuple]]) -> list[list[str]]:
+        """This step's groups, backends in order: members of one class with the same write ``signature``.
+        A class whose members' signatures differ splits: every group but its first gets a copy of the pool."""
+        by_class: dict[int, dict[tuple, list[str]]] = {}
+        for name, sig in signatures:
+            by_class.setdefault(self.of[name], {}).setdefault(sig, []).append(name)
+        out: list[list[str]] = []
+        for cid, groups in by_class.items():
+            parts = list(groups.values())
+            for names in parts[1:]:
+                pool = clone_pool(self.pools[names[0]])
+                self.splits += 1
+                for n in names:
+                    self.of[n] = self._next
+                    self.pools[n] = pool
+                self._next += 1
+            out.extend(parts)
+        return out
