@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from simulator.scenario import ScenarioError
+from slotscope.cli import main
 from slotscope.sweep import load_grid, plan, point_scenario, points, sweep
 
 from helpers import ROOT
@@ -108,26 +109,25 @@ def test_local_sweep_caches_by_scenario_hash(tmp_path):
     assert len(todo) + len(done) == 4 and len(todo) >= 2
 
 
-def test_cli_local_writes_the_comparison_report(tmp_path):
+def test_cli_local_writes_the_comparison_report(tmp_path, capsys):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "slotscope", "sweep", str(small_grid(tmp_path)), "--local", "--out", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-2000:]
+    argv = ["sweep", str(small_grid(tmp_path)), "--local", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err[-2000:]
     html = (out / "report.html").read_text()
     assert "sglang-post-29460" in html and "kvwriteloc-strict" in html
     assert "length_mismatch" in html and "First divergence" in html
     assert len(links(html)) == 2                                 # each point's own report
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert again.returncode == 0 and "2 cached, 0 to run" in again.stderr
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "2 cached, 0 to run" in capsys.readouterr().err
 
 
-def test_ray_missing_names_the_extra(tmp_path):
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "from slotscope.cli import main\n"
-            f"sys.exit(main(['sweep', {str(small_grid(tmp_path))!r}, '--out', {str(tmp_path / 'o')!r}]))")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert p.returncode == 2
-    assert "slotscope[sweep]" in p.stderr and "--local" in p.stderr
+def test_ray_missing_names_the_extra(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)                # `import ray` fails as if not installed
+    assert main(["sweep", str(small_grid(tmp_path)), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "slotscope[sweep]" in err and "--local" in err
+    assert not (tmp_path / "o").exists()
 
 
 def test_interrupt_keeps_finished_points_and_writes_the_report(tmp_path):
