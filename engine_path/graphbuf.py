@@ -47,12 +47,13 @@ TRITON_MODULE = "sglang.srt.layers.attention.triton_backend"
 #: graph runners (simulator.designs.graph_runner) whose out_cache_loc refresh is the registry's
 REGISTRY_RUNNERS = ("decode", "target_verify")
 #: what the engine-pieces list says for each refresh the release runs
-LOC_PIECE = "CudaGraphBufferRegistry.fill_from (build_decode_registry's out_cache_loc slot: decode/verify graphs)"
-SWA_PIECE = "TritonAttnBackend._fill_cuda_graph_swa_out_cache_loc (triton's graph SWA buffer)"
+#: (no quotes or angle brackets: the report prints them as they are, HTML-escaped)
+LOC_PIECE = "CudaGraphBufferRegistry.fill_from (the out_cache_loc slot of build_decode_registry: decode/verify graphs)"
+SWA_PIECE = "TritonAttnBackend._fill_cuda_graph_swa_out_cache_loc (the graph SWA buffer of triton)"
 #: and for the ones that stay the model's
 LOC_FALLBACK = "graph out_cache_loc buffer of the EAGLE draft / draft-extend runners (inline in their replay)"
 SWA_FALLBACK = ("graph SWA buffer of flashinfer, flashattention, trtllm_mha, aiter, xpu, musa (inline in "
-                "each backend's CUDA-graph metadata init)")
+                "the CUDA-graph metadata init of each backend)")
 
 
 def _optional(name: str):

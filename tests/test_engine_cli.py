@@ -91,7 +91,16 @@ def test_engine_outputs_name_the_release(engine_runs):
     assert run["device"] == "cpu" and run["design"] == "sglang-0.5.14"
     rows = run["engine_pieces"]["rows"]
     engine = [r["piece"] for r in rows if r["whose"] == "engine"]
-    assert "SWATokenToKVPoolAllocator" in engine and "SWAKVPool.set_kv_buffer" in engine
+    assert "SWATokenToKVPoolAllocator" in engine
+    assert "SWAKVPool.set_kv_buffer (CPU fallback k_cache[loc] = k on cpu)" in engine      # the store that ran
+    assert run["engine_pieces"]["device"] == "cpu" and run["engine_pieces"]["store"]["skip_index"] is None
+    # the graph static-buffer refresh: the release's where a CPU can call it, counted per run. B1's decode
+    # steps replay the decode graph 7 times per backend: every loc buffer is the release's registry slot
+    # (7 x 8), the SWA buffer the release's on triton (7) and the model's on the other seven backends (49)
+    assert any(p.startswith("CudaGraphBufferRegistry.fill_from") for p in engine)
+    assert any(p.startswith("TritonAttnBackend._fill_cuda_graph_swa_out_cache_loc") for p in engine)
+    assert run["engine_pieces"]["graph_buffer_refreshes"] == {"loc": {"engine": 56, "model": 0},
+                                                              "swa": {"engine": 7, "model": 49}}
     assert "KVWriteLoc" in engine and "KVWriteLoc.__post_init__" not in engine      # 0.5.14 has no slice
     assert any(r["whose"] == "slotscope" and r["piece"] == "scheduler" for r in rows)
     assert run["engine_pieces"]["features"]["has_post_init_slice"] is False
