@@ -65,8 +65,14 @@ findings = "".join(json.dumps(f.to_json(), separators=(",", ":")) + "\n" for f i
 if a.get("out"):
     open(a["out"] + ".summary.json", "wb").write(summary)
     open(a["out"] + ".findings.jsonl", "wb").write(findings)
-from cuda_path.pool import row_bytes
-rb = {k: row_bytes(sc.model, k, "compact") for k in ("full", "swa")}
+def peak_mb():
+    """This process's own peak RSS (VmHWM: ru_maxrss would carry the parent's high-water mark over exec)."""
+    for ln in open("/proc/self/status"):
+        if ln.startswith("VmHWM:"):
+            return int(ln.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+width = 1 if sc.model.kv_dtype == "fp8_e4m3" else 2
+rb = {k: 2 * 16 * width for k in ("full", "swa")}      # compact rows: K and V of 16 lanes each
 per_token = sum(rb[li.kind] for li in sc.model.layers())
 tag_read = 2 * 8 * 2 * sc.model.num_layers          # K and V tag lanes (8 lanes, 2 bytes) per layer
 nb = len(sc.backends)
@@ -74,7 +80,7 @@ written = sum(s.padded_tokens for s in r.steps) * per_token * nb
 read = sum(s.real_tokens for s in r.steps) * tag_read * nb
 print("RESULT " + json.dumps({
     "seconds": secs, "wall_s": wall, "steps": len(r.steps), "crossings": r.crossings, "findings": r.total_findings,
-    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "peak_rss_mb": peak_mb(),
     "bytes_written": written, "bytes_read": read,
     "summary_sha": hashlib.sha256(summary).hexdigest()[:16],
     "findings_sha": hashlib.sha256(findings).hexdigest()[:16]}))
