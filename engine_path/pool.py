@@ -145,6 +145,10 @@ def _is_shape_error(e: BaseException) -> bool:
 class EnginePool:
     """``PoolWriter`` over the release's ``SWAKVPool``: real routing, real store, real buffers."""
 
+    #: every backend's writes go through its own pool and the release's store (its own errors, e.g. torch's
+    #: shape mismatch), never one shared write for a group of backends (simulator.execute.SharedStep)
+    shared_writes = False
+
     def __init__(self, api: ReleaseAPI, *, full_size: int, swa_size: int, page_size: int,
                  layers: Sequence[tuple[int, str, int]], mapping: Optional[torch.Tensor] = None,
                  kv_dtype: str = "bf16", device: str | torch.device = "cpu", heads: int = 1,

@@ -182,8 +182,9 @@ class SharedStep:
 
     def __call__(self, run, batch: ForwardBatch, truth) -> Optional[StepRecord]:
         if (run.device.type != "cpu" or run.faults is not None or run.before_layer is not None
-                or getattr(run, "unified", None) is not None or getattr(run, "forward_observer", None) is not None):
-            return None
+                or getattr(run, "unified", None) is not None or getattr(run, "forward_observer", None) is not None
+                or any(not getattr(p, "shared_writes", True) for p in run.target.pools.values())):
+            return None     # (a pool with shared_writes False, e.g. a release's own pool, stores per backend)
         t_start = run.now()
         self.canon.reset()
         self._writes.clear()
