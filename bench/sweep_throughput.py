@@ -52,9 +52,12 @@ def one_pass(grid, out: Path, cores: int | None) -> dict:
 
         ray.shutdown()
     statuses = sorted(r["status"] for r in records.values())
+    spans = sorted((r["started"], r["started"] + r["wall_s"]) for r in records.values() if "started" in r)
+    overlap = max((sum(1 for a, b in spans if a <= t < b) for t, _ in spans), default=0)
     return {"cores": cores or "local", "points": len(records), "wall_s": round(wall, 2),
             "points_per_s": round(len(records) / wall, 4), "ray_start_s": round(ray_start, 2),
-            "statuses": {s: statuses.count(s) for s in set(statuses)}, "invalid": len(invalid)}
+            "statuses": {s: statuses.count(s) for s in set(statuses)}, "invalid": len(invalid),
+            "max_concurrent": overlap, "workers": len({r.get("pid") for r in records.values()})}
 
 
 def main() -> int:
@@ -73,7 +76,8 @@ def main() -> int:
             passes.append(one_pass(grid, Path(tmp) / "out-local", None))
     for p in passes:
         print(f"{str(p['cores']):>5} core(s): {p['points']} points in {p['wall_s']:.1f}s = {p['points_per_s']:.3f} "
-              f"points/s (Ray start {p['ray_start_s']:.1f}s) {p['statuses']}", file=sys.stderr)
+              f"points/s (Ray start {p['ray_start_s']:.1f}s), {p['workers']} worker(s), at most {p['max_concurrent']} "
+              f"points at once {p['statuses']}", file=sys.stderr)
     one, two = passes[0], passes[1]
     out = {"bench": "sweep_throughput", "points": one["points"], "one_core_points_per_s": one["points_per_s"],
            "two_core_points_per_s": two["points_per_s"],

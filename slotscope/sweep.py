@@ -263,7 +263,7 @@ def run_point(toml_text: str, source: str, out_dir: str, device: str) -> dict[st
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"hash": point_hash(sc), "scenario": sc.name, "design": sc.design,
                            "engine": sc.engine_release, "seed": sc.seed, "backends": list(sc.backends),
-                           "pid": os.getpid()}
+                           "pid": os.getpid(), "started": time.time()}
     try:
         out = run_scenario(sc, Path(out_dir) / "run", RunOptions(device=device, quiet_engine=True))
     except Exception as e:          # a failing run is a verdict of this point, not a lost task
