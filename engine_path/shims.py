@@ -125,14 +125,32 @@ def _stub_module(name: str, missing: str = "torchvision") -> types.ModuleType:
     def __getattr__(attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-
-        def unavailable(*args, **kwargs):
-            raise RuntimeError(f"{name}.{attr} is a slotscope stub: {missing} is not installed")
-
-        return unavailable
+        return _Unavailable(f"{name}.{attr}", missing)
 
     mod.__getattr__ = __getattr__  # type: ignore[attr-defined]
     return mod
+
+
+class _Unavailable:
+    """What a stub module's attribute is: raises when called; its own attributes are more of the same, so
+    import-time code that only names them (``scalar_types.uint4b8`` in a table, a decorator) still imports."""
+
+    def __init__(self, qualname: str, missing: str):
+        self._qualname, self._missing = qualname, missing
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._qualname} is a slotscope stub: {self._missing} is not installed")
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _Unavailable(f"{self._qualname}.{attr}", self._missing)
+
+    def __getitem__(self, key):
+        return _Unavailable(f"{self._qualname}[{key!r}]", self._missing)
+
+    def __repr__(self) -> str:
+        return f"<slotscope stub {self._qualname}>"
 
 
 class _StubLoader(importlib.abc.Loader):

@@ -225,6 +225,12 @@ def test_native_stubs_serve_only_absent_packages_and_raise_when_called():
                                                "slotscope_absent_native is not installed"):
             gelu_and_mul(1)
         assert mod.__name__ == "slotscope_absent_native.quantization"
+        # module-level code that only names a stub's attributes (0.5.23's quantization tables:
+        # `{4: scalar_types.uint4b8}`) imports; calling one raises with its whole name
+        from slotscope_absent_native import scalar_types
+        table = {4: scalar_types.uint4b8, 8: scalar_types["uint8b128"]}
+        with pytest.raises(RuntimeError, match=r"slotscope_absent_native\.scalar_types\.uint4b8 is a slotscope stub"):
+            table[4]()
         assert finder.used == {"slotscope_absent_native"}
         assert importlib.import_module("json").dumps([1]) == "[1]"
     finally:
