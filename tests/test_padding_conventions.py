@@ -53,10 +53,15 @@ def run_keeping_pools(sc, design: Design):
 
     def make(full_rows, swa_rows, skip):
         pool = TaggedKVPool(sc.model, full_rows, swa_rows, geometry="compact", skip_index=skip)
-        pools.append(pool)
+        pools.append((pool, full_rows))
         return pool
 
-    return run_simulation(sc, design, make), pools
+    result = run_simulation(sc, design, make)
+    # backends whose writes are identical share one physical pool (simulator/pool.py's PoolClasses): the pools
+    # the run wrote are the ones holding any row; every backend's contents are one of them
+    written = [p for p, rows in pools if bool((p.read_tags("full", torch.arange(rows))[0] != 0).any())]
+    assert written, "the run wrote no pool"
+    return result, written
 
 
 def design_of(convention: str) -> Design:
