@@ -389,7 +389,13 @@ def test_a_lock_with_this_process_pid_is_a_dead_runs_and_is_taken_over(tmp_path)
 # ------------------------------------------------------------------------------------------ signals
 
 def _start(out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([EXE, "run", SCALE, "--backends", "flashinfer", "--out", str(out), "-q", *extra],
+    # a run far longer than what the test does while it runs (the scale scenario alone now ends in seconds,
+    # before a second run and a live report have started): twenty times the scale scenario's requests
+    long_run = out.parent / "long-scale.toml"
+    text = Path(SCALE).read_text()
+    assert "requests = 1000\n" in text
+    long_run.write_text(text.replace("requests = 1000\n", "requests = 20000\n", 1))
+    return subprocess.Popen([EXE, "run", str(long_run), "--backends", "flashinfer", "--out", str(out), "-q", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -42,7 +42,7 @@ def _run(name, design, stepwise, max_steps=None):
     ("b1-pcg-dp-padding", "sglang-pre-29460", None),      # length mismatches: failed writes
     ("b2-decode-stale-tail", "sglang-pre-24743", 12),     # clobbered live slots: verdicts not zero
     ("gap-swa-shorter", None, None),                      # the fix's gap: missed writes on some backends
-    ("r7-grouped-free-flush", None, None),                # clean, with read checks
+    ("r7-grouped-free-flush", "radix-fixed", None),       # clean (its fix), with read checks
 ])
 def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, max_steps):
     own, own_events, _ = _run(name, design, False, max_steps)
