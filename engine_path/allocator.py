@@ -205,12 +205,9 @@ class EngineAllocator:
     def truncate(self, slots: RequestSlots, length: int) -> int:
         """Give back the slots of positions [length, slots.length); the kept page's tail stays with the request."""
         n = slots.length
-        if length >= n:
+        kept_end = slots.kept_end(length, self.page_size)
+        if kept_end is None:
             return 0
-        if length < slots.swa_evicted:
-            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
-        p = self.page_size
-        kept_end = -(-length // p) * p
         if kept_end < n:
             self.engine.free(self._t(slots.full[kept_end:n]))
             self.calls["free"] += 1
@@ -221,10 +218,7 @@ class EngineAllocator:
                 clear(tail)
             else:
                 self.mapping[tail] = 0
-        slots.full[length:n] = 0
-        slots.swa[length:n] = 0
-        slots.length = length
-        return n - length
+        return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
         """Free every slot of a finished request, in both pools, through the release."""

@@ -201,16 +201,10 @@ class UnifiedEngineAllocator:
                 self._diff(cause)
 
     def truncate(self, slots: RequestSlots, length: int) -> int:
-        n = slots.length
-        if length >= n:
+        if slots.kept_end(length, 1) is None:        # page size 1 here: nothing of a page is kept
             return 0
-        if length < slots.swa_evicted:
-            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
-        self._free(slots.full[length:n], "truncate")
-        slots.full[length:n] = 0
-        slots.swa[length:n] = 0
-        slots.length = length
-        return n - length
+        self._free(slots.full[length:slots.length], "truncate")
+        return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
         n = slots.length

@@ -198,6 +198,23 @@ class RequestSlots:
         self.full = np.zeros(self.capacity, dtype=np.int64)
         self.swa = np.zeros(self.capacity, dtype=np.int64)
 
+    def kept_end(self, length: int, page_size: int) -> int | None:
+        """Where a truncation to ``length`` stops keeping pages: the first position of the first page no
+        longer used; None when there is nothing to truncate. Positions below ``swa_evicted`` cannot go back."""
+        if length >= self.length:
+            return None
+        if length < self.swa_evicted:
+            raise ValueError(f"cannot truncate to {length}: positions below {self.swa_evicted} were evicted")
+        return -(-length // page_size) * page_size
+
+    def cut(self, length: int) -> int:
+        """Forget positions [length, self.length) (their slots already given back); returns how many."""
+        n = self.length
+        self.full[length:n] = 0
+        self.swa[length:n] = 0
+        self.length = length
+        return n - length
+
 
 class HybridAllocator:
     def __init__(self, full_size: int, swa_size: int, page_size: int = 1, free_order: str = "lifo"):
@@ -394,21 +411,15 @@ class HybridAllocator:
         ``extend``. Positions past ``length`` always have their SWA slot: eviction stops short of the
         window, which ends at the request's last token.
         """
-        n = slots.length
-        if length >= n:
+        n, p = slots.length, self.page_size
+        kept_end = slots.kept_end(length, p)
+        if kept_end is None:
             return 0
-        if length < slots.swa_evicted:
-            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
-        p = self.page_size
-        kept_end = -(-length // p) * p          # first position of the first page that is no longer used
         if kept_end < n:
             self._push_full(slots.full[kept_end:n:p] // p)
             self._push_swa(slots.swa[kept_end:n:p] // p)
         self.full_to_swa[slots.full[length:n]] = 0
-        slots.full[length:n] = 0
-        slots.swa[length:n] = 0
-        slots.length = length
-        return n - length
+        return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
         """Free every slot of a finished request, in both pools."""

@@ -430,22 +430,16 @@ class UnifiedPool:
         return end - begin
 
     def truncate(self, slots: RequestSlots, length: int) -> int:
-        n = slots.length
-        if length >= n:
+        n, p = slots.length, self.page_size
+        kept_end = slots.kept_end(length, p)
+        if kept_end is None:
             return 0
-        if length < slots.swa_evicted:
-            raise ValueError(f"cannot truncate to {length}: positions below {slots.swa_evicted} were evicted")
-        p = self.page_size
-        kept_end = -(-length // p) * p
         if kept_end < n:
             virt = slots.full[kept_end:n:p] // p
             self._release(self.swa, virt, UNBIND, "truncate")
             self._release(self.full, virt, UNBIND, "truncate")
             self._free_virtual_pages(virt)
-        slots.full[length:n] = 0
-        slots.swa[length:n] = 0
-        slots.length = length
-        return n - length
+        return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
         p, n = self.page_size, slots.length
