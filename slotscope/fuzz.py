@@ -40,13 +40,11 @@ from typing import Any, Callable, Optional
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, parse_scenario
 from simulator.toml_write import dumps
 
+from .minimize import stalled
 from .rundir import UsageError
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 MAX_LEVEL = 6
-#: the scheduler's words for a scenario whose pools can never admit a waiting request: a draw that cannot
-#: run (like one the validator refuses), not a failure of the design
-STALLED = "scheduler stalled"
 PRESET_NAMES = ("gpt-oss-20b", "gpt-oss-120b", "llama4", "mimo-v2-flash", "gemma4-31b")
 WINDOWS = (2, 4, 8, 16, 32, 64, 128)
 PAGES = (1, 1, 1, 2, 4, 16, 16, 64)
@@ -360,7 +358,7 @@ def run_one(sc: Scenario, engine: Optional[str]) -> Outcome:
     except (ScenarioError, UsageError):
         return Outcome("rejected")
     except RuntimeError as e:
-        if str(e).startswith(STALLED):     # pools too small for any request (a dummy request's page): cannot run
+        if stalled(e):     # pools too small for any request (a dummy request's page): a draw that cannot run
             return Outcome("rejected")
         raise
     return Outcome("clean", None, out.result.steps, out.result.radix)
@@ -474,18 +472,9 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
     """The smallest scenario that still shows the finding (slotscope/minimize.py's search)."""
     from simulator.designs import load_design
 
-    from .minimize import InternalError, Minimizer
+    from .minimize import Minimizer
 
-    class FuzzMinimizer(Minimizer):
-        def reproduces(self, cand: Scenario, what: str = "candidate") -> bool:
-            try:
-                return super().reproduces(cand, what)
-            except InternalError as e:     # a candidate whose pools can never admit a request: rejected
-                if isinstance(e.exc, RuntimeError) and str(e.exc).startswith(STALLED):
-                    return False
-                raise
-
-    m = FuzzMinimizer(sc, load_design(sc.design), target_of(sc, finding), log)
+    m = Minimizer(sc, load_design(sc.design), target_of(sc, finding), log)   # a candidate that stalls: rejected
     out = m.run()
     return replace(out, name=f"{sc.name}-minimal",
                    description=f"Found by slotscope fuzz and minimized: {m.target.describe()} under design "

@@ -15,7 +15,9 @@ back by ``parse_scenario``, so it is a valid scenario file by construction; one 
 scheduler, before the first step) refuses with a :class:`ScenarioError` is a rejected candidate.
 Each runs in-process on the CPU and stops at the first matching finding.
 
-Any other exception while a candidate runs is an internal error of slotscope, not "does not
+A candidate whose pools can never admit a waiting request (the scheduler's "stalled" error: a smaller
+pool that a dummy request's page fills) does not reproduce; a given scenario that stalls is bad input
+(exit 2, saying so). Any other exception while a candidate runs is an internal error of slotscope, not "does not
 reproduce": the search stops, the candidate is written to ``minimize-error.toml`` and the command
 exits 3 with the error. (A design that raises inside a hook is not one: the run loop reports that
 as a ``design_error`` finding.) Progress goes to stderr; the minimal scenario is written
@@ -68,6 +70,15 @@ class Target:
 
 class _Reproduced(Exception):
     pass
+
+
+#: the scheduler's words for a scenario whose pools can never admit a waiting request (simulator/scheduler.py)
+STALLED = "scheduler stalled"
+
+
+def stalled(exc: BaseException) -> bool:
+    """Whether a run's exception is the scheduler's stall: the scenario cannot run, not an error of slotscope."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith(STALLED)
 
 
 class InternalError(Exception):
@@ -221,6 +232,7 @@ class Minimizer:
         self.target = target
         self.log = log
         self.runs = 0
+        self.stalled = False     # whether the last candidate run stalled the scheduler
         self.t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ evaluation
@@ -238,6 +250,7 @@ class Minimizer:
 
         from .pipeline import make_draft_pool_factory, make_pool_factory
 
+        self.stalled = False
         sc = self.validated(cand)
         if sc is None:
             return False
@@ -254,6 +267,12 @@ class Minimizer:
             return False   # refused before it ran (a request that cannot fit its pools, ...): rejected
         except (KeyboardInterrupt, SystemExit):
             raise
+        except RuntimeError as exc:
+            if not stalled(exc):
+                raise InternalError(sc, exc, what) from exc
+            # pools too small for a waiting request (a smaller pool, a dummy request's page): cannot run
+            self.stalled = True
+            return False
         except BaseException as exc:   # slotscope failed: not "does not reproduce"
             raise InternalError(sc, exc, what) from exc
         return False
@@ -288,6 +307,9 @@ class Minimizer:
 
     def run(self, max_rounds: int = 6) -> Scenario:
         if not self.reproduces(self.sc, "the run's own scenario"):
+            if self.stalled:
+                raise UsageError(f"the run's scenario cannot run in-process: the scheduler stalls (its pools can "
+                                 f"never admit a waiting request under design {self.design.name}); nothing to minimize")
             raise UsageError(f"the run's scenario does not reproduce {self.target.describe()} in-process "
                              f"(was it run with a different design? pass --design)")
         self.pass_backend()

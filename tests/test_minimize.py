@@ -172,6 +172,38 @@ def test_a_design_error_finding_or_a_refused_candidate_is_not_an_internal_error(
     assert len(calls) > 5 and parse_scenario((b2_run / "minimal.toml").read_text()).backends == ("xpu",)
 
 
+def test_a_candidate_that_stalls_the_scheduler_does_not_reproduce(b2_run, capsys, monkeypatch):
+    """The scheduler's stall (pools that can never admit a waiting request) is a candidate that cannot run, as in
+    fuzz: not an internal error; a given scenario that stalls is bad input, said so (exit 2)."""
+    import simulator.run as run_mod
+    from slotscope.minimize import STALLED
+
+    assert f'RuntimeError("{STALLED}:' in (ROOT / "simulator" / "scheduler.py").read_text()   # the real words
+    real = run_mod.run_simulation
+    calls = []
+
+    def stalling(sc, *a, **kw):
+        calls.append(sc)
+        if len(calls) in (2, 3):
+            raise RuntimeError(f"{STALLED}: waiting requests can never be admitted")
+        return real(sc, *a, **kw)
+
+    monkeypatch.setattr(run_mod, "run_simulation", stalling)
+    assert main(["minimize", str(b2_run), "-q"]) == 0
+    assert len(calls) > 5 and parse_scenario((b2_run / "minimal.toml").read_text()).backends == ("xpu",)
+    assert not (b2_run / "minimize-error.toml").exists()
+    capsys.readouterr()
+
+    def always(sc, *a, **kw):
+        raise RuntimeError(f"{STALLED}: waiting requests can never be admitted")
+
+    monkeypatch.setattr(run_mod, "run_simulation", always)
+    assert main(["minimize", str(b2_run), "-o", str(b2_run / "m2.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "the run's scenario cannot run in-process: the scheduler stalls" in err and "Traceback" not in err
+    assert not (b2_run / "m2.toml").exists() and not (b2_run / "minimize-error.toml").exists()
+
+
 def test_incomplete_run_directory(b2_run, capsys):
     (b2_run / "summary.json").unlink()
     # the streamed findings still name the first finding: minimize works from them
