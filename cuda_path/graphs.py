@@ -75,6 +75,7 @@ class _DecodeGraph:
     writes: tuple               # the LayerWrite log of a replay (the same every replay)
     observed: tuple             # per layer the boundary observation's (layer, loc_len, swa_len, dtypes)
     verdict: bool               # the step runner's verdict is in the graph
+    pool: object                # the pool its stores write (held: its id is part of the graph's key)
 
 
 @dataclass
@@ -91,7 +92,7 @@ class CudaGraphExecutor:
 
     def __init__(self) -> None:
         self.eager = EagerExecutor()
-        self._decode: dict[tuple[str, int], Optional[_DecodeGraph]] = {}
+        self._decode: dict[tuple[str, int, int], Optional[_DecodeGraph]] = {}
         self._pieces: dict[tuple, _Piece] = {}     # (capture size, kind, geometry): shared by backends
         self.replays = 0
         self.captures = 0
@@ -129,13 +130,14 @@ class CudaGraphExecutor:
 
     def _run_decode(self, s: BackendStep) -> list[LayerWrite]:
         self.verdict_in_graph = False
-        key = (s.backend, s.batch.padded_len)
+        # the pool too: a backend whose class split (cuda_path/step.py) writes another pool from then on
+        key = (s.backend, s.batch.padded_len, id(s.pool))
         if key not in self._decode:
             writes = self.eager.run(s)      # warm-up on real data; nothing captured yet
             self._decode[key] = None if any(w.error for w in writes) else self._capture_decode(s)
             return writes
         g = self._decode[key]
-        if g is None:
+        if g is None or g.pool is not s.pool:
             return self.eager.run(s)
         self._fill_tags(s)
         t0 = s.now()
@@ -212,7 +214,7 @@ class CudaGraphExecutor:
             swa = wl.swa_loc
             observed.append((layer.layer, int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]),
                              dtype_name(wl.loc.dtype), "" if swa is None else dtype_name(swa.dtype)))
-        return _DecodeGraph(graph, write_locs, targets, rows, tuple(writes), tuple(observed), verdict)
+        return _DecodeGraph(graph, write_locs, targets, rows, tuple(writes), tuple(observed), verdict, s.pool)
 
     # ------------------------------------------------------------------ piecewise graphs
 

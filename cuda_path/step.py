@@ -7,16 +7,22 @@ kind. :class:`GpuStepRunner` (the run's ``step_runner``) runs the same step in t
 1. the oracle learns the step (host), its device mirrors are updated with copies from pinned memory
    (no synchronisation); per backend in order: metadata init (the design's hooks, on the device), the
    read ids (the design's ``read_ids`` on host copies of the same inputs: the read check is a host
-   comparison with the oracle, so the table never has to cross), the layers (the executor: graph
-   replays, grouped stores); the boundary observations are queued, not yet delivered;
-2. per backend and kind a device **verdict** (:func:`cuda_path.check_kernel.verdict`): the number of
-   candidate slots (the step's expected slots and the writes' targets, as the checker takes them) whose
-   K or V tag words differ from the oracle's in a written layer, plus the layers' out-of-range counts.
-   All verdicts of the step are read back in **one** copy;
-3. per backend in order: its observations delivered, then its findings: where the verdict is zero and
-   the writes are plain (no failed write, one target per kind) the checker would find nothing, so it
-   is not called; otherwise the checker runs exactly as in the run's own step (the pool is as the
-   writes left it). The read check and the counts follow as in the run's own step.
+   comparison with the oracle, so the table never has to cross) and, where the design's
+   ``make_write_loc`` is layer-free, each kind's write location; nothing is written yet;
+2. the backends of each pool class (:class:`simulator.pool.PoolClasses`, as the CPU's ``SharedStep``:
+   one physical pool per class of backends whose writes were identical so far) whose targets are equal
+   by value form a group (the targets that could be equal cross in **one** copy: the step's first
+   synchronisation); a class whose members differ splits (copy on divergence: the pool as it was before
+   the step); each group's first backend runs the layers once (the executor: graph replays, grouped
+   stores) and gets one device **verdict** per kind (:func:`cuda_path.check_kernel.verdict`): the number
+   of candidate slots (the step's expected slots and the writes' targets, as the checker takes them)
+   whose K or V tag words differ from the oracle's in a written layer, plus the layers' out-of-range
+   counts. All verdicts of the step are read back in **one** copy (the second synchronisation);
+3. per backend in order: its observations, then its findings: where the group's verdict is zero and the
+   writes are plain (no failed write, one target per kind) the checker would find nothing, so it is not
+   called; otherwise the group's first backend runs the checker exactly as in the run's own step (the
+   pool is as the writes left it) and the others take its findings under their own name. The read check
+   and the counts follow as in the run's own step.
 
 So findings, counts and observations are the run's own, in the same order. Steps the runner does not
 model (fault injection, an overlap timeline's scheduler writes between layers) go through the run's step.
@@ -32,8 +38,9 @@ import torch
 from simulator.batch import BatchTruth, ForwardBatch
 from simulator.checker import LayerWrite
 from simulator.designs import Design, HookFailure, ReadTable, call_hook, check_read_table
-from simulator.execute import BackendStep
+from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
+from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 
 from .check_kernel import verdict
@@ -77,21 +84,38 @@ class GpuStepRunner:
         self._run_sides = None
         self._expected: Optional[dict] = None
         self._scratch: Optional[torch.Tensor] = None
+        self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self.verdict_reads = 0
+        self.signature_reads = 0
         self.exact_checks = 0
         self.fast_checks = 0
 
     # ------------------------------------------------------------------ the run's seam
 
+    def classes(self, side) -> PoolClasses:
+        """The pool classes of a model side (simulator/pool.py): made at the side's first step here."""
+        got = self._classes.get(id(side))
+        if got is None or got[0] is not side:
+            got = self._classes[id(side)] = (side, PoolClasses(side.pools))
+        return got[1]
+
+    def _unshare(self, run) -> None:
+        """Before a step of the run's own (it writes every backend's pool): one pool per backend again."""
+        for side, classes in self._classes.values():
+            if any(m is side for m in run.sides):
+                classes.partition([(n, ("own", n)) for n in side.boundaries])
+
     def __call__(self, run, batch: ForwardBatch, truth: BatchTruth) -> Optional[StepRecord]:
         if run.faults is not None or run.before_layer is not None or getattr(run, "unified", None) is not None \
                 or getattr(run, "forward_observer", None) is not None:
             self._stale = True         # the run's own step moves the oracle: refresh the mirrors after it
+            self._unshare(run)
             return None
         t_start = run.now()
         side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
         dev = run.device
         self._side, self._run_sides = side, run.sides
+        classes = self.classes(side)
         for m in run.sides:
             m.reference.apply_frees(truth)
         side.reference.apply_writes(truth)
@@ -101,45 +125,97 @@ class GpuStepRunner:
         if ch.size and dev.type != "cpu":     # on the CPU the run's mapping is the allocator's array
             run.mapping[h2d(ch, dev)] = h2d(run.alloc.full_to_swa[ch], dev)
         loc = h2d(batch.out_cache_loc, dev)
-        tags = h2d(truth.tags, dev)
         read_in = None
         if run.read_check and batch.requests is not None:
             rq = batch.requests
             read_in = (torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
                        torch.from_numpy(rq.extend_lens), {})     # the last: tables shared within the step
+        plans = [self._plan(run, side, name, batch, truth, loc, read_in) for name in side.boundaries]
+        groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
+        by_name = {p.name: p for p in plans}
+        tags = h2d(truth.tags, dev)
         rows_cache: dict = {}
-        done = [self._forward(run, side, name, batch, truth, loc, tags, rows_cache, read_in)
-                for name in side.boundaries]
-        flags = self._verdicts(side, truth, done, dev)
-        for i, d in enumerate(done):
-            self._deliver(run, side, batch, truth, d, None if flags is None else flags[i])
+        for names in groups:
+            lead = by_name[names[0]]
+            if lead.failure is None:
+                self._forward(run, side, lead, batch, tags, rows_cache)
+            for n in names:
+                by_name[n].lead = lead
+        flags = self._verdicts(side, truth, [by_name[names[0]] for names in groups], dev)
+        raw: dict[str, list] = {}
+        for p in plans:
+            self._deliver(run, side, batch, truth, p, flags.get(p.lead.name), raw)
         return run._record_step(batch, t_start)
 
     # ------------------------------------------------------------------ phase 1
 
-    def _forward(self, run, side, name, batch, truth, loc, tags, rows_cache, read_in) -> dict:
+    def _plan(self, run, side, name, batch, truth, loc, read_in) -> "_Plan":
+        """A backend's metadata init (the design's hooks, on the device), its read ids (host) and, where its
+        ``make_write_loc`` is layer-free, each kind's write location and the store's length check: what
+        decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
         from simulator.run import _ReadCheck
 
-        boundary, pool = side.boundaries[name], side.pools[name]
-        queue = _Queue()
-        d = {"name": name, "pool": pool, "queue": queue, "writes": None, "reads": None, "failure": None,
-             "in_graph": False}
+        boundary = side.boundaries[name]
+        p = _Plan(name, boundary)
         try:
-            meta = boundary.init_metadata(batch, loc, run.mapping)
+            p.meta = meta = boundary.init_metadata(batch, loc, run.mapping)
             table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
         except HookFailure as f:
-            d["failure"] = (f, boundary)
-            return d
+            p.failure = (f, boundary)
+            return p
         if table is not None:
-            d["reads"] = _ReadCheck(side, name, batch, truth, table, pool)
-        self.executor.verdict_in_graph = False
-        d["writes"] = writes = self.executor.run(BackendStep(batch, name, boundary, pool, meta, side.layers, tags,
-                                                             queue, run.now, rows_cache, None))
-        # a graph's verdict counts only where this step filled the static expected slots it reads
-        d["in_graph"] = bool(getattr(self.executor, "verdict_in_graph", False)) and self._expected is not None
+            p.reads = _ReadCheck(side, name, batch, truth, table, side.pools[name])
+        if boundary.layer_free_write_loc():
+            p.per_kind = _plan_by_kind(boundary, meta, side.layers)
         run.crossings += len(side.layers)
-        run.stats[name].writes += sum(1 for w in writes if w.error_class != "design_error" or w.error is None)
-        return d
+        return p
+
+    def _signatures(self, plans: list["_Plan"]) -> list[tuple]:
+        """Per backend what decides its writes' effect: per kind the target by value and the length check's
+        error (targets of one dtype and length that are distinct tensors are compared on the host after
+        one copy of all of them: the step's first synchronisation, none where no two can be equal), or a
+        signature of its own (a failed hook, a design whose write location depends on the layer)."""
+        tensors: dict[tuple, torch.Tensor] = {}
+        for p in plans:
+            for _, target, err in (p.per_kind or {}).values():
+                if err is None:
+                    tensors.setdefault(_target_key(target), target)
+        buckets: dict[tuple, list] = {}
+        for key, t in tensors.items():
+            buckets.setdefault((t.dtype, t.shape[0]), []).append(key)
+        ids = {key: ("tensor", key) for key in tensors}
+        need = [key for keys in buckets.values() if len(keys) > 1 for key in keys]
+        if need:
+            host = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need]).cpu().numpy()
+            self.signature_reads += 1
+            seen: dict[tuple, int] = {}
+            off = 0
+            for k in need:
+                n = tensors[k].shape[0]
+                ids[k] = ("value", seen.setdefault((tensors[k].dtype, host[off:off + n].tobytes()), len(seen)))
+                off += n
+        out = []
+        for p in plans:
+            if p.failure is not None or p.per_kind is None:
+                out.append(("own", p.name))
+            else:
+                out.append(("by_kind",) + tuple((kind, None if err else ids[_target_key(t)], err)
+                                                for kind, (_, t, err) in p.per_kind.items()))
+        return out
+
+    def _forward(self, run, side, p: "_Plan", batch, tags, rows_cache) -> None:
+        """A group's writes, once, by its first backend (the executor: graph replays, grouped stores)."""
+        name = p.name
+        pool = side.pools[name]
+        if p.reads is not None:
+            p.reads.pool = pool
+        queue = _Queue()
+        self.executor.verdict_in_graph = False
+        p.writes = self.executor.run(BackendStep(batch, name, p.boundary, pool, p.meta, side.layers, tags,
+                                                 queue, run.now, rows_cache, None))
+        p.calls = queue.calls
+        # a graph's verdict counts only where this step filled the static expected slots it reads
+        p.in_graph = bool(getattr(self.executor, "verdict_in_graph", False)) and self._expected is not None
 
     @staticmethod
     def _read_table(boundary, meta, read_in, run, shared: dict) -> ReadTable:
@@ -254,23 +330,23 @@ class GpuStepRunner:
         out = self._scratch if warm else self._out_slot(self._side, s.backend)
         return self._verdict(self._side, s.pool, writes, self._expected, out, s.pool.device)
 
-    def _verdicts(self, side, truth, done, dev) -> Optional[list]:
-        """Per backend: None (the exact checker must run) or its verdict; one read for the step."""
-        plain: list[bool] = []
+    def _verdicts(self, side, truth, leads: list["_Plan"], dev) -> dict[str, Optional[int]]:
+        """Per group (its first backend's name): None (the exact checker must run) or its verdict; one read."""
+        plain: dict[str, bool] = {}
         expected = self._expected
-        for d in done:
-            writes = d["writes"]
+        for p in leads:
+            writes = p.writes
             ok = writes is not None and all(w.error is None for w in writes)
-            if ok and not d["in_graph"]:
+            if ok and not p.in_graph:
                 if expected is None:
                     expected = {"full": h2d(truth.full_slots, dev), "swa": h2d(truth.swa_slots, dev)}
-                ok = self._verdict(side, d["pool"], writes, expected, self._out_slot(side, d["name"]), dev)
-            plain.append(ok)
-        if not any(plain):
-            return [None] * len(done)
+                ok = self._verdict(side, side.pools[p.name], writes, expected, self._out_slot(side, p.name), dev)
+            plain[p.name] = ok
+        if not any(plain.values()):
+            return dict.fromkeys(plain)
         host = self._out[:len(self._slot)].cpu().tolist()
         self.verdict_reads += 1
-        return [host[self._slot[(id(side), d["name"])]] if p else None for d, p in zip(done, plain)]
+        return {n: host[self._slot[(id(side), n)]] if ok else None for n, ok in plain.items()}
 
     def _verdict(self, side, pool, writes: list[LayerWrite], expected, out, dev) -> bool:
         """Launch the backend's verdict per kind into ``out``; False where only the checker can decide
@@ -291,23 +367,30 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 3
 
-    def _deliver(self, run, side, batch, truth, d, flag) -> None:
-        name, pool = d["name"], d["pool"]
-        for args in d["queue"].calls:
+    def _deliver(self, run, side, batch, truth, p: "_Plan", flag, raw: dict) -> None:
+        """A backend's observations, then its findings: its group's first backend runs the checker where the
+        verdict is not zero; the others take those findings under their own name (same pool, same writes)."""
+        name, lead = p.name, p.lead
+        for args in (lead.calls if lead is p else _observations(batch.step, name, p.per_kind, side.layers, lead.calls)):
             run.obs.on_boundary(*args)
-        if d["failure"] is not None:
-            f, boundary = d["failure"]
+        if p.failure is not None:
+            f, boundary = p.failure
             text = f.describe(boundary.design.name, boundary.context(batch), -1)
             kind = f.kind or ("full" if f.hook in ("fill_graph_loc_buffer", "read_ids") else "swa")
             run._count(side, name, *side.checker.design_error(batch.step, name, kind, text))
             return
+        run.stats[name].writes += sum(1 for w in lead.writes if w.error_class != "design_error" or w.error is None)
         if flag == 0:
             self.fast_checks += 1
-            found, counts = [], dict.fromkeys(FINDING_CLASSES, 0)
-        else:
+            mine = []
+        elif lead is p:
             self.exact_checks += 1
-            found, counts = side.checker.check(batch.step, name, pool, truth, d["writes"], run.pad_slots)
-        reads = d["reads"]
+            mine = raw[name] = side.checker.collect(batch.step, name, side.pools[name], truth, p.writes,
+                                                    run.pad_slots)
+        else:
+            mine = [dataclasses.replace(f, backend=name) for f in raw[lead.name]]
+        found, counts = side.checker.emit_all(mine)
+        reads = p.reads
         if reads is not None:
             reads.finish()
             if reads.found:
@@ -315,6 +398,70 @@ class GpuStepRunner:
                 found = found + more
                 counts = {c: n + more_counts[c] for c, n in counts.items()}
         run._count(side, name, found, counts)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class _Plan:
+    """One backend's forward of a step between its metadata init (phase 1) and its findings (phase 3)."""
+
+    name: str
+    boundary: object
+    meta: object = None
+    failure: Optional[tuple] = None             # (HookFailure, boundary): a per-forward hook failed
+    reads: object = None                        # run._ReadCheck, or None
+    per_kind: Optional[dict] = None             # kind -> (KVWriteLoc, target, length-check error)
+    lead: Optional["_Plan"] = None              # the first backend of its group (itself when it writes)
+    writes: Optional[list] = None               # the executor's LayerWrite log (the group's first backend)
+    calls: list = dataclasses.field(default_factory=list)   # its boundary observations (the executor's)
+    in_graph: bool = False                      # its verdict was added by a decode graph's replay
+
+
+class _Rows:
+    """Stand-in for K/V rows in the store's length check (only their count matters there)."""
+
+    __slots__ = ("shape",)
+
+    def __init__(self, n: int):
+        self.shape = (n,)
+
+
+def _plan_by_kind(boundary, meta, layers) -> Optional[dict]:
+    """A layer-free ``make_write_loc`` asked at the first layer of each kind: per kind (write location,
+    target, the store's length-check error). None where it failed (the executor then builds every layer's
+    failure itself: this backend's writes are its own)."""
+    rows = _Rows(meta.rows)
+    per_kind: dict[str, tuple] = {}
+    for layer in layers:
+        if layer.kind in per_kind:
+            continue
+        w = prepare_write_at(boundary, meta, layer)
+        if isinstance(w, LayerWrite):
+            return None
+        wl, target = w
+        try:
+            check_lengths(target, rows, rows)
+            err = None
+        except KVLengthMismatch as e:
+            err = str(e)
+        per_kind[layer.kind] = (wl, target, err)
+    return per_kind
+
+
+def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list) -> list[tuple]:
+    """A backend's boundary observations from its own write locations, in layer order, timed as its group's
+    first backend's (a graph replay, a grouped store: one observation per layer, in the same order)."""
+    out = []
+    for i, li in enumerate(layers):
+        wl, _, err = per_kind[li.kind]
+        swa = wl.swa_loc
+        t0, t1 = (lead_calls[i][-3], lead_calls[i][-2]) if i < len(lead_calls) else (0, 0)
+        out.append((step, name, li.layer, int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]),
+                    dtype_name(wl.loc.dtype), "" if swa is None else dtype_name(swa.dtype), t0, t1, err))
+    return out
+
+
+def _target_key(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.shape[0], t.stride(0), t.dtype)
 
 
 class StepwiseExecutor:

@@ -99,3 +99,72 @@ def test_grouped_writes_give_the_runs_own_findings(name, design):
     assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
     assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
     assert fast_obs.events == own_obs.events
+
+
+class _Counting:
+    """The eager executor, counting the forwards it writes (one per group of backends with one pool)."""
+
+    def __init__(self):
+        self.inner, self.runs = EagerExecutor(), 0
+
+    def run(self, s):
+        self.runs += 1
+        return self.inner.run(s)
+
+
+def _classes(runner) -> list[list[str]]:
+    (_, pc), = runner._classes.values()
+    out: dict[int, list[str]] = {}
+    for name, cid in pc.of.items():
+        out.setdefault(cid, []).append(name)
+    return sorted(out.values())
+
+
+def _own_and_shared(design, name="smoke"):
+    sc = scenario(name)
+    make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
+
+    class Own(EagerExecutor):
+        run_step = None            # the run's own step: every backend on its own pool
+
+    own_obs, fast_obs = _Recorder(), _Recorder()
+    own = run_simulation(sc, design, make, executor=Own(), observer=own_obs)
+    inner = _Counting()
+    ex = StepwiseExecutor(inner)
+    fast = run_simulation(sc, design, make, executor=ex, observer=fast_obs)
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
+    assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
+    assert fast_obs.events == own_obs.events and fast.crossings == own.crossings
+    return fast, ex.runner, inner.runs
+
+
+def test_step_runner_writes_once_per_class_of_backends():
+    """A clean run: the eight backends stay one class on one pool; each step is written once (one forward
+    of the executor, one verdict), not once per backend."""
+    from simulator.designs import SGLangPost29460
+
+    r, runner, runs = _own_and_shared(SGLangPost29460())
+    assert r.total_findings == 0
+    assert [sorted(g) for g in _classes(runner)] == [sorted(r.backends)]
+    assert runs == len(r.steps) and runner.verdict_reads == len(r.steps)
+
+
+def test_step_runner_reports_a_bug_on_one_backend_there_alone():
+    from test_speed_exactness import TritonTranslateBug
+
+    r, runner, runs = _own_and_shared(TritonTranslateBug())
+    per_backend = {b: s.total for b, s in r.backends.items()}
+    assert per_backend["triton"] > 0 and {b for b, n in per_backend.items() if n} == {"triton"}
+    assert {f.backend for f in r.findings} == {"triton"}
+    assert sorted(len(g) for g in _classes(runner)) == [1, 7] and ["triton"] in _classes(runner)
+    assert len(r.steps) < runs <= 2 * len(r.steps)
+
+
+def test_step_runner_reports_a_bug_on_one_layer_of_one_backend_there_alone():
+    """A design whose make_write_loc looks at the layer: every backend writes its own pool (exactly)."""
+    from test_speed_exactness import Layer3BugOnFlashinfer
+
+    r, runner, runs = _own_and_shared(Layer3BugOnFlashinfer())
+    assert r.total_findings > 0
+    assert {(f.backend, f.layer) for f in r.findings} == {("flashinfer", 3)}
+    assert len(_classes(runner)) == 8 and runs == 8 * len(r.steps)
