@@ -142,6 +142,28 @@ def _convert(x, scale, SRC: tl.constexpr, DST: tl.constexpr, HAS_SCALE: tl.const
 
 
 @triton.jit
+def _slots(loc, err, pid, n, rows, skip, HAS_SKIP: tl.constexpr, NO_POS: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Both store kernels' preamble: program ``pid``'s tokens, their slots, and which of them are written
+    (in the batch, in ``[0, rows)``, not the skip index); the others that are not the skip index are out of
+    range: their count is added to ``err[0]`` and their first position folded into ``err[1]``."""
+    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    in_batch = tok < n
+    slot = tl.load(loc + tok, mask=in_batch, other=0).to(tl.int64)
+    in_range = (slot >= 0) & (slot < rows)
+    if HAS_SKIP:
+        keep = slot != skip
+    else:
+        keep = in_batch
+    write = in_batch & in_range & keep
+    bad = in_batch & (~in_range) & keep
+    n_bad = tl.sum(bad.to(tl.int64), axis=0)
+    if n_bad > 0:
+        tl.atomic_add(err, n_bad)
+        tl.atomic_min(err + 1, tl.min(tl.where(bad, tok, NO_POS), axis=0))
+    return tok, slot, write
+
+
+@triton.jit
 def _store_kv_kernel(
     k_cache, v_cache, loc, k, v, err,
     n, rows, skip,
@@ -154,21 +176,7 @@ def _store_kv_kernel(
     BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, N_BLOCKS: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_batch = tok < n
-    slot = tl.load(loc + tok, mask=in_batch, other=0).to(tl.int64)
-    in_range = (slot >= 0) & (slot < rows)
-    if HAS_SKIP:
-        keep = slot != skip
-    else:
-        keep = in_batch
-    write = in_batch & in_range & keep
-    bad = in_batch & (~in_range) & keep
-
-    n_bad = tl.sum(bad.to(tl.int64), axis=0)
-    if n_bad > 0:
-        tl.atomic_add(err, n_bad)
-        tl.atomic_min(err + 1, tl.min(tl.where(bad, tok, NO_POS), axis=0))
+    tok, slot, write = _slots(loc, err, pid, n, rows, skip, HAS_SKIP, NO_POS, BLOCK_T)
 
     k_src = k + tok[:, None] * k_stride
     v_src = v + tok[:, None] * v_stride
@@ -328,21 +336,7 @@ def _store_kv_layers_kernel(
     layer = tl.load(layers + li).to(tl.int64)
     ks = tl.load(k_stamp + li)
     vs = tl.load(v_stamp + li)
-    tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_batch = tok < n
-    slot = tl.load(loc + tok, mask=in_batch, other=0).to(tl.int64)
-    in_range = (slot >= 0) & (slot < rows)
-    if HAS_SKIP:
-        keep = slot != skip
-    else:
-        keep = in_batch
-    write = in_batch & in_range & keep
-    bad = in_batch & (~in_range) & keep
-
-    n_bad = tl.sum(bad.to(tl.int64), axis=0)
-    if n_bad > 0:
-        tl.atomic_add(err + layer * 2, n_bad)
-        tl.atomic_min(err + layer * 2 + 1, tl.min(tl.where(bad, tok, NO_POS), axis=0))
+    tok, slot, write = _slots(loc, err + layer * 2, pid, n, rows, skip, HAS_SKIP, NO_POS, BLOCK_T)
 
     k_src = k + tok[:, None] * k_stride
     v_src = v + tok[:, None] * v_stride
