@@ -47,6 +47,20 @@ class BatchTruth:
     #: (``BatchRequests.tag_bases[row] + position``). A scheduler that shares prefixes supplies its own
     #: (a tree node's token read by several requests has one key)
     content_keys: Optional["ContentKeys"] = None
+    #: KV that arrived outside the attention backends since the previous step (a PD decode node's
+    #: transfer, simulator/pd_decode.py): the slots its owners now hold, with their tags; the oracle
+    #: takes their ownership (after the frees), nothing is written or content-checked there
+    transferred: Optional["Transfer"] = None
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """Slots that received their K/V by a KV transfer: full and SWA slot ids, each with its token's tag."""
+
+    full_slots: np.ndarray
+    full_tags: np.ndarray
+    swa_slots: np.ndarray
+    swa_tags: np.ndarray
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from simulator.designs import register
+from simulator.designs import Design, register
 from simulator.prefix_cache import FIXED, SGLANG_0_5_23, with_bug
 from simulator.release_designs import SGLang0523
 
@@ -57,3 +57,41 @@ class RadixR8(SGLang0523):
     description = ("SGLang 0.5.23 with the radix cache as 0.5.23 has it plus R8's trigger built in (a leaf "
                    "eviction frees a tombstone's SWA side, #38519's linker): the sink page enters the SWA free list")
     sharing = replace(SGLANG_0_5_23, name="sglang-0.5.23+R8-trigger", linker_frees_tombstones=True)
+
+
+# ---- the state that had A1 and A2: a PD decode node of mid-2026 (engine.pd_decode; simulator/pd_decode.py). The
+# base Design (the mid-2026 release model and write path) with the decode node's free paths switched per state:
+# A2 (#25805) was fixed on 2026-05-19, A1 (#27779) on 2026-06-10.
+
+_PD_BOTH = with_bug("A2", with_bug("A1", FIXED))
+
+
+@register
+class PDDecodePre25805(Design):
+    name = "pd-decode-pre-25805"
+    description = ("A PD decode node before 2026-05-19: A1 (#27779, paged free_swa clears only the freed ids' "
+                   "mapping) and A2 (#25805, SWA-tail allocation keeps recycled pages' mappings) both live")
+    sharing = replace(_PD_BOTH, name="pd-decode-2026-05")
+
+
+@register
+class PDDecodePost25805(Design):
+    name = "pd-decode-post-25805"
+    description = ("A PD decode node from 2026-05-19 to 2026-06-10: A2 fixed (#25805 clears the non-tail mapping), "
+                   "A1 still live")
+    sharing = replace(with_bug("A1", FIXED), name="pd-decode-2026-05-19")
+
+
+@register
+class PDDecodePre25805Post27779(Design):
+    name = "pd-decode-pre-25805-post-27779"
+    description = ("pd-decode-pre-25805 with #27779 alone (free_swa expands to whole full pages): A2 still live, "
+                   "A1 fixed (not a released state: A2's fix came first)")
+    sharing = replace(with_bug("A2", FIXED), name="pd-decode-2026-05+27779")
+
+
+@register
+class PDDecodePost27779(Design):
+    name = "pd-decode-post-27779"
+    description = "A PD decode node from 2026-06-10: A1 and A2 both fixed"
+    sharing = replace(FIXED, name="pd-decode-2026-06-10")

@@ -50,6 +50,19 @@ class ReferencePool:
         self.live_tag["swa"][truth.freed_swa] = 0
         self.evicted[truth.freed_swa] = False
         self.evicted[truth.evicted_swa] = True
+        if truth.transferred is not None:
+            self._adopt(truth.transferred)
+
+    def _adopt(self, tr) -> None:
+        """A KV transfer's slots (``batch.Transfer``): live with their tokens' tags, from every side (target
+        and draft share the allocator; the transfer carries both models' KV)."""
+        for kind, slots, tags in (("full", tr.full_slots, tr.full_tags), ("swa", tr.swa_slots, tr.swa_tags)):
+            self.expected[kind][slots] = tags
+            self.live[kind][slots] = True
+            self.live_tag[kind][slots] = tags
+            if self.device.type != "cpu" and tags.size:
+                self.expected_on[kind][_on(slots, self.device)] = _on(tags, self.device)
+        self.evicted[tr.swa_slots] = False
 
     def apply_writes(self, truth: BatchTruth) -> None:
         """The step's tokens, in the slots the allocator gave them (only the model that runs the step)."""

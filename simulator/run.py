@@ -131,6 +131,12 @@ class Run:
             self.scheduler = SharingScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
                                               pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
                                               release=release_of(design), sharing=getattr(design, "sharing", None))
+        elif getattr(scenario.engine, "pd_decode", False):
+            # a PD decode node: SWA-tail pre-allocation, the transferred KV, the chunk cache's frees
+            from .pd_decode import PDDecodeScheduler
+            self.scheduler = PDDecodeScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
+                                               pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
+                                               release=release_of(design), sharing=getattr(design, "sharing", None))
         else:
             self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
                                        pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,

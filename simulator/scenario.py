@@ -249,6 +249,11 @@ class EngineConfig:
     #: an external cache linker is attached to the radix cache (#38519's trigger of R8): evicting a leaf
     #: frees its SWA side through ``free_swa_segment`` even when the leaf is a tombstone (docs/SHARING.md)
     cache_linker: bool = False
+    #: a PD-disaggregated decode node (simulator/pd_decode.py): each request arrives with its prompt's KV
+    #: computed by a prefill node and transferred; the node allocates it by SWA tail (full slots for the
+    #: whole prompt, SWA slots for the window's pages only: ``alloc_extend_swa_tail``) and decodes. The
+    #: node runs the chunk cache (no radix tree), as decode nodes did in mid-2026. Needs pool.page_size > 1
+    pd_decode: bool = False
     #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
     #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
     #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
@@ -708,6 +713,7 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
         swa_eviction_interval=t.get("swa_eviction_interval", int, d.swa_eviction_interval, minimum=1),
         radix_cache=t.get("radix_cache", bool, d.radix_cache),
         cache_linker=t.get("cache_linker", bool, d.cache_linker),
+        pd_decode=t.get("pd_decode", bool, d.pd_decode),
         overlap=t.get("overlap", bool, d.overlap),
         war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
         platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
@@ -724,8 +730,29 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
                                     "prefill off under speculative decoding)")
     if pool.unified:
         _unified_combos(t, cfg)
+    if cfg.pd_decode:
+        _pd_decode_combos(t, cfg, pool)
     t.done()
     return cfg
+
+
+def _pd_decode_combos(t: _Table, cfg: EngineConfig, pool: PoolConfig) -> None:
+    """What a PD decode node (engine.pd_decode) needs and does not run with, each refused by its field."""
+    if pool.page_size < 2:
+        raise t.fail("pd_decode", f"needs pool.page_size > 1 (SWA-tail allocation is the paged decode node's: "
+                                  f"_uses_swa_tail_prealloc), got {pool.page_size}")
+    if pool.unified:
+        raise t.fail("pd_decode", "cannot be true with pool.unified = true (the decode node's SWA-tail allocation "
+                                  "is the static pool's)")
+    why = {"radix_cache": "the decode node runs the chunk cache (no radix tree)",
+           "overlap": "the overlap timeline is not modelled on a decode node",
+           "mixed_chunk": "a decode node runs no prefill chunks",
+           "reserve": "a decode node pre-allocates whole requests (reserve = \"whole\")"}
+    on = {"radix_cache": cfg.radix_cache, "overlap": cfg.overlap, "mixed_chunk": cfg.mixed_chunk,
+          "reserve": cfg.reserve != "whole"}
+    for key, is_on in on.items():
+        if is_on:
+            raise t.fail(key, f"cannot be set with engine.pd_decode = true ({why[key]})")
 
 
 def _unified_combos(t: _Table, cfg: EngineConfig) -> None:
@@ -931,7 +958,8 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
-    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "overlap", "war_barrier",
+    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "pd_decode", "overlap",
+                "war_barrier",
                 "platform", "reserve", "read_check"):
         _put(d, key, getattr(e, key), getattr(base, key), False)
     if e.speculative != NO_SPECULATIVE:

@@ -261,23 +261,16 @@ def test_path_scenario_counts_are_pinned(key):
     assert observed(res.summary) == PINNED_SCENARIOS[key]
 
 
-# A1 (#27779) and A2 (#25805) are modelled (radix-a1, radix-a2; tests/test_prefix_cache.py) but are no corpus rows:
-# no path of the run reaches their switches (docs/CORPUS.md, "A1, A2"). A1 lives in the token-level paged
-# free_swa (PrefixCache._resolve_tokens, reached through free_swa / free), A2 in alloc_extend_swa_tail
-# (PrefixCache.extend_swa_tail, PD decode only). On R8's paged scenario without its linker (page 16, tombstones,
-# recoveries, tree eviction) every free is a segment free: neither is called, and both designs run exactly as
-# radix-fixed (178 forwards x 2 layers, clean). When a modelled path starts calling them, this fails: add the
-# A1 / A2 scenarios, corpus rows and pins then.
+# A1 (#27779) and A2 (#25805) under the state that had them: a PD decode node of May 2026 (engine.pd_decode,
+# simulator/pd_decode.py; corpus rows A1, A2). A1 lives in the token-level paged free_swa (PrefixCache.
+# _resolve_tokens, reached through free), A2 in alloc_extend_swa_tail (PrefixCache.extend_swa_tail): the decode
+# node's finish and its pre-allocation call them once per request. On R8's paged radix scenario (no decode node)
+# neither is called: every free there is a segment free.
 A_SWITCH_PATHS = ("_resolve_tokens", "free_swa", "free", "extend_swa_tail")
 
 
-@pytest.mark.parametrize("design", ["radix-a1", "radix-a2"])
-def test_a1_a2_switches_are_not_reached_by_the_run(design, monkeypatch):
-    import tomllib
-
+def _count_switch_paths(monkeypatch) -> dict[str, int]:
     from simulator import prefix_cache
-    from simulator.scenario import parse_scenario
-    from simulator.toml_write import dumps
 
     calls: dict[str, int] = dict.fromkeys(A_SWITCH_PATHS, 0)
     for name in A_SWITCH_PATHS:
@@ -287,12 +280,45 @@ def test_a1_a2_switches_are_not_reached_by_the_run(design, monkeypatch):
             calls[_name] += 1
             return _orig(self, *a, **k)
         monkeypatch.setattr(prefix_cache.PrefixCache, name, counted)
+    return calls
+
+
+# (design) -> steps, triton's (writes, findings, first), where the run stopped, requests transferred
+A2_PINNED = {
+    "pd-decode-pre-25805": (390, (468, {"stale_read": 400}, (83, 0, "stale_read")), 390, 48),
+    "pd-decode-post-25805": (405, (486, {}, None), None, 48),
+}
+
+
+@pytest.mark.parametrize("design", sorted(A2_PINNED))
+def test_a2_row_reaches_the_a_switches_on_the_decode_node(design, monkeypatch):
+    calls = _count_switch_paths(monkeypatch)
+    res = run_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml", None,
+                       RunOptions(design=design, backends=("triton",), device="cpu", trace_level="off", report=False))
+    steps, triton, stopped, transfers = A2_PINNED[design]
+    assert res.summary["steps"] == steps
+    assert observed(res.summary)["backends"] == {"triton": triton}
+    assert res.summary["radix"].get("stopped", {}).get("step") == stopped
+    pd = res.summary["radix"]["pd_decode"]
+    assert pd["transfers"] == transfers and pd["non_tail_tokens"] == 4416
+    # one SWA-tail allocation per transfer; one free (free_swa, then _resolve_tokens) per finish
+    assert calls["extend_swa_tail"] == transfers
+    assert calls["free"] == calls["free_swa"] == calls["_resolve_tokens"] == res.summary["radix"]["events"][
+        "map:full:release"]
+
+
+def test_a_switches_are_not_reached_without_a_decode_node(monkeypatch):
+    import tomllib
+
+    from simulator.scenario import parse_scenario
+    from simulator.toml_write import dumps
+
+    calls = _count_switch_paths(monkeypatch)
     data = tomllib.loads((ROOT / "scenarios" / "r8-sink-free-list.toml").read_text())
     data["engine"]["cache_linker"] = False
     scenario = parse_scenario(dumps(data), "r8-sink-free-list.toml without engine.cache_linker")
-    res = run_scenario(scenario, None, RunOptions(design=design, backends=("triton",), device="cpu",
+    res = run_scenario(scenario, None, RunOptions(design="radix-a1", backends=("triton",), device="cpu",
                                                   trace_level="off", report=False))
     assert calls == dict.fromkeys(A_SWITCH_PATHS, 0)
     assert res.summary["steps"] == 178 and "stopped" not in res.summary["radix"]
     assert observed(res.summary)["backends"] == {"triton": (356, {}, None)}
-    assert res.summary["radix"]["tombstones"] > 0 and res.summary["radix"]["recoveries"] > 0

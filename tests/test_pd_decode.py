@@ -1,0 +1,67 @@
+"""The PD decode node (engine.pd_decode, simulator/pd_decode.py): validation, the SWA-tail length, the transfer's
+ownership in the oracle, and the switches A1 / A2 on its paths (corpus rows A1, A2: tests/test_pinned_counts.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.batch import BatchTruth, Transfer
+from simulator.pd_decode import swa_tail_len
+from simulator.reference import ReferencePool
+from simulator.scenario import ScenarioError, parse_scenario
+
+from helpers import ROOT
+
+BASE = """
+[model]
+layers = "SF"
+window = 32
+[pool]
+full_size = 1024
+page_size = {page}
+[workload]
+requests = 2
+[engine]
+pd_decode = true
+{extra}
+"""
+
+
+@pytest.mark.parametrize("page, extra, field, words", [
+    (1, "", "engine.pd_decode", "needs pool.page_size > 1"),
+    (16, "radix_cache = true", "engine.radix_cache", "chunk cache"),
+    (16, "reserve = \"none\"", "engine.reserve", "pre-allocates whole requests"),
+    (16, "overlap = true", "engine.overlap", "not modelled on a decode node"),
+    (16, "mixed_chunk = true", "engine.mixed_chunk", "no prefill chunks"),
+])
+def test_pd_decode_refuses_what_it_does_not_run_with(page, extra, field, words):
+    with pytest.raises(ScenarioError) as e:
+        parse_scenario(BASE.format(page=page, extra=extra), "x.toml")
+    assert "x.toml" in str(e.value) and field in str(e.value) and words in str(e.value)
+
+
+def test_pd_decode_parses_and_round_trips():
+    from simulator.scenario import scenario_data
+    from simulator.toml_write import dumps
+
+    sc = parse_scenario(BASE.format(page=16, extra=""), "x.toml")
+    assert sc.engine.pd_decode is True and sc.engine.radix_cache is False
+    data = scenario_data(sc, defaults=False)
+    assert data["engine"]["pd_decode"] is True
+    assert parse_scenario(dumps(data), "y.toml").engine == sc.engine
+
+
+@pytest.mark.parametrize("seq, tail", [(20, 20), (32, 32), (40, 40), (48, 32), (49, 33), (400, 32), (401, 33), (0, 0)])
+def test_swa_tail_len_starts_at_the_page_of_the_window(seq, tail):
+    # window 32, page 16: the window's first token is seq - 32, floored to its page
+    assert swa_tail_len(seq, 32, 16) == tail
+
+
+def test_the_transfer_is_owned_not_written():
+    ref = ReferencePool(64, 64)
+    E = np.zeros(0, np.int64)
+    tr = Transfer(np.array([16, 17, 18]), np.array([5, 6, 7]), np.array([33]), np.array([7]))
+    ref.apply_frees(BatchTruth(E, E, E, E, E, E, E, transferred=tr))
+    assert ref.live["full"][[16, 17, 18]].all() and ref.expected["full"][[16, 17, 18]].tolist() == [5, 6, 7]
+    assert ref.live["swa"][33] and ref.live_tag["swa"][33] == 7 and ref.live["swa"].sum() == 1
+    assert ref.live_tag["full"].sum() == 18
