@@ -129,6 +129,53 @@ def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Opt
             "wall_s": round(res.wall_s, 3)}
 
 
+def shared_step_run(path: str) -> dict:
+    """A shipped scenario with the release in the write path twice: through the shared step (simulator.execute
+    SharedStep: one release pool per class of backends with the same writes, the release's store once per class
+    and layer, its errors every member's) and through the run's own step (every backend on its own release pool
+    and store, layer after layer). The findings of each in order, the counts, the classes and the stores."""
+    from simulator.execute import EagerExecutor
+    from simulator.run import run_simulation
+    from simulator.scenario import load_scenario
+
+    from .pool import EnginePool
+    from .runtime import EngineRuntime
+
+    class OwnSteps(EagerExecutor):
+        run_step = None
+
+    api = load()
+    sc = load_scenario(path)
+    stores = {"n": 0}
+    real = EnginePool.set_kv_buffer
+
+    def counted(self, *a, **kw):
+        stores["n"] += 1
+        return real(self, *a, **kw)
+
+    out = {}
+    EnginePool.set_kv_buffer = counted
+    try:
+        for how, executor in (("shared", EagerExecutor()), ("own", OwnSteps())):
+            stores["n"] = 0
+            rt = EngineRuntime(api)
+            res = run_simulation(sc, rt.design, rt.pool_factory(sc.model), device="cpu", executor=executor,
+                                 allocator_factory=rt.allocator_factory)
+            classes = None
+            if how == "shared":
+                (_, pc), = executor.shared._classes.values()
+                groups: dict[int, list[str]] = {}
+                for name, cid in pc.of.items():
+                    groups.setdefault(cid, []).append(name)
+                classes = sorted(groups.values())
+            out[how] = {"findings": [f.to_json() for f in res.findings], "classes": classes,
+                        "backends": {b: st.to_json() for b, st in res.backends.items()},
+                        "crossings": res.crossings, "stores": stores["n"]}
+    finally:
+        EnginePool.set_kv_buffer = real
+    return out
+
+
 def translation_agrees(page_size: int = 1, seed: int = 0) -> dict:
     """Per backend, the release's SWA ids for a DP-padded out_cache_loc against ``full_to_swa[loc]``."""
     import numpy as np
@@ -194,8 +241,9 @@ def pool_roundtrip(page_size: int = 1) -> dict:
     return out
 
 
-def release_report(scenarios: Optional[list[str]] = None) -> dict:
-    """Everything the engine tests assert on, for one release, from one process (one import)."""
+def release_report(scenarios: Optional[list[str]] = None, shared: Optional[list[str]] = None) -> dict:
+    """Everything the engine tests assert on, for one release, from one process (one import); ``shared``: the
+    scenarios also run through :func:`shared_step_run`."""
     api = load()
     rep = {"info": api.info.to_json(), "features": api.features.to_json(),
            "b1_longer": {b: b1_write(3, None, b) for b in ("torch_native", "flashinfer")},
@@ -212,6 +260,7 @@ def release_report(scenarios: Optional[list[str]] = None) -> dict:
            "scenarios": {}}
     for path in scenarios or []:
         rep["scenarios"][path] = scenario_run(path)
+    rep["shared_step"] = {path: shared_step_run(path) for path in shared or []}
     return rep
 
 

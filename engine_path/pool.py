@@ -145,9 +145,10 @@ def _is_shape_error(e: BaseException) -> bool:
 class EnginePool:
     """``PoolWriter`` over the release's ``SWAKVPool``: real routing, real store, real buffers."""
 
-    #: every backend's writes go through its own pool and the release's store (its own errors, e.g. torch's
-    #: shape mismatch), never one shared write for a group of backends (simulator.execute.SharedStep)
-    shared_writes = False
+    #: the release's store makes the length check (torch's own shape error): simulator.execute.SharedStep runs
+    #: no check of ours in front of it and calls it per layer once for each class of backends whose pools hold
+    #: the same contents (simulator.pool.PoolClasses, through :meth:`clone`), the store's error every member's
+    store_checks_lengths = True
 
     def __init__(self, api: ReleaseAPI, *, full_size: int, swa_size: int, page_size: int,
                  layers: Sequence[tuple[int, str, int]], mapping: Optional[torch.Tensor] = None,
@@ -158,6 +159,8 @@ class EnginePool:
             raise EngineError(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
         self.api = api
         self.device = torch.device(device)
+        self._args = dict(full_size=full_size, swa_size=swa_size, page_size=page_size, layers=list(layers),
+                          mapping=mapping, kv_dtype=kv_dtype, device=device, heads=heads, head_dim=head_dim)
         #: the release's store on this device (release_store): the CPU fallback absorbs padded rows in
         #: slot 0 (skip_index None); the JIT kernel on CUDA skips slot 0 (skip_index 0)
         self.store_info = _STORES.get((id(api), str(self.device))) or release_store(api, self.device,
@@ -186,6 +189,17 @@ class EnginePool:
                      for kind in ("full", "swa")}
         for kind in ("full", "swa"):
             self._oor[kind][:, 1] = NO_POSITION
+
+    def clone(self) -> "EnginePool":
+        """A pool of the release built as this one was (its constructor, the mapping registered), holding
+        this pool's K/V contents and out-of-range counters; nothing written later is shared."""
+        twin = EnginePool(self.api, **self._args)
+        for kind, sub in self._sub.items():
+            for bufs, mine in ((twin._sub[kind].k_buffer, sub.k_buffer), (twin._sub[kind].v_buffer, sub.v_buffer)):
+                for dst, src in zip(bufs, mine):
+                    dst.copy_(src)
+            twin._oor[kind].copy_(self._oor[kind])
+        return twin
 
     # --- PoolWriter ---------------------------------------------------------------------------
     def rows(self, kind: str) -> int:

@@ -150,6 +150,8 @@ class _Forward:
     reads: object = None                       # run._ReadCheck, or None
     calls: object = field(default_factory=list)   # the boundary observations (_observations), with the findings
     signature: tuple = ()
+    #: a pool whose store checks lengths itself (``store_checks_lengths``): the rows each layer's store gets
+    rows: Optional[int] = None
 
 
 class SharedStep:
@@ -162,7 +164,10 @@ class SharedStep:
     2. the backends of each pool class (:class:`~simulator.pool.PoolClasses`) with the same writes (the same
        targets by value, the same failures) form a group; a class whose members differ splits (copy on
        divergence); each group's pool takes its writes once, the layers of a kind that write one target
-       in one store (``store_layers``);
+       in one store (``store_layers``); a pool whose store checks lengths itself (``store_checks_lengths``, a
+       release's own pool: engine_path.pool.EnginePool) gets no length check of ours in phase 1 and each layer's
+       store once per group, with the forward's own rows, its error (its own text) every member's
+       (:func:`_store_checked`);
     3. per backend in order: its observations, then its findings: the first of a group runs the checker, the
        others take its findings under their own name (same pool, same writes: the same findings).
 
@@ -184,7 +189,7 @@ class SharedStep:
         if (run.device.type != "cpu" or run.faults is not None or run.before_layer is not None
                 or getattr(run, "unified", None) is not None or getattr(run, "forward_observer", None) is not None
                 or any(not getattr(p, "shared_writes", True) for p in run.target.pools.values())):
-            return None     # (a pool with shared_writes False, e.g. a release's own pool, stores per backend)
+            return None     # (a pool with shared_writes False stores per backend)
         t_start = run.now()
         self.canon.reset()
         self._writes.clear()
@@ -201,7 +206,9 @@ class SharedStep:
         rows_cache: dict = {}
         for names in groups:
             lead = by_name[names[0]]
-            if lead.writes is not None:
+            if lead.rows is not None:
+                _store_checked(side.pools[names[0]], [by_name[n] for n in names], tags, rows_cache, run.now)
+            elif lead.writes is not None:
                 _store_writes(side.pools[names[0]], side.layers, lead.writes, tags, rows_cache, self.canon)
         leader = {n: names[0] for names in groups for n in names}
         raw: dict[str, list] = {}
@@ -222,7 +229,9 @@ class SharedStep:
             return d
         if table is not None:
             d.reads = _ReadCheck(side, name, batch, truth, table, pool)
-        per_kind = _plan_by_kind(run, boundary, meta, side.layers, d) if boundary.layer_free_write_loc() else None
+        checked = getattr(pool, "store_checks_lengths", False)      # the store's own length check, no host one
+        per_kind = (_plan_by_kind(run, boundary, meta, side.layers, d)
+                    if not checked and boundary.layer_free_write_loc() else None)
         if per_kind is not None:
             # every layer of a kind writes its kind's target: the signature and the writes follow from the kinds
             d.signature = sig = ("by_kind",) + tuple((k, None if w[1] else self.canon.id(w[0]), w[1])
@@ -232,8 +241,11 @@ class SharedStep:
                 d.writes = self._writes[sig] = _writes_by_kind(side.layers, per_kind)
             n_writes = len(d.writes)
         else:
-            d.writes = _plan_layers(run, boundary, meta, side.layers, d, batch.step)
+            d.writes = _plan_layers(run, boundary, meta, side.layers, d, batch.step, check=not checked)
             d.signature = _signature(d.writes, self.canon)
+            if checked:
+                d.rows = meta.rows
+                d.signature = (("rows", meta.rows),) + d.signature
             n_writes = sum(1 for w in d.writes if w.error_class != "design_error" or w.error is None)
         run.crossings += len(side.layers)
         run.stats[name].writes += n_writes
@@ -275,9 +287,10 @@ class _Rows:
         self.shape = (n,)
 
 
-def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int) -> list[LayerWrite]:
-    """Phase 1 of a backend: per layer the read check, the write location and the store's length check, and
-    the observation the store would make; nothing is stored."""
+def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int, check: bool = True) -> list[LayerWrite]:
+    """Phase 1 of a backend: per layer the read check, the write location and the store's length check (not
+    with ``check`` False: the store makes its own), and the observation the store would make; nothing is
+    stored."""
     writes: list[LayerWrite] = []
     rows = _Rows(meta.rows)
     reads = d.reads
@@ -290,7 +303,7 @@ def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int) -> list[La
             # (where the run's own step checks them; its later layers find the epoch unchanged)
             seen.add(kind)
             reads.at_layer(layer)
-        w = _write_of(boundary, meta, layer, rows)
+        w = _write_of(boundary, meta, layer, rows, check)
         if isinstance(w, LayerWrite):
             writes.append(w)
             continue
@@ -301,18 +314,19 @@ def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int) -> list[La
     return writes
 
 
-def _write_of(boundary, meta, layer, rows) -> tuple | LayerWrite:
-    """A layer's target, the store's length-check error (None: it passes) and what the store observes of
-    the write location; the failed write where the design's hook failed."""
+def _write_of(boundary, meta, layer, rows, check: bool = True) -> tuple | LayerWrite:
+    """A layer's target, the store's length-check error (None: it passes, or ``check`` is False) and what the
+    store observes of the write location; the failed write where the design's hook failed."""
     w = prepare_write_at(boundary, meta, layer)
     if isinstance(w, LayerWrite):
         return w
     wl, target = w
-    try:
-        check_lengths(target, rows, rows)
-        err = None
-    except KVLengthMismatch as e:
-        err = str(e)
+    err = None
+    if check:
+        try:
+            check_lengths(target, rows, rows)
+        except KVLengthMismatch as e:
+            err = str(e)
     swa = wl.swa_loc
     return target, err, (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
                          "" if swa is None else dtype_name(swa.dtype))
@@ -425,3 +439,32 @@ def _store_writes(pool: PoolWriter, layers, writes: list[LayerWrite], tags: torc
         for index, layer in zip(indices, layer_ids):
             pool.restamp(k, v, layer)
             pool.store(kind, index, target, k, v)
+
+
+def _store_checked(pool: PoolWriter, members: list[_Forward], tags: torch.Tensor, rows_cache: dict, now) -> None:
+    """A group's writes into a pool whose store checks lengths itself: each layer's ``store`` once for the
+    group, with rows of the forward's own length (as the run's own step makes them, :func:`rows_for`); where
+    the store raises its length error, that error (its own text) becomes every member's write and observation
+    of the layer, as each member's own store would have raised it (same pool contents, same call)."""
+    lead = members[0]
+    n = lead.rows
+    done: dict[int, tuple] = {}          # layer -> (t0, t1, error)
+    for w in lead.writes:
+        if w.target is None:
+            continue                     # the design failed there: nothing to store
+        kv = rows_cache.get((w.kind, n))
+        if kv is None:
+            kv = rows_cache[(w.kind, n)] = pool.make_rows(pad_tags(tags, n), w.layer, w.kind)
+        else:
+            pool.restamp(kv[0], kv[1], w.layer)
+        t0 = now()
+        try:
+            pool.store(w.kind, w.index, w.target, kv[0], kv[1])
+            err = None
+        except KVLengthMismatch as e:
+            err = str(e)
+        done[w.layer] = (t0, now(), err)
+    for d in members:
+        d.writes = [w if w.target is None or done[w.layer][2] is None else
+                    LayerWrite(w.layer, w.kind, w.index, None, done[w.layer][2]) for w in d.writes]
+        d.calls = [c[:-3] + done[c[2]] if c[2] in done else c for c in d.calls]

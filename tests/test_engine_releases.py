@@ -15,6 +15,8 @@ from engine_path import isolate
 pytestmark = pytest.mark.engine
 
 SCENARIOS = ["scenarios/b1-pcg-dp-padding.toml", "scenarios/gap-swa-shorter.toml", "scenarios/paths-paged.toml"]
+#: run through the shared step and the run's own step (engine_path.checks.shared_step_run)
+SHARED = ["scenarios/b1-pcg-dp-padding.toml", "scenarios/gap-swa-shorter.toml"]
 ALL_BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
 
 
@@ -23,7 +25,8 @@ def _children(engine_releases):
     """Every subprocess of this module at once: one report per release, and ``--engine sglang`` (the cached
     0.5.23 put on PYTHONPATH, as an installed or editable checkout would be)."""
     with ThreadPoolExecutor(len(engine_releases) + 1) as ex:
-        futures = {v: ex.submit(isolate.call, f"sglang=={v}", "engine_path.checks:release_report", SCENARIOS)
+        futures = {v: ex.submit(isolate.call, f"sglang=={v}", "engine_path.checks:release_report", SCENARIOS,
+                                SHARED)
                    for v in engine_releases}
         installed = ex.submit(isolate.call, "sglang", "engine_path.checks:info",
                               env={"PYTHONPATH": str(engine_releases["0.5.23"])})
@@ -237,3 +240,30 @@ def test_the_releases_store_per_device(reports, version):
     if not torch.cuda.is_available():
         assert st["cuda"]["error"].startswith(f"sglang {version}: --device cuda, but the release's is_cuda() was "
                                               f"False at import (torch.cuda.is_available() False")
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_shared_step_gives_what_every_backend_s_own_release_store_gives(reports, version):
+    """Engine pools grouped by class (the release's store once per class and layer, its error every member's):
+    the findings, in order, and every count are those of each backend on its own pool and store."""
+    for path in SHARED:
+        got = reports[version]["shared_step"][path]
+        shared, own = got["shared"], got["own"]
+        assert shared["findings"] == own["findings"], path
+        assert shared["backends"] == own["backends"] and shared["crossings"] == own["crossings"], path
+        assert own["stores"] == own["crossings"] and shared["stores"] * 4 <= own["stores"], path
+    b1 = reports[version]["shared_step"]["scenarios/b1-pcg-dp-padding.toml"]
+    gap = reports[version]["shared_step"]["scenarios/gap-swa-shorter.toml"]
+    per_backend = {b: st["findings"]["length_mismatch"] for b, st in b1["own"]["backends"].items()}
+    if version == "0.5.14":
+        # torch's shape error from the release's store, on the 7 backends that did not slice their swa_loc
+        assert per_backend == {b: 0 if b == "trtllm_mha" else 18 for b in ALL_BACKENDS}
+        assert {f["message"] for f in b1["shared"]["findings"]} == {
+            "RuntimeError: shape mismatch: value tensor of shape [51, 1, 16] cannot be broadcast to indexing "
+            "result of shape [1048, 1, 16]"}
+        assert b1["shared"]["classes"] == sorted([[b for b in ALL_BACKENDS if b != "trtllm_mha"], ["trtllm_mha"]])
+    else:
+        assert per_backend == dict.fromkeys(ALL_BACKENDS, 0)
+    gap_counts = {b: st["findings"]["length_mismatch"] for b, st in gap["own"]["backends"].items()}
+    if version == "0.5.23":
+        assert gap_counts == dict.fromkeys(ALL_BACKENDS, 12)

@@ -18,6 +18,7 @@ from simulator.backends import BACKEND_SPECS, BackendBoundary
 from simulator.designs import SGLangPost29460, SGLangPre29460, load_design
 from simulator.execute import EagerExecutor
 from simulator.kvrows import TAG_LANES, encode_rows, set_layer_lane
+from simulator.pool import KVLengthMismatch
 from simulator.run import run_simulation
 
 from helpers import scenario
@@ -174,3 +175,45 @@ def test_grouped_store_leaves_what_the_per_layer_store_leaves():
                 (got if fn == "grouped" else want).append((kc, vc, err, k, v))
             for a, b in zip(got[0], want[0]):
                 assert torch.equal(a, b), (what, fp8)
+
+
+class OwnCheckPool(TaggedKVPool):
+    """A pool whose store makes its own length check, with its own text (as a release's pool does: torch's
+    shape error from the release's store, engine_path.pool.EnginePool); the host check never runs first."""
+
+    store_checks_lengths = True
+    calls = 0
+
+    def store(self, kind, index, loc, k, v):
+        OwnCheckPool.calls += 1
+        if loc.shape[0] != k.shape[0]:
+            raise KVLengthMismatch(f"own store: {k.shape[0]} rows for {loc.shape[0]} ids at {kind} {index}")
+        super().store(kind, index, loc, k, v)
+
+
+def test_a_store_that_checks_lengths_gives_its_own_error_to_every_member():
+    """B1 before its fix: the shared step groups the pools, stores each layer once per class, and every member
+    of a class gets the store's own error (not the host check's ``Size mismatch``), as its own store gave it."""
+    sc = scenario("b1-pcg-dp-padding")
+    design = load_design("sglang-pre-29460")
+
+    def go(executor):
+        OwnCheckPool.calls = 0
+
+        def make(full_rows, swa_rows, skip):
+            return OwnCheckPool(sc.model, full_rows, swa_rows, geometry="compact", skip_index=skip)
+
+        return run_simulation(sc, design, make, executor=executor), OwnCheckPool.calls
+
+    shared_exec = EagerExecutor()
+    (shared, shared_calls), (own, own_calls) = go(shared_exec), go(OwnSteps())
+    assert [f.to_json() for f in shared.findings] == [f.to_json() for f in own.findings]
+    assert {b: s.to_json() for b, s in shared.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
+    per_backend = {b: s.findings["length_mismatch"] for b, s in own.backends.items()}
+    assert per_backend == {b: 0 if b == "trtllm_mha" else 18 for b in sc.backends}
+    # the store's own text (51 real rows against the 1,048 ids of the unsliced, DP-padded swa_loc), per layer
+    assert {(f.step, f.message) for f in shared.findings} == {
+        (1, f"own store: 51 rows for 1048 ids at swa {i}") for i in range(18)}
+    assert sorted(len(g) for g in classes(shared_exec)) == [1, 7]
+    # every layer once per class and step (two classes from the first step on), not once per backend
+    assert own_calls == shared.crossings and shared_calls * 4 <= own_calls
