@@ -56,6 +56,38 @@ def h2d(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+class _Staging:
+    """A step's host arrays on the device in one copy from pinned memory, without a host synchronisation.
+    Two pinned buffers alternate; a buffer is filled again only once its last copy has completed (every
+    step but one whose writes all failed ends with a read that waits for it; otherwise its event is
+    waited on)."""
+
+    def __init__(self) -> None:
+        self._bufs: list[Optional[torch.Tensor]] = [None, None]
+        self._events: list = [None, None]
+        self._i = 0
+
+    def put(self, arrays, dev: torch.device) -> list[torch.Tensor]:
+        if dev.type != "cuda" or any(a.dtype != np.int64 for a in arrays):    # (dtypes are kept)
+            return [h2d(a, dev) for a in arrays]
+        sizes = [a.shape[0] for a in arrays]
+        total = sum(sizes)
+        self._i ^= 1
+        i = self._i
+        ev = self._events[i]
+        if ev is not None and not ev.query():
+            ev.synchronize()
+        buf = self._bufs[i]
+        if buf is None or buf.shape[0] < total:
+            buf = self._bufs[i] = torch.empty(max(total, 1 << 16) * 2, dtype=torch.int64).pin_memory()
+        np.concatenate(arrays, out=buf.numpy()[:total])
+        d = buf[:total].to(dev, non_blocking=True)
+        if ev is None:
+            ev = self._events[i] = torch.cuda.Event()
+        ev.record()
+        return list(d.split(sizes))
+
+
 class _Queue:
     """Boundary observations of one backend, held until its findings are delivered (same order)."""
 
@@ -84,6 +116,7 @@ class GpuStepRunner:
         self._run_sides = None
         self._expected: Optional[dict] = None
         self._scratch: Optional[torch.Tensor] = None
+        self._staging = _Staging()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self.verdict_reads = 0
         self.signature_reads = 0
@@ -119,12 +152,15 @@ class GpuStepRunner:
         for m in run.sides:
             m.reference.apply_frees(truth)
         side.reference.apply_writes(truth)
-        self._mirror(side, truth, dev)
-        self._begin_verdicts(batch, truth, dev)
-        ch = truth.mapping_changed
-        if ch.size and dev.type != "cpu":     # on the CPU the run's mapping is the allocator's array
-            run.mapping[h2d(ch, dev)] = h2d(run.alloc.full_to_swa[ch], dev)
-        loc = h2d(batch.out_cache_loc, dev)
+        ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
+        # the step's host arrays in one pinned copy (on the CPU the run's mapping is the allocator's array)
+        ch_d, ch_to, loc, tags, full_slots, swa_slots = self._staging.put(
+            (ch, run.alloc.full_to_swa[ch], batch.out_cache_loc, truth.tags, truth.full_slots, truth.swa_slots), dev)
+        step_slots = {"full": full_slots, "swa": swa_slots}
+        self._mirror(side, truth, tags, step_slots)
+        self._begin_verdicts(batch, truth, step_slots, dev)
+        if ch.size:
+            run.mapping[ch_d] = ch_to
         read_in = None
         if run.read_check and batch.requests is not None:
             rq = batch.requests
@@ -133,7 +169,6 @@ class GpuStepRunner:
         plans = [self._plan(run, side, name, batch, truth, loc, read_in) for name in side.boundaries]
         groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
         by_name = {p.name: p for p in plans}
-        tags = h2d(truth.tags, dev)
         rows_cache: dict = {}
         for names in groups:
             lead = by_name[names[0]]
@@ -141,7 +176,7 @@ class GpuStepRunner:
                 self._forward(run, side, lead, batch, tags, rows_cache)
             for n in names:
                 by_name[n].lead = lead
-        flags = self._verdicts(side, truth, [by_name[names[0]] for names in groups], dev)
+        flags = self._verdicts(side, step_slots, [by_name[names[0]] for names in groups], dev)
         raw: dict[str, list] = {}
         for p in plans:
             self._deliver(run, side, batch, truth, p, flags.get(p.lead.name), raw)
@@ -241,7 +276,7 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ the oracle's device mirrors
 
-    def _mirror(self, side, truth: BatchTruth, dev: torch.device) -> None:
+    def _mirror(self, side, truth: BatchTruth, tags: torch.Tensor, slots: dict) -> None:
         """The expected tag-lane words of the slots this step writes, in every mirror of its reference."""
         ref = side.reference
         if self._stale:               # in place: decode graphs captured the tables' addresses
@@ -252,13 +287,10 @@ class GpuStepRunner:
             self._stale = False
         if not truth.tags.size:
             return
-        tags, words = None, {}
+        words = {}
         for (rid, kind, storage), table in self._exp.items():
             if rid != id(ref):
                 continue
-            if tags is None:
-                tags = h2d(truth.tags, dev)
-                slots = {"full": h2d(truth.full_slots, dev), "swa": h2d(truth.swa_slots, dev)}
             if storage not in words:        # the same words for both kinds: made once per step and dtype
                 words[storage] = tag_lanes(tags, storage).contiguous().view(torch.int64)
             table[slots[kind]] = words[storage]
@@ -288,7 +320,7 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 2
 
-    def _begin_verdicts(self, batch, truth, dev) -> None:
+    def _begin_verdicts(self, batch, truth, step_slots: dict, dev) -> None:
         """Zero the static verdict slots; under a graph runner, this step's expected slots into the static
         buffers of its capture size (padded with -1, which no check reads)."""
         if self._out is None:
@@ -298,11 +330,12 @@ class GpuStepRunner:
         self._expected = None
         if batch.graph in STATIC_GRAPHS and truth.tags.size <= batch.padded_len:
             self._expected = {}
-            for kind, slots in (("full", truth.full_slots), ("swa", truth.swa_slots)):
+            for kind in ("full", "swa"):
                 buf = self._static_expected(kind, batch.padded_len, dev)
-                buf.fill_(-1)
-                if slots.size:
-                    buf[:slots.size].copy_(h2d(slots, dev), non_blocking=True)
+                n = step_slots[kind].shape[0]
+                buf[n:].fill_(-1)
+                if n:
+                    buf[:n].copy_(step_slots[kind])
                 self._expected[kind] = buf
 
     def _static_expected(self, kind: str, n: int, dev) -> torch.Tensor:
@@ -330,7 +363,7 @@ class GpuStepRunner:
         out = self._scratch if warm else self._out_slot(self._side, s.backend)
         return self._verdict(self._side, s.pool, writes, self._expected, out, s.pool.device)
 
-    def _verdicts(self, side, truth, leads: list["_Plan"], dev) -> dict[str, Optional[int]]:
+    def _verdicts(self, side, step_slots: dict, leads: list["_Plan"], dev) -> dict[str, Optional[int]]:
         """Per group (its first backend's name): None (the exact checker must run) or its verdict; one read."""
         plain: dict[str, bool] = {}
         expected = self._expected
@@ -339,7 +372,7 @@ class GpuStepRunner:
             ok = writes is not None and all(w.error is None for w in writes)
             if ok and not p.in_graph:
                 if expected is None:
-                    expected = {"full": h2d(truth.full_slots, dev), "swa": h2d(truth.swa_slots, dev)}
+                    expected = step_slots
                 ok = self._verdict(side, side.pools[p.name], writes, expected, self._out_slot(side, p.name), dev)
             plain[p.name] = ok
         if not any(plain.values()):
@@ -379,7 +412,9 @@ class GpuStepRunner:
             kind = f.kind or ("full" if f.hook in ("fill_graph_loc_buffer", "read_ids") else "swa")
             run._count(side, name, *side.checker.design_error(batch.step, name, kind, text))
             return
-        run.stats[name].writes += sum(1 for w in lead.writes if w.error_class != "design_error" or w.error is None)
+        if lead.n_writes < 0:
+            lead.n_writes = sum(1 for w in lead.writes if w.error_class != "design_error" or w.error is None)
+        run.stats[name].writes += lead.n_writes
         if flag == 0:
             self.fast_checks += 1
             mine = []
@@ -414,6 +449,7 @@ class _Plan:
     writes: Optional[list] = None               # the executor's LayerWrite log (the group's first backend)
     calls: list = dataclasses.field(default_factory=list)   # its boundary observations (the executor's)
     in_graph: bool = False                      # its verdict was added by a decode graph's replay
+    n_writes: int = -1                          # its writes that count (-1: not counted yet)
 
 
 class _Rows:
@@ -450,14 +486,16 @@ def _plan_by_kind(boundary, meta, layers) -> Optional[dict]:
 def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list) -> list[tuple]:
     """A backend's boundary observations from its own write locations, in layer order, timed as its group's
     first backend's (a graph replay, a grouped store: one observation per layer, in the same order)."""
-    out = []
-    for i, li in enumerate(layers):
-        wl, _, err = per_kind[li.kind]
+    seen = {}
+    for kind, (wl, _, err) in per_kind.items():
         swa = wl.swa_loc
-        t0, t1 = (lead_calls[i][-3], lead_calls[i][-2]) if i < len(lead_calls) else (0, 0)
-        out.append((step, name, li.layer, int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]),
-                    dtype_name(wl.loc.dtype), "" if swa is None else dtype_name(swa.dtype), t0, t1, err))
-    return out
+        seen[kind] = (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
+                      "" if swa is None else dtype_name(swa.dtype))
+    if len(lead_calls) != len(layers):      # (not reached: the first backend observes every layer)
+        lead_calls = [(None,) * 7 + (0, 0)] * len(layers)
+    # (step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, t0, t1, err)
+    return [(step, name, li.layer, *seen[li.kind], c[7], c[8], per_kind[li.kind][2])
+            for li, c in zip(layers, lead_calls)]
 
 
 def _target_key(t: torch.Tensor) -> tuple:
