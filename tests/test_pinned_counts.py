@@ -81,6 +81,10 @@ def observed(summary: dict) -> dict:
 #          slots the stale mapping freed, first request 13's slot 106 at step 61. Fixed: 169 x 2 = 338.
 #  R8      2 layers, page 16, 98 forwards (196 writes) up to the over-free at step 99; the sink page (slots 0..15)
 #          handed to request 15 at step 85 and read: 1184 stale_read. Fixed (the filter): 178 x 2 = 356.
+#  A1, A2  a PD decode node (2 layers: S F, draft F; EAGLE 4 tokens), page 16, 48 requests: a write per layer per
+#          forward (target verify 2, draft decode / extend 1 each); every backend the same (the allocator's bugs):
+#          the SWA page freed under a live request is handed to another, whose tags the first one then reads
+#          (stale_read); the buggy runs stop at the over-free (A1 step 330, A2 step 390).
 #  P7      paths-spec's schedule (366 writes); the pre-planned speculative forwards under DP padding: 10
 #          length_mismatch at the draft's SWA layer (id 5), first at step 4.
 PINNED_CORPUS = {
@@ -162,6 +166,14 @@ PINNED_CORPUS = {
         every=(196, {"stale_read": 1184}, (85, 0, "stale_read"))),
     ("R8", "fixed"): pinned("radix-fixed", steps=178,
         every=(356, {}, None)),
+    ("A1", "buggy"): pinned("pd-decode-pre-25805", steps=330,
+        every=(396, {"stale_read": 373}, (198, 0, "stale_read"))),
+    ("A1", "fixed"): pinned("pd-decode-pre-25805-post-27779", steps=395,
+        every=(474, {}, None)),
+    ("A2", "buggy"): pinned("pd-decode-pre-25805", steps=390,
+        every=(468, {"stale_read": 400}, (83, 0, "stale_read"))),
+    ("A2", "fixed"): pinned("pd-decode-post-25805", steps=405,
+        every=(486, {}, None)),
     ("P7", "buggy"): pinned("dots-eagle-preplan", steps=147,
         every=(366, {"length_mismatch": 10}, (4, 5, "length_mismatch"))),
     ("P7", "fixed"): pinned("dots-eagle-preplan-rebuild", steps=147,
@@ -222,7 +234,7 @@ PINNED_SCENARIOS = {
 
 BUG_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
                        if p.stem.startswith(("b1-", "b2-", "b3-", "b4-", "b5-", "b6-", "gap-", "w1-", "w2-", "w5-", "w7-", "u1-", "u2-",
-                                             "r2-", "r3-", "r7-", "r8-", "p7-")))
+                                             "r2-", "r3-", "r7-", "r8-", "p7-", "a1-", "a2-")))
 PATH_SCENARIOS = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml") if p.stem.startswith(("paths-", "smoke")))
 
 
