@@ -87,13 +87,19 @@ class _Piece:
     v: torch.Tensor
 
 
+#: the piecewise pieces of a process (see CudaGraphExecutor._pieces)
+_PIECES: dict[tuple, _Piece] = {}
+
+
 class CudaGraphExecutor:
     """A :class:`simulator.execute.LayerExecutor` that runs decode and piecewise batches in CUDA graphs."""
 
     def __init__(self) -> None:
         self.eager = EagerExecutor()
         self._decode: dict[tuple[str, int, int], Optional[_DecodeGraph]] = {}
-        self._pieces: dict[tuple, _Piece] = {}     # (capture size, kind, geometry): shared by backends
+        # (capture size, kind, geometry): shared by backends, and by the runs of a process (a piece reads
+        # and writes only its own static buffers, like an engine's graphs captured once at start-up)
+        self._pieces: dict[tuple, _Piece] = _PIECES
         self.replays = 0
         self.captures = 0
         self.piece_replays = 0

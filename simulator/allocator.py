@@ -377,9 +377,12 @@ class HybridAllocator:
             slots.swa[start:start + room] = last_s + step
         if k:
             fp, sp = self._full.pop(k), self._swa.pop(k)
-            offs = np.arange(p, dtype=np.int64)
-            f_new = (fp[:, None] * p + offs).ravel()[: n - room]
-            s_new = (sp[:, None] * p + offs).ravel()[: n - room]
+            if p == 1:          # a page is a slot (room is 0, k is n)
+                f_new, s_new = fp, sp
+            else:
+                offs = np.arange(p, dtype=np.int64)
+                f_new = (fp[:, None] * p + offs).ravel()[: n - room]
+                s_new = (sp[:, None] * p + offs).ravel()[: n - room]
             slots.full[start + room:start + n] = f_new
             slots.swa[start + room:start + n] = s_new
         slots.length = start + n
