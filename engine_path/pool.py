@@ -185,6 +185,7 @@ class EnginePool:
             self.pool.register_mapping(mapping)
         self._rows = {"full": full_size + page_size, "swa": swa_size + page_size}
         self._sub = {"full": self.pool.full_kv_pool, "swa": self.pool.swa_kv_pool}
+        self._lane_views: dict = {}
         self._oor = {kind: torch.zeros((max(len(self._global[kind]), 1), 2), dtype=torch.int64)
                      for kind in ("full", "swa")}
         for kind in ("full", "swa"):
@@ -262,17 +263,32 @@ class EnginePool:
             cnt[1] = int(bad[0])
         cnt[0] += int(bad.numel())
 
+    def _lanes(self, kind: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer of ``kind``, the tag lanes of every row of its K and its V buffer (``[rows, TAG_LANES]``
+        views of the release's buffers, made once; made again if the sub-pool's buffer lists change)."""
+        sub = self._sub[kind]
+        key = (id(sub.k_buffer), id(sub.v_buffer), len(sub.k_buffer))
+        got = self._lane_views.get(kind)
+        if got is None or got[0] != key:
+            views = tuple([b.reshape(b.shape[0], -1)[:, :TAG_LANES] for b in bufs]
+                          for bufs in (sub.k_buffer, sub.v_buffer))
+            got = self._lane_views[kind] = (key, views)
+        return got[1]
+
     def _words(self, kind: str, slots: torch.Tensor, layers: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The tag lanes of ``slots`` in each layer of ``kind`` (K and V), as int64 words ``[L, n, w]``."""
-        sub = self._sub[kind]
         idx = slots.to(torch.int64)
-        which = range(len(sub.k_buffer)) if layers is None else layers
         n_words = TAG_LANES * torch.empty((), dtype=self.dtype).element_size() // 8
         out = []
-        for bufs in (sub.k_buffer, sub.v_buffer):
-            per = [bufs[i].reshape(bufs[i].shape[0], -1).index_select(0, idx)[:, :TAG_LANES].contiguous()
-                   .view(torch.int64)[:, :n_words] for i in which]
-            out.append(torch.stack(per) if per else torch.zeros((0, idx.numel(), n_words), dtype=torch.int64))
+        for views in self._lanes(kind):
+            which = views if layers is None else [views[i] for i in layers]
+            if not which:
+                out.append(torch.zeros((0, idx.numel(), n_words), dtype=torch.int64))
+                continue
+            rows = torch.empty((len(which), idx.numel(), TAG_LANES), dtype=self.dtype, device=which[0].device)
+            for i, view in enumerate(which):
+                torch.index_select(view, 0, idx, out=rows[i])
+            out.append(rows.view(torch.int64)[:, :, :n_words])
         return out[0], out[1]
 
     def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
