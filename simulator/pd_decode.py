@@ -43,6 +43,7 @@ from .prefix_cache import FIXED, CachedRequest, PrefixCache, SharingBehaviour
 from .release_model import ReleaseBehaviour
 from .scenario import RequestSpec, Scenario, ScenarioError
 from .scheduler import Request, Scheduler
+from .sharing_run import SharingScheduler
 
 _E = np.zeros(0, dtype=np.int64)
 
@@ -68,6 +69,9 @@ class PDDecodeScheduler(Scheduler):
         self._transfer: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.counts: Counter = Counter()
         self.stopped: Optional[dict] = None
+        #: every free-path event and allocation, in order (the radix scheduler's log): the first divergent
+        #: slot's ownership history in the summary (reports/ownership.py)
+        self._log: list[tuple] = []
 
     # ------------------------------------------------------------------ admission: pre-allocation + transfer
 
@@ -85,6 +89,7 @@ class PDDecodeScheduler(Scheduler):
         s = req.slots
         tags = np.arange(req.tag_base, req.tag_base + n, dtype=np.int64)
         self._transfer.append((full, tags, s.swa[n - tail:n].copy(), tags[n - tail:]))
+        self._log_alloc(req, full, s.swa[n - tail:n], "transfer")
         self._mapping_changed.append(full)
         self._note("alloc", req, full)
         req.prefilled = req.prefill_len
@@ -144,13 +149,28 @@ class PDDecodeScheduler(Scheduler):
             return
         hi = min(kept, s.length)
         ids, peers = s.full[length:hi].copy(), s.swa[length:hi].copy()
+        if hi < s.length:      # whole pages past the kept one: back in the free lists
+            who = f"request:{req.rid}"
+            self._log.append((self._step, "free", "full", "reject", who, s.full[hi:s.length].copy(), None))
+            self._log.append((self._step, "free", "swa", "reject", who, s.swa[hi:s.length].copy(), None))
         super()._give_back(req, length)
         self.alloc.set_mapping(ids, peers)
         self.counts["overallocated_kept"] += int(ids.size)
 
+    def _log_alloc(self, req: Request, full: np.ndarray, swa: np.ndarray, cause: str) -> None:
+        who = f"request:{req.rid}"
+        self._log.append((self._step, "alloc", "full", cause, who, full.copy(), None))
+        self._log.append((self._step, "alloc", "swa", cause, who, np.array(swa, np.int64), None))
+
+    def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
+        super()._write_tokens(req, n, tags, full, swa)
+        self._log_alloc(req, full[-1], swa[-1], "alloc")
+
     def _collect_events(self) -> None:
         for ev in self.cache.drain_events():
             self.counts[f"{ev.kind}:{ev.pool}:{ev.cause}"] += 1
+            self._log.append((self._step, ev.kind, ev.pool, ev.cause, None if ev.owner is None else str(ev.owner),
+                              ev.slots, ev.peers))
             if ev.kind == "free":
                 (self._freed_full if ev.pool == "full" else self._freed_swa).append(ev.slots)
             elif ev.kind == "map":
@@ -178,6 +198,11 @@ class PDDecodeScheduler(Scheduler):
             self.stopped = {"step": self._step, "class": "over_free", "assert": "available_size() <= size",
                             "message": str(e)}
 
+    #: the radix scheduler's ownership history, over this scheduler's log of the same shape
+    OWNERSHIP_EVENTS = SharingScheduler.OWNERSHIP_EVENTS
+    ownership = SharingScheduler.ownership
+    ownership_summary = SharingScheduler.ownership_summary
+
     def stale_mappings(self) -> int:
         """Full ids on free full pages whose mapping is not 0 (the entries A1 leaves, A2 may keep)."""
         free_full, _ = self.alloc.free_pages()
@@ -192,12 +217,14 @@ class PDDecodeScheduler(Scheduler):
         free-path event count by kind:pool:cause."""
         c = self.counts
         out = {} if self.stopped is None else {"stopped": dict(self.stopped)}
+        out.update(self.ownership_summary(findings))
         return {**out, "pd_decode": {"transfers": c["transfers"], "tail_tokens": c["tail_tokens"],
                                      "non_tail_tokens": c["non_tail_tokens"],
                                      "overallocated_kept": c["overallocated_kept"],
                                      "stale_mappings_at_end": self.stale_mappings()},
                 "hit_tokens": 0, "tombstones": 0, "recoveries": 0, "evicted_leaves": 0,
                 "events": {k: v for k, v in sorted(c.items()) if ":" in k}}
+
 
 
 def _with_transfer(truth, transfer: Transfer):

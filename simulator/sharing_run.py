@@ -333,6 +333,17 @@ class SharingScheduler(Scheduler):
         cap = self.OWNERSHIP_EVENTS
         return out if len(out) <= cap else out[:cap // 2] + out[-cap // 2:]
 
+    def ownership_summary(self, findings: Optional[list]) -> dict:
+        """``{"ownership": ...}``: the history of the first finding's slot (the first divergent slot), or {}."""
+        first = next((f for f in findings or () if f.slot >= 0 and f.kind in ("full", "swa")), None)
+        if first is None:
+            return {}
+        hist = self.ownership(first.kind, first.slot)
+        return {"ownership": {"pool": first.kind, "slot": int(first.slot), "step": int(first.step),
+                              "backend": first.backend, "class": first.cls, "message": first.message[:300],
+                              "truncated": len(hist) == self.OWNERSHIP_EVENTS and len(self._log) > 0,
+                              "events": hist}}
+
     def summary(self, findings: Optional[list] = None) -> dict:
         """What the summary's ``radix`` entry holds: prefix-hit tokens, SWA tombstones made, recoveries
         over a tombstone, tree leaves evicted, every event count by kind:cause, where the run stopped
@@ -340,13 +351,7 @@ class SharingScheduler(Scheduler):
         finding's slot (the first divergent slot): reports/ownership.py draws it."""
         c = self.counts
         out = {} if self.stopped is None else {"stopped": dict(self.stopped)}
-        first = next((f for f in findings or () if f.slot >= 0 and f.kind in ("full", "swa")), None)
-        if first is not None:
-            hist = self.ownership(first.kind, first.slot)
-            out["ownership"] = {"pool": first.kind, "slot": int(first.slot), "step": int(first.step),
-                                "backend": first.backend, "class": first.cls, "message": first.message[:300],
-                                "truncated": len(hist) == self.OWNERSHIP_EVENTS and len(self._log) > 0,
-                                "events": hist}
+        out.update(self.ownership_summary(findings))
         return {**out, "hit_tokens": self.hit_tokens,
                 "tombstones": c["free:swa:tombstone"] + c["free:swa:tombstone@flush"],
                 "recoveries": c["adopt:swa:recover"] + c["adopt:swa:recover_locked"],

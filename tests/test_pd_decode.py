@@ -65,3 +65,19 @@ def test_the_transfer_is_owned_not_written():
     assert ref.live["full"][[16, 17, 18]].all() and ref.expected["full"][[16, 17, 18]].tolist() == [5, 6, 7]
     assert ref.live["swa"][33] and ref.live_tag["swa"][33] == 7 and ref.live["swa"].sum() == 1
     assert ref.live_tag["full"].sum() == 18
+
+
+def test_a2_first_divergent_slot_history_shows_the_foreign_free(tmp_path):
+    """A2's first finding: SWA page 13 given back by request 6's rejected drafts (step 49), freed again at step 80 by
+    request 7's finish (through a stale mapping on its non-tail ids, A1's seed that A2 kept), so the free list holds
+    it twice and requests 11 and 13 are both given it at step 80."""
+    from slotscope.pipeline import RunOptions, run_scenario
+
+    res = run_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml", tmp_path / "a2",
+                       RunOptions(backends=("triton",), device="cpu", trace_level="off", report=False))
+    own = res.summary["radix"]["ownership"]
+    assert (own["pool"], own["slot"], own["step"], own["class"]) == ("swa", 208, 83, "stale_read")
+    at80 = [e[:4] for e in own["events"] if e[0] in (49, 80)]
+    assert at80[:4] == [[49, "free", "reject", "request:6"], [80, "free", "release", "request:7"],
+                        [80, "available", "release", None], [80, "alloc", "transfer", "request:11"]]
+    assert [80, "alloc", "transfer", "request:13"] in at80
