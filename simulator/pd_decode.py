@@ -59,7 +59,8 @@ class PDDecodeScheduler(Scheduler):
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
                  release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
         if not isinstance(allocator, HybridAllocator) or allocator.page_size < 2:
-            raise ScenarioError(f"{scenario.source}: engine.pd_decode runs on the modelled paged allocator")
+            raise ScenarioError(f"{scenario.source}: engine.pd_decode runs on the modelled paged allocator only (its "
+                                "free paths are the model's, with the A1 / A2 switches), not on an engine's (--engine)")
         super().__init__(scenario, allocator, requests, rng, pad_value=pad_value, pad_to_capture=pad_to_capture,
                          release=release)
         self.sharing = sharing if sharing is not None else FIXED

@@ -81,3 +81,13 @@ def test_a2_first_divergent_slot_history_shows_the_foreign_free(tmp_path):
     assert at80[:4] == [[49, "free", "reject", "request:6"], [80, "free", "release", "request:7"],
                         [80, "available", "release", None], [80, "alloc", "transfer", "request:11"]]
     assert [80, "alloc", "transfer", "request:13"] in at80
+
+
+def test_the_decode_node_refuses_an_engine_allocator():
+    from simulator.pd_decode import PDDecodeScheduler
+    from simulator.scenario import load_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml")
+    with pytest.raises(ScenarioError, match=r"a2-pd-decode-swa-tail\.toml: engine\.pd_decode runs on the modelled "
+                                            r"paged allocator only .*not on an engine's \(--engine\)"):
+        PDDecodeScheduler(sc, object(), [], np.random.default_rng(0))
