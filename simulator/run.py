@@ -254,8 +254,29 @@ class Run:
         """The oracle first: every step's frees reach both references, its writes the side that runs it."""
         for m in self.sides:
             m.reference.apply_frees(truth)
+        if truth.transferred is not None:
+            self.write_transfer(truth.transferred)
         side.reference.apply_writes(truth)
         self.sync_mapping(truth.mapping_changed)
+
+    def write_transfer(self, tr) -> None:
+        """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/pd_decode.py), written
+        into every pool of every side outside the backends, as the transfer engine writes them: each distinct
+        pool once (backends of one pool class share it), every layer of a kind; no write is counted or checked."""
+        seen: set[int] = set()
+        parts = [(kind, torch.from_numpy(slots).to(self.device), torch.from_numpy(tags).to(self.device))
+                 for kind, slots, tags in (("full", tr.full_slots, tr.full_tags), ("swa", tr.swa_slots, tr.swa_tags))
+                 if slots.size]
+        for m in self.sides:
+            for pool in m.pools.values():
+                if id(pool) in seen:
+                    continue
+                seen.add(id(pool))
+                for kind, loc, tags in parts:
+                    for li in m.layers:
+                        if li.kind == kind:
+                            k, v = pool.make_rows(tags, li.layer, kind)
+                            pool.store(kind, li.index, loc, k, v)
 
     def _backend_forward(self, side: ModelSide, name: str, batch: ForwardBatch, truth: BatchTruth,
                          loc: torch.Tensor, tags: torch.Tensor, rows_cache: dict,

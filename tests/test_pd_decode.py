@@ -91,3 +91,42 @@ def test_the_decode_node_refuses_an_engine_allocator():
     with pytest.raises(ScenarioError, match=r"a2-pd-decode-swa-tail\.toml: engine\.pd_decode runs on the modelled "
                                             r"paged allocator only .*not on an engine's \(--engine\)"):
         PDDecodeScheduler(sc, object(), [], np.random.default_rng(0))
+
+
+def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
+    """After the first step every slot the oracle holds live carries its tag in the pools (target and draft):
+    the transferred prompt rows (full for the whole prompt, SWA for the tail) are there, though no backend wrote
+    them; the SWA slots of the non-tail positions are not."""
+    import torch
+
+    from cuda_path.pool import TaggedKVPool
+    from simulator.designs import load_design
+    from simulator.execute import EagerExecutor
+    from simulator.observe import NullObserver
+    from simulator.run import Run
+    from simulator.scenario import load_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml").with_overrides(backends=("triton",))
+
+    def make(full_rows, swa_rows, skip):
+        return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", geometry="compact", store_impl="torch",
+                            skip_index=skip)
+
+    run = Run(sc, load_design("pd-decode-post-25805"), make, device=torch.device("cpu"), observer=NullObserver(),
+              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    for batch, truth in run.scheduler.steps():      # up to the first transfer of a long prompt (a non-tail part)
+        run.step(batch, truth)
+        tr = truth.transferred
+        if tr is not None and tr.full_slots.size > tr.swa_slots.size:
+            break
+    assert batch.step == 5 and (tr.full_slots.size, tr.swa_slots.size) == (800, 64)   # two 400-token prompts: 2 x 368 non-tail
+    for side in run.sides:
+        for kind in ("full", "swa"):
+            layers = [li.index for li in side.layers if li.kind == kind]
+            if not layers:                 # the draft ("F") has no SWA layer
+                continue
+            live = np.flatnonzero(side.reference.live[kind])
+            assert live.size >= (tr.full_slots.size if kind == "full" else tr.swa_slots.size)
+            bad = side.pools["triton"].mismatches(kind, torch.from_numpy(live),
+                                                  torch.from_numpy(side.reference.expected[kind][live]), layers)
+            assert not bad.any(), (side.layers[0].draft, kind)
