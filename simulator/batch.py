@@ -49,7 +49,8 @@ class BatchTruth:
     content_keys: Optional["ContentKeys"] = None
     #: KV that arrived outside the attention backends since the previous step (a PD decode node's
     #: transfer, simulator/pd_decode.py): the slots its owners now hold, with their tags; the oracle
-    #: takes their ownership (after the frees), nothing is written or content-checked there
+    #: takes their ownership (after the frees) and the run writes their rows into the pools outside the
+    #: backends (``Run.write_transfer``): no backend write, nothing counted or write-checked there
     transferred: Optional["Transfer"] = None
 
 

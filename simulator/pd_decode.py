@@ -15,8 +15,9 @@ mem_cache/chunk_cache.py (the decode node's chunk cache: a finish frees the row 
 
 * admission is the pre-allocation plus the transfer: the prompt's slots come from
   :meth:`~simulator.prefix_cache.PrefixCache.extend_swa_tail` (A2's switch decides whether the non-tail full
-  ids' mapping is cleared) and their ownership reaches the oracle as the next step's ``Transfer``
-  (written outside the backends: never a write of theirs, never content-checked); no prefill forward runs;
+  ids' mapping is cleared) and their ownership reaches the oracle as the next step's ``Transfer``, whose
+  rows the run writes into the pools outside the backends (``Run.write_transfer``: no backend write, nothing
+  counted or write-checked); no prefill forward runs;
 * a speculative round's rejected slots on the page the request keeps stay mapped (over-allocation, as
   ``kv_allocated_len``); whole pages past it go back as before;
 * a finish or retraction frees the row ``[0, length)`` through the token-level
