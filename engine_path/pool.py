@@ -153,8 +153,9 @@ class EnginePool:
     def __init__(self, api: ReleaseAPI, *, full_size: int, swa_size: int, page_size: int,
                  layers: Sequence[tuple[int, str, int]], mapping: Optional[torch.Tensor] = None,
                  kv_dtype: str = "bf16", device: str | torch.device = "cpu", heads: int = 1,
-                 head_dim: int = COMPACT_WIDTH):
-        """``layers``: (global layer id, "full" | "swa", index in its sub-pool), in global order."""
+                 head_dim: int = COMPACT_WIDTH, build: bool = True):
+        """``layers``: (global layer id, "full" | "swa", index in its sub-pool), in global order. ``build``
+        False: the release's ``SWAKVPool`` is built when first used (:attr:`pool`), not here."""
         if kv_dtype not in _DTYPES:
             raise EngineError(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
         self.api = api
@@ -175,21 +176,41 @@ class EnginePool:
         self._global = {kind: {} for kind in ("full", "swa")}
         for g, kind, index in layers:
             self._global[kind][index] = g
-        full_ids = [g for g, kind, _ in layers if kind == "full"]
-        swa_ids = [g for g, kind, _ in layers if kind == "swa"]
-        self.pool = build_swa_pool(api, size=full_size, size_swa=swa_size, page_size=page_size,
-                                   full_layers=full_ids, swa_layers=swa_ids, head_num=heads, head_dim=head_dim,
-                                   dtype=self.dtype, device=str(self.device))
-        if mapping is not None and self.device.type == "cpu":
-            # the store never translates (SWA layers get swa_loc); on a GPU the host mapping is not registered
-            self.pool.register_mapping(mapping)
         self._rows = {"full": full_size + page_size, "swa": swa_size + page_size}
-        self._sub = {"full": self.pool.full_kv_pool, "swa": self.pool.swa_kv_pool}
+        self._pool = None
         self._lane_views: dict = {}
         self._oor = {kind: torch.zeros((max(len(self._global[kind]), 1), 2), dtype=torch.int64)
                      for kind in ("full", "swa")}
         for kind in ("full", "swa"):
             self._oor[kind][:, 1] = NO_POSITION
+        if build:
+            self._build()
+
+    def _build(self) -> None:
+        a = self._args
+        full_ids = [g for g, kind, _ in a["layers"] if kind == "full"]
+        swa_ids = [g for g, kind, _ in a["layers"] if kind == "swa"]
+        pool = build_swa_pool(self.api, size=a["full_size"], size_swa=a["swa_size"], page_size=a["page_size"],
+                              full_layers=full_ids, swa_layers=swa_ids, head_num=self.heads, head_dim=self.head_dim,
+                              dtype=self.dtype, device=str(self.device))
+        if a["mapping"] is not None and self.device.type == "cpu":
+            # the store never translates (SWA layers get swa_loc); on a GPU the host mapping is not registered
+            pool.register_mapping(a["mapping"])
+        self._sub_pools = {"full": pool.full_kv_pool, "swa": pool.swa_kv_pool}
+        self._pool = pool
+
+    @property
+    def pool(self):
+        """The release's ``SWAKVPool`` (built here on first use where the constructor was told not to)."""
+        if self._pool is None:
+            self._build()
+        return self._pool
+
+    @property
+    def _sub(self) -> dict:
+        if self._pool is None:
+            self._build()
+        return self._sub_pools
 
     def clone(self) -> "EnginePool":
         """A pool of the release built as this one was (its constructor, the mapping registered), holding

@@ -63,13 +63,21 @@ class EngineRuntime:
     def pool_factory(self, model, *, kv_dtype: Optional[str] = None) -> Callable:
         layers = [(li.layer, li.kind, li.index) for li in model.layers()]
         dtype = kv_dtype or getattr(model, "kv_dtype", "bf16")
+        built: set = set()      # the sizes a pool of this factory was built with
+
+        # A pool of sizes already built is built when first used: on the CPU the run keeps one pool per class
+        # of backends (simulator.pool.PoolClasses), so the other backends' pools are never used, and a release
+        # constructor for each of them was most of a short run's time (the first pool still fails at set-up).
 
         def make_pool(full_rows: int, swa_rows: int, skip_index: Optional[int] = None) -> EnginePool:
             if self.allocator is None:
                 raise EngineError("the engine allocator must be made before the engine pools")
             page = self.allocator.page_size
+            size = (full_rows, swa_rows, page)
             pool = EnginePool(self.api, full_size=full_rows - page, swa_size=swa_rows - page, page_size=page,
-                              layers=layers, mapping=self.allocator.mapping, kv_dtype=dtype, device=self.device)
+                              layers=layers, mapping=self.allocator.mapping, kv_dtype=dtype, device=self.device,
+                              build=size not in built)
+            built.add(size)
             self.store_info = pool.store_info
             return pool
 
