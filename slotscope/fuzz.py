@@ -6,15 +6,17 @@ pools whose indices pass 32,767 and 65,535 too), chunked prefill, MIXED batches,
 and their padding (``dp_other_tokens``, ``attn_tp_size``), piecewise graphs (capture sizes, shrink or
 not) and decode graphs (capture sizes), speculative decoding (draft tokens, draft layers, draft pool
 sizes and ratio), the overlap timeline (WAR barrier, platform), the radix prefix cache with shared
-system prompts and multi-turn conversations, and retraction (``engine.reserve = "none"``). Each draw
+system prompts and multi-turn conversations, and retraction (``engine.reserve = "none"``); fill loads
+whose pools are sized to take every page of the full or the SWA pool (:func:`fit_fill`), and knobs of
+different groups coupled where they only act together (:meth:`Generator.couple`). Each draw
 is TOML data written with :mod:`simulator.toml_write` and read back by ``parse_scenario``: the
 scenario validator decides what is a scenario, and a draw it refuses (or that the scheduler or the
 resource check refuses before the first step) is counted as rejected and never run.
 
 Small first, growing: the size level (layers, requests, lengths, pool, steps) grows with the number
 of scenarios drawn. Coverage-guided: each run's steps and summary give its *features* (forward mode x
-graph runner x backend group, DP / graph padding, SWA eviction, prefix hits, the id range reached,
-the knobs that shape the write path); a scenario that reached a feature not seen before joins the
+graph runner x backend group, DP / graph padding, SWA eviction, pools taken to their last page with
+the draft's geometry, prefix hits, the id range reached, the knobs that shape the write path); a scenario that reached a feature not seen before joins the
 pool of interesting scenarios, and half the draws mutate one of them (a few knob groups redrawn), the
 others are fresh. Everything depends only on the seed and the runs' deterministic results, so the
 same seed gives the same sequence of scenarios (``--max-scenarios`` bounds it for a test).
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from simulator.models import PRESETS
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, parse_scenario
 from simulator.toml_write import dumps
 
@@ -48,6 +51,10 @@ MAX_LEVEL = 6
 PRESET_NAMES = ("gpt-oss-20b", "gpt-oss-120b", "llama4", "mimo-v2-flash", "gemma4-31b")
 WINDOWS = (2, 4, 8, 16, 32, 64, 128)
 PAGES = (1, 1, 1, 2, 4, 16, 16, 64)
+#: the pools a fill load takes to their last slot (Generator._fill_load, fit_fill)
+FILLS = ("full", "swa", "both")
+#: the draft's full pool as configured, a share of the target's (SGLang's draft pools are sized on their own)
+DRAFT_SHARES = ("half", "page-short", "quarter", "same")
 #: the WAR barriers drawn: the design's release decides, or one that orders every scheduler write (an explicit
 #: weaker one, none / loop_top / read_done_after_metadata, fails every design: it is what the W designs model)
 BARRIERS = ("release", "release", "release", "release", "after_launch", "coarse")
@@ -89,6 +96,7 @@ class Generator:
         data: dict[str, Any] = {"name": f"fuzz-{index}", "seed": self.rng.randrange(2**31), "backends": list(BACKENDS)}
         for g in self.GROUPS:
             getattr(self, f"g_{g}")(data, level)
+        self.couple(data)
         return data
 
     def mutate(self, parent: dict[str, Any], level: int, index: int) -> dict[str, Any]:
@@ -96,7 +104,27 @@ class Generator:
         data["name"], data["seed"] = f"fuzz-{index}", self.rng.randrange(2**31)
         for g in self.rng.sample(self.GROUPS, self.rng.randint(1, 3)):
             getattr(self, f"g_{g}")(data, level)
+        self.couple(data)
         return data
+
+    def couple(self, d: dict) -> None:
+        """Knobs of different groups drawn to meet, half the time, where they only act together: DP padding
+        that the piecewise graphs still capture (every rank's count within the largest capture size, prefill
+        chunks too), MIXED batches with requests that arrive while others decode, and a speculative fill load
+        on a paged pool (where its pages can all be taken)."""
+        r, e, w = self.rng, d.get("engine", {}), d.get("workload", {})
+        if e.get("piecewise_cuda_graph") and self.chance(0.5):
+            top = e["piecewise_max_tokens"]
+            e["chunked_prefill_size"] = min(e.get("chunked_prefill_size", 8192), top)
+            if e.get("dp_size", 1) > 1:
+                e["dp_other_tokens"] = {"dist": "choice",
+                                        "values": sorted({r.choice((0, top // 8, top // 4, top // 2, top))
+                                                          for _ in range(3)})}
+        if e.get("mixed_chunk") and "request" not in w and w.get("arrival") != "poisson" and self.chance(0.5):
+            w["arrival"], w["rate"] = "poisson", r.choice((0.5, 1.0, 2.0))
+        if d.get("_fill") and "speculative" in e and self.chance(0.5):
+            # a speculative request writes 1..3 slots fewer than the scheduler reserves: a page absorbs that
+            d["pool"]["page_size"] = r.choice((4, 16, 16, 64))
 
     # ---------------------------------------------------------------- groups
     def g_model(self, d: dict, level: int) -> None:
@@ -112,7 +140,7 @@ class Generator:
                 layers = "S" + layers[1:]
             d["model"] = {"layers": layers, "window": r.choice(WINDOWS)}
         if self.chance(0.15):
-            d["model"]["kv_dtype"] = r.choice(("bfloat16", "float16", "fp8_e4m3"))
+            d["model"]["kv_dtype"] = r.choice(("bf16", "fp16", "fp8_e4m3"))
 
     def g_workload(self, d: dict, level: int) -> None:
         r = self.rng
@@ -122,8 +150,11 @@ class Generator:
                              "output_len": {"dist": "uniform", "min": r.randint(0, 4), "max": r.randint(4, 8 * level + 8)}}
         if self.chance(0.5):
             w["arrival"], w["rate"] = "poisson", r.choice((0.5, 1.0, 2.0, 4.0))
+        d.pop("_fill", None)
         if self.chance(0.25):                      # explicit requests: one long first (high ids), then short ones
             w = self._explicit(level)
+        elif self.chance(0.25):                    # a load that takes every slot of a pool (fix_up sizes the pool)
+            w = self._fill_load(d, level)
         d["workload"] = w
         self.g_pool(d, level)                      # the pool follows the load
 
@@ -137,6 +168,28 @@ class Generator:
         for _ in range(r.randint(1, 2 + level)):
             reqs.append({"arrival_step": r.randint(0, 4 * level), "prompt_len": r.randint(1, 24 * level),
                          "output_len": r.randint(1, 12)})
+        return {"request": reqs}
+
+    def _fill_load(self, d: dict, level: int) -> dict:
+        """Explicit requests for a pool that the load fills to its last slot (``d["_fill"]`` says which pool;
+        :func:`fit_fill` sizes the pool to the load once every group is drawn): one long request that takes
+        every slot of the full pool ("full"), a wave of short ones arriving together that takes every slot of
+        the SWA pool ("swa"), or the long one and then the wave ("both"), maybe with a later wave that
+        reuses the pages the frees shuffled."""
+        r = self.rng
+        kind = r.choice(FILLS)
+        reqs = []
+        if kind != "swa":
+            reqs.append({"arrival_step": 0, "prompt_len": r.randint(16, 48 * 2 ** level), "output_len": r.randint(2, 12)})
+        if kind != "full":
+            short = r.randint(2, 24)
+            for _ in range(r.randint(2, 3 + 2 * level)):
+                reqs.append({"arrival_step": 0 if kind == "swa" else 1, "prompt_len": max(1, short - r.randint(0, 2)),
+                             "output_len": r.randint(1, 8)})
+        for _ in range(r.choice((0, 1, 2) if kind == "full" else (1, 2))):   # later: through the freed pages
+            reqs.append({"arrival_step": r.randint(8, 40 * level), "prompt_len": r.randint(8, 48 * level),
+                         "output_len": r.randint(1, 8)})
+        d["_fill"] = kind
         return {"request": reqs}
 
     def g_pool(self, d: dict, level: int) -> None:
@@ -193,15 +246,14 @@ class Generator:
     def g_speculative(self, d: dict, level: int) -> None:
         r, e = self.rng, d.setdefault("engine", {})
         e.pop("speculative", None)
-        if not self.chance(0.3):
+        if not self.chance(0.4):
             return
         s: dict[str, Any] = {"num_draft_tokens": r.randint(2, 5), "accept_rate": r.choice((0.0, 0.5, 0.7, 1.0)),
                              "draft_layers": "".join(r.choice("FS") for _ in range(r.randint(1, 2)))}
-        full = d.get("pool", {}).get("full_size", 512)
-        page = d.get("pool", {}).get("page_size", 1)
-        if self.chance(0.5):
-            size = r.choice((full // 2, full - page, full // 4, full))
-            s["draft_full_size"] = max(2 * page, size - size % page)
+        d.pop("_draft_share", None)
+        if self.chance(0.5):               # the draft's full pool configured as a share of the target's (fix_up)
+            d["_draft_share"] = r.choice(DRAFT_SHARES)
+            s["draft_full_size"] = 0
         if self.chance(0.4):
             s["draft_swa_ratio"] = r.choice((0.25, 0.5, 1.0))
         e["speculative"] = s
@@ -255,10 +307,11 @@ def _demand(w: dict) -> tuple[int, int]:
 
 
 def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
-    """Resolve the validator's exclusions the cheap way (the second knob gives way): overlap and retraction
-    run without speculative decoding, mixed chunks without speculative decoding or retraction, the unified
-    pool without the radix cache, overlap or speculative decoding. A
-    deployment-size prompt is prefilled in one chunk on two layers (its high ids in one forward, in seconds)."""
+    """Resolve the validator's exclusions the cheap way (one knob gives way): overlap and retraction run
+    without speculative decoding (which of the two gives way: the draw's seed decides), mixed chunks without
+    speculative decoding or retraction, the unified pool without the radix cache, overlap or speculative
+    decoding, the radix cache without speculative decoding or overlap. A deployment-size prompt is prefilled
+    in one chunk on two layers (its high ids in one forward, in seconds). A fill load's pools are sized to it (:func:`fit_fill`) and it gets the steps to run to its end."""
     e = data.get("engine", {})
     if data["pool"].get("unified") and (e.get("radix_cache") or e.get("overlap") or "speculative" in e):
         del data["pool"]["unified"]        # the unified pool runs without them yet: it gives way
@@ -271,18 +324,115 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
         else:
             m["num_layers"] = min(m.get("num_layers", 2), 2)
     if "speculative" in e and (e.get("overlap") or e.get("reserve") == "none"):
-        del e["speculative"]
+        if data["seed"] % 2:               # half the time overlap and retraction give way to speculative decoding
+            for k in ("overlap", "war_barrier", "platform", "reserve"):
+                e.pop(k, None)
+        else:
+            del e["speculative"]
+    if e.get("radix_cache") and ("speculative" in e or e.get("overlap")):
+        e.pop("radix_cache")                # the radix cache runs without them yet: it gives way
+        e.pop("cache_linker", None)
+    fit_fill(data)
     spec, page = e.get("speculative", {}), data["pool"].get("page_size", 1)
-    if "draft_full_size" in spec:          # drawn against an earlier pool: keep it a multiple of this one's page
-        spec["draft_full_size"] = max(2 * page, spec["draft_full_size"] - spec["draft_full_size"] % page)
+    if "draft_full_size" in spec:          # the drawn share of this pool, a multiple of its page
+        full = data["pool"]["full_size"]
+        size = {"half": full // 2, "page-short": full - page, "quarter": full // 4}.get(data.get("_draft_share"), full)
+        spec["draft_full_size"] = max(2 * page, size - size % page)
     if e.get("mixed_chunk") and ("speculative" in e or e.get("reserve") == "none"):
         e["mixed_chunk"] = False
     data["max_steps"] = 40 + 40 * level
+    if "_fill" in data and "request" in data.get("workload", {}):     # every request (the later waves too)
+        chunk, per = e.get("chunked_prefill_size", 8192), spec.get("num_draft_tokens", 0) + 1
+        need = sum(-(-q["prompt_len"] // chunk) + q["output_len"] * per for q in data["workload"]["request"])
+        data["max_steps"] = max(data["max_steps"], min(600, need + max(q["arrival_step"] for q in data["workload"]["request"])))
     return data
+
+
+def _window(model: dict) -> int:
+    return model.get("window") or PRESETS[model["preset"]].window
+
+
+def _ratio_for(swa: int, full: int, page: int) -> float:
+    """The ``swa_ratio`` that gives an SWA pool of exactly ``swa`` slots (a multiple of the page) next to a
+    full pool of ``full`` (PoolConfig.swa_size: the product rounded down, then down to a page)."""
+    if swa >= full:
+        return 1.0
+    for r in (round((swa + 0.5) / full, 6), round((swa + page / 2) / full, 6), swa / full):
+        size = int(full * r)
+        if size - size % page == swa and 0 < r <= 1:
+            return r
+    return round(swa / full, 6)
+
+
+def fit_fill(data: dict[str, Any]) -> None:
+    """Size the pools of a fill load (``data["_fill"]``, Generator._fill_load) to the load once every knob is
+    drawn: each request's tokens (with the speculative or overlap extra the scheduler reserves) end at a page
+    boundary, the full pool holds exactly the long request ("full", "both"), the SWA pool exactly the wave of
+    short ones that arrive together ("swa", "both"; the full pool 1, 2 or 4 times it for "swa"), and a later
+    request too long for the pools is dropped."""
+    kind, w = data.get("_fill"), data.get("workload", {})
+    if kind is None or "request" not in w:
+        return
+    e, pool = data.setdefault("engine", {}), data["pool"]
+    pool.pop("unified", None)
+    e.pop("max_running_requests", None)            # the wave is admitted together
+    page, spec = pool.get("page_size", 1), e.get("speculative")
+    x = (spec["num_draft_tokens"] if spec else 0) + (1 if e.get("overlap") else 0)
+    reqs, first_wave = w["request"], 0 if kind == "swa" else 1
+    cap = _window(data["model"]) // page * page    # a wave request within the window holds all its SWA slots
+    for q in reqs:
+        in_wave = q["arrival_step"] == first_wave and (kind == "swa" or q is not reqs[0])
+        if in_wave and cap >= x + 2:
+            q["prompt_len"] = max(1, min(q["prompt_len"], cap - x - q["output_len"]))
+            q["output_len"] = min(q["output_len"], cap - x - q["prompt_len"])
+        if in_wave and page > x + 1:
+            # the decode fits the prompt's last page: the wave takes all its pages while it prefills, before
+            # any of it finishes (the pool's last page with them)
+            q["output_len"] = max(1, min(q["output_len"], page - 1 - x))
+            q["prompt_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
+        q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page   # ends at a page boundary
+    longest = max([q["prompt_len"] + q["output_len"] + x for q in reqs if q["arrival_step"] == first_wave] + [0])
+    for q in reqs:
+        if q["arrival_step"] > first_wave:
+            # a later request gets the wave's freed pages and more: the pool's last page in its middle, where
+            # all of that page is written (within the window where it allows: no eviction hands its own
+            # pages back first)
+            if longest + page + x + 1 <= cap:
+                q["prompt_len"] = min(q["prompt_len"], cap - x - q["output_len"])
+            q["prompt_len"] = max(q["prompt_len"], longest + page)
+            q["output_len"] = max(1, min(q["output_len"], cap - x - q["prompt_len"]))
+            q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
+    total = [q["prompt_len"] + q["output_len"] + x for q in reqs]
+    if kind != "swa" and data["seed"] % 4:        # the long request prefilled in chunks: it holds a window's SWA
+        e["chunked_prefill_size"] = min(e.get("chunked_prefill_size", 8192),
+                                        max(16, 1 << ((reqs[0]["prompt_len"] // 2).bit_length() - 1)))
+    wave = sum(t for q, t in zip(reqs, total) if q["arrival_step"] == first_wave)
+    chunk = e.get("chunked_prefill_size", 8192) * (2 if e.get("overlap") else 1)
+    bound = 2 * _window(data["model"]) + max(chunk, e.get("swa_eviction_interval", 1) + 2) + 2 * page + 2 * x + 2
+    def hold(t: int) -> int:                       # the SWA slots admission reserves for a request of t tokens
+        return min(t, -(-bound // page) * page)
+
+    if kind == "full":
+        full = total[0]
+        drawn = int(full * pool.get("swa_ratio", 0.8))
+        swa = max(hold(full), min(full, drawn - drawn % page))
+    elif kind == "swa":
+        full, swa = wave * (1, 2, 4)[data["seed"] % 3], wave
+    else:
+        waves = [i for i, q in enumerate(reqs) if q["arrival_step"] == first_wave and i > 0]
+        while waves and wave < hold(total[0]) and len(reqs) < 64:    # the wave takes the SWA pool the long needs
+            reqs.append(dict(reqs[waves[-1]]))
+            total.append(total[waves[-1]])
+            wave += total[-1]
+        swa = max(wave, hold(total[0]))
+        full = max(total[0], swa)
+    w["request"] = [q for q, t in zip(reqs, total) if t <= full and hold(t) <= swa]
+    pool["full_size"], pool["swa_ratio"] = full, _ratio_for(swa, full, page)
 
 
 def draw_scenario(data: dict[str, Any], design: str) -> Optional[Scenario]:
     """The drawn data as a validated scenario, or None when the validator refuses it."""
+    data = {k: v for k, v in data.items() if not k.startswith("_")}     # the generator's own notes
     data = dict(data, design=design)
     try:
         return parse_scenario(dumps(data), f"{data['name']}.toml")
@@ -301,20 +451,34 @@ def features(sc: Scenario, steps, radix: Optional[dict]) -> set[tuple]:
              f"overlap:{e.war_barrier}:{e.platform}" if e.overlap else "-", "noshrink" if not e.piecewise_shrink else "-",
              "retract" if e.reserve == "none" else "-", "radix" if e.radix_cache else "-")
     out: set[tuple] = {("knobs",) + knobs}
-    top = 0
+    top, full_last, swa_last = 0, False, False
     for s in steps:
         pad = ("dp" if s.dp_padded_tokens > s.real_tokens else "") + ("graph" if s.padded_tokens > s.dp_padded_tokens else "")
         evict = "evicted" if s.swa_used < s.full_used else "-"
         for g in groups:
             out.add(("path", s.mode, s.graph, g, pad or "-"))
         out.add(("mode-knobs", s.mode, s.graph) + knobs)
+        out.add(("pad-knobs", s.mode, s.graph, pad or "-", knobs[0]))
         out.add(("evict", s.mode, evict, knobs[0]))
         top = max(top, s.full_used)
+        full_last, swa_last = full_last or s.full_used >= s.full_size, swa_last or s.swa_used >= s.swa_size
+    out.add(("fill", "full-last-page" if full_last else "-", "swa-last-page" if swa_last else "-", knobs[0],
+             _draft_geometry(sc)))
     out.add(("ids", "past-65535" if top > 65535 else "past-32767" if top > 32767 else f"2^{max(top, 1).bit_length()}"))
     if radix:
         out.add(("sharing", "hits" if radix.get("hit_tokens") else "no-hits",
                  "tombstones" if radix.get("tombstones") else "-", "evicted" if radix.get("evicted_leaves") else "-"))
     return out
+
+
+def _draft_geometry(sc: Scenario) -> str:
+    """The draft model's layer kinds and whether its pools are configured smaller than the target's."""
+    spec = sc.engine.speculative
+    if not spec.enabled:
+        return "-"
+    own = spec.draft_pool(sc.pool)
+    smaller = own.full_size < sc.pool.full_size or own.swa_size < sc.pool.swa_size
+    return "draft:" + "+".join(sorted(set(spec.draft_layers))) + (":smaller" if smaller else "")
 
 
 # --------------------------------------------------------------------------- running

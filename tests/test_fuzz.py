@@ -46,6 +46,17 @@ def test_draws_are_valid_and_cover_the_space():
         accepted += 1
         assert parse_scenario(sc.to_toml(defaults=False), "back.toml") == sc
         e = sc.engine
+        if data.get("_fill"):            # a fill load: every request ends at a page boundary, the pools fit it
+            page, x = sc.pool.page_size, e.speculative.num_draft_tokens * e.speculative.enabled + e.overlap
+            totals = [q.prompt_len + q.output_len + x for q in sc.workload.explicit]
+            assert all(t % page == 0 and t <= sc.pool.full_size for t in totals), (totals, sc.pool)
+            if data["_fill"] == "full":
+                assert sc.pool.full_size == totals[0]
+            if data["_fill"] == "swa":
+                assert sc.pool.swa_size == sum(t for q, t in zip(sc.workload.explicit, totals) if q.arrival_step == 0)
+        seen["fill_" + data.get("_fill", "none")] = seen.get("fill_" + data.get("_fill", "none"), 0) + 1
+        seen["fill_spec"] = seen.get("fill_spec", 0) + bool(data.get("_fill") and e.speculative.enabled)
+        seen["mixed_pcg_dp"] = seen.get("mixed_pcg_dp", 0) + (e.mixed_chunk and e.piecewise_cuda_graph and e.dp_size > 1)
         for key, hit in (("spec", e.speculative.enabled), ("draft_pool", e.speculative.draft_full_size is not None),
                          ("overlap", e.overlap), ("rocm", e.platform == "rocm"), ("radix", e.radix_cache),
                          ("retract", e.reserve == "none"), ("paged", sc.pool.page_size > 1), ("dp", e.dp_size > 1),
@@ -55,8 +66,9 @@ def test_draws_are_valid_and_cover_the_space():
                          ("explicit", bool(sc.workload.explicit)), ("turns", sc.workload.turns.dist != "fixed"),
                          ("unified", sc.pool.unified), ("cache_linker", e.cache_linker)):
             seen[key] = seen.get(key, 0) + bool(hit)
-    assert accepted >= 300
+    assert accepted >= 340
     assert all(seen[k] >= 3 for k in seen), seen
+    assert {"fill_full", "fill_swa", "fill_both", "fill_spec", "mixed_pcg_dp"} <= set(seen), seen
 
 
 def test_same_seed_same_scenarios():
