@@ -29,6 +29,7 @@ model (fault injection, an overlap timeline's scheduler writes between layers) g
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Optional
 
@@ -58,22 +59,29 @@ def h2d(a: np.ndarray, device: torch.device) -> torch.Tensor:
 
 class _Staging:
     """A step's host arrays on the device in one copy from pinned memory, without a host synchronisation.
-    Two pinned buffers alternate; a buffer is filled again only once its last copy has completed (every
-    step but one whose writes all failed ends with a read that waits for it; otherwise its event is
-    waited on)."""
+    Four pinned buffers in turn (a step makes one or two copies); a buffer is filled again only once its
+    last copy has completed (every step but one whose writes all failed ends with a read that waits for
+    it; otherwise its event is waited on)."""
+
+    RING = 4
 
     def __init__(self) -> None:
-        self._bufs: list[Optional[torch.Tensor]] = [None, None]
-        self._events: list = [None, None]
+        self._bufs: list[Optional[torch.Tensor]] = [None] * self.RING
+        self._events: list = [None] * self.RING
         self._i = 0
 
     def put(self, arrays, dev: torch.device) -> list[torch.Tensor]:
-        if dev.type != "cuda" or any(a.dtype != np.int64 for a in arrays):    # (dtypes are kept)
+        """The arrays (1-D integer) on ``dev``, in their dtypes (int32 crosses as int64, cast back there)."""
+        if dev.type != "cuda":
             return [h2d(a, dev) for a in arrays]
+        dtypes = [a.dtype for a in arrays]
+        if any(d != np.int64 for d in dtypes):
+            if not all(d in (np.int64, np.int32) for d in dtypes):
+                return [h2d(a, dev) for a in arrays]
+            arrays = [a.astype(np.int64) for a in arrays]
         sizes = [a.shape[0] for a in arrays]
         total = sum(sizes)
-        self._i ^= 1
-        i = self._i
+        self._i = i = (self._i + 1) % self.RING
         ev = self._events[i]
         if ev is not None and not ev.query():
             ev.synchronize()
@@ -85,7 +93,8 @@ class _Staging:
         if ev is None:
             ev = self._events[i] = torch.cuda.Event()
         ev.record()
-        return list(d.split(sizes))
+        out = list(d.split(sizes))
+        return [t if dt == np.int64 else t.to(torch.int32) for t, dt in zip(out, dtypes)]
 
 
 class _Queue:
@@ -103,6 +112,10 @@ class _Queue:
 class GpuStepRunner:
     """Run.step for pools on a CUDA device (see the module docstring); ``syncs`` counts verdict reads."""
 
+    #: metadata init on host tensors (:meth:`_host_metadata`): None on CUDA runs only; True also on the CPU
+    #: (tests: host boundaries and their copies to the run's own, as on a GPU)
+    host_metadata: Optional[bool] = None
+
     def __init__(self, executor) -> None:
         self.executor = executor
         self._exp: dict[tuple, torch.Tensor] = {}        # (id(reference), kind, storage) -> [rows, words]
@@ -118,6 +131,8 @@ class GpuStepRunner:
         self._scratch: Optional[torch.Tensor] = None
         self._staging = _Staging()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
+        self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
+        self._host_b: dict[int, tuple] = {}              # id(boundary) -> (boundary, its host copy)
         self.verdict_reads = 0
         self.signature_reads = 0
         self.exact_checks = 0
@@ -166,10 +181,18 @@ class GpuStepRunner:
             rq = batch.requests
             read_in = (torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
                        torch.from_numpy(rq.extend_lens), {})     # the last: tables shared within the step
-        plans = [self._plan(run, side, name, batch, truth, loc, read_in) for name in side.boundaries]
+        host = self._host_metadata(run, side)
+        if host:        # the design hooks on host tensors: the run's mapping is the allocator's array
+            at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
+        else:
+            at = (loc, run.mapping)
+        plans = [self._plan(run, side, name, batch, truth, at, read_in, host) for name in side.boundaries]
         groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
         by_name = {p.name: p for p in plans}
         rows_cache: dict = {}
+        if host:
+            self._device_meta([by_name[names[0]] for names in groups if by_name[names[0]].failure is None],
+                              batch, dev)
         for names in groups:
             lead = by_name[names[0]]
             if lead.failure is None:
@@ -184,16 +207,17 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 1
 
-    def _plan(self, run, side, name, batch, truth, loc, read_in) -> "_Plan":
-        """A backend's metadata init (the design's hooks, on the device), its read ids (host) and, where its
-        ``make_write_loc`` is layer-free, each kind's write location and the store's length check: what
-        decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
+    def _plan(self, run, side, name, batch, truth, at, read_in, host: bool) -> "_Plan":
+        """A backend's metadata init (the design's hooks, on ``at``'s tensors: the host's where
+        :meth:`_host_metadata`), its read ids (host) and, where its ``make_write_loc`` is layer-free, each
+        kind's write location and the store's length check: what decides whether its writes are another
+        backend's (:meth:`_signatures`). Nothing is written."""
         from simulator.run import _ReadCheck
 
-        boundary = side.boundaries[name]
-        p = _Plan(name, boundary)
+        p = _Plan(name, side.boundaries[name])
+        boundary = self._host_boundary(p.boundary) if host else p.boundary
         try:
-            p.meta = meta = boundary.init_metadata(batch, loc, run.mapping)
+            p.meta = meta = boundary.init_metadata(batch, *at)
             table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
         except HookFailure as f:
             p.failure = (f, boundary)
@@ -204,6 +228,45 @@ class GpuStepRunner:
             p.per_kind = _plan_by_kind(boundary, meta, side.layers)
         run.crossings += len(side.layers)
         return p
+
+    def _host_metadata(self, run, side) -> bool:
+        """Whether a side's metadata init runs on host tensors (on a CUDA run whose designs all have a
+        layer-free ``make_write_loc``): the hooks' results are the same values (the CPU run's), their
+        small ops cost no launches, the targets compare on the host without a synchronisation, and only
+        each group's first backend's locations cross (:meth:`_device_meta`). Each backend keeps host
+        static buffers of its own (the stale tail of B2 lives there), copied to its device buffers
+        before each of its graph replays."""
+        got = self._host.get(id(side))
+        if got is None or got[0] is not side:
+            on = run.device.type == "cuda" if self.host_metadata is None else self.host_metadata
+            ok = on and all(b.layer_free_write_loc() for b in side.boundaries.values())
+            got = self._host[id(side)] = (side, ok)
+        return got[1]
+
+    def _host_boundary(self, boundary):
+        got = self._host_b.get(id(boundary))
+        if got is None or got[0] is not boundary:
+            hb = copy.copy(boundary)      # the same design instance and spec; static buffers of its own
+            hb.device, hb._static = CPU, {}
+            got = self._host_b[id(boundary)] = (boundary, hb)
+        return got[1]
+
+    def _device_meta(self, leads: list["_Plan"], batch, dev) -> None:
+        """The groups' first backends' host metadata on the device, in one copy: under a graph runner into
+        each one's device static buffers (the addresses its graphs captured), otherwise as new tensors."""
+        if not leads:
+            return
+        got = self._staging.put([a for p in leads for a in (p.meta.layer_loc.numpy(), p.meta.swa_loc.numpy())], dev)
+        static = batch.graph in STATIC_GRAPHS
+        n = batch.padded_len
+        for i, p in enumerate(leads):
+            loc, swa = got[2 * i], got[2 * i + 1]
+            if static:
+                loc_buf, swa_buf = p.boundary.static_buffers(batch.graph)
+                loc_buf[:n].copy_(loc)
+                swa_buf[:n].copy_(swa)
+                loc, swa = loc_buf[:n], swa_buf[:n]
+            p.meta = dataclasses.replace(p.meta, layer_loc=loc, swa_loc=swa)
 
     def _signatures(self, plans: list["_Plan"]) -> list[tuple]:
         """Per backend what decides its writes' effect: per kind the target by value and the length check's
@@ -221,8 +284,9 @@ class GpuStepRunner:
         ids = {key: ("tensor", key) for key in tensors}
         need = [key for keys in buckets.values() if len(keys) > 1 for key in keys]
         if need:
-            host = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need]).cpu().numpy()
-            self.signature_reads += 1
+            both = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need])
+            self.signature_reads += both.device.type != "cpu"      # (a host synchronisation)
+            host = both.cpu().numpy()
             seen: dict[tuple, int] = {}
             off = 0
             for k in need:

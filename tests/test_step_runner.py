@@ -29,30 +29,34 @@ class _Recorder(NullObserver):
         self.events.append(("step", step.step))
 
 
-def _run(name, design, stepwise, max_steps=None):
+def _run(name, design, stepwise, max_steps=None, host=None):
     sc = scenario(name).with_overrides(design=design)
     make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
     ex = StepwiseExecutor(EagerExecutor()) if stepwise else EagerExecutor()
+    if stepwise:
+        ex.runner.host_metadata = host
     obs = _Recorder()
     r = run_simulation(sc, load_design(sc.design), make, executor=ex, observer=obs, max_steps=max_steps)
     return r, obs.events, ex
 
 
+@pytest.mark.parametrize("host", [None, True])          # True: metadata on host copies, as on a GPU
 @pytest.mark.parametrize("name, design, max_steps", [
     ("b1-pcg-dp-padding", "sglang-pre-29460", None),      # length mismatches: failed writes
     ("b2-decode-stale-tail", "sglang-pre-24743", 12),     # clobbered live slots: verdicts not zero
     ("gap-swa-shorter", None, None),                      # the fix's gap: missed writes on some backends
     ("r7-grouped-free-flush", "radix-fixed", None),       # clean (its fix), with read checks
 ])
-def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, max_steps):
+def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, max_steps, host):
     own, own_events, _ = _run(name, design, False, max_steps)
-    fast, fast_events, ex = _run(name, design, True, max_steps)
+    fast, fast_events, ex = _run(name, design, True, max_steps, host)
     assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
     assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
     assert fast.crossings == own.crossings and len(fast.steps) == len(own.steps)
     assert fast_events == own_events
     runner = ex.runner
     assert runner.fast_checks > 0
+    assert all(on == bool(host) for _, on in runner._host.values())     # (every design here is layer-free)
     if own.total_findings:
         # at most one verdict read per step (none where every backend's writes failed); the findings come
         # from the exact checker only
@@ -120,7 +124,7 @@ def _classes(runner) -> list[list[str]]:
     return sorted(out.values())
 
 
-def _own_and_shared(design, name="smoke"):
+def _own_and_shared(design, name="smoke", host=True):
     sc = scenario(name)
     make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
 
@@ -131,6 +135,7 @@ def _own_and_shared(design, name="smoke"):
     own = run_simulation(sc, design, make, executor=Own(), observer=own_obs)
     inner = _Counting()
     ex = StepwiseExecutor(inner)
+    ex.runner.host_metadata = host          # metadata on host copies, as on a GPU
     fast = run_simulation(sc, design, make, executor=ex, observer=fast_obs)
     assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
     assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
