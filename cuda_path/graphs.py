@@ -4,8 +4,9 @@
   layer's write location from the design, the layer stamp of the K/V rows, the Triton store) is
   captured once into a ``torch.cuda.CUDAGraph`` and replayed for every later batch of that padded
   size. The graph reads the backend's static ``out_cache_loc`` and SWA-location buffers, which the
-  backend's metadata init refreshes before each replay exactly as the design says: so the
-  ``sglang-pre-24743`` stale tail corrupts live slots on the real GPU.
+  backend's metadata init refreshes before each replay exactly as the design says (the step runner runs
+  it on host copies and copies the buffers over before the replay): so the ``sglang-pre-24743`` stale
+  tail corrupts live slots on the real GPU.
 * **Piecewise graphs.** For each token capture size a small non-attention piece (the K/V
   projection: tags -> K/V rows, with the layer id as a static input) is captured; per layer it is
   replayed and the write then runs eagerly, between pieces, on the locations the layer sees

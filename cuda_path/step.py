@@ -5,19 +5,22 @@ the checker decides on the host whether anything differs: several device-to-host
 kind. :class:`GpuStepRunner` (the run's ``step_runner``) runs the same step in three phases:
 
 1. the oracle learns the step (host), its device mirrors are updated with copies from pinned memory
-   (no synchronisation); per backend in order: metadata init (the design's hooks, on the device), the
-   read ids (the design's ``read_ids`` on host copies of the same inputs: the read check is a host
-   comparison with the oracle, so the table never has to cross) and, where the design's
-   ``make_write_loc`` is layer-free, each kind's write location; nothing is written yet;
+   (no synchronisation); per backend in order: metadata init (the design's hooks; on host copies of
+   the inputs and of the backend's boundary where every design's ``make_write_loc`` is layer-free, see
+   :meth:`GpuStepRunner._host_metadata`, else on the device), the read ids (the design's ``read_ids`` on
+   host copies of the same inputs: the read check is a host comparison with the oracle, so the table
+   never has to cross) and, where the design's ``make_write_loc`` is layer-free, each kind's write
+   location; nothing is written yet;
 2. the backends of each pool class (:class:`simulator.pool.PoolClasses`, as the CPU's ``SharedStep``:
    one physical pool per class of backends whose writes were identical so far) whose targets are equal
-   by value form a group (the targets that could be equal cross in **one** copy: the step's first
-   synchronisation); a class whose members differ splits (copy on divergence: the pool as it was before
-   the step); each group's first backend runs the layers once (the executor: graph replays, grouped
+   by value form a group (device targets that could be equal cross in one copy first: a synchronisation
+   that host metadata does not need); a class whose members differ splits (copy on divergence: the pool
+   as it was before the step); each group's first backend (its host locations copied to the device, into
+   its static buffers under a graph runner) runs the layers once (the executor: graph replays, grouped
    stores) and gets one device **verdict** per kind (:func:`cuda_path.check_kernel.verdict`): the number
    of candidate slots (the step's expected slots and the writes' targets, as the checker takes them)
    whose K or V tag words differ from the oracle's in a written layer, plus the layers' out-of-range
-   counts. All verdicts of the step are read back in **one** copy (the second synchronisation);
+   counts. All verdicts of the step are read back in **one** copy (the step's synchronisation);
 3. per backend in order: its observations, then its findings: where the group's verdict is zero and the
    writes are plain (no failed write, one target per kind) the checker would find nothing, so it is not
    called; otherwise the group's first backend runs the checker exactly as in the run's own step (the
