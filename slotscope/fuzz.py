@@ -272,9 +272,12 @@ class Generator:
         e, w = d.setdefault("engine", {}), d.setdefault("workload", {})
         e.pop("radix_cache", None)
         e.pop("cache_linker", None)
+        e.pop("pd_decode", None)
         for k in ("system_prompts", "system_prompt_len", "share", "turns", "think_time"):
             w.pop(k, None)
         if not self.chance(0.25):
+            if self.chance(0.2):                   # a PD decode node: the prompts' KV transferred, a chunk cache
+                e["pd_decode"] = True
             return
         e["radix_cache"] = True
         e.pop("cache_linker", None)
@@ -310,9 +313,19 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
     """Resolve the validator's exclusions the cheap way (one knob gives way): overlap and retraction run
     without speculative decoding (which of the two gives way: the draw's seed decides), mixed chunks without
     speculative decoding or retraction, the unified pool without the radix cache, overlap or speculative
-    decoding, the radix cache without speculative decoding or overlap. A deployment-size prompt is prefilled
-    in one chunk on two layers (its high ids in one forward, in seconds). A fill load's pools are sized to it (:func:`fit_fill`) and it gets the steps to run to its end."""
-    e = data.get("engine", {})
+    decoding, the radix cache without speculative decoding or overlap; a PD decode node (``pd_decode``) on a
+    paged pool without overlap, retraction, MIXED batches, the unified pool or the radix cache (they give
+    way). A deployment-size prompt is prefilled in one chunk on two layers (its high ids in one forward, in
+    seconds). A fill load's pools are sized to it (:func:`fit_fill`) and it gets the steps to run to its end."""
+    e, pool = data.get("engine", {}), data["pool"]
+    if e.get("pd_decode"):                 # a decode node: its paged allocator, whole requests, no prefill chunks
+        for k in ("overlap", "war_barrier", "platform", "reserve", "radix_cache", "cache_linker"):
+            e.pop(k, None)
+        pool.pop("unified", None)
+        e["mixed_chunk"] = False
+        if pool.get("page_size", 1) < 2:
+            pool["page_size"] = 16
+            pool["full_size"] = max(32, pool["full_size"] + (-pool["full_size"]) % 16)
     if data["pool"].get("unified") and (e.get("radix_cache") or e.get("overlap") or "speculative" in e):
         del data["pool"]["unified"]        # the unified pool runs without them yet: it gives way
     biggest, _ = _demand(data.get("workload", {}))
@@ -449,7 +462,7 @@ def features(sc: Scenario, steps, radix: Optional[dict]) -> set[tuple]:
     groups = sorted({BACKEND_GROUP.get(b, b) for b in sc.backends})
     knobs = ("unified" if sc.pool.unified else "page>1" if sc.pool.page_size > 1 else "page1", "spec" if e.speculative.enabled else "-",
              f"overlap:{e.war_barrier}:{e.platform}" if e.overlap else "-", "noshrink" if not e.piecewise_shrink else "-",
-             "retract" if e.reserve == "none" else "-", "radix" if e.radix_cache else "-")
+             "retract" if e.reserve == "none" else "-", "radix" if e.radix_cache else "pd" if e.pd_decode else "-")
     out: set[tuple] = {("knobs",) + knobs}
     top, full_last, swa_last = 0, False, False
     for s in steps:

@@ -64,7 +64,7 @@ def test_draws_are_valid_and_cover_the_space():
                          ("no_decode_graph", not e.cuda_graph), ("preset", sc.model.preset is not None),
                          ("pattern", sc.model.preset is None), ("big_pool", sc.pool.full_size > 65535),
                          ("explicit", bool(sc.workload.explicit)), ("turns", sc.workload.turns.dist != "fixed"),
-                         ("unified", sc.pool.unified), ("cache_linker", e.cache_linker)):
+                         ("unified", sc.pool.unified), ("cache_linker", e.cache_linker), ("pd_decode", e.pd_decode)):
             seen[key] = seen.get(key, 0) + bool(hit)
     assert accepted >= 340
     assert all(seen[k] >= 3 for k in seen), seen
