@@ -71,6 +71,32 @@ def test_draws_are_valid_and_cover_the_space():
     assert {"fill_full", "fill_swa", "fill_both", "fill_spec", "mixed_pcg_dp"} <= set(seen), seen
 
 
+def test_fill_loads_take_the_pools_last_page():
+    """A fill load on a paged pool takes the last page of the pool it fills, speculative decoding included
+    (the page absorbs the 1..3 slots a speculative request reserves past its peak): "full" the full pool,
+    "swa" the SWA pool (a wave within the window)."""
+    from slotscope.fuzz import _window, run_one
+
+    gen, checked = Generator(5), {"full": 0, "swa": 0}
+    for i in range(3000):
+        data = fix_up(gen.fresh(2, i), 2)
+        kind, e = data.get("_fill"), data.get("engine", {})
+        page, x = data["pool"].get("page_size", 1), e.get("speculative", {}).get("num_draft_tokens", 0)
+        if kind not in checked or checked[kind] >= 2 or "speculative" not in e or page < 4 or page <= x + 1:
+            continue
+        if kind == "swa" and _window(data["model"]) < 2 * page:
+            continue
+        sc = draw_scenario(data, FIXED)
+        out = run_one(sc, None)
+        assert out.status == "clean", (out.status, sc.to_toml(defaults=False))
+        assert any((s.full_used == s.full_size) if kind == "full" else (s.swa_used == s.swa_size) for s in out.steps), \
+            sc.to_toml(defaults=False)
+        checked[kind] += 1
+        if min(checked.values()) >= 2:
+            break
+    assert checked == {"full": 2, "swa": 2}
+
+
 def test_same_seed_same_scenarios():
     a = Fuzzer(FIXED, seed=11).run(budget_s=600, max_scenarios=6)
     b = Fuzzer(FIXED, seed=11).run(budget_s=600, max_scenarios=6)
