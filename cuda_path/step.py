@@ -41,7 +41,7 @@ import torch
 
 from simulator.batch import BatchTruth, ForwardBatch
 from simulator.checker import LayerWrite
-from simulator.designs import Design, HookFailure, ReadTable, call_hook, check_read_table
+from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
 from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
@@ -182,8 +182,8 @@ class GpuStepRunner:
         read_in = None
         if run.read_check and batch.requests is not None:
             rq = batch.requests
-            read_in = (torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
-                       torch.from_numpy(rq.extend_lens), {})     # the last: tables shared within the step
+            read_in = (rq, torch.from_numpy(rq.seq_lens), torch.from_numpy(rq.extend_lens),
+                       {})     # the last: tables (and req_to_token, made when a design asks) shared within the step
         host = self._host_metadata(run, side)
         if host:        # the design hooks on host tensors: the run's mapping is the allocator's array
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
@@ -331,10 +331,17 @@ class GpuStepRunner:
             key = ("base read_ids", meta.ctx.window)
         table = shared.get(key) if key is not None else None
         if table is None:
-            mapping = torch.from_numpy(run.alloc.full_to_swa)
-            ctx = dataclasses.replace(meta.ctx, full_to_swa=mapping)
-            table = call_hook("read_ids", design.read_ids, *read_in, mapping, ctx)
-            table = check_read_table(table, int(read_in[1].shape[0]), CPU)
+            rq, seq_lens, extend_lens = read_in
+            if key is not None:     # the base hook's table from the requests' slots (no dense req_to_token)
+                table = _base_read_table(rq, seq_lens, meta.ctx.window, run.alloc.full_to_swa)
+            else:
+                rtt = shared.get("req_to_token")
+                if rtt is None:
+                    rtt = shared["req_to_token"] = torch.from_numpy(rq.req_to_token())
+                mapping = torch.from_numpy(run.alloc.full_to_swa)
+                ctx = dataclasses.replace(meta.ctx, full_to_swa=mapping)
+                table = call_hook("read_ids", design.read_ids, rtt, seq_lens, extend_lens, mapping, ctx)
+            table = check_read_table(table, int(seq_lens.shape[0]), CPU)
             if key is not None:
                 shared[key] = table
         if not meta.window and table.full is not None:
@@ -563,6 +570,30 @@ def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list
     # (step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, t0, t1, err)
     return [(step, name, li.layer, *seen[li.kind], c[7], c[8], per_kind[li.kind][2])
             for li, c in zip(layers, lead_calls)]
+
+
+def _base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.ndarray) -> ReadTable:
+    """What the base ``Design.read_ids`` returns (the same values and dtypes), from the requests' slots:
+    row i of ``req_to_token`` is request i's full slots up to its seq_len, so full layers read
+    ``slots.full[:seq_len]`` and SWA layers ``full_to_swa[slots.full[start:seq_len]]`` with
+    ``start = max(0, seq_len - extend_len + 1 - window)``."""
+    seq = rq.seq_lens.astype(np.int64, copy=False)
+    start = np.maximum(seq - rq.extend_lens + 1 - window, 0).astype(np.int64, copy=False)
+    slots = [s.full for s in rq.slots]
+    spans = list(zip(slots, start.tolist(), seq.tolist()))
+
+    def ids(lo: bool) -> tuple[torch.Tensor, np.ndarray]:
+        lens = np.maximum(seq - start, 0) if lo else seq
+        indptr = np.zeros(seq.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        parts = [f[a:b] if lo else f[:b] for f, a, b in spans]
+        flat = np.concatenate(parts).astype(np.int64, copy=False) if parts else np.zeros(0, dtype=np.int64)
+        return torch.from_numpy(indptr), flat
+
+    full_ptr, full_ids = ids(False)
+    swa_ptr, swa_ids = ids(True)
+    return ReadTable(full=ReadIds(full_ptr, torch.from_numpy(full_ids), torch.zeros_like(seq_lens)),
+                     swa=ReadIds(swa_ptr, torch.from_numpy(full_to_swa[swa_ids]), torch.from_numpy(start)))
 
 
 def _target_key(t: torch.Tensor) -> tuple:
