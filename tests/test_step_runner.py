@@ -173,3 +173,37 @@ def test_step_runner_reports_a_bug_on_one_layer_of_one_backend_there_alone():
     assert r.total_findings > 0
     assert {(f.backend, f.layer) for f in r.findings} == {("flashinfer", 3)}
     assert len(_classes(runner)) == 8 and runs == 8 * len(r.steps)
+
+
+@pytest.mark.parametrize("name", ["smoke", "b1-pcg-dp-padding"])
+def test_base_read_table_from_slots_is_the_base_hooks(name):
+    """cuda_path.step._base_read_table (no dense req_to_token) gives Design.read_ids' table: same values, dtypes."""
+    import dataclasses
+
+    import torch
+
+    from cuda_path.step import _base_read_table
+    from simulator.designs import Design
+    from simulator.run import Run
+
+    sc = scenario(name)
+    make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
+    run = Run(sc, load_design(sc.design), make, device=torch.device("cpu"), observer=NullObserver(),
+              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    boundary = next(iter(run.target.boundaries.values()))
+    checked = 0
+    for batch, truth in run.scheduler.steps():
+        rq = batch.requests
+        mapping = torch.from_numpy(run.alloc.full_to_swa)
+        for window in ({0, 1, sc.model.window} if rq is not None else ()):
+            ctx = dataclasses.replace(boundary.context(batch, mapping), window=window)
+            want = Design().read_ids(torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
+                                     torch.from_numpy(rq.extend_lens), mapping, ctx)
+            got = _base_read_table(rq, torch.from_numpy(rq.seq_lens), window, run.alloc.full_to_swa)
+            for kind in ("full", "swa"):
+                for f in ("indptr", "indices", "start"):
+                    a, b = getattr(want.of(kind), f), getattr(got.of(kind), f)
+                    assert a.dtype == b.dtype and torch.equal(a, b), (batch.step, window, kind, f)
+            checked += 1
+        run.step(batch, truth)
+    assert checked > 10
