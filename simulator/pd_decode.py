@@ -46,9 +46,6 @@ from .scenario import RequestSpec, Scenario, ScenarioError
 from .scheduler import Request, Scheduler
 from .sharing_run import SharingScheduler
 
-_E = np.zeros(0, dtype=np.int64)
-
-
 def swa_tail_len(seq_len: int, window: int, page: int) -> int:
     """``_swa_tail_len``: the positions from the page holding the window's first token to the end."""
     start = max(0, seq_len - window)
@@ -101,8 +98,9 @@ class PDDecodeScheduler(Scheduler):
         return req
 
     def _schedule(self):
-        """Admissions first (each a transfer, no forward), then the plain scheduler's decision with an empty
-        queue: its prefill list stays empty, so the step is a decode or a speculative round."""
+        """The finishes (one free group), then the admissions (each a transfer, no forward), then the plain
+        scheduler's decision over an empty queue: its prefill list stays empty, so the step is a decode or a
+        speculative round."""
         still = []
         with self.alloc.free_group(self._grouped):
             for r in self.running:
