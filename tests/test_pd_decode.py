@@ -119,7 +119,8 @@ def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
         tr = truth.transferred
         if tr is not None and tr.full_slots.size > tr.swa_slots.size:
             break
-    assert batch.step == 5 and (tr.full_slots.size, tr.swa_slots.size) == (800, 64)   # two 400-token prompts: 2 x 368 non-tail
+    # two 400-token prompts: 2 x 368 non-tail positions
+    assert batch.step == 5 and (tr.full_slots.size, tr.swa_slots.size) == (800, 64)
     for side in run.sides:
         for kind in ("full", "swa"):
             layers = [li.index for li in side.layers if li.kind == kind]
