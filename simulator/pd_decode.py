@@ -29,7 +29,8 @@ A1 leaves the over-allocated ids of a finished request's last page mapped to the
 stale mapping on a free full page); A2 keeps such entries on a recycled page's non-tail ids, and that
 request's finish frees the SWA pages they name a second time (pages free again by then, or another request's).
 The free lists take them unchecked (SGLang's ``free_page_ids``): a page held twice, or the capacity
-assert (``available_size() <= size``), which ends the run (``stopped`` in the summary's ``radix`` entry, as the radix cache's).
+assert (``available_size() <= size``), which ends the run (``stopped`` in the summary's ``radix`` entry, as
+the radix cache's).
 """
 from __future__ import annotations
 
