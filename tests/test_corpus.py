@@ -36,6 +36,10 @@ def test_the_shipped_corpus_covers_every_known_bug():
     cases = load_corpus()
     ids = [c.id for c in cases]
     assert {"B1", "B2", "B3", "B4", "gap", "B2/skip-1", "B2/dummy", "B1/p16", "B2/p16"} <= set(ids)
+    # issue 12's bugs, each under the state that had it (A1 and A2 on the PD decode node of May 2026)
+    assert {"R2", "R3", "R7", "R8", "A1", "A2", "U1", "U2", "P7"} <= set(ids)
+    assert {c.id: c.load().engine.pd_decode for c in cases if c.id in ("A1", "A2", "R8")} == {
+        "A1": True, "A2": True, "R8": False}
     assert len(ids) == len(set(ids))
     paged = [c for c in cases if c.overrides.get("pool.page_size", 1) > 1]
     assert {c.id.split("/")[0] for c in paged} >= {"B1", "B2"}
