@@ -131,3 +131,86 @@ def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
             bad = side.pools["triton"].mismatches(kind, torch.from_numpy(live),
                                                   torch.from_numpy(side.reference.expected[kind][live]), layers)
             assert not bad.any(), (side.layers[0].draft, kind)
+
+
+#: ``slotscope minimize`` of a1-spec-partial-page-free's triton run (66 s, 352 candidate runs): 8 requests, one SWA
+#: target layer; the chain in 65 forwards
+A1_MINIMAL = """name = "a1-minimal"
+seed = 1
+design = "pd-decode-pre-25805"
+backends = ["triton"]
+
+[model]
+layers = "S"
+window = 32
+
+[pool]
+full_size = 2048
+swa_ratio = 0.5
+page_size = 16
+
+[[workload.request]]
+arrival_step = 0
+prompt_len = 3
+output_len = 10
+
+[[workload.request]]
+arrival_step = 5
+prompt_len = 400
+output_len = 18
+
+[[workload.request]]
+arrival_step = 5
+prompt_len = 11
+output_len = 18
+
+[[workload.request]]
+arrival_step = 5
+prompt_len = 18
+output_len = 12
+
+[[workload.request]]
+arrival_step = 6
+prompt_len = 15
+output_len = 16
+
+[[workload.request]]
+arrival_step = 0
+prompt_len = 400
+output_len = 15
+
+[[workload.request]]
+arrival_step = 9
+prompt_len = 100
+output_len = 0
+
+[[workload.request]]
+arrival_step = 10
+prompt_len = 1
+output_len = 7
+
+[engine]
+max_running_requests = 8
+pd_decode = true
+
+[engine.speculative]
+accept_rate = 0.5
+"""
+
+
+@pytest.mark.parametrize("design, findings", [
+    ("pd-decode-pre-25805", {"stale_read": 1}),
+    ("pd-decode-post-25805", {}),                      # A2 fixed: A1's seeds stay, nothing frees them
+    ("pd-decode-pre-25805-post-27779", {}),            # A1 fixed: no seed
+])
+def test_the_minimal_a1_chain(design, findings):
+    from slotscope.pipeline import RunOptions, run_scenario
+
+    sc = parse_scenario(A1_MINIMAL, "a1-minimal.toml")
+    res = run_scenario(sc, None, RunOptions(design=design, device="cpu", trace_level="off", report=False))
+    st = res.summary["backends"]["triton"]
+    assert res.summary["steps"] == 65 and st["writes"] == 65
+    assert {c: n for c, n in st["findings"].items() if n} == findings
+    assert res.summary["radix"]["pd_decode"]["transfers"] == 8
+    ff = st["first_finding"]
+    assert (None if ff is None else (ff["step"], ff["class"])) == ((63, "stale_read") if findings else None)
