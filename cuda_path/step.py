@@ -169,6 +169,9 @@ class GpuStepRunner:
         classes = self.classes(side)
         for m in run.sides:
             m.reference.apply_frees(truth)
+        if truth.transferred is not None:     # a PD decode node's KV transfer (the run's own order)
+            run.write_transfer(truth.transferred)
+            self._stale = True                # the references adopted its slots: every mirror again
         side.reference.apply_writes(truth)
         ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
         # the step's host arrays in one pinned copy (on the CPU the run's mapping is the allocator's array)
