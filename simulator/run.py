@@ -108,6 +108,35 @@ def run_padding(conv: PaddingConvention, alloc: HybridAllocator) -> RunPadding:
                       (pad, int(dummy.swa[0])))
 
 
+def scheduler_kind(scenario: Scenario) -> str:
+    """Which scheduler a scenario runs: ``radix`` (engine.radix_cache), ``pd_decode`` (engine.pd_decode) or
+    ``base`` (the plain scheduler; the overlap timeline and the unified pool sit around it, not in it)."""
+    if getattr(scenario.engine, "radix_cache", False):
+        return "radix"
+    if getattr(scenario.engine, "pd_decode", False):
+        return "pd_decode"
+    return "base"
+
+
+def make_scheduler(scenario: Scenario, alloc, design: Design, rng: np.random.Generator, pad_value: int,
+                   pad_to_capture: bool, kind: Optional[str] = None) -> Scheduler:
+    """The scenario's own scheduler over ``alloc`` (the run's choice; engine_path's conformance trace makes the
+    same one), its release behaviour and sharing behaviour from ``design``. ``kind``: force one
+    (:func:`scheduler_kind`'s names), e.g. the base scheduler where a side cannot run the scenario's."""
+    kind = kind or scheduler_kind(scenario)
+    requests = make_requests(scenario.workload, rng)
+    kw = dict(pad_value=pad_value, pad_to_capture=pad_to_capture, release=release_of(design))
+    if kind == "radix":
+        # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
+        from .sharing_run import SharingScheduler
+        return SharingScheduler(scenario, alloc, requests, rng, sharing=getattr(design, "sharing", None), **kw)
+    if kind == "pd_decode":
+        # a PD decode node: SWA-tail pre-allocation, the transferred KV, the chunk cache's frees
+        from .pd_decode import PDDecodeScheduler
+        return PDDecodeScheduler(scenario, alloc, requests, rng, sharing=getattr(design, "sharing", None), **kw)
+    return Scheduler(scenario, alloc, requests, rng, **kw)
+
+
 class Run:
     """One run's state: set up in ``__init__``, advanced by :meth:`step`, read by :meth:`result`."""
 
@@ -125,22 +154,7 @@ class Run:
             raise ValueError(f"pool.unified: design {design.name}'s padding convention uses a dummy request, "
                              f"whose slots would be virtual ids; the unified pool pads with the sink (slot 0)")
         self.pad_slots = pad.pad_slots
-        if getattr(scenario.engine, "radix_cache", False):
-            # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
-            from .sharing_run import SharingScheduler
-            self.scheduler = SharingScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                              pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                              release=release_of(design), sharing=getattr(design, "sharing", None))
-        elif getattr(scenario.engine, "pd_decode", False):
-            # a PD decode node: SWA-tail pre-allocation, the transferred KV, the chunk cache's frees
-            from .pd_decode import PDDecodeScheduler
-            self.scheduler = PDDecodeScheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                               pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                               release=release_of(design), sharing=getattr(design, "sharing", None))
-        else:
-            self.scheduler = Scheduler(scenario, alloc, make_requests(scenario.workload, rng), rng,
-                                       pad_value=pad.pad_value, pad_to_capture=pad.convention.dummy_request,
-                                       release=release_of(design))
+        self.scheduler = make_scheduler(scenario, alloc, design, rng, pad.pad_value, pad.convention.dummy_request)
         owner_of = self.scheduler.owner_of
         self.target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved,
                                         device, pad.swa_pad)
