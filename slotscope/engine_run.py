@@ -6,6 +6,7 @@ What this module adds to engine_path (which owns every ``import sglang``):
   ``engine_path.EngineSpec``; :func:`load_runtime` activates the release (fetching it into
   slotscope's cache when missing) and builds its ``EngineRuntime``: the design, allocator factory
   and pool factory of docs/ENGINE.md's "Integration plan".
+* :func:`check_scenario` refuses a scenario an engine run cannot drive (a PD decode node) before the import;
 * :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
   the compact K/V geometry and the release's own store (on the CPU its fallback ``k_cache[loc] = k``;
   with ``--device cuda`` its CUDA store, engine_path.pool.release_store); :func:`engine_layout` is
@@ -58,6 +59,18 @@ def check_options(device: str, geometry: Optional[str], store: Optional[str], de
     if design is not None:
         raise UsageError(f"--design {design} with --engine: the engine's design is the release's own code "
                          f"(translation and KVWriteLoc); run the model design without --engine")
+
+
+def check_scenario(scenario) -> None:
+    """What of a scenario an engine run cannot drive, refused before the release is imported (ScenarioError,
+    exit 2): a PD decode node (engine.pd_decode), whose SWA-tail pre-allocation and free paths are the model's."""
+    from simulator.run import scheduler_kind
+    from simulator.scenario import ScenarioError
+
+    if scheduler_kind(scenario) == "pd_decode":
+        raise ScenarioError(f"{scenario.source}: engine.pd_decode runs on the modelled paged allocator only (its "
+                            "free paths are the model's, with the A1 / A2 switches), not on an engine's (--engine); "
+                            "run it without --engine")
 
 
 def engine_layout(opts_geometry: Optional[str], opts_store: Optional[str]) -> tuple[str, str]:

@@ -337,11 +337,12 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
     scenario = scenario_as_run(scenario_or_path, opts)
     runtime = None
     if scenario.engine_release is not None:
-        from .engine_run import check_options, engine_spec, load_runtime
+        from .engine_run import check_options, check_scenario, engine_spec, load_runtime
 
         spec = engine_spec(scenario.engine_release,
                            "--engine" if opts.engine is not None else f"{scenario.source}: engine_release")
         check_options(opts.device, opts.geometry, opts.store, opts.design)
+        check_scenario(scenario)          # before the release's import (~15 s)
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
         design = runtime.design

@@ -201,3 +201,13 @@ def test_installed_sglang_with_an_unknown_api(tmp_path):
     env = _fake_sglang(tmp_path / "site", "__version__ = '9.9.9'\n")
     _one_line_error(slotscope("run", B1, "--engine", "sglang", "--out", str(tmp_path / "o"), env=env),
                     "the adapter does not know this API", "sglang.srt")
+
+
+def test_pd_decode_scenario_is_refused_before_the_import(tmp_path):
+    """A PD decode node's scenario with --engine: refused before the release is imported (an installed sglang
+    whose import would fail is never imported: the message is the scenario's, not the import's)."""
+    env = _fake_sglang(tmp_path / "site", "raise ImportError('libfoo.so: cannot open shared object file')\n")
+    proc = slotscope("run", "scenarios/a2-pd-decode-swa-tail.toml", "--engine", "sglang", "--out", str(tmp_path / "o"),
+                     env=env)
+    _one_line_error(proc, "a2-pd-decode-swa-tail.toml: engine.pd_decode runs on the modelled paged allocator only")
+    assert "libfoo" not in proc.stderr and "importing" not in proc.stderr
