@@ -133,9 +133,11 @@ class _PageHead(_PageStack):
     (``exact``)."""
 
     def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
-        if checked and not exact and pages.size:
+        # a slot free's pages are torch.unique'd by the release whether or not the free is checked (an
+        # unchecked free: the radix cache's, which may free a page twice across calls, never within one)
+        if not exact and pages.size:
             unique = np.unique(pages)
-            if unique.size != pages.size:
+            if checked and unique.size != pages.size:
                 raise RuntimeError(f"double free of pages {pages[:8].tolist()}")
             pages = unique
         super().push(pages, checked)
@@ -280,13 +282,15 @@ class HybridAllocator:
     def in_free_group(self) -> bool:
         return self._groups is not None
 
-    def free_full_pages(self, pages: np.ndarray, *, checked: bool = True) -> None:
-        """Give full pages back (held while a free group is open); the mapping is not touched."""
-        self._push_full(np.asarray(pages, dtype=np.int64), checked)
+    def free_full_pages(self, pages: np.ndarray, *, checked: bool = True, exact: bool = False) -> None:
+        """Give full pages back (held while a free group is open); the mapping is not touched. ``exact``: page
+        ids in the order given (``free_page_ids``), else a slot free's pages (deduplicated, ascending at "head")."""
+        self._push_full(np.asarray(pages, dtype=np.int64), checked, exact)
 
-    def free_swa_pages(self, pages: np.ndarray, *, checked: bool = True) -> None:
-        """Give SWA pages back (held while a free group is open); the mapping is not touched."""
-        self._push_swa(np.asarray(pages, dtype=np.int64), checked)
+    def free_swa_pages(self, pages: np.ndarray, *, checked: bool = True, exact: bool = False) -> None:
+        """Give SWA pages back (held while a free group is open); the mapping is not touched (``exact``: as
+        :meth:`free_full_pages`)."""
+        self._push_swa(np.asarray(pages, dtype=np.int64), checked, exact)
 
     def set_mapping(self, full: np.ndarray, swa: np.ndarray) -> None:
         self.full_to_swa[np.asarray(full, dtype=np.int64)] = swa

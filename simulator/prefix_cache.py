@@ -264,11 +264,19 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ free paths (allocator/swa.py)
 
-    def _pushed(self, pool: str, pages: np.ndarray, owner: Optional[Owner], cause: str, push: bool = True) -> None:
+    def _push(self, pool: str, pages: np.ndarray, exact: bool = False) -> None:
+        if pages.size:
+            (self.alloc.free_full_pages if pool == "full" else self.alloc.free_swa_pages)(pages, checked=False,
+                                                                                          exact=exact)
+
+    def _pushed(self, pool: str, pages: np.ndarray, owner: Optional[Owner], cause: str, push: bool = True,
+                exact: bool = False) -> None:
+        """``exact``: page ids freed in the order given (``free_page_ids``: a segment's ``_free_swa_pages``);
+        otherwise a slot free, whose pages a paged free list takes deduplicated and ascending (``free``)."""
         if not pages.size:
             return
         if push:
-            (self.alloc.free_full_pages if pool == "full" else self.alloc.free_swa_pages)(pages, checked=False)
+            self._push(pool, pages, exact)
         self._emit(FREE, pool, self._page_slots(pages), owner, cause)
         if self.alloc.in_free_group:
             self._held.append((pool, pages))
@@ -299,12 +307,15 @@ class PrefixCache:
         if self.b.filter_unmapped_swa_frees and not self._release:
             reps, m = reps[m > 0], m[m > 0]
         rows = self._page_slots(reps // self.p)
-        if self._release:
-            self.alloc.release_free_swa_segment(rows)      # the release's _free_swa_pages: mapping[rep] // page
-        else:
-            self.alloc.clear_mapping(rows)
-        self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
-        self._pushed("swa", m // self.p, owner, cause, push=not self._release)
+        try:
+            if self._release:
+                self.alloc.release_free_swa_segment(rows)  # the release's _free_swa_pages: mapping[rep] // page
+            else:
+                self.alloc.clear_mapping(rows)
+        finally:
+            # the release clears the mapping before its capacity assert: the mapping changed either way
+            self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
+        self._pushed("swa", m // self.p, owner, cause, push=not self._release, exact=True)
 
     def free_swa(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free_swa`` of an arbitrary set of full ids. Page 1: ``_free_swa_pages`` (unfiltered in 0.5.23).
@@ -324,11 +335,13 @@ class PrefixCache:
             return
         rows = full if self.b.clear_freed_tokens_only else self._page_slots(self._pages(full))
         m = self.alloc.full_to_swa[rows].copy()
-        if self._release:
-            self.alloc.release_free_swa(full)               # expands to pages, frees the peers > 0 (_release_swa)
-        else:
-            self.alloc.clear_mapping(rows)
-        self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
+        try:
+            if self._release:
+                self.alloc.release_free_swa(full)           # expands to pages, frees the peers > 0 (_release_swa)
+            else:
+                self.alloc.clear_mapping(rows)
+        finally:
+            self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))   # as above
         self._pushed("swa", self._pages(m[m > 0]), owner, cause, push=not self._release)
 
     def free(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
