@@ -34,7 +34,7 @@ from .padding_convention import PaddingConvention
 from .pool import PoolWriter
 from .release_model import release_of
 from .records import DRAFT_MODES, FINDING_CLASSES, Finding, LayerInfo, RunInfo, StepRecord
-from .scenario import PoolConfig, Scenario
+from .scenario import PoolConfig, Scenario, ScenarioError
 from .scheduler import Scheduler
 from .speculative import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
 from .workload import make_requests
@@ -151,8 +151,8 @@ class Run:
                               _model_allocator(scenario, design))
         pad = run_padding(design_padding(design), alloc)
         if pool_cfg.unified and pad.convention.dummy_request:
-            raise ValueError(f"pool.unified: design {design.name}'s padding convention uses a dummy request, "
-                             f"whose slots would be virtual ids; the unified pool pads with the sink (slot 0)")
+            raise ScenarioError(f"pool.unified: design {design.name}'s padding convention uses a dummy request, "
+                                f"whose slots would be virtual ids; the unified pool pads with the sink (slot 0)")
         self.pad_slots = pad.pad_slots
         self.scheduler = make_scheduler(scenario, alloc, design, rng, pad.pad_value, pad.convention.dummy_request)
         owner_of = self.scheduler.owner_of
