@@ -49,18 +49,91 @@ def _ints(a) -> list:
     return np.asarray(a, dtype=np.int64).tolist()
 
 
+#: what the trace cannot run on the engine side, per scheduler kind / pool: (what, reason, what the trace runs);
+#: ``own_path`` False: the scenario's own path is not compared at all (conform cannot say it conforms)
+_PD_REASON = ("engine.pd_decode", False,
+              "a PD decode node's SWA-tail pre-allocation (alloc_extend_swa_tail) has no wiring in engine_path's "
+              "EngineAllocator, and its free paths are the model's A1 / A2 switches (simulator/pd_decode.py), "
+              "not the release's", "the plain scheduler (no pre-allocation, no transfer, prefill forwards) on both sides")
+_UNIFIED_REASON = ("pool.unified", False,
+                   "the release's unified allocator (engine_path/unified.py) is driven at page size 1 only (its paged "
+                   "alloc_extend is not wired)", "the static hybrid pool of the same sizes on both sides")
+_OVERLAP_REASON = ("engine.overlap", True,
+                   "where the host's writes land inside forward k (the overlap timeline, simulator/timeline.py) is "
+                   "the simulator's model on both sides and has no release code to compare with",
+                   "the overlap scheduler's decisions (the token past the end, the extra room) and every allocator "
+                   "call; each forward's ids are recorded under the mapping at its scheduling")
+
+
+def not_compared(sc) -> list[dict]:
+    """What of ``sc``'s own path the trace does not compare (see :data:`_PD_REASON` and its peers)."""
+    from simulator.run import scheduler_kind
+
+    items = []
+    if scheduler_kind(sc) == "pd_decode":
+        what, own, reason, runs = _PD_REASON
+        if sc.pool.page_size < 2:
+            reason += "; at page size 1 the scenario itself is refused (engine.pd_decode needs pool.page_size > 1)"
+        items.append((what, own, reason, runs))
+    if sc.pool.unified and sc.pool.page_size > 1:
+        items.append(_UNIFIED_REASON)
+    if sc.engine.overlap:
+        items.append(_OVERLAP_REASON)
+    return [{"what": w, "own_path": own, "reason": r, "trace_runs": t} for w, own, r, t in items]
+
+
+def _side(o: dict, sc, model_design, info: dict):
+    """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified`` at page 1:
+    the model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
+    both sides (as ``slotscope run --engine`` runs it: the allocator is the release's, the write locations ours)."""
+    from simulator.allocator import HybridAllocator
+    from simulator.unified_run import model_unified_pool
+
+    pc = sc.pool
+    unified = pc.unified and pc.page_size == 1
+    info["unified"] = unified
+    if o.get("engine"):
+        from .api import load
+        from .runtime import EngineRuntime
+
+        api = load()
+        info["engine"] = api.info.to_json()
+        info["side"] = "engine"
+        if unified:
+            from .unified import UnifiedEngineAllocator
+
+            return UnifiedEngineAllocator(sc.model, pc, model_unified_pool(sc, model_design).budget_bytes), model_design
+        # the parts that stay ours (backend metadata beyond the SWA ids, the boundary's eager narrowing)
+        # come from the model design on this side too
+        rt = EngineRuntime(api, model=model_design)
+        return rt.allocator_factory(pc), rt.design
+    info["side"] = "model"
+    if unified:
+        return model_unified_pool(sc, model_design), model_design
+    return HybridAllocator(pc.full_size, pc.swa_size, pc.page_size), model_design
+
+
+def _radix_summary(sched) -> Optional[dict]:
+    """The radix cache's counters of one side (compared: prefix hits, tombstones, recoveries, evictions)."""
+    if not hasattr(sched, "hit_tokens"):
+        return None
+    c = sched.counts
+    return {"hit_tokens": int(sched.hit_tokens),
+            "tombstones": c["free:swa:tombstone"] + c["free:swa:tombstone@flush"],
+            "recoveries": c["adopt:swa:recover"] + c["adopt:swa:recover_locked"],
+            "evicted_leaves": c["free:full:evict_leaf"], "events": dict(sorted(c.items())),
+            # where the side stopped (an over-free's step, class and assert; the message is each side's own words)
+            "stopped": None if sched.stopped is None else {k: v for k, v in sched.stopped.items() if k != "message"}}
+
+
 def trace(path: str, options: Optional[dict] = None) -> dict:
     """The per-step records of ``path`` (see the module docstring). ``options``: ``design`` (model design
     name; its release drives the scheduler on both sides), ``page_size``, ``max_steps``, ``engine`` (bool),
     ``backends`` (list)."""
-    from simulator.allocator import HybridAllocator
     from simulator.designs import design_padding, load_design
     from simulator.release_model import release_of
-    from simulator.run import run_padding
+    from simulator.run import make_scheduler, run_padding, scheduler_kind
     from simulator.scenario import load_scenario
-    from simulator.scheduler import Scheduler
-    from simulator.speculative import side_boundaries
-    from simulator.workload import make_requests
 
     o = dict(options or {})
     sc = with_page_size(load_scenario(path), o.get("page_size"))
@@ -70,49 +143,52 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     release = release_of(model_design)
     pc = sc.pool
     info: dict = {"scenario": sc.name, "page_size": pc.page_size, "full_size": pc.full_size,
-                  "swa_size": pc.swa_size, "release": release.name}
-    if o.get("engine"):
-        from .api import load
-        from .runtime import EngineRuntime
-
-        api = load()
-        # the parts that stay ours (backend metadata beyond the SWA ids, the boundary's eager narrowing)
-        # come from the model design on this side too
-        rt = EngineRuntime(api, model=model_design)
-        alloc = rt.allocator_factory(pc)
-        design = rt.design
-        info["engine"] = api.info.to_json()
-        info["side"] = "engine"
-    else:
-        alloc = HybridAllocator(pc.full_size, pc.swa_size, pc.page_size)
-        design = model_design
-        info["side"] = "model"
+                  "swa_size": pc.swa_size, "release": release.name, "not_compared": not_compared(sc)}
+    alloc, design = _side(o, sc, model_design, info)
     info["design"] = design.name
     rng = np.random.default_rng(sc.seed)
     pad = run_padding(design_padding(design), alloc)
-    sched = Scheduler(sc, alloc, make_requests(sc.workload, rng), rng, pad_value=pad.pad_value,
-                      pad_to_capture=pad.convention.dummy_request, release=release)
+    # the scenario's own scheduler (the run's choice, simulator.run.make_scheduler) where both sides can run it;
+    # the scheduler's decisions are the model design's on both sides
+    kind = scheduler_kind(sc)
+    kind = "base" if kind == "pd_decode" else kind
+    sched = make_scheduler(sc, alloc, model_design, rng, pad.pad_value, pad.convention.dummy_request, kind=kind)
+    info["scheduler"] = type(sched).__name__
+    steps, info["stopped"], info["swa_ids"] = _records(sc, design, alloc, sched, pad, o.get("max_steps"))
+    info["radix"] = _radix_summary(sched)
+    if o.get("engine"):
+        info["engine_calls"] = dict(alloc.calls)
+    return {"info": info, "steps": steps}
+
+
+def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[list, Optional[str], dict]:
+    """Every forward's record, what stopped the side (if anything did), and each backend's SWA id source."""
+    from simulator.speculative import side_boundaries
+
+    pc = sc.pool
     device = torch.device("cpu")
     bounds = side_boundaries(sc, design, "target", device, pc.page_size, pad.swa_pad)
     for b in bounds.values():
         b.window = sc.model.window
     swa_layer = next((li for li in sc.model.layers() if li.kind == "swa"), None)
-    mapping = torch.from_numpy(alloc.full_to_swa)
-    info["swa_ids"] = {name: b.spec.swa_ids for name, b in bounds.items()}
-    steps = []
-    max_steps = o.get("max_steps")
+    mapping = None if getattr(alloc, "translate_kv_loc", None) is not None else torch.from_numpy(alloc.full_to_swa)
+    swa_ids = {name: b.spec.swa_ids for name, b in bounds.items()}
+    steps: list = []
     stopped = None
+    unified = _UnifiedBind(alloc) if getattr(alloc, "translate_kv_loc", None) is not None else None
     try:
         for n, (batch, truth) in enumerate(sched.steps()):
             if max_steps is not None and n >= max_steps:
                 break
-            loc = torch.from_numpy(batch.out_cache_loc)
             changed = np.unique(truth.mapping_changed)
             rec = {"step": int(batch.step), "mode": batch.mode, "graph": batch.graph,
                    "out_cache_loc": _ints(batch.out_cache_loc),
-                   "mapping": [_ints(changed), _ints(alloc.full_to_swa[changed])],
+                   "mapping": None if unified else [_ints(changed), _ints(alloc.full_to_swa[changed])],
                    "evicted_swa": _ints(truth.evicted_swa), "freed_full": _ints(truth.freed_full),
                    "freed_swa": _ints(truth.freed_swa), "swa_loc": {}, "write_loc": {}}
+            if unified is not None:
+                batch, mapping = unified.bind(batch, rec)
+            loc = torch.from_numpy(batch.out_cache_loc)
             for name, b in bounds.items():
                 meta = b.init_metadata(batch, loc, mapping)
                 rec["swa_loc"][name] = [str(meta.swa_loc.dtype).replace("torch.", ""), _ints(meta.swa_loc)]
@@ -122,10 +198,38 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
             steps.append(rec)
     except Exception as e:  # what stopped a side is part of its record (compared like a value)
         stopped = f"{type(e).__name__}: {e}"
-    info["stopped"] = stopped
-    if o.get("engine"):
-        info["engine_calls"] = dict(alloc.calls)
-    return {"info": info, "steps": steps}
+    return steps, stopped, swa_ids
+
+
+class _UnifiedBind:
+    """``pool.unified``: each forward bound as the run's :class:`~simulator.unified_run.UnifiedPlan` binds it (the
+    boundary flush, the in-flight window pinned, ``out_cache_loc`` to physical full ids, the physical mapping),
+    recording what the allocator did since the previous forward in physical ids, sorted per step (the model
+    emits events per call, the release's adapter per page-table diff: their order within a step is not its)."""
+
+    def __init__(self, alloc):
+        self.alloc = alloc
+
+    def bind(self, batch, rec: dict):
+        a = self.alloc
+        a.flush_opportunistic()
+        got: dict = {"freed_full": [], "freed_swa": [], "evicted_swa": [], "moves": []}
+        for e in a.drain_events():
+            if e.kind == "move":
+                got["moves"] += [[e.pool, int(x), int(y)] for x, y in zip(e.slots.tolist(), e.peers.tolist())]
+            elif e.kind in ("unbind", "tombstone"):
+                got[f"freed_{e.pool}"] += e.slots.tolist()
+                if e.kind == "tombstone":
+                    got["evicted_swa"] += e.slots.tolist()
+        virtual = batch.out_cache_loc
+        a.set_inflight_forward(virtual[: batch.num_token_non_padded])
+        loc = a.translate_kv_loc(virtual, "full")
+        phys = a.physical_full_to_swa()
+        at = np.unique(loc)
+        rec.update({k: sorted(v) for k, v in got.items()})
+        rec["physical_loc"] = [_ints(loc), _ints(a.translate_kv_loc(virtual, "swa"))]
+        rec["mapping"] = [_ints(at), _ints(phys[at])]
+        return dataclasses.replace(batch, out_cache_loc=loc), torch.from_numpy(phys)
 
 
 def trace_many(jobs: list) -> list:

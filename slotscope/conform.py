@@ -9,8 +9,12 @@ step, field by field. The first divergence is printed exactly (step, field, mode
 a few elements around the first differing index), then a table per field.
 
 A difference documented in docs/ENGINE.md ("Conformance") has an id (:data:`KNOWN`); ``--allow ID``
-accepts it explicitly (the run still says it was seen). Exit 0: every step conforms (or only allowed
-differences); 1: a divergence; 2: bad input.
+accepts it explicitly (the run still says it was seen). Both sides run the scenario's own scheduler
+(``simulator.run.make_scheduler``: the radix cache's included); what the engine side cannot run is listed
+as ``not compared`` with its reason (``engine_path.conformance.not_compared``). Exit 0: every step
+conforms (or only allowed differences), on the scenario's own path (a not-compared timeline model aside);
+1: a divergence; 2: bad input, or the scenario cannot be compared (the trace had to run another path than
+the scenario's: a PD decode node, the unified pool; the steps it compared are still printed).
 """
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ def _around(values: Any, i: int, k: int = 3) -> str:
 
 
 #: the two parts of a paired field's value
-PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc")}
+PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc"),
+         "physical_loc": ("full", "swa")}
 
 
 def _diff(model: Any, engine: Any, parts: Optional[tuple] = None) -> Optional[str]:
@@ -103,19 +108,25 @@ def compare(model: dict, engine: dict) -> dict:
                 break
         else:
             rows.setdefault("schedule", [0, 0])[0] += 1
-        for field in ("out_cache_loc", "mapping", "evicted_swa", "freed_full", "freed_swa"):
+        for field in ("out_cache_loc", "physical_loc", "mapping", "moves", "evicted_swa", "freed_full", "freed_swa"):
+            if field not in ms and field not in es:     # physical_loc, moves: pool.unified only
+                continue
             where = ""
             if field == "mapping" and ms[field] != es[field] and ms[field][0] == es[field][0]:
                 i = _first_index(ms[field][1], es[field][1])
                 if i < len(ms[field][0]):
                     where = f"full_to_swa[{ms[field][0][i]}]"
-            note(field, step, where, ms[field], es[field])
+            note(field, step, where, ms.get(field), es.get(field))
         for field in _GROUP_FIELDS:
             for src, names in sorted(groups.items()):
                 for b in names:
                     note(f"{field} [{src}]", step, b, ms[field].get(b), es[field].get(b))
     if len(m_steps) != len(e_steps):
         note("steps", None, "count", len(m_steps), len(e_steps))
+    # the scheduler each side ran, and the radix cache's counters (engine.radix_cache) over the whole run
+    note("scheduler", None, "class", model["info"].get("scheduler"), engine["info"].get("scheduler"))
+    if model["info"].get("radix") is not None or engine["info"].get("radix") is not None:
+        note("radix", None, "counters", model["info"].get("radix"), engine["info"].get("radix"))
     for side, tr in (("model", model), ("engine", engine)):
         if tr["info"].get("stopped"):
             note("stopped", len(tr["steps"]), side, model["info"].get("stopped"), engine["info"].get("stopped"))
@@ -171,6 +182,8 @@ def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, 
     t2 = time.perf_counter()
     result = compare(model, eng)
     result.update(scenario=sc.name, path=scenario, design=name, engine=eng["info"].get("engine"),
+                  scheduler=model["info"].get("scheduler"), radix=model["info"].get("radix"),
+                  not_compared=model["info"].get("not_compared") or [],
                   page_size=model["info"]["page_size"], max_steps=max_steps,
                   model_s=round(t1 - t0, 2), engine_s=round(t2 - t1, 2),
                   engine_calls=eng["info"].get("engine_calls"))
@@ -181,6 +194,12 @@ def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, 
     return result
 
 
+def comparable(res: dict) -> bool:
+    """Whether the comparison ran the scenario's own scheduler and allocator path (every ``not_compared``
+    entry leaves it compared: ``own_path``); where not, the scenario cannot be said to conform (exit 2)."""
+    return all(nc["own_path"] for nc in res.get("not_compared") or ())
+
+
 def _print(res: dict, out=sys.stdout) -> None:
     e = res.get("engine") or {}
     print(f"conform {res['path']} (page_size {res['page_size']}): model {res['design']} vs engine "
@@ -189,8 +208,17 @@ def _print(res: dict, out=sys.stdout) -> None:
     for pt in e.get("patches") or ():
         print(f"  engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})", file=out)
     f = res["first"]
-    if f is None:
+    for nc in res.get("not_compared") or ():
+        print(f"not compared: {nc['what']} ({nc['reason']}); the trace runs {nc['trace_runs']}", file=out)
+    if f is None and not res.get("not_compared"):
         print(f"every step conforms ({res['steps_compared']} steps)", file=out)
+    elif f is None and comparable(res):
+        print(f"every compared step conforms ({res['steps_compared']} steps; the scenario's scheduler and "
+              f"allocator path, but not what is listed above)", file=out)
+    elif f is None:
+        print(f"cannot be compared: the trace ran another path than the scenario's (see not compared above); "
+              f"on that path every step agrees ({res['steps_compared']} steps), which says nothing about the "
+              f"scenario's own", file=out)
     else:
         at = "before the first step" if f["step"] is None else f"step {f['step']}"
         print(f"first divergence: {at}, {f['field']}" + (f" ({f['where']})" if f["where"] else "")
@@ -221,7 +249,7 @@ def cmd_conform(args) -> int:
     if args.json:
         print(json.dumps({k: v for k, v in res.items()}, default=str))
     if res["first"] is None:
-        return EXIT_CONFORMS
+        return EXIT_CONFORMS if comparable(res) else EXIT_BAD_INPUT
     if allowed:
         print(f"(allowed: {allowed})")
         return EXIT_CONFORMS
@@ -242,9 +270,10 @@ def register(sub) -> None:
                "  slotscope conform scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.23\n"
                "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n\n"
                "exit codes:\n"
-               "  0    every step conforms\n"
+               "  0    every step conforms (on the scenario's own path; 'not compared' lines say what is not)\n"
                "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
-               "  2    bad input\n",
+               "  2    bad input, or cannot be compared (the trace ran another path than the scenario's:\n"
+               "       engine.pd_decode, pool.unified; the not-compared lines say why)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
     p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")

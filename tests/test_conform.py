@@ -21,11 +21,15 @@ ROOT = Path(__file__).resolve().parent.parent
 B1 = "scenarios/b1-pcg-dp-padding.toml"
 PAGED = "scenarios/paths-paged.toml"
 LIFO = "tests/conform_designs.py:LifoAtPage1"
+R3 = "scenarios/r3-stale-tombstone-mapping.toml"
+A2 = "scenarios/a2-pd-decode-swa-tail.toml"
 
 RUNS = {
     "b1": (B1, "--page-size", "1"),
     "paged": (PAGED, "--page-size", "16"),
     "lifo": (B1, "--design", LIFO),
+    "radix": (R3, "--page-size", "1", "--max-steps", "60"),
+    "pd": (A2, "--page-size", "16", "--max-steps", "20"),
 }
 
 
@@ -85,6 +89,57 @@ def test_lifo_model_diverges_at_first_reuse(conform_runs):
     assert f"first divergence: step 3, mapping ({MAPPING_WHERE}): {LIFO_DETAIL}" in proc.stdout
     fields = _json(proc)["fields"]
     assert fields["mapping"][1] > 0 and fields["swa_ids"] == [8, 0]
+
+
+@pytest.mark.engine
+def test_radix_scenario_runs_the_radix_scheduler_on_both_sides(conform_runs):
+    """R3 (engine.radix_cache): both sides run the SharingScheduler (the run's own choice), the release's free
+    paths under the prefix cache; its counters over the first 60 forwards agree exactly."""
+    proc = conform_runs["radix"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = _json(proc)
+    assert res["scheduler"] == "SharingScheduler" and res["not_compared"] == []
+    assert res["steps_compared"] == 60 and res["first"] is None
+    assert res["fields"]["radix"] == [1, 0] and res["fields"]["scheduler"] == [1, 0]
+    r = res["radix"]
+    assert (r["hit_tokens"], r["tombstones"], r["recoveries"], r["evicted_leaves"]) == (1110, 2, 1, 13)
+    # the tree's frees went through the release's own free paths
+    assert res["engine_calls"]["free_swa_segment"] > 0
+    assert "every step conforms (60 steps)" in proc.stdout
+
+
+@pytest.mark.engine
+def test_pd_decode_scenario_cannot_be_compared(conform_runs):
+    """A2 (engine.pd_decode): the engine side cannot run a decode node; the trace runs the plain scheduler, says
+    so, and the verdict is exit 2 "cannot be compared", never a bare "every step conforms"."""
+    proc = conform_runs["pd"]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    res = _json(proc)
+    assert res["scheduler"] == "Scheduler" and res["first"] is None and res["steps_compared"] == 20
+    assert [(nc["what"], nc["own_path"]) for nc in res["not_compared"]] == [("engine.pd_decode", False)]
+    assert "not compared: engine.pd_decode (a PD decode node's SWA-tail pre-allocation" in proc.stdout
+    assert "cannot be compared: the trace ran another path" in proc.stdout
+    assert "every step conforms" not in proc.stdout
+
+
+def test_not_compared_lists_what_the_trace_does_not_run():
+    import dataclasses
+
+    from engine_path.conformance import not_compared, with_page_size
+    from simulator.scenario import load_scenario
+
+    def what(path, page):
+        return [(nc["what"], nc["own_path"]) for nc in not_compared(with_page_size(load_scenario(ROOT / path), page))]
+    assert what(R3, 1) == [] and what(B1, 16) == []
+    assert what(A2, 16) == [("engine.pd_decode", False)]
+    assert "at page size 1 the scenario itself is refused" in not_compared(
+        with_page_size(load_scenario(ROOT / A2), 1))[0]["reason"]
+    assert what("scenarios/u2-unified-tombstone-escape.toml", 1) == []
+    assert what("scenarios/u2-unified-tombstone-escape.toml", 16) == [("pool.unified", False)]
+    assert what("scenarios/w1-overlap-no-barrier.toml", 1) == [("engine.overlap", True)]
+    sc = load_scenario(ROOT / B1)
+    assert not_compared(dataclasses.replace(sc, engine=dataclasses.replace(sc.engine, overlap=True)))[0]["what"] \
+        == "engine.overlap"
 
 
 MAPPING_WHERE = "full_to_swa[1082]"
