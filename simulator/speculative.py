@@ -78,10 +78,14 @@ def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario)
     cfg = scenario.engine.speculative.draft_pool(scenario.pool)
     try:
         full_size, swa_size = design.size_draft_pools(alloc.full_size, alloc.swa_size, cfg.full_size, cfg.swa_size)
-        return int(full_size), int(swa_size)
+        full_size, swa_size = int(full_size), int(swa_size)
     except Exception as e:
         raise DesignError(f"design {design.name}: size_draft_pools raised or returned no (int, int): "
                           f"{type(e).__name__}: {e}") from e
+    if full_size < 0 or swa_size < 0:
+        raise DesignError(f"design {design.name}: size_draft_pools returned a negative pool size ({full_size}, "
+                          f"{swa_size}) for target pools ({alloc.full_size}, {alloc.swa_size})")
+    return full_size, swa_size
 
 
 def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,

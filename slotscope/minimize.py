@@ -16,8 +16,9 @@ scheduler, before the first step) refuses with a :class:`ScenarioError` is a rej
 Each runs in-process on the CPU and stops at the first matching finding.
 
 A candidate whose pools can never admit a waiting request (the scheduler's "stalled" error: a smaller
-pool that a dummy request's page fills) does not reproduce; a given scenario that stalls is bad input
-(exit 2, saying so). Any other exception while a candidate runs is an internal error of slotscope, not "does not
+pool that a dummy request's page fills) does not reproduce, nor does one that the design cannot set up (a
+``DesignError``: draft pools it sizes below zero for a smaller pool); a given scenario that stalls is bad
+input (exit 2, saying so). Any other exception while a candidate runs is an internal error of slotscope, not "does not
 reproduce": the search stops, the candidate is written to ``minimize-error.toml`` and the command
 exits 3 with the error. (A design that raises inside a hook is not one: the run loop reports that
 as a ``design_error`` finding.) Progress goes to stderr; the minimal scenario is written
@@ -37,7 +38,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from simulator.designs import BUILTIN_DESIGNS, Design, load_design
+from simulator.designs import BUILTIN_DESIGNS, Design, DesignError, load_design
 from simulator.models import format_pattern
 from simulator.observe import NullObserver
 from simulator.padding import default_decode_capture_sizes, speculative_decode_capture_sizes
@@ -267,6 +268,8 @@ class Minimizer:
             return False   # refused before it ran (a request that cannot fit its pools, ...): rejected
         except (KeyboardInterrupt, SystemExit):
             raise
+        except DesignError:
+            return False   # the design cannot set this candidate up (draft pools sized below zero, ...): rejected
         except RuntimeError as exc:
             if not stalled(exc):
                 raise InternalError(sc, exc, what) from exc

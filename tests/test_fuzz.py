@@ -141,6 +141,20 @@ def test_cli_writes_the_minimal_scenario_its_run_and_report(tmp_path, capsys):
     assert cap.out == (out / "minimal.toml").read_text()
 
 
+def test_a_design_that_sizes_draft_pools_below_zero_is_minimized(tmp_path, capsys):
+    """DraftFullPoolPageShort takes a 16-slot page off the draft's pool: the minimizer's smaller pools make that
+    negative, a candidate the design cannot set up (DesignError: does not reproduce), not an internal error."""
+    out = tmp_path / "fz"
+    rc = main(["fuzz", "--design", f"{ROOT / 'tests' / 'mutant_designs.py'}:DraftFullPoolPageShort", "--against",
+               "kvwriteloc-strict", "--seed", "0", "--budget", "60s", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 1, cap.err[-2000:]
+    assert json.loads((out / "fuzz.json").read_text())["finding"]["class"] == "out_of_range"
+    assert not (out / "minimize-error.toml").exists()
+    minimal = parse_scenario((out / "minimal.toml").read_text(), "minimal.toml")
+    assert minimal.engine.speculative.enabled and "full" in minimal.engine.speculative.draft_layers
+
+
 def test_clean_budget_exits_0(tmp_path, capsys):
     rc = main(["fuzz", "--design", FIXED, "--seed", "3", "--budget", "20s", "--max-scenarios", "2",
                "--out", str(tmp_path / "fz")])
