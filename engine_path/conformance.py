@@ -19,7 +19,10 @@ The same function makes both sides of the comparison:
   release's ``SWATokenToKVPoolAllocator`` and its eviction rule), the release's translation per backend
   (plan write ids or ``translate_loc_from_full_to_swa``) and its ``KVWriteLoc``.
 
-Both sides run the simulator's scheduler with the model design's release behaviour (when to evict,
+Both sides run the scenario's own scheduler (``simulator.run.make_scheduler``, the run's choice: the radix
+cache's ``SharingScheduler`` over the release's free paths on the engine side; on ``pool.unified`` at page 1
+the unified allocator of each side, each forward bound to physical ids as the run binds it; what the engine
+side cannot run is listed by :func:`not_compared`) with the model design's release behaviour (when to evict,
 DP padding modes, the draft's columns, eager narrowing: the scheduler's decisions, ours on both sides)
 and the same seed, so every difference in the records is the allocator's, the eviction rule's, the
 translation's or ``KVWriteLoc``'s. Where the engine is asked (how far an eviction frees, which slots an
