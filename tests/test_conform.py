@@ -190,3 +190,19 @@ def test_compare_names_first_index_and_neighbours():
     res = compare(_trace([1, 2]), _trace([1, 2], swa=swa))
     assert res["first"]["field"] == "swa_loc [plan]" and res["first"]["where"] == "flashinfer"
     assert res["first"]["detail"] == 'dtype: model "int64", engine "int32"'
+
+
+def test_unified_trace_binds_each_forward_to_physical_ids():
+    """pool.unified at page 1 (model side, no engine): the trace runs the model's unified pool and records each
+    forward's physical ids and compaction moves; the swa_loc a backend gets is the physical SWA translation."""
+    from engine_path.conformance import trace
+
+    t = trace(str(ROOT / "scenarios/u2-unified-tombstone-escape.toml"),
+              {"design": "sglang-0.5.23", "page_size": 1, "max_steps": 30, "backends": ["triton"]})
+    assert t["info"]["unified"] is True and t["info"]["not_compared"] == [] and t["info"]["stopped"] is None
+    assert t["info"]["scheduler"] == "Scheduler" and len(t["steps"]) == 30
+    first = t["steps"][0]
+    # the model's sub-pools number from 1 upward: the first forward's virtual ids are its physical ids
+    assert first["physical_loc"][0] == first["out_cache_loc"] == list(range(1, 160))
+    assert first["swa_loc"]["triton"] == ["int64", first["physical_loc"][1]]
+    assert sum(len(s["moves"]) for s in t["steps"]) == 350          # compaction page moves over 30 forwards
