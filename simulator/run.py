@@ -276,7 +276,10 @@ class Run:
     def write_transfer(self, tr) -> None:
         """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/pd_decode.py), written
         into every pool of every side outside the backends, as the transfer engine writes them: each distinct
-        pool once (backends of one pool class share it), every layer of a kind; no write is counted or checked."""
+        pool once (backends of one pool class share it), every layer of a kind; no write is counted or checked.
+        A pool smaller than the slots (a draft pool sized below the target's, B3's mistake) takes the rows it
+        holds: the transfer is not a backend's write, so what lies past a pool is left to the forwards' own
+        writes, which are checked (and it must not reach the store's out-of-range count the checker reads)."""
         seen: set[int] = set()
         parts = [(kind, torch.from_numpy(slots).to(self.device), torch.from_numpy(tags).to(self.device))
                  for kind, slots, tags in (("full", tr.full_slots, tr.full_tags), ("swa", tr.swa_slots, tr.swa_tags))
@@ -287,6 +290,9 @@ class Run:
                     continue
                 seen.add(id(pool))
                 for kind, loc, tags in parts:
+                    held = loc < pool.rows(kind)
+                    if not bool(held.all()):
+                        loc, tags = loc[held], tags[held]
                     for li in m.layers:
                         if li.kind == kind:
                             k, v = pool.make_rows(tags, li.layer, kind)

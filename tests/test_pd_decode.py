@@ -214,3 +214,50 @@ def test_the_minimal_a1_chain(design, findings):
     assert res.summary["radix"]["pd_decode"]["transfers"] == 8
     ff = st["first_finding"]
     assert (None if ff is None else (ff["step"], ff["class"])) == ((63, "stale_read") if findings else None)
+
+
+SMALL_DRAFT = """
+name = "pd-small-draft"
+seed = 933096865
+backends = ["flashinfer", "triton"]
+max_steps = 120
+[model]
+preset = "gpt-oss-120b"
+layers = "SFSF"
+[pool]
+full_size = 66
+page_size = 2
+[workload]
+requests = 3
+arrival = "poisson"
+rate = 0.5
+prompt_len = { dist = "uniform", min = 7, max = 31 }
+output_len = { dist = "uniform", min = 2, max = 7 }
+[engine]
+piecewise_cuda_graph = true
+cuda_graph = false
+pd_decode = true
+[engine.speculative]
+num_draft_tokens = 5
+accept_rate = 1.0
+draft_full_size = 16
+"""
+
+
+@pytest.mark.parametrize("design, oor, stale", [("sglang-pre-17630", 23, 146), ("sglang-post-29460", 0, 0)])
+def test_a_transfer_past_a_smaller_draft_pool_is_not_a_store_error(tmp_path, design, oor, stale):
+    """A decode node with EAGLE and a draft pool configured smaller than the target's (B3's mistake, found by
+    fuzz): the transfer writes the rows the draft pool holds and nothing past it, so the store's out-of-range
+    count the checker reads is the forwards' own (the run used to stop: "store error buffer counted 11
+    out-of-range indices ... the host sees 1"). The buggy design's forwards write past the draft pool and are
+    reported; the fix (the draft pool as large as the target's) is clean."""
+    from slotscope.pipeline import RunOptions, run_scenario
+
+    path = tmp_path / "pd-small-draft.toml"
+    path.write_text(SMALL_DRAFT)
+    out = run_scenario(path, None, RunOptions(design=design, device="cpu", trace_level="off", report=False))
+    assert len(out.result.steps) == 18
+    for name in ("flashinfer", "triton"):
+        found = out.result.backends[name].findings
+        assert (found["out_of_range"], found["stale_read"]) == (oor, stale), name
+        assert sum(found.values()) == oor + stale
