@@ -102,14 +102,8 @@ class PDDecodeScheduler(Scheduler):
         """The finishes (one free group), then the admissions (each a transfer, no forward), then the plain
         scheduler's decision over an empty queue: its prefill list stays empty, so the step is a decode or a
         speculative round."""
-        still = []
         with self.alloc.free_group(self._grouped):
-            for r in self.running:
-                if r.finished:
-                    self._release(r)
-                else:
-                    still.append(r)
-        self.running = still
+            self._release_finished()
         while self.waiting:
             req = self._try_admit(self.waiting[0])
             if req is None:

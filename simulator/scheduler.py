@@ -268,17 +268,22 @@ class Scheduler:
                     raise RuntimeError("scheduler stalled: waiting requests can never be admitted")
                 self._step += 1
 
+    def _release_finished(self) -> None:
+        """Release every finished running request (in running order) and keep the others running; the caller
+        holds the free group the releases belong to."""
+        still = []
+        for r in self.running:
+            if r.finished:
+                self._release(r)
+            else:
+                still.append(r)
+        self.running = still
+
     def _schedule(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The forwards of one scheduling decision: one batch, or a speculative round / prefill + draft."""
         # finished requests free their slots before the next batch is formed
-        still = []
         with self.alloc.free_group(self._grouped):
-            for r in self.running:
-                if r.finished:
-                    self._release(r)
-                else:
-                    still.append(r)
-        self.running = still
+            self._release_finished()
 
         eng = self.sc.engine
         prefill: list[tuple[Request, int]] = []
