@@ -169,6 +169,43 @@ class SharingScheduler(Scheduler):
                 swa += len(n.swa)
         return full, swa
 
+    def _short(self, full_need: int, swa_need: int) -> tuple[int, int]:
+        """How many full / SWA slots an admission reserving ``full_need`` / ``swa_need`` is short of (> 0)."""
+        tf, ts = self._tree_held()
+        return (self._full_reserved + tf + full_need - self.alloc.full_size,
+                self._swa_reserved + ts + swa_need - self.alloc.swa_size)
+
+    def _fit(self, creq: CachedRequest, matched: int, total: int,
+             prefill_len: int) -> Optional[tuple[int, int, int]]:
+        """The matched length and the full / SWA reservations of an admission whose match is ``matched``,
+        after evicting the tree for room; None (the match's lock undone) when it does not fit."""
+        need = (total if self.reserve_whole else prefill_len) - matched
+        full_need, swa_need = self._pages(need) * self.page, self._swa_need(need)
+        df, ds = self._short(full_need, swa_need)
+        if df <= 0 and ds <= 0:
+            return matched, full_need, swa_need
+        self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
+        self.counts["evict_calls"] += 1
+        df, ds = self._short(full_need, swa_need)
+        if df <= 0 and ds <= 0:
+            return matched, full_need, swa_need
+        self.cache.release(creq)     # undo the match's lock: nothing of the request's own is held
+        if matched == 0 or self.running:
+            return None
+        # nothing runs: the matched path (locked by this admission only) may be what does not fit
+        # beside the request's own need; admit it computing everything, after evicting the tree
+        self.cache.admit(creq, 0)
+        need = total if self.reserve_whole else prefill_len
+        full_need, swa_need = self._pages(need) * self.page, self._swa_need(need)
+        df, ds = self._short(full_need, swa_need)
+        self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
+        df, ds = self._short(full_need, swa_need)
+        if df > 0 or ds > 0:
+            self.cache.release(creq)
+            return None
+        self.counts["admit_unmatched"] += 1
+        return 0, full_need, swa_need
+
     def _try_admit(self, item) -> Optional[Request]:
         if len(self.running) >= self.sc.engine.max_running_requests:
             return None
@@ -180,38 +217,10 @@ class SharingScheduler(Scheduler):
         slots = RequestSlots(max(total, 1))
         tag_row = self._tags_of(rid, spec, max(total, 1)) if retracted is None else self._tag_rows[rid]
         creq = CachedRequest(rid, slots, spec.tokens(0, spec.total_len))
-        m = self.cache.admit(creq, max(prefill_len - 1, 0))
-        matched = m.length
-        need = (total if self.reserve_whole else prefill_len) - matched
-        full_need = self._pages(need) * self.page
-        swa_need = self._swa_need(need)
-
-        def short() -> tuple[int, int]:
-            tf, ts = self._tree_held()
-            return (self._full_reserved + tf + full_need - self.alloc.full_size,
-                    self._swa_reserved + ts + swa_need - self.alloc.swa_size)
-
-        df, ds = short()
-        if df > 0 or ds > 0:
-            self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
-            self.counts["evict_calls"] += 1
-            df, ds = short()
-            if df > 0 or ds > 0:
-                self.cache.release(creq)     # undo the match's lock: nothing of the request's own is held
-                if matched == 0 or self.running:
-                    return None
-                # nothing runs: the matched path (locked by this admission only) may be what does not fit
-                # beside the request's own need; admit it computing everything, after evicting the tree
-                m = self.cache.admit(creq, 0)
-                matched, need = 0, (total if self.reserve_whole else prefill_len)
-                full_need, swa_need = self._pages(need) * self.page, self._swa_need(need)
-                df, ds = short()
-                self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
-                df, ds = short()
-                if df > 0 or ds > 0:
-                    self.cache.release(creq)
-                    return None
-                self.counts["admit_unmatched"] += 1
+        fit = self._fit(creq, self.cache.admit(creq, max(prefill_len - 1, 0)).length, total, prefill_len)
+        if fit is None:
+            return None
+        matched, full_need, swa_need = fit
         self._full_reserved += full_need
         self._swa_reserved += swa_need
         self.hit_tokens += matched
@@ -264,17 +273,11 @@ class SharingScheduler(Scheduler):
         # the previous forward's result (process_batch_result_prefill): one free group over its requests
         # in batch order, a mixed batch's extend requests first (merge_batch): each chunked request's
         # checkpoint (its out-of-window SWA freed, then its KV so far inserted), then the finishes
-        still = []
         with self.alloc.free_group(self._grouped):
             for r in self.running:
                 if not r.finished and not r.prefill_done and r.prefilled > self._cached_len.get(r.rid, 0):
                     self._checkpoint(r)
-            for r in self.running:
-                if r.finished:
-                    self._release(r)
-                else:
-                    still.append(r)
-        self.running = still
+            self._release_finished()
         yield from super()._schedule()
 
     def _checkpoint(self, r: Request) -> None:
