@@ -393,28 +393,8 @@ def fit_fill(data: dict[str, Any]) -> None:
     x = (spec["num_draft_tokens"] if spec else 0) + (1 if e.get("overlap") else 0)
     reqs, first_wave = w["request"], 0 if kind == "swa" else 1
     cap = _window(data["model"]) // page * page    # a wave request within the window holds all its SWA slots
-    for q in reqs:
-        in_wave = q["arrival_step"] == first_wave and (kind == "swa" or q is not reqs[0])
-        if in_wave and cap >= x + 2:
-            q["prompt_len"] = max(1, min(q["prompt_len"], cap - x - q["output_len"]))
-            q["output_len"] = min(q["output_len"], cap - x - q["prompt_len"])
-        if in_wave and page > x + 1:
-            # the decode fits the prompt's last page: the wave takes all its pages while it prefills, before
-            # any of it finishes (the pool's last page with them)
-            q["output_len"] = max(1, min(q["output_len"], page - 1 - x))
-            q["prompt_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
-        q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page   # ends at a page boundary
-    longest = max([q["prompt_len"] + q["output_len"] + x for q in reqs if q["arrival_step"] == first_wave] + [0])
-    for q in reqs:
-        if q["arrival_step"] > first_wave:
-            # a later request gets the wave's freed pages and more: the pool's last page in its middle, where
-            # all of that page is written (within the window where it allows: no eviction hands its own
-            # pages back first)
-            if longest + page + x + 1 <= cap:
-                q["prompt_len"] = min(q["prompt_len"], cap - x - q["output_len"])
-            q["prompt_len"] = max(q["prompt_len"], longest + page)
-            q["output_len"] = max(1, min(q["output_len"], cap - x - q["prompt_len"]))
-            q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
+    _shape_wave(reqs, kind, first_wave, page, x, cap)
+    _shape_later(reqs, first_wave, page, x, cap)
     total = [q["prompt_len"] + q["output_len"] + x for q in reqs]
     if kind != "swa" and data["seed"] % 4:        # the long request prefilled in chunks: it holds a window's SWA
         e["chunked_prefill_size"] = min(e.get("chunked_prefill_size", 8192),
@@ -441,6 +421,37 @@ def fit_fill(data: dict[str, Any]) -> None:
         full = max(total[0], swa)
     w["request"] = [q for q, t in zip(reqs, total) if t <= full and hold(t) <= swa]
     pool["full_size"], pool["swa_ratio"] = full, _ratio_for(swa, full, page)
+
+
+def _shape_wave(reqs: list[dict], kind: str, first_wave: int, page: int, x: int, cap: int) -> None:
+    """fit_fill's wave: each request of the first wave (all of it for "swa", but the long first request
+    otherwise) within the window where it allows, and ending at a page boundary (every request does)."""
+    for q in reqs:
+        in_wave = q["arrival_step"] == first_wave and (kind == "swa" or q is not reqs[0])
+        if in_wave and cap >= x + 2:
+            q["prompt_len"] = max(1, min(q["prompt_len"], cap - x - q["output_len"]))
+            q["output_len"] = min(q["output_len"], cap - x - q["prompt_len"])
+        if in_wave and page > x + 1:
+            # the decode fits the prompt's last page: the wave takes all its pages while it prefills, before
+            # any of it finishes (the pool's last page with them)
+            q["output_len"] = max(1, min(q["output_len"], page - 1 - x))
+            q["prompt_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
+        q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page   # ends at a page boundary
+
+
+def _shape_later(reqs: list[dict], first_wave: int, page: int, x: int, cap: int) -> None:
+    """fit_fill's later requests: each longer than the wave's longest by a page, ending at a page boundary."""
+    longest = max([q["prompt_len"] + q["output_len"] + x for q in reqs if q["arrival_step"] == first_wave] + [0])
+    for q in reqs:
+        if q["arrival_step"] > first_wave:
+            # a later request gets the wave's freed pages and more: the pool's last page in its middle, where
+            # all of that page is written (within the window where it allows: no eviction hands its own
+            # pages back first)
+            if longest + page + x + 1 <= cap:
+                q["prompt_len"] = min(q["prompt_len"], cap - x - q["output_len"])
+            q["prompt_len"] = max(q["prompt_len"], longest + page)
+            q["output_len"] = max(1, min(q["output_len"], cap - x - q["prompt_len"]))
+            q["output_len"] += (-(q["prompt_len"] + q["output_len"] + x)) % page
 
 
 def draw_scenario(data: dict[str, Any], design: str) -> Optional[Scenario]:
