@@ -714,8 +714,16 @@ class PrefixCache:
         no page owned twice or both owned and free, no leak, the sink never handed out nor free,
         every mapped full id maps to its owner's live SWA slot (0 elsewhere: tombstones own no SWA
         slot), lock counts equal to the live locks' and never negative."""
-        p, a = self.p, self.alloc
-        mapping = a.full_to_swa
+        full_owner, swa_owner, mapped = self._check_owners(requests)
+        self._check_free_lists(full_owner, swa_owner, mapped)
+        self._check_locks(requests)
+
+    def _check_owners(self, requests: list[CachedRequest]) -> tuple[dict[int, Owner], dict[int, Owner], int]:
+        """check_invariants' owners: every node's and request's pages owned once (never the sink), the mapping
+        equal to each owner's SWA value (0 on tombstones and evicted positions); the owner tables and the
+        count of mapped full ids."""
+        p = self.p
+        mapping = self.alloc.full_to_swa
         full_owner: dict[int, Owner] = {}
         swa_owner: dict[int, Owner] = {}
         mapped = 0
@@ -754,6 +762,12 @@ class PrefixCache:
                 assert (mapping[live] == s.swa[ev:s.length]).all(), f"request {r.rid}: mapping disagrees"
                 own(swa_owner, self._pages(s.swa[ev:s.length]), r.owner, "swa")
                 mapped += live.size
+        return full_owner, swa_owner, mapped
+
+    def _check_free_lists(self, full_owner: dict[int, Owner], swa_owner: dict[int, Owner], mapped: int) -> None:
+        """check_invariants' free lists: no page free twice, owned and free, or leaked; no sink; no stray mapping."""
+        p, a = self.p, self.alloc
+        mapping = a.full_to_swa
         free_full, free_swa = a.free_pages()
         for pool, free, owners, total in (("full", free_full, full_owner, a.full_size // p),
                                           ("swa", free_swa, swa_owner, a.swa_size // p)):
@@ -765,6 +779,9 @@ class PrefixCache:
             assert len(owners) + free.size == total, f"{pool}: {total - len(owners) - free.size} pages leaked"
         assert np.count_nonzero(mapping[:-1]) == mapped, "a full id maps to an SWA slot nobody owns"
         assert mapping[-1] == -1 and mapping[0] == 0
+
+    def _check_locks(self, requests: list[CachedRequest]) -> None:
+        """check_invariants' locks: each node's full / SWA lock count equal to the live locks through it."""
         expect_full: dict[int, int] = {}
         expect_swa: dict[int, int] = {}
         for r in requests:
