@@ -318,6 +318,15 @@ class Scheduler:
             return
 
         tags, full, swa = [], [], []
+        self._write_batch(prefill, decode_part, tags, full, swa)
+        batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
+        yield batch, truth
+        if self.spec is not None:
+            # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
+            yield self._draft_batch(batch, truth)
+
+    def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> None:
+        """A batch's evictions and allocations: the prefill chunks, then one token per decoding request."""
         if self._eviction.batched:
             # SGLang 0.5.23: prepare_for_extend frees the batch's out-of-window slots (one free group),
             # then allocates; a mixed batch's running requests then do the same in prepare_for_decode
@@ -331,27 +340,72 @@ class Scheduler:
             with self.alloc.free_group(self._grouped):
                 for r in decode_part:
                     self._evict_decode(r)
-            for r in decode_part:
-                self._write_tokens(r, 1, tags, full, swa)
-                self._count_decoded(r)
-                r.decode_batches += 1
+            self._decode_tokens(decode_part, tags, full, swa, evict=False)
         else:
             for r, take in prefill:
                 self._evict_extend(r)
                 self._write_tokens(r, take, tags, full, swa)
                 r.prefilled += take
                 r.extend_batches += 1
-            for r in decode_part:
-                # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
+            # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
+            self._decode_tokens(decode_part, tags, full, swa, evict=True)
+
+    def _decode_tokens(self, reqs: list[Request], tags, full, swa, evict: bool) -> None:
+        """One token for each decoding request, in order (``evict``: each request's lazy eviction first)."""
+        if reqs and self._vector_decode(reqs, tags, full, swa, evict):
+            return
+        for r in reqs:
+            if evict:
                 self._evict_decode(r)
-                self._write_tokens(r, 1, tags, full, swa)
-                self._count_decoded(r)
-                r.decode_batches += 1
-        batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
-        yield batch, truth
-        if self.spec is not None:
-            # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
-            yield self._draft_batch(batch, truth)
+            self._write_tokens(r, 1, tags, full, swa)
+            self._count_decoded(r)
+            r.decode_batches += 1
+
+    def _vector_decode(self, reqs: list[Request], tags, full, swa, evict: bool) -> bool:
+        """:meth:`_decode_tokens` for the plain scheduler on the model's allocator at page size 1, with the
+        same allocations in the same order: one token per request takes one page from each free list, so
+        the requests' pops are one pop of len(reqs) pages (the full list gets no frees in between; the SWA
+        list is popped up to each request whose lazy eviction may free pages, before it evicts). Appends
+        one array for the whole decode part and keeps the requests for :meth:`_batch_requests`. False
+        (nothing done): another scheduler, allocator or page size, a journal, or a request or free list
+        without room (the per-request path then raises where it would)."""
+        a = self.alloc
+        if type(self) is not Scheduler or type(a) is not HybridAllocator or self.page != 1 \
+                or self.journal is not None or self.spec is not None or self._block is not None:
+            return False
+        k = len(reqs)
+        slots = [r.slots for r in reqs]
+        if k > a._full.free or k > a._swa.free or any(s.length >= s.capacity for s in slots):
+            return False
+        new_full = a._full.pop(k)
+        parts, pending = [], 0
+        for r in reqs:
+            point = self._decode_point(r) if evict else None
+            if point is not None:
+                if pending:
+                    parts.append(a._swa.pop(pending))
+                    pending = 0
+                self._lazy_evict(r, point)
+            pending += 1
+        parts.append(a._swa.pop(pending))
+        new_swa = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        lengths = np.empty(k, dtype=np.int64)
+        for i, (r, s, f, w) in enumerate(zip(reqs, slots, new_full.tolist(), new_swa.tolist())):
+            n = lengths[i] = s.length
+            s.full[n] = f
+            s.swa[n] = w
+            s.length = n + 1
+            self._count_decoded(r)
+            r.decode_batches += 1
+        a.full_to_swa[new_full] = new_swa
+        bases = np.fromiter((r.tag_base for r in reqs), dtype=np.int64, count=k)
+        tags.append(bases + lengths)
+        full.append(new_full)
+        swa.append(new_swa)
+        self._block = BatchRequests(rids=np.fromiter((r.rid for r in reqs), dtype=np.int64, count=k),
+                                    seq_lens=lengths + 1, extend_lens=np.ones(k, dtype=np.int64),
+                                    slots=tuple(slots), tag_bases=bases)
+        return True
 
     @staticmethod
     def _count_decoded(r: Request) -> None:
@@ -466,11 +520,14 @@ class Scheduler:
             self._lazy_evict(req, point)
 
     def _evict_decode(self, req: Request) -> None:
-        s = req.slots
-        point = self._eviction.decode_point(self._ev_ctx, length=s.length, evicted=s.swa_evicted,
-                                            decoded=req.decoded, decode_batches=req.decode_batches)
+        point = self._decode_point(req)
         if point is not None:
             self._lazy_evict(req, point)
+
+    def _decode_point(self, req: Request) -> Optional[int]:
+        s = req.slots
+        return self._eviction.decode_point(self._ev_ctx, length=s.length, evicted=s.swa_evicted,
+                                           decoded=req.decoded, decode_batches=req.decode_batches)
 
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         s = req.slots
@@ -565,9 +622,22 @@ class Scheduler:
     #: the read check's content keys (None: each request's own tags); a sharing scheduler sets its own
     _content_keys = None
 
+    #: the decode part's requests when :meth:`_vector_decode` wrote it (one tag array for all of them)
+    _block: Optional[BatchRequests] = None
+
     def _batch_requests(self, tags: list) -> BatchRequests:
-        """The batch's requests as metadata init reads them, from its per-request tag arrays."""
-        return BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__)
+        """The batch's requests as metadata init reads them, from its per-request tag arrays (the last
+        one all of a vectorised decode part's: those requests are kept whole, :meth:`_vector_decode`)."""
+        block, self._block = self._block, None
+        if block is None:
+            return BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__)
+        if len(tags) == 1:
+            return block
+        head = BatchRequests.from_tags(tags[:-1], self._tag_bases, self._slots_by_rid.__getitem__)
+        return BatchRequests(rids=np.concatenate([head.rids, block.rids]),
+                             seq_lens=np.concatenate([head.seq_lens, block.seq_lens]),
+                             extend_lens=np.concatenate([head.extend_lens, block.extend_lens]),
+                             slots=head.slots + block.slots, tag_bases=np.concatenate([head.tag_bases, block.tag_bases]))
 
     def _clear_pending(self) -> None:
         self._mapping_changed.clear()
