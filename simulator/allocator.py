@@ -33,6 +33,15 @@ class OverFree(RuntimeError):
     ``available_size() <= size`` assert (the symptom of A2, R8 and other double frees)."""
 
 
+def _repeats(pages: np.ndarray, mark: np.ndarray) -> bool:
+    """Whether a page occurs twice in ``pages`` (ids in 0..len(mark)-1): each id's slot in ``mark`` takes the
+    index of its last occurrence, so an earlier occurrence of a repeated id reads another index. O(len(pages)),
+    where ``np.unique`` sorts or hashes."""
+    order = np.arange(pages.size, dtype=np.int64)
+    mark[pages] = order
+    return not np.array_equal(mark[pages], order)
+
+
 class _PageStack:
     """Free pages 1..num_pages as a stack; page 0 is the reserved page."""
 
@@ -42,6 +51,7 @@ class _PageStack:
         self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
         self._top = num_pages
         self._live = np.zeros(num_pages + 1, dtype=bool)
+        self._mark = np.zeros(num_pages + 1, dtype=np.int64)    # scratch of _repeats
 
     @property
     def free(self) -> int:
@@ -64,7 +74,7 @@ class _PageStack:
         if not checked:
             if self._top + pages.size > self.num_pages:
                 raise OverFree(f"freeing {pages.size} pages leaves {self._top + pages.size} free of {self.num_pages}")
-        elif not self._live[pages].all() or np.unique(pages).size != pages.size:
+        elif not self._live[pages].all() or _repeats(pages, self._mark):
             raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
         self._live[pages] = False
         k = pages.size
@@ -84,6 +94,7 @@ class _PageQueue:
         self._ring = np.zeros(max(num_pages, 1), dtype=np.int64)
         self._live = np.ones(num_pages + 1, dtype=bool)
         self._live[0] = False
+        self._mark = np.zeros(num_pages + 1, dtype=np.int64)    # scratch of _repeats
         pages = np.arange(1, num_pages + 1, dtype=np.int64) if initial is None else initial
         self._ring[:pages.size] = pages
         self._live[pages] = False
@@ -115,7 +126,7 @@ class _PageQueue:
         if not checked:
             if self._count + pages.size > self.num_pages:
                 raise OverFree(f"freeing {pages.size} pages leaves {self._count + pages.size} free of {self.num_pages}")
-        elif not self._live[pages].all() or np.unique(pages).size != pages.size:
+        elif not self._live[pages].all() or _repeats(pages, self._mark):
             raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
         self._live[pages] = False
         self._ring[self._span(self._head + self._count, pages.size)] = pages
