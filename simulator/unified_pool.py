@@ -1,35 +1,53 @@
 """The unified pool: SGLang 0.5.23's unified memory model (``--enable-unified-memory``) as slots.
 
-A reference model written from the 0.5.23 source (read, not copied): ``mem_cache/allocator/
-unified_hybrid_swa.py`` (the composite that mints virtual pages on the FULL side and binds them on both),
-``mem_cache/allocator/unified_sub_pool.py`` (``MultiEndedAllocator``: sub-pools that grow from opposite
-ends of one buffer, ``virtual_to_physical`` / ``physical_to_virtual``, ``translate_kv_loc``, compaction,
-``set_inflight_forward``), ``mem_cache/kv_loc_plan.py`` and ``mem_cache/kv_index_translator.py`` (the
-write window translated once per sub-pool, the write door). docs/SHARING.md ("The unified pool")
-describes the model and what is left out.
+A reference model written from the 0.5.23 source (read, not copied): ``mem_cache/unified_memory_pool.py``
+(``UnifiedKVPool``: one byte buffer, the reserved sink floor), ``mem_cache/allocator/unified_sub_pool.py``
+(``MultiEndedAllocator``: two sub-pools growing from the two ends of the buffer, hole hand-out, watermarks,
+lazy compaction) and ``mem_cache/allocator/unified_hybrid_swa.py`` (the composite that mints virtual pages
+on the FULL side and binds them on both, its capacity checks); ``kv_loc_plan.py`` / ``kv_index_translator.py``
+for the write door. docs/SHARING.md ("The unified pool") describes the model and what is left out.
 
-* **One byte budget.** Both sub-pools live in one buffer of ``budget_bytes``: the FULL side's physical
-  pages from the low end (page p at ``[p * full_page_bytes, (p + 1) * full_page_bytes)``), the SWA side's
-  from the high end. The split is not fixed: it holds while ``(hf + 1) * full_page_bytes + (hs + 1) *
-  swa_page_bytes <= budget_bytes`` where hf / hs are the highest physical pages in use (page 0 of each
-  side is its sink, always held). A page is handed out lowest-free first; when the next one would cross
-  the other side's extent the pool compacts and tries again.
-* **Virtual ids.** The scheduler sees *virtual* token ids (``out_cache_loc``, ``req_to_token``): virtual
-  page ``v`` holds tokens ``v * ps .. v * ps + ps - 1``. Virtual pages are minted from the FULL side's
-  free virtual ids (a FIFO: ascending at start, freed ids join the tail, so cumulative allocation walks
-  the whole id space) and bound on both sides.
-* **Page tables.** Per sub-pool ``v2p[v]``: the physical page, ``-1`` unmapped / tombstoned (the SWA side
-  after the token left the window), ``v2p[0] = 0`` the sink. ``p2v`` is its inverse (the page's content).
-* **Compaction** moves live pages toward the low end of their side's index space (holes filled by the
-  highest pages), never a page of the in-flight forward's virtual write window (:meth:`set_inflight_forward`).
-* **Translation** (:meth:`UnifiedPool.translate_kv_loc`): ``v2p[t // ps] * ps + t % ps``; an unmapped,
-  negative or out-of-range id goes to 0, the sink.
+* **One byte buffer, two ends.** Both sub-pools index their physical pages from byte 0 of one buffer of
+  ``budget_bytes`` (page ``p`` of a side at ``[p * page_bytes, (p + 1) * page_bytes)``); the SWA side grows
+  **up** from its first allocatable page, the FULL side grows **down** from its top page
+  (``num_pages - 1``). Each side has ``num_pages = (budget // token_bytes) // page_size`` pages.
+* **The reserved sink floor.** The bottom ``page_size * max(token bytes)`` bytes are the slot-0 padding
+  sink of both sides: a side's first allocatable page is ``min_page = ceil(ceil(floor / token_bytes) /
+  page_size)`` (the release's ``min_slot_index`` / ``min_page_index``), so the side with the cheaper entries
+  starts several pages up (u1: the full side's first virtual id is 5).
+* **Watermarks.** SWA: pages ``[min_page, wm)`` are its span; FULL: ``(wm, num_pages)``. The free byte gap
+  between the two frontiers is what both grow into. A side's span holds its live pages and its *holes*
+  (freed pages, the lazy free list, in the order they were freed or last sorted).
+* **Hand-out** (``_alloc_bind_fast_or_slow`` / ``take_physical``): no holes: extend the watermark by N and
+  bind the N pages in ascending order; holes: extend the watermark for what the holes lack, then take the
+  holes nearest the side's own end (SWA: the lowest, FULL: the highest; all of them, in list order, when
+  they are all needed), then the new pages (SWA ascending, FULL descending from the old watermark).
+* **Virtual ids** are the FULL side's page ids ``min_page .. num_pages - 1``, a FIFO (minted at the head,
+  freed ids joining the tail in free order; page size > 1: each free's pages ascending). The scheduler sees
+  virtual token ids ``v * ps + o``.
+* **Capacity** (``ensure_capacity``): an allocation that does not fit the current gap and holes, but would
+  fit the compacted pool, first runs an *urgent* flush of each side (full first): every interior hole is
+  filled by the survivor farthest from the side's end, and the watermark retreats past all of them; the
+  in-flight window is not waited for (no forward-done event is set in the loop, so the release moves it too).
+* **Lazy compaction** (``flush_opportunistic``, at each scheduler boundary, full then SWA): holes next to the
+  watermark are absorbed (the watermark retreats), then survivors farthest from the end move into the holes
+  nearest the end, until the first survivor of the in-flight forward's write window (the walk stops there),
+  or the survivor and the hole cross. The vacated pages join the holes.
+* **Frees** (``free``): the SWA side frees the pages still bound there (a tombstone ``-1`` or the sink is
+  skipped), then the FULL side frees all of them and recycles the virtual ids; ``evict_swa`` tombstones the
+  SWA side of whole pages. A free group defers every free to its end, as one free of their concatenation.
+* **Translation** (:meth:`UnifiedPool.translate_kv_loc`): ``max(v2p[t // ps] * ps + t % ps, 0)``; a negative
+  id, or a page past the table, goes to 0, the sink.
 * **The write door** (:meth:`UnifiedPool.write_loc`, :func:`check_physical_write_loc`): a backend writes
   only at a :class:`PhysicalLoc`; a bare array is an :class:`UnmarkedWriteLoc` error.
 * Every bind, move and free is a :class:`~simulator.prefix_cache.SlotEvent` in :attr:`UnifiedPool.events`
   (slots: physical token ids of that pool; ``peers``: the virtual ids for BIND / UNBIND, the destination
   physical ids for MOVE), so an oracle can follow who owns each physical slot.
 * :class:`UnifiedBehaviour` holds the U1 and U2 switches (0.5.23 defaults: both fixed).
+
+Left out: the release's pending-reuse queue (a moved page waits for a forward-done event before reuse; the
+loop sets none, as engine_path's adapter sets none, so every vacated page is a hole at once), the move gates
+(PD, HiCache), float middle pools (the tri-pool) and decode context parallelism.
 
 The allocator API is :class:`~simulator.allocator.HybridAllocator`'s (``extend``, ``evict_swa``,
 ``truncate``, ``free``, ``free_group``, counts, a ``full_to_swa`` view), so the pool can be swapped in; the
@@ -40,15 +58,14 @@ unified allocator through the same interface: ``translate_kv_loc``, ``physical_f
 """
 from __future__ import annotations
 
-import heapq
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Optional
 
 import numpy as np
 
 from .allocator import OutOfSlots, RequestSlots
-from .prefix_cache import AVAILABLE, SlotEvent
+from .prefix_cache import SlotEvent
 
 __all__ = ["UnifiedBehaviour", "UNIFIED_0_5_23", "UNIFIED_BUG_SWITCHES", "with_unified_bug", "unified_bugs_of",
            "UnifiedPool", "PhysicalLoc", "OutOfRange", "IndexOutOfRange", "UnmarkedWriteLoc",
@@ -144,38 +161,153 @@ def check_physical_write_loc(loc, pool: str) -> np.ndarray:
     return loc.ids
 
 
-# --------------------------------------------------------------------------- one sub-pool
+# --------------------------------------------------------------------------- one sub-pool (one end of the buffer)
 
-class _Side:
-    """One sub-pool: its physical pages (lowest free first), page tables and the page cost."""
+#: the release's entry alignment (``layout/token_major.py``: one slot's bytes over all its layers, rounded up)
+ENTRY_ALIGN_BYTES = 32
+#: the release's cap on the moves of one non-urgent flush (``SGLANG_LAZY_COMPACTION_MAX_MOVES_PER_CALL``)
+MAX_MOVES_PER_FLUSH = 4096
 
-    def __init__(self, name: str, page_bytes: int, max_pages: int, table_len: int):
-        self.name = name
-        self.page_bytes = page_bytes
-        self.max_pages = max_pages                       # physical pages 1..max_pages (0: the sink)
-        self.v2p = np.full(table_len, -1, dtype=np.int64)
+
+class _End:
+    """One sub-pool: an end of the buffer growing ``up`` (SWA) or ``down`` (FULL), its page tables, its
+    watermark, its holes (the lazy free list, in list order) and its live page count."""
+
+    def __init__(self, name: str, direction: str, token_bytes: int, page_size: int, budget: int, floor: int,
+                 table_len: int):
+        self.name, self.direction, self.page_size = name, direction, page_size
+        self.token_bytes = token_bytes
+        self.page_bytes = token_bytes * page_size
+        self.max_slots = budget // token_bytes
+        self.num_pages = self.max_slots // page_size
+        min_slot = -(-floor // token_bytes)
+        self.min_page = -(-min_slot // page_size)
+        if self.num_pages <= self.min_page:
+            raise ValueError(f"a budget of {budget} bytes leaves the {name} side no page past its sink floor")
+        self.wm = self.min_page if direction == "up" else self.num_pages - 1
+        self.v2p = np.full(table_len, -1, dtype=np.int64)      # the last entry: the -1 sentinel
         self.v2p[0] = 0
-        self.p2v = np.full(max_pages + 1, -1, dtype=np.int64)
+        self.p2v = np.full(self.num_pages + 1, -1, dtype=np.int64)
         self.p2v[0] = 0
-        self._heap = list(range(1, max_pages + 1))       # free physical pages (a min-heap)
+        self.holes: list[int] = []
         self.live = 0
 
-    def high(self) -> int:
-        """The highest physical page in use (0: only the sink)."""
-        used = np.flatnonzero(self.p2v[1:] >= 0)
-        return int(used[-1]) + 1 if used.size else 0
+    # ---- extent
+    def span(self) -> int:
+        """Pages between the side's end and its watermark (live pages and holes)."""
+        return self.wm - self.min_page if self.direction == "up" else self.num_pages - 1 - self.wm
 
-    def lowest_free(self, k: int) -> list[int]:
-        return heapq.nsmallest(k, self._heap)
+    def index_room(self) -> int:
+        return self.num_pages - self.min_page - self.span()
 
-    def take(self, pages: list[int]) -> None:
-        taken = set(pages)
-        self._heap = [p for p in self._heap if p not in taken]
-        heapq.heapify(self._heap)
+    def low_bytes(self) -> int:
+        return self.min_page * self.page_bytes if self.direction == "up" else (self.wm + 1) * self.page_bytes
 
-    def give(self, pages) -> None:
-        for p in pages:
-            heapq.heappush(self._heap, int(p))
+    def high_bytes(self) -> int:
+        return self.wm * self.page_bytes if self.direction == "up" else self.num_pages * self.page_bytes
+
+    def in_span(self) -> np.ndarray:
+        if self.direction == "up":
+            return np.arange(self.min_page, self.wm, dtype=np.int64)
+        return np.arange(self.wm + 1, self.num_pages, dtype=np.int64)
+
+    # ---- hand-out
+    def extend_watermark(self, n: int, peer: "_End") -> bool:
+        """Advance the watermark by n pages unless it leaves the index space or crosses the peer's frontier."""
+        if self.direction == "up":
+            new = self.wm + n
+            if new > self.num_pages or new > peer.low_bytes() // self.page_bytes:
+                return False
+        else:
+            new = self.wm - n
+            if new < self.min_page - 1 or new + 1 < peer.high_bytes() // self.page_bytes:
+                return False
+        self.wm = new
+        return True
+
+    def take(self, n: int, peer: "_End") -> Optional[list[int]]:
+        """n physical pages: new pages past the watermark (ascending) when there are no holes; else the holes
+        nearest the end first, then new pages for what they lack (SWA ascending, FULL descending)."""
+        if not self.holes:
+            old = self.wm
+            if not self.extend_watermark(n, peer):
+                return None
+            start = old if self.direction == "up" else old - n + 1
+            return list(range(start, start + n))
+        drain = min(n, len(self.holes))
+        more = n - drain
+        if more and not self.extend_watermark(more, peer):
+            return None
+        if drain == len(self.holes):
+            taken, self.holes = self.holes, []
+        else:
+            self.holes.sort()
+            if self.direction == "up":
+                taken, self.holes = self.holes[:drain], self.holes[drain:]
+            else:
+                taken, self.holes = self.holes[len(self.holes) - drain:], self.holes[:len(self.holes) - drain]
+        if self.direction == "up":
+            return taken + list(range(self.wm - more, self.wm))
+        return taken + list(range(self.wm + more, self.wm, -1))
+
+    def available_pages(self, extra_gap_bytes: int, gap_bytes: int) -> int:
+        """Pages this side alone could take now (``_available_tokens`` in pages)."""
+        return min((gap_bytes + extra_gap_bytes) // self.page_bytes, self.index_room()) + len(self.holes)
+
+    # ---- compaction
+    def _absorb(self) -> list[int]:
+        """Holes next to the watermark: the watermark retreats past them. Returns the interior holes, sorted."""
+        holes = sorted(self.holes)
+        if self.direction == "up":
+            while holes and holes[-1] == self.wm - 1:
+                holes.pop()
+                self.wm -= 1
+        else:
+            k = 0
+            while k < len(holes) and holes[k] == self.wm + 1 + k:
+                k += 1
+            holes = holes[k:]
+            self.wm += k
+        return holes
+
+    def _survivors(self, holes: list[int]) -> Iterator[int]:
+        """The span's live pages, farthest from the side's end first."""
+        skip = set(holes)
+        pages = range(self.wm - 1, self.min_page - 1, -1) if self.direction == "up" else \
+            range(self.wm + 1, self.num_pages)
+        return (p for p in pages if p not in skip)
+
+    def flush(self, urgent: bool, write_pages) -> list[tuple[int, int]]:
+        """One compaction pass (``_flush``); returns the (src, dst) page moves, already applied to the tables.
+        ``write_pages()``: the in-flight forward's physical pages on this side (asked once, non-urgent only)."""
+        holes = self._absorb()
+        full_pack = urgent and bool(holes)
+        dsts = holes if self.direction == "up" else holes[::-1]
+        write_set: Optional[set] = set() if full_pack else None
+        moves: list[tuple[int, int]] = []
+        for src, dst in zip(self._survivors(holes), dsts):
+            if write_set is None:
+                write_set = write_pages()
+            if src in write_set:
+                break                                  # non-urgent: the in-flight window stops the walk
+            if (src < dst) if self.direction == "up" else (src > dst):
+                break                                  # crossed: the rest is packed
+            moves.append((src, dst))
+            if not urgent and len(moves) >= MAX_MOVES_PER_FLUSH:
+                break
+        for src, dst in moves:
+            v = int(self.p2v[src])
+            self.v2p[v] = dst
+            self.p2v[dst] = v
+            self.p2v[src] = -1
+        if full_pack:
+            self.wm += -len(holes) if self.direction == "up" else len(holes)
+            self.holes = []
+        else:
+            k = len(moves)
+            rest = holes[k:] if self.direction == "up" else holes[:len(holes) - k]
+            self.holes = rest + [s for s, _ in moves]
+        return moves
 
 
 # --------------------------------------------------------------------------- the pool
@@ -183,35 +315,41 @@ class _Side:
 class UnifiedPool:
     """A unified hybrid SWA pool with :class:`~simulator.allocator.HybridAllocator`'s API; ids are virtual.
 
-    ``full_page_bytes`` / ``swa_page_bytes``: the bytes of one page of each side (all its layers' K and V);
-    their ratio decides how many pages each side can grow to in ``budget_bytes``.
+    ``full_page_bytes`` / ``swa_page_bytes``: the bytes of one page of each side (all its layers' K and V,
+    ``page_size`` entries); with ``budget_bytes`` they decide each side's pages and its sink floor.
     """
 
     def __init__(self, budget_bytes: int, full_page_bytes: int, swa_page_bytes: int, page_size: int = 1,
                  behaviour: UnifiedBehaviour = UNIFIED_0_5_23):
         if min(budget_bytes, full_page_bytes, swa_page_bytes, page_size) <= 0:
             raise ValueError("budget, page costs and page size must be positive")
-        full_max = (budget_bytes - swa_page_bytes) // full_page_bytes - 1
-        swa_max = (budget_bytes - full_page_bytes) // swa_page_bytes - 1
-        if full_max < 1 or swa_max < 1:
-            raise ValueError(f"a budget of {budget_bytes} bytes holds no page besides the sinks")
+        if full_page_bytes % page_size or swa_page_bytes % page_size:
+            raise ValueError("a page's bytes must be page_size entries")
         self.budget_bytes, self.page_size, self.behaviour = budget_bytes, page_size, behaviour
-        #: virtual page ids 1..num_virtual_ids - 1 (0: the sink), minted by the FULL side
-        self.num_virtual_ids = full_max + 1
-        swa_table = swa_max + 1 if behaviour.swa_table_own_size else self.num_virtual_ids
-        self.full = _Side("full", full_page_bytes, full_max, self.num_virtual_ids)
-        self.swa = _Side("swa", swa_page_bytes, swa_max, swa_table)
-        self._free_virtual: list[int] = list(range(1, self.num_virtual_ids))   # FIFO: head first
+        floor = max(full_page_bytes, swa_page_bytes)              # the slot-0 sink of both sides
+        fb, sb = full_page_bytes // page_size, swa_page_bytes // page_size
+        full_pages = (budget_bytes // fb) // page_size
+        #: virtual page ids min_page .. num_virtual_ids - 1, minted by the FULL side (0: the sink)
+        self.num_virtual_ids = full_pages
+        swa_pages = (budget_bytes // sb) // page_size
+        swa_table = swa_pages + 1 if behaviour.swa_table_own_size else full_pages + 1
+        self.full = _End("full", "down", fb, page_size, budget_bytes, floor, full_pages + 1)
+        self.swa = _End("swa", "up", sb, page_size, budget_bytes, floor, swa_table)
+        self._free_virtual: list[int] = list(range(self.full.min_page, full_pages))   # FIFO: head first
         self._vhead = 0
-        self._pinned: set[int] = set()          # virtual pages of the in-flight write window
+        self._inflight: Optional[np.ndarray] = None     # the in-flight forward's virtual write window
         self.events: list[SlotEvent] = []
-        self.findings: list[OutOfRange] = []    # out_of_range records (bind, translate, write door)
+        self.findings: list[OutOfRange] = []            # out_of_range records (bind, translate, write door)
         self.record_events = True
-        self._group: Optional[list[tuple[str, np.ndarray]]] = None
+        self._group: Optional[list[np.ndarray]] = None
         self.group_end_hooks: list = []
         self.moves = 0
+        self._empty_gap = self._gap()
+        self._cap_full = min(self._empty_gap // self.full.page_bytes, self.full.index_room()) * page_size
+        self._cap_swa = min(min(self._empty_gap // self.swa.page_bytes, self.swa.index_room()) * page_size,
+                            len(self._free_virtual) * page_size)
         #: the scheduler's limits (full, SWA tokens): the static split the budget was made from, when known
-        #: (from_pool_config); else each side's maximum
+        #: (from_pool_config); else each side's capacity on the empty pool
         self.split: Optional[tuple[int, int]] = None
 
     @classmethod
@@ -225,19 +363,19 @@ class UnifiedPool:
         pool.split = (cfg.full_size, cfg.swa_size)
         return pool
 
-    #: the virtual ids are minted FIFO (0.5.23); physical pages lowest free first
+    #: the virtual ids are minted FIFO (0.5.23); physical pages as the release hands them out
     free_order = "fifo"
 
     def set_free_order(self, order: str) -> None:
         """The scheduler's knob: the unified pool's orders are its own (virtual ids FIFO, physical pages
-        lowest first); a valid order is accepted and not applied."""
+        the release's); a valid order is accepted and not applied."""
         if order not in ("lifo", "fifo", "head"):
             raise ValueError(f"free order must be 'lifo', 'fifo' or 'head', got {order!r}")
 
     # ---- events
 
-    def _emit(self, kind: str, side: _Side, phys_pages, virt_pages, cause: str, to_pages=None) -> None:
-        if not self.record_events:
+    def _emit(self, kind: str, side: _End, phys_pages, virt_pages, cause: str, to_pages=None) -> None:
+        if not self.record_events or len(phys_pages) == 0:
             return
         p = self.page_size
         offs = np.arange(p, dtype=np.int64)
@@ -251,25 +389,24 @@ class UnifiedPool:
         out, self.events = self.events, []
         return out
 
-    # ---- counts (HybridAllocator's, in tokens)
+    # ---- sizes and counts (HybridAllocator's, in tokens)
 
     @property
     def full_size(self) -> int:
-        """What the scheduler may reserve full-side: the static split's full tokens (every reservation
-        within the split fits the budget once compacted), else the side's maximum."""
-        return self.split[0] if self.split is not None else self.full.max_pages * self.page_size
+        """What the scheduler may reserve full-side: the static split's full tokens, else the empty pool's."""
+        return self.split[0] if self.split is not None else self._cap_full
 
     @property
     def swa_size(self) -> int:
-        return self.split[1] if self.split is not None else self.swa.max_pages * self.page_size
+        return self.split[1] if self.split is not None else self._cap_swa
 
     @property
     def full_rows(self) -> int:
-        return (self.full.max_pages + 1) * self.page_size
+        return self.full.max_slots
 
     @property
     def swa_rows(self) -> int:
-        return (self.swa.max_pages + 1) * self.page_size
+        return self.swa.max_slots
 
     @property
     def full_used(self) -> int:
@@ -279,59 +416,87 @@ class UnifiedPool:
     def swa_used(self) -> int:
         return self.swa.live * self.page_size
 
-    def _room(self, full_pages: int, swa_pages: int) -> bool:
-        """Whether ``full_pages`` more FULL and ``swa_pages`` more SWA pages fit the budget once compacted."""
-        need = (self.full.live + full_pages + 1) * self.full.page_bytes + \
-               (self.swa.live + swa_pages + 1) * self.swa.page_bytes
-        return need <= self.budget_bytes and self._vfree() >= full_pages
+    def _gap(self) -> int:
+        """The free bytes between the SWA side's frontier and the FULL side's."""
+        return max(0, self.full.low_bytes() - self.swa.high_bytes())
 
     def _vfree(self) -> int:
         return len(self._free_virtual) - self._vhead
 
     @property
     def full_free(self) -> int:
-        """Tokens the FULL side could still take (each with an SWA page too)."""
-        k = 0
-        lo, hi = 0, self.full.max_pages
-        while lo < hi:                               # the largest k with room for k pages on both sides
-            mid = (lo + hi + 1) // 2
-            if self._room(mid, mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        k = lo
-        return k * self.page_size
+        """The release's ``full_available_size``: the empty pool's capacity less what is live, capped by what
+        the side could take once the SWA side's holes were compacted."""
+        gap, p = self._gap(), self.page_size
+        sched = self.full.available_pages(len(self.swa.holes) * self.swa.page_bytes, gap) * p
+        return min(self._cap_full - self.full_used, sched)
 
     @property
     def swa_free(self) -> int:
-        return self.full_free
+        gap, p = self._gap(), self.page_size
+        sched = self.swa.available_pages(len(self.full.holes) * self.full.page_bytes, gap) * p
+        return min(self._cap_swa - self.swa_used, sched)
 
     def bytes_in_use(self) -> int:
-        """The extent the two sides span: the budget must hold it."""
-        return (self.full.high() + 1) * self.full.page_bytes + (self.swa.high() + 1) * self.swa.page_bytes
+        """The bytes the two spans and the sink floor take: the budget must hold them without crossing."""
+        return self.swa.high_bytes() + (self.full.high_bytes() - self.full.low_bytes())
 
     def pages_needed(self, slots: RequestSlots, n: int) -> int:
         p = self.page_size
         room = (-slots.length) % p
         return -(-max(0, n - room) // p)
 
-    # ---- physical hand-out
+    # ---- capacity (the composite's ensure_capacity)
 
-    def _fits(self, full_pages: list[int], swa_pages: list[int]) -> bool:
-        hf = max([self.full.high()] + full_pages)
-        hs = max([self.swa.high()] + swa_pages)
-        return (hf + 1) * self.full.page_bytes + (hs + 1) * self.swa.page_bytes <= self.budget_bytes
+    def _fits(self, k: int, compacted: bool) -> bool:
+        """Whether k more pages on each side fit (``_fits_page_demand`` with equal demands)."""
+        f, s = self.full, self.swa
+        vcap = self.num_virtual_ids - f.min_page
+        fcap, scap = min(vcap, f.num_pages - f.min_page), min(vcap, s.num_pages - s.min_page)
+        if f.live + k > fcap or s.live + k > scap:
+            return False
+        if compacted:
+            vroom, fh, sh = vcap - f.live, 0, 0
+            froom, sroom = fcap - f.live, scap - s.live
+            gap = self._empty_gap - f.live * f.page_bytes - s.live * s.page_bytes
+        else:
+            vroom, fh, sh = self._vfree(), len(f.holes), len(s.holes)
+            froom, sroom, gap = f.index_room(), s.index_room(), self._gap()
+        if k > vroom or k > fh + froom or k > sh + sroom:
+            return False
+        return max(0, k - fh) * f.page_bytes + max(0, k - sh) * s.page_bytes <= max(0, gap)
 
-    def _physical(self, kf: int, ks: int) -> tuple[list[int], list[int]]:
-        """The lowest free physical pages of each side, compacting once if they would cross."""
-        fp, sp = self.full.lowest_free(kf), self.swa.lowest_free(ks)
-        if len(fp) < kf or len(sp) < ks or not self._fits(fp, sp):
-            self.compact()
-            fp, sp = self.full.lowest_free(kf), self.swa.lowest_free(ks)
-            if len(fp) < kf or len(sp) < ks or not self._fits(fp, sp):
-                raise OutOfSlots(f"need {kf} full and {ks} SWA pages: the budget of {self.budget_bytes} bytes "
-                                 f"spans {self.bytes_in_use()} (pinned pages cannot move)")
-        return fp, sp
+    def _ensure_capacity(self, k: int) -> bool:
+        """Fits now; or would fit compacted: then an urgent flush of each side (full first) and ask again."""
+        if k == 0 or self._fits(k, False):
+            return True
+        if not self._fits(k, True):
+            return False
+        self._flush(self.full, urgent=True)
+        self._flush(self.swa, urgent=True)
+        return self._fits(k, False)
+
+    def _alloc_pages(self, k: int, cause: str) -> np.ndarray:
+        """k virtual pages bound on both sides (the composite's alloc / alloc_extend), or OutOfSlots."""
+        if not self._ensure_capacity(k):
+            raise OutOfSlots(f"need {k} pages a side: the unified budget of {self.budget_bytes} bytes has no room "
+                             f"(gap {self._gap()} bytes, holes full {len(self.full.holes)} / SWA {len(self.swa.holes)})")
+        gap = self._gap()
+        if k > self.full.available_pages(0, gap):
+            self._flush(self.swa, urgent=True)      # the full side's shortfall ladder: flush its neighbour
+            if k > self.full.available_pages(0, self._gap()):
+                raise OutOfSlots(f"need {k} full pages; the full side has room for "
+                                 f"{self.full.available_pages(0, self._gap())}")
+        virt = self._mint(k)
+        fp = self.full.take(k, self.swa)
+        if fp is None:
+            raise OutOfSlots(f"the full side could not take {k} pages")
+        self._bind(self.full, virt, fp, cause)
+        sp = self.swa.take(k, self.full)
+        if sp is None:
+            raise OutOfSlots(f"the SWA side could not take {k} pages after the joint check")
+        self._bind(self.swa, virt, sp, cause)
+        return virt
 
     def _mint(self, k: int) -> np.ndarray:
         """Mint k virtual pages from the FULL side's free ids (FIFO)."""
@@ -344,8 +509,7 @@ class UnifiedPool:
             self._vhead = 0
         return v
 
-    def _bind(self, side: _Side, virt: np.ndarray, phys: list[int], cause: str) -> None:
-        side.take(phys)
+    def _bind(self, side: _End, virt: np.ndarray, phys: list[int], cause: str) -> None:
         ph = np.asarray(phys, dtype=np.int64)
         side.v2p[virt] = ph
         side.p2v[ph] = virt
@@ -364,7 +528,8 @@ class UnifiedPool:
     # ---- HybridAllocator's API
 
     def extend(self, slots: RequestSlots, n: int) -> np.ndarray:
-        """Allocate n more tokens for a request; returns their virtual ids (``out_cache_loc``)."""
+        """Allocate n more tokens for a request; returns their virtual ids (``out_cache_loc``): the tail of its
+        last page first, then whole new pages."""
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         if slots.length + n > slots.capacity:
@@ -377,12 +542,9 @@ class UnifiedPool:
         if k:
             if self._vfree() < k:
                 raise OutOfSlots(f"need {k} virtual pages; {self._vfree()} free")
-            virt = np.asarray(self._free_virtual[self._vhead:self._vhead + k], dtype=np.int64)
-            self._check_swa_table(virt, "swa.v2p.bind")          # before anything changes
-            fp, sp = self._physical(k, k)
-            virt = self._mint(k)
-            self._bind(self.full, virt, fp, "extend")
-            self._bind(self.swa, virt, sp, "extend")
+            self._check_swa_table(np.asarray(self._free_virtual[self._vhead:self._vhead + k], dtype=np.int64),
+                                  "swa.v2p.bind")          # before anything changes
+            virt = self._alloc_pages(k, "extend")
         ids = np.empty(n, dtype=np.int64)
         if room:
             ids[:room] = slots.full[start - 1] + np.arange(1, room + 1, dtype=np.int64)
@@ -394,37 +556,44 @@ class UnifiedPool:
         slots.length = start + n
         return ids.copy()
 
-    def _release(self, side: _Side, virt: np.ndarray, kind: str, cause: str) -> None:
-        """Unbind virtual pages on one side: their physical pages go back (held inside a free group)."""
-        if virt.size == 0:
-            return
-        if side is self.swa:
-            self._check_swa_table(virt, "swa.v2p.free")
-        phys = side.v2p[virt]
-        live = phys > 0
-        virt, phys = virt[live], phys[live]
-        side.v2p[virt] = -1
+    def _side_free(self, side: _End, tokens: np.ndarray, kind: str, cause: str) -> None:
+        """Free the pages of ``tokens`` on one side (``_free_lazy``): unbound, their physical pages holes."""
+        pages = tokens // self.page_size if self.page_size == 1 else np.unique(tokens // self.page_size)
+        phys = side.v2p[pages].copy()
+        side.v2p[pages] = -1
         side.p2v[phys] = -1
+        if side is self.full:
+            self._free_virtual.extend(int(v) for v in pages)
+        side.holes.extend(int(x) for x in phys)
         side.live -= phys.size
-        self._emit(kind, side, phys, virt, cause)
-        if self._group is not None:
-            self._group.append((side.name, phys))
-        else:
-            side.give(phys)
-            self._emit(AVAILABLE, side, phys, phys, cause)
+        self._emit(kind, side, phys, pages, cause)
 
-    def _free_virtual_pages(self, virt: np.ndarray) -> None:
-        self._free_virtual.extend(int(v) for v in virt)
+    def _free_tokens(self, tokens: np.ndarray, cause: str) -> None:
+        """The composite's free: the SWA pages still bound (not tombstoned, not the sink), then every full page."""
+        if tokens.size == 0:
+            return
+        if self._group is not None:
+            self._group.append(tokens.copy())
+            return
+        self._check_swa_table(np.unique(tokens // self.page_size), "swa.v2p.free")
+        live = tokens[self.swa.v2p[tokens // self.page_size] > 0]
+        if live.size:
+            self._side_free(self.swa, live, UNBIND, cause)
+        self._side_free(self.full, tokens, UNBIND, cause)
 
     def evict_swa(self, slots: RequestSlots, end: int) -> int:
-        """Tombstone the SWA side of positions [swa_evicted, end), end rounded down to a page."""
+        """Tombstone the SWA side of positions [swa_evicted, end), end rounded down to a page (``free_swa``)."""
         p = self.page_size
         end = min(end, slots.length)
         end -= end % p
         if end <= slots.swa_evicted:
             return 0
         begin = slots.swa_evicted
-        self._release(self.swa, slots.full[begin:end:p] // p, TOMBSTONE, "out_of_window")
+        tokens = slots.full[begin:end]
+        self._check_swa_table(np.unique(tokens // p), "swa.v2p.free")
+        live = tokens[self.swa.v2p[tokens // p] > 0]
+        if live.size:
+            self._side_free(self.swa, live, TOMBSTONE, "out_of_window")
         slots.swa[begin:end] = 0
         slots.swa_evicted = end
         return end - begin
@@ -435,21 +604,14 @@ class UnifiedPool:
         if kept_end is None:
             return 0
         if kept_end < n:
-            virt = slots.full[kept_end:n:p] // p
-            self._release(self.swa, virt, UNBIND, "truncate")
-            self._release(self.full, virt, UNBIND, "truncate")
-            self._free_virtual_pages(virt)
+            self._free_tokens(slots.full[kept_end:n].copy(), "truncate")
         return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
-        p, n = self.page_size, slots.length
+        n = slots.length
         if n == 0:
             return
-        virt = slots.full[0:n:p] // p
-        first = (slots.swa_evicted - slots.swa_evicted % p) // p
-        self._release(self.swa, virt[first:], UNBIND, "release")
-        self._release(self.full, virt, UNBIND, "release")
-        self._free_virtual_pages(virt)
+        self._free_tokens(slots.full[:n].copy(), "release")
         slots.swa[:n] = 0
         slots.length = 0
         slots.swa_evicted = 0
@@ -460,8 +622,8 @@ class UnifiedPool:
 
     @contextmanager
     def free_group(self, enabled: bool = True) -> Iterator[None]:
-        """Hold the physical pages freed inside and give them back when the group ends (virtual ids go back
-        at once: their tables are already cleared)."""
+        """Defer the frees made inside to the group's end: then one free of their concatenation (the release's
+        ``free_group_begin`` / ``free_group_end``)."""
         if not enabled or self._group is not None:
             yield
             return
@@ -472,65 +634,56 @@ class UnifiedPool:
             for hook in self.group_end_hooks:
                 hook()
             held, self._group = self._group, None
-            for name, phys in held:
-                side = self.full if name == "full" else self.swa
-                side.give(phys)
-                self._emit(AVAILABLE, side, phys, phys, "flush")
+            if held:
+                self._free_tokens(np.concatenate(held), "flush")
 
     def free_pages(self) -> tuple[np.ndarray, np.ndarray]:
-        return (np.asarray(sorted(self.full._heap), dtype=np.int64),
-                np.asarray(sorted(self.swa._heap), dtype=np.int64))
+        """Each side's holes (sorted): the freed physical pages not yet reused or compacted away."""
+        return (np.asarray(sorted(self.full.holes), dtype=np.int64),
+                np.asarray(sorted(self.swa.holes), dtype=np.int64))
 
     # ---- the in-flight write window and compaction
 
     def set_inflight_forward(self, virtual_loc: Optional[np.ndarray]) -> None:
-        """Pin the virtual pages of the current forward's write window (None: the forward is done)."""
-        if virtual_loc is None:
-            self._pinned = set()
+        """The current forward's virtual write window (None or empty: none in flight)."""
+        if virtual_loc is None or len(virtual_loc) == 0:
+            self._inflight = None
             return
-        v = np.asarray(virtual_loc, dtype=np.int64)
-        v = v[v > 0] // self.page_size
-        self._pinned = set(np.unique(v).tolist())
+        self._inflight = np.asarray(virtual_loc, dtype=np.int64).copy()
 
     @property
     def pinned(self) -> frozenset:
-        return frozenset(self._pinned)
+        """The virtual pages of the in-flight window (a non-urgent flush stops at their physical pages)."""
+        if self._inflight is None:
+            return frozenset()
+        v = self._inflight[self._inflight >= 0] // self.page_size
+        return frozenset(np.unique(v).tolist())
+
+    def _write_pages(self, side: _End) -> set:
+        if self._inflight is None:
+            return set()
+        pool = "full" if side is self.full else "swa"
+        return set(np.unique(self.translate_kv_loc(self._inflight, pool) // self.page_size).tolist())
+
+    def _flush(self, side: _End, urgent: bool) -> int:
+        moves = side.flush(urgent, lambda: self._write_pages(side))
+        if moves:
+            src, dst = np.asarray(moves, dtype=np.int64).T
+            self._emit(MOVE, side, src, None, "compact", to_pages=dst)
+        self.moves += len(moves)
+        return len(moves)
 
     def flush_opportunistic(self) -> int:
-        """0.5.23's lazy compaction at a scheduler boundary (``flush_opportunistic``; lazy compaction is on by
-        default): the holes freed pages left are filled by moving the highest pages down, never a pinned one."""
-        return self.compact()
-
-    def compact(self) -> int:
-        """Move live pages of each side into the lowest holes, highest first, never a pinned page; returns
-        how many pages moved."""
+        """0.5.23's lazy compaction at a scheduler boundary (non-urgent, full side then SWA side)."""
         moved = 0
         for side in (self.full, self.swa):
-            src_list, dst_list = [], []
-            live = np.flatnonzero(side.p2v >= 0)
-            live = live[live > 0][::-1]                    # highest first
-            holes = sorted(side._heap)
-            hi = 0
-            for page in live.tolist():
-                if hi >= len(holes) or holes[hi] >= page:
-                    break
-                v = int(side.p2v[page])
-                if v in self._pinned:
-                    continue
-                dst = holes[hi]
-                hi += 1
-                side.v2p[v] = dst
-                side.p2v[dst] = v
-                side.p2v[page] = -1
-                src_list.append(page)
-                dst_list.append(dst)
-            if src_list:
-                side.take(dst_list)
-                side.give(src_list)
-                self._emit(MOVE, side, np.asarray(src_list), None, "compact", to_pages=np.asarray(dst_list))
-                moved += len(src_list)
-        self.moves += moved
+            if side.holes:
+                moved += self._flush(side, urgent=False)
         return moved
+
+    def compact(self) -> int:
+        """A non-urgent compaction pass of both sides (:meth:`flush_opportunistic`)."""
+        return self.flush_opportunistic()
 
     # ---- translation and the write door
 
@@ -538,23 +691,22 @@ class UnifiedPool:
         return (self.full if pool == "full" else self.swa).v2p
 
     def translate_kv_loc(self, loc: np.ndarray, pool: str = "full") -> np.ndarray:
-        """Virtual token ids -> physical token ids of ``pool``: ``v2p[t // ps] * ps + t % ps``. Unmapped,
-        negative and out-of-range ids go to 0, the sink; with U2 the raw lookup escapes (-1 -> -ps .. -1),
+        """Virtual token ids -> physical token ids of ``pool``: ``max(v2p[t // ps] * ps + t % ps, 0)``; negative
+        ids and pages past the table go to 0, the sink. With U2 the raw lookup escapes (-1 -> -ps .. -1),
         and with U1 an SWA index past the table is recorded and raised."""
         loc = np.asarray(loc, dtype=np.int64)
         p, table = self.page_size, self._table(pool)
         page, off = np.floor_divide(loc, p), np.mod(loc, p)
-        inside = (page >= 0) & (page < table.shape[0])
         if self.behaviour.swa_table_own_size and pool == "swa" and bool((page >= table.shape[0]).any()):
             bad = int(np.flatnonzero(page >= table.shape[0])[0])
             finding = OutOfRange("swa.v2p.translate", int(page[bad]), table.shape[0], int(loc[bad]))
             self.findings.append(finding)
             raise IndexOutOfRange(finding)
-        phys = np.where(inside, table[np.where(inside, page, 0)], -1)
-        raw = phys * p + off
+        inside = (page >= 0) & (page < table.shape[0])
+        raw = table[np.where(inside, page, 0)] * p + off
         if self.behaviour.unclamped_translate:
             return np.where(inside, raw, 0)
-        return np.where(phys > 0, raw, 0)
+        return np.where(inside & (loc >= 0), np.maximum(raw, 0), 0)
 
     def physical_full_to_swa(self) -> np.ndarray:
         """Per *physical* full slot, the SWA physical slot of the same virtual token (0: none; the last
@@ -602,11 +754,15 @@ class UnifiedPool:
             phys = v2p[bound]
             assert np.unique(phys).size == phys.size, f"{side.name}: a physical page bound twice"
             assert (p2v[phys] == bound).all(), f"{side.name}: p2v disagrees with v2p"
-            assert (phys <= side.max_pages).all(), f"{side.name}: physical page past the side"
             owned = np.flatnonzero(p2v[1:] >= 0) + 1
             assert owned.size == phys.size == side.live, f"{side.name}: {owned.size} owned, {side.live} live"
             assert v2p[0] == 0 and p2v[0] == 0, f"{side.name}: the sink moved"
-            assert not set(side._heap) & set(owned.tolist()), f"{side.name}: a live page is free"
+            span = set(side.in_span().tolist())
+            assert set(owned.tolist()) <= span, f"{side.name}: a live page outside the span"
+            assert len(set(side.holes)) == len(side.holes), f"{side.name}: a hole listed twice"
+            assert set(side.holes) <= span - set(owned.tolist()), f"{side.name}: a hole that is live or outside"
+            assert side.span() == side.live + len(side.holes), f"{side.name}: span is not live + holes"
+        assert self.swa.high_bytes() <= self.full.low_bytes(), "the two sides cross"
         assert self.bytes_in_use() <= self.budget_bytes, "the byte budget is exceeded"
         # every SWA-bound virtual page is bound on the full side
         swa_bound = np.flatnonzero(self.swa.v2p[1:] > 0) + 1

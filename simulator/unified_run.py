@@ -34,7 +34,8 @@ import torch
 
 from .batch import BatchTruth, ForwardBatch
 from .records import Finding
-from .unified_pool import MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, UnifiedPool, UNIFIED_0_5_23
+from .unified_pool import (ENTRY_ALIGN_BYTES, MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, UnifiedPool,
+                           UNIFIED_0_5_23)
 
 #: backends whose SWA page table spans each request's whole row (read_table of the translator)
 WHOLE_ROW_SWA_TABLE = frozenset({"flashattention", "musa"})
@@ -44,9 +45,11 @@ _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp8_e4m3": 1}
 
 
 def bytes_per_token(model, kind: str) -> int:
-    """One token's K and V bytes over every layer of a kind (what a page of that sub-pool costs per token)."""
+    """One token's K and V bytes over every layer of a kind (what a page of that sub-pool costs per token),
+    rounded up to the release's entry alignment (:data:`~simulator.unified_pool.ENTRY_ALIGN_BYTES`)."""
     g = model.geometry(kind)
-    return model.count(kind) * g.heads * (g.head_dim + g.v_head_dim) * _DTYPE_BYTES.get(model.kv_dtype, 2)
+    raw = model.count(kind) * g.heads * (g.head_dim + g.v_head_dim) * _DTYPE_BYTES.get(model.kv_dtype, 2)
+    return -(-raw // ENTRY_ALIGN_BYTES) * ENTRY_ALIGN_BYTES
 
 
 def model_unified_pool(scenario, design) -> UnifiedPool:
@@ -202,6 +205,6 @@ class UnifiedPlan:
     def summary(self) -> dict:
         a = self.alloc
         return {"moves": self.moves, "pinned_moves": self.pinned_moves, "read_door_findings": self.door_findings, "died": self.died,
-                "num_virtual_ids": int(a.num_virtual_ids), "full_max_pages": int(a.full.max_pages)
+                "num_virtual_ids": int(a.num_virtual_ids), "full_pages": int(a.full.num_pages)
                 if hasattr(a, "full") else None,
                 "swa_table": int(a.swa.v2p.shape[0]) if hasattr(a, "swa") else None}

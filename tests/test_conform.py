@@ -202,7 +202,9 @@ def test_unified_trace_binds_each_forward_to_physical_ids():
     assert t["info"]["unified"] is True and t["info"]["not_compared"] == [] and t["info"]["stopped"] is None
     assert t["info"]["scheduler"] == "Scheduler" and len(t["steps"]) == 30
     first = t["steps"][0]
-    # the model's sub-pools number from 1 upward: the first forward's virtual ids are its physical ids
-    assert first["physical_loc"][0] == first["out_cache_loc"] == list(range(1, 160))
+    # the release's layout: the full side grows down from the buffer's top (page 1537), bound ascending; the SWA
+    # side grows up from page 1 (u2's entries are equal, so the sink floor is one page on each side)
+    assert first["out_cache_loc"] == list(range(1, 160))
+    assert first["physical_loc"][0] == list(range(1379, 1538)) and first["physical_loc"][1] == list(range(1, 160))
     assert first["swa_loc"]["triton"] == ["int64", first["physical_loc"][1]]
     assert sum(len(s["moves"]) for s in t["steps"]) == 350          # compaction page moves over 30 forwards

@@ -66,13 +66,14 @@ def observed(summary: dict) -> dict:
 #  paths-big-pool   2 layers x 14 = 28; B2's stale tail: steps 6-8 replay 3 rows in capture size 4, one stale row
 #                   each x 1 SWA layer = 3 clobbered.
 #  U1      gemma4-31b, 6 layers (1 full, 5 SWA); SWA pages cost 5x full ones, so the SWA table of the buggy pool has
-#          614 entries while the full side mints virtual pages up to 3,068: 28 forwards x 6 = 168 writes, then the
-#          bind of virtual page 614 is the device-side assert: one out_of_range per backend. Fixed: 66 x 6 = 396.
+#          615 entries (614 pages and the sentinel) while the full side mints virtual pages 5 .. 3,073 (its first
+#          four pages are the sink floor): 28 forwards x 6 = 168 writes, then the bind of virtual page 615 is the
+#          device-side assert: one out_of_range per backend. Fixed: 66 x 6 = 396.
 #  U2      gpt-oss-20b, 4 layers, 180 forwards: 720 writes; flashattention and musa translate each request's whole
 #          row into their SWA page table: under U2 a tombstoned page is -1 in 81 (forward, request) pairs, from
 #          step 51; the other backends translate the window only.
-#  U1/p16  pages of 16: the SWA table has 38 pages, the full side 188; 33 forwards x 6 = 198, then the bind of
-#          virtual page 38 (token 608). Fixed: 73 x 6 = 438.
+#  U1/p16  pages of 16: the SWA table has 39 entries (38 pages), the full side 194 pages (ids from 5); 31 forwards
+#          x 6 = 186, then the bind of virtual page 39 (token 624). Fixed: 73 x 6 = 438.
 #  U2/p16  pages of 16: 197 forwards x 4 = 788; the same 81 (forward, request) pairs meet a tombstoned page.
 #  R2, R7 2 layers (SF), 55 forwards: 110 writes. R2: request 1 (A) reads its 40-token prefix's full slots, freed by
 #          B's locked recovery, at its full layer in every forward from step 31: 280 stale_read. R7: C and D read
@@ -188,8 +189,8 @@ PINNED_CORPUS = {
         musa=(720, {"out_of_range": 81}, (51, -1, "out_of_range"))),
     ("U2", "fixed"): pinned("sglang-0.5.23-unified", steps=180,
         every=(720, {}, None)),
-    ("U1/p16", "buggy"): pinned("sglang-unified-pre-37560", steps=33,
-        every=(198, {"out_of_range": 1}, (33, -1, "out_of_range"))),
+    ("U1/p16", "buggy"): pinned("sglang-unified-pre-37560", steps=31,
+        every=(186, {"out_of_range": 1}, (31, -1, "out_of_range"))),
     ("U1/p16", "fixed"): pinned("sglang-0.5.23-unified", steps=73,
         every=(438, {}, None)),
     ("U2/p16", "buggy"): pinned("sglang-unified-pre-35933", steps=197,

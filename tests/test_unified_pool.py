@@ -124,46 +124,58 @@ TestUnifiedPoolPaged.settings = settings(max_examples=60, stateful_step_count=40
 
 # --------------------------------------------------------------------------- basics
 
-def test_split_follows_page_costs_and_scenario_key():
-    # SWA pages cost 10x full pages: the full side can grow to ~10x as many pages (U1's ratio, scaled)
+def test_layout_follows_page_costs_and_scenario_key():
+    # SWA pages cost 10x full pages: each side indexes the whole buffer from byte 0 (2,200 full pages, 220 SWA);
+    # the bottom 100 bytes are the sink floor of both, so the full side's first page is 10, the SWA side's 1
     pool = UnifiedPool(2200 * 10, 10, 100, 1)
-    assert pool.full.max_pages == 2189 and pool.swa.max_pages == 218
-    assert pool.num_virtual_ids == pool.full.max_pages + 1
-    assert pool.swa.v2p.shape[0] == pool.num_virtual_ids          # 0.5.23: the full side's id space
+    assert (pool.full.num_pages, pool.full.min_page, pool.full.wm) == (2200, 10, 2199)
+    assert (pool.swa.num_pages, pool.swa.min_page, pool.swa.wm) == (220, 1, 1)
+    assert pool.num_virtual_ids == pool.full.num_pages
+    assert pool.swa.v2p.shape[0] == pool.num_virtual_ids + 1      # 0.5.23: the full side's id space (+ sentinel)
+    r = RequestSlots(8)
+    assert pool.extend(r, 3).tolist() == [10, 11, 12]              # the first virtual ids: past the floor
+    assert pool.full.v2p[[10, 11, 12]].tolist() == [2197, 2198, 2199]   # full grows down, bound ascending
+    assert pool.swa.v2p[[10, 11, 12]].tolist() == [1, 2, 3]            # SWA grows up
     cfg = PoolConfig(full_size=64, swa_ratio=0.5, page_size=4, unified=True)
     u = UnifiedPool.from_pool_config(cfg, 8, 8)
     assert u.budget_bytes == (64 + 4) * 8 + (32 + 4) * 8 and u.page_size == 4
     assert PoolConfig(full_size=64).unified is False
 
 
-def test_compaction_moves_toward_the_low_end_but_not_the_window():
-    pool = UnifiedPool(40, 1, 1, 1)                 # 38 pages a side at most, 38 together
+def test_lazy_compaction_moves_toward_each_end_and_stops_at_the_window():
+    pool = UnifiedPool(40, 1, 1, 1)                 # 40 pages a side, page 0 the sink
     rs = [RequestSlots(8) for _ in range(4)]
     for r in rs:
         pool.extend(r, 4)
+    assert pool.full.v2p[rs[3].full[:4]].tolist() == [24, 25, 26, 27]
+    assert pool.swa.v2p[rs[3].full[:4]].tolist() == [13, 14, 15, 16]
     pool.free(rs[0])
     pool.free(rs[2])
-    pool.set_inflight_forward(rs[3].full[:4])       # the in-flight window: rs[3]'s pages stay
-    pinned = pool.full.v2p[rs[3].full[:4]].copy()
-    # rs[1]'s 4 pages move into rs[0]'s holes on each side; rs[3] is pinned above rs[2]'s holes
+    pool.set_inflight_forward(rs[1].full[:4])       # the in-flight window: the walk stops at rs[1]'s pages
+    # rs[3] (farthest from each end) moves into rs[0]'s holes at the end; rs[1] stops the walk
     assert pool.compact() == 8
-    assert sorted(pool.full.v2p[rs[1].full[:4]].tolist()) == [1, 2, 3, 4]
-    assert (pool.full.v2p[rs[3].full[:4]] == pinned).all()
+    assert pool.full.v2p[rs[3].full[:4]].tolist() == [39, 38, 37, 36]
+    assert pool.swa.v2p[rs[3].full[:4]].tolist() == [4, 3, 2, 1]
+    assert pool.full.v2p[rs[1].full[:4]].tolist() == [32, 33, 34, 35]
     pool.set_inflight_forward(None)
-    pool.compact()
-    assert sorted(pool.full.v2p[np.r_[rs[1].full[:4], rs[3].full[:4]]].tolist()) == list(range(1, 9))
+    # the vacated pages and rs[2]'s holes now touch the watermarks: absorbed, nothing left to move
+    assert pool.compact() == 0
+    assert (pool.full.wm, pool.swa.wm, pool.full.holes, pool.swa.holes) == (31, 9, [], [])
     pool.check_invariants([rs[1], rs[3]])
     assert {e.kind for e in pool.events} >= {BIND, MOVE, UNBIND}
 
 
-def test_the_budget_compacts_before_refusing():
-    pool = UnifiedPool(12, 1, 1, 1)                 # 10 pages for both sides together (5 each at a time)
-    a, b, c = RequestSlots(8), RequestSlots(8), RequestSlots(8)
-    pool.extend(a, 2), pool.extend(b, 2), pool.extend(c, 1)
-    pool.free(a)                                    # holes below b and c
-    d = RequestSlots(8)
-    pool.extend(d, 2)
-    pool.check_invariants([b, c, d])
+def test_an_urgent_flush_before_refusing():
+    pool = UnifiedPool(13, 1, 1, 1)                 # an empty gap of 12 bytes: 6 pages a side
+    a = RequestSlots(8)
+    pool.extend(a, 6)
+    pool.evict_swa(a, 3)                            # SWA holes 1..3; the gap is 0
+    b = RequestSlots(8)
+    # does not fit the gap, fits compacted: the SWA side packs its 3 survivors into the holes, then binds
+    pool.extend(b, 1)
+    assert pool.moves == 3 and pool.swa.v2p[a.full[3:6]].tolist() == [3, 2, 1]
+    assert (pool.full.v2p[b.full[0]], pool.swa.v2p[b.full[0]]) == (6, 4)
+    pool.check_invariants([a, b])
     with pytest.raises(OutOfSlots):
         pool.extend(RequestSlots(8), 1)
     assert pool.bytes_in_use() <= pool.budget_bytes
@@ -209,7 +221,7 @@ def test_u1_exact(page_size):
     assert unified_bugs_of(bug) == ("U1",) and unified_bugs_of(UNIFIED_0_5_23) == ()
     pool = UnifiedPool(2200 * 10 * page_size, 10 * page_size, 100 * page_size, page_size, bug)
     table = pool.swa.v2p.shape[0]
-    assert table == pool.swa.max_pages + 1 == 219
+    assert table == pool.swa.num_pages + 1 == 221
     done = 0
     with pytest.raises(IndexOutOfRange) as e:
         while True:
@@ -218,8 +230,9 @@ def test_u1_exact(page_size):
             pool.free(r)
             done += 1
     f = e.value.finding
-    # nothing fires before the first virtual page past the SWA table: then the bind is out of range
-    assert done == table - 1
+    # nothing fires before the first virtual page past the SWA table (ids start at the floor, 10): then the
+    # bind is out of range
+    assert done == table - pool.full.min_page == 211
     assert (f.where, f.index, f.length, f.token) == ("swa.v2p.bind", table, table, table * page_size)
     assert pool.findings == [f]
     # fixed (0.5.23): the whole id space, nothing recorded
@@ -335,7 +348,7 @@ def test_unified_run_compacts_and_is_clean_and_u2_escapes_on_page_table_backends
     assert _summary(fixed) == {"triton": (280, {}, None), "flashattention": (280, {}, None)}
     u = fixed.info.extra["unified"]
     assert (u["moves"], u["pinned_moves"], u["read_door_findings"], u["died"]) == (479, 0, 0, None)
-    assert (u["num_virtual_ids"], u["swa_table"]) == (1537, 1537)
+    assert (u["num_virtual_ids"], u["swa_table"]) == (1538, 1539)
     bug = _run_unified("u2-unified-tombstone-escape", "sglang-unified-pre-35933", ("triton", "flashattention"), 70)
     assert _summary(bug) == {"triton": (280, {}, None),
                              "flashattention": (280, {"out_of_range": 20}, (51, "out_of_range"))}
@@ -360,15 +373,16 @@ def test_a_broken_compaction_copy_is_caught(monkeypatch):
                 p.store = st
     monkeypatch.setattr(ur.UnifiedPlan, "_move", move_oracle_only)
     r = _run_unified("u2-unified-tombstone-escape", "sglang-0.5.23-unified", ("triton",), 70)
-    assert _summary(r) == {"triton": (280, {"stale_read": 479}, (23, "stale_read"))}
+    assert _summary(r) == {"triton": (280, {"stale_read": 479}, (24, "stale_read"))}
 
 
 def test_u1_run_dies_at_the_first_virtual_page_past_the_swa_table():
-    """scenarios/u1-unified-swa-table.toml: the SWA table has 614 entries, the full side mints ids up to 3,068;
-    the run ends at step 28, at the bind of virtual page 614, one out_of_range per backend."""
+    """scenarios/u1-unified-swa-table.toml: the SWA table has 615 entries (614 pages and the sentinel), the full
+    side mints ids 5 .. 3,073; the run ends at step 28, at the bind of virtual page 615, one out_of_range per
+    backend."""
     r = _run_unified("u1-unified-swa-table", "sglang-unified-pre-37560", ("triton", "musa"))
     assert len(r.steps) == 28
     assert _summary(r) == {"triton": (168, {"out_of_range": 1}, (28, "out_of_range")),
                            "musa": (168, {"out_of_range": 1}, (28, "out_of_range"))}
-    assert r.info.extra["unified"]["died"] == {"step": 28, "where": "swa.v2p.bind", "index": 614, "length": 614,
-                                               "token": 614}
+    assert r.info.extra["unified"]["died"] == {"step": 28, "where": "swa.v2p.bind", "index": 615, "length": 615,
+                                               "token": 615}
