@@ -2,13 +2,19 @@
 
 :class:`UnifiedEngineAllocator` drives SGLang 0.5.23's ``UnifiedSWATokenToKVPoolAllocator`` (built by the
 release's own ``init_unified_swa_pools`` on the CPU, with the scenario model's full and SWA layer geometry,
-so the byte budget splits as the engine's would) at **page size 1**, with the interface
+so the byte budget splits as the engine's would) at the scenario's page size, with the interface
 ``simulator/unified_run.py`` expects of :class:`simulator.unified_pool.UnifiedPool`:
 
-* ``extend`` -> ``alloc(n)`` (virtual token ids minted by the full side, bound on both sides);
-* ``evict_swa`` -> ``free_swa`` (the SWA tombstone path: ``swa.v2p = -1``, the full side kept);
-* ``free`` / ``truncate`` -> ``free`` (the composite filters tombstoned pages itself), inside the release's
-  ``free_group_begin`` / ``free_group_end`` when the scheduler groups frees;
+* ``extend`` -> at page size 1 ``alloc(n)``; at page size > 1 ``alloc_decode`` for one token past a non-empty
+  prefix, else ``alloc_extend`` (a batch of one request; ``last_loc`` -1 for an empty prefix), as engine_path's
+  static :class:`~engine_path.allocator.EngineAllocator` drives the paged static allocator. Their Triton kernels
+  (the tail-page-reuse walk over the free virtual ids) run on CPU tensors under ``TRITON_INTERPRET=1``, which
+  ``engine_path.shims.install`` sets before Triton is imported on a CPU; the bind, unbind and translate kernels
+  have pure-torch CPU paths in the release (``kernels/ops/memory/virtual_slot.py``);
+* ``evict_swa`` -> ``free_swa`` over whole pages (the SWA tombstone path: ``swa.v2p = -1``, the full side kept);
+* ``free`` / ``truncate`` -> ``free`` (the composite filters tombstoned pages itself; a truncation frees the
+  pages past the kept one only), inside the release's ``free_group_begin`` / ``free_group_end`` when the
+  scheduler groups frees;
 * ``translate_kv_loc(loc, "full" | "swa")`` -> the release's ``translate_kv_loc`` /
   ``translate_loc_from_full_to_swa`` (its clamping to the sink);
 * ``set_inflight_forward`` -> the release's, with a CPU stand-in for the forward-done event (not done until
@@ -16,8 +22,8 @@ so the byte budget splits as the engine's would) at **page size 1**, with the in
 
 Ownership events (bind, unbind, tombstone, move) are read off the release's own page tables: after every call
 the adapter compares each sub-pool's ``virtual_to_physical`` with its copy from before, so what the oracle
-learns is what the engine did, compaction moves included. Paged unified allocation (page size > 1) is not
-driven (:class:`EngineError`).
+learns is what the engine did, compaction moves included (page tables are per page: each changed entry is
+``page_size`` token slots).
 """
 from __future__ import annotations
 
@@ -70,14 +76,17 @@ def build_unified(model, budget_bytes: int, page_size: int = 1, lazy_compaction:
 class UnifiedEngineAllocator:
     """The run loop's unified-pool interface over the release's ``UnifiedSWATokenToKVPoolAllocator``."""
 
-    page_size = 1
     free_order = "engine"
 
     def __init__(self, model, pool_cfg, budget_bytes: int):
-        if pool_cfg.page_size != 1:
-            raise EngineError(f"pool.page_size {pool_cfg.page_size} with pool.unified and --engine: the release's "
-                              f"unified allocator is driven at page size 1 only (its paged alloc_extend is not wired)")
-        self.bundle = build_unified(model, budget_bytes)
+        self.page_size = p = pool_cfg.page_size
+        if p > 1:
+            import os
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                raise EngineError(f"pool.page_size {p} with pool.unified and --engine: the release's paged unified "
+                                  f"alloc_extend / alloc_decode run a Triton kernel; on a CPU set TRITON_INTERPRET=1 "
+                                  f"before Triton is imported (engine_path.shims.install does)")
+        self.bundle = build_unified(model, budget_bytes, page_size=p)
         self.engine = self.bundle.token_to_kv_pool_allocator
         self.fa, self.sa = self.engine.full_attn_allocator, self.engine.swa_attn_allocator
         self.split = (pool_cfg.full_size, pool_cfg.swa_size)
@@ -88,7 +97,8 @@ class UnifiedEngineAllocator:
         self.group_end_hooks: list = []
         self._in_group = False
         self._forward: Optional[_PendingForward] = None
-        self.calls = dict.fromkeys(("alloc", "free", "free_swa", "flush_opportunistic", "set_inflight_forward"), 0)
+        names = ("alloc",) if p == 1 else ("alloc_extend", "alloc_decode")
+        self.calls = dict.fromkeys(names + ("free", "free_swa", "flush_opportunistic", "set_inflight_forward"), 0)
 
     # ---- page tables -> events
 
@@ -98,8 +108,14 @@ class UnifiedEngineAllocator:
     def _v2p(self, pool: str) -> np.ndarray:
         return self._side(pool).virtual_to_physical.numpy().copy()
 
+    def _tokens(self, pages: np.ndarray) -> np.ndarray:
+        p = self.page_size
+        return pages if p == 1 else (pages[:, None] * p + np.arange(p, dtype=np.int64)).ravel()
+
     def _diff(self, cause: str, swa_unbind: str = UNBIND) -> None:
-        """Events from the change of both page tables since the last call (moves first, then binds, unbinds)."""
+        """Events from the change of both page tables since the last call (moves first, then binds, unbinds), in
+        token slots (each page ``page_size`` of them)."""
+        t = self._tokens
         for pool in ("full", "swa"):
             old, new = self._tables[pool], self._v2p(pool)
             ch = np.flatnonzero(old != new)
@@ -109,12 +125,12 @@ class UnifiedEngineAllocator:
             o, n = old[ch], new[ch]
             moved, bound, gone = (o > 0) & (n > 0), (o <= 0) & (n > 0), (o > 0) & (n <= 0)
             if moved.any():
-                self.events.append(SlotEvent(MOVE, pool, o[moved], None, n[moved], "compact"))
+                self.events.append(SlotEvent(MOVE, pool, t(o[moved]), None, t(n[moved]), "compact"))
             if bound.any():
-                self.events.append(SlotEvent(BIND, pool, n[bound], None, ch[bound], cause))
+                self.events.append(SlotEvent(BIND, pool, t(n[bound]), None, t(ch[bound]), cause))
             if gone.any():
                 kind = swa_unbind if pool == "swa" else UNBIND
-                self.events.append(SlotEvent(kind, pool, o[gone], None, ch[gone], cause))
+                self.events.append(SlotEvent(kind, pool, t(o[gone]), None, t(ch[gone]), cause))
 
     def drain_events(self) -> list[SlotEvent]:
         out, self.events = self.events, []
@@ -155,7 +171,8 @@ class UnifiedEngineAllocator:
         return int(self.engine.swa_available_size())
 
     def pages_needed(self, slots: RequestSlots, n: int) -> int:
-        return max(0, n)
+        p = self.page_size
+        return -(-max(0, n - (-slots.length) % p) // p)
 
     def set_free_order(self, order: str) -> None:
         if order not in ("lifo", "fifo", "head"):
@@ -163,18 +180,34 @@ class UnifiedEngineAllocator:
 
     # ---- allocation and frees
 
+    def _alloc(self, slots: RequestSlots, n: int):
+        """The release's call for n more tokens of one request (see the module docstring)."""
+        start, p = slots.length, self.page_size
+        if p == 1:
+            self.calls["alloc"] += 1
+            return self.engine.alloc(n)
+        last = torch.tensor([int(slots.full[start - 1]) if start > 0 else -1], dtype=torch.int64)
+        if start > 0 and n == 1:
+            self.calls["alloc_decode"] += 1
+            seq = torch.tensor([start + 1], dtype=torch.int64)
+            return self.engine.alloc_decode(seq, seq, last)
+        self.calls["alloc_extend"] += 1
+        pre, seq = torch.tensor([start], dtype=torch.int64), torch.tensor([start + n], dtype=torch.int64)
+        return self.engine.alloc_extend(pre, pre, seq, seq, last, n)
+
     def extend(self, slots: RequestSlots, n: int) -> np.ndarray:
         if n <= 0:
             return np.zeros(0, dtype=np.int64)
         if slots.length + n > slots.capacity:
             raise ValueError(f"request grows to {slots.length + n} tokens, past its capacity {slots.capacity}")
-        self.calls["alloc"] += 1
-        v = self.engine.alloc(n)
+        v = self._alloc(slots, n)
         self._diff("extend")
         if v is None:
             raise OutOfSlots(f"the release's unified allocator refused {n} tokens "
                              f"(joint available {self.engine.available_size()})")
         ids = v.numpy().astype(np.int64)
+        if ids.shape[0] != n:
+            raise EngineError(f"the release's unified allocator returned {ids.shape[0]} ids for {n} tokens")
         start = slots.length
         slots.full[start:start + n] = ids
         slots.swa[start:start + n] = ids
@@ -182,7 +215,9 @@ class UnifiedEngineAllocator:
         return ids.copy()
 
     def evict_swa(self, slots: RequestSlots, end: int) -> int:
+        """The SWA side of positions [swa_evicted, end) tombstoned, end rounded down to a page."""
         end = min(end, slots.length)
+        end -= end % self.page_size
         begin = slots.swa_evicted
         if end <= begin:
             return 0
@@ -201,9 +236,10 @@ class UnifiedEngineAllocator:
                 self._diff(cause)
 
     def truncate(self, slots: RequestSlots, length: int) -> int:
-        if slots.kept_end(length, 1) is None:        # page size 1 here: nothing of a page is kept
+        kept_end = slots.kept_end(length, self.page_size)     # the pages past the kept one
+        if kept_end is None:
             return 0
-        self._free(slots.full[length:slots.length], "truncate")
+        self._free(slots.full[kept_end:slots.length], "truncate")
         return slots.cut(length)
 
     def free(self, slots: RequestSlots) -> None:
@@ -250,7 +286,7 @@ class UnifiedEngineAllocator:
         v2p = self._tables["full"]
         bound = np.flatnonzero(v2p[1:] > 0) + 1
         if bound.size:
-            out[v2p[bound]] = self.translate_kv_loc(bound, "swa")
+            out[self._tokens(v2p[bound])] = self.translate_kv_loc(self._tokens(bound), "swa")
         return out
 
     def set_inflight_forward(self, virtual_loc) -> None:
@@ -272,7 +308,8 @@ class UnifiedEngineAllocator:
         return moved
 
     def describe(self) -> dict:
-        return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}", "page_size": 1,
+        return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",
+                "page_size": self.page_size,
                 "budget_bytes": self.budget_bytes, "num_virtual_ids": self.num_virtual_ids,
                 "full_rows": self.full_rows, "swa_rows": self.swa_rows, "swa_v2p_len": int(self.sa.virtual_to_physical.shape[0]),
                 "calls": dict(self.calls)}
@@ -300,7 +337,8 @@ class UnifiedEngineRuntime:
 
     def describe(self) -> dict:
         d = {"engine": self.api.info.to_json(),
-             "engine_pieces": ["UnifiedSWATokenToKVPoolAllocator (alloc, free, free_swa, free groups, translate_kv_loc, "
+             "engine_pieces": ["UnifiedSWATokenToKVPoolAllocator (alloc / alloc_extend / alloc_decode, free, free_swa, "
+                               "free groups, translate_kv_loc, "
                                "translate_loc_from_full_to_swa, set_inflight_forward, flush_opportunistic: virtual ids, "
                                "page tables, lazy compaction)"],
              "model_pieces": [f"design {self.design.name} (write locations, read ids)", "backend metadata",
