@@ -18,6 +18,11 @@ hands out and what it frees):
   is already clear), the rest with ``free``; releases without ``free_full`` free everything with ``free``.
 * ``truncate``: whole pages past the kept page with ``free``; the kept page's tail entries cleared in the
   mapping (``clear_full_to_swa_mapping`` where the release has it).
+* ``extend_swa_tail`` (a PD decode node's pre-allocation of a transferred prompt, page size > 1):
+  ``alloc_extend_swa_tail`` (full slots for the prompt, SWA slots for the window's pages, the non-tail
+  mapping cleared by the release), as 0.5.23's ``disaggregation/decode.py`` calls it for a request with
+  no prefix. The decode node's finish is ``free`` above (the release's ``free_kv_row_segments``, as
+  ``release_kv_cache`` frees a row).
 
 ``full_to_swa`` is a numpy view of the release's mapping tensor (shared memory on a CPU), so the run
 loop's ``torch.from_numpy(alloc.full_to_swa)`` sees the engine's mapping live.
@@ -171,6 +176,36 @@ class EngineAllocator:
         slots.length = start + n
         return full.copy()
 
+    def extend_swa_tail(self, slots: RequestSlots, n: int, tail: int, *, clear_stale: bool = True) -> np.ndarray:
+        """A PD decode node's pre-allocation of a transferred prompt through the release's
+        ``alloc_extend_swa_tail`` (page size > 1, an empty request: full slots for n tokens, SWA slots for
+        the last ``tail``; the release clears the non-tail ids' mapping, #25805). ``clear_stale`` is the
+        model's A2 switch: the release has no such choice, so False is refused."""
+        p = self.page_size
+        if not clear_stale:
+            raise EngineError(f"sglang {self.api.info.version}: alloc_extend_swa_tail clears the non-tail "
+                              f"mapping (#25805); A2's stale mapping is the model's switch only")
+        if p < 2 or slots.length or not 0 <= tail <= n or (n - tail) % p:
+            raise ValueError(f"SWA-tail allocation needs page_size > 1, an empty request and a page-aligned "
+                             f"tail start (n={n}, tail={tail}, page_size={p})")
+        if n > slots.capacity:
+            raise ValueError(f"request grows to {n} tokens, past its capacity {slots.capacity}")
+        zero, seq = torch.tensor([0], dtype=torch.int64), torch.tensor([n], dtype=torch.int64)
+        out = self.engine.alloc_extend_swa_tail(zero.to(self.device), zero, seq.to(self.device), seq,
+                                                self._t([-1]), n, tail)
+        self.calls["alloc_extend_swa_tail"] = self.calls.get("alloc_extend_swa_tail", 0) + 1
+        if out is None:
+            raise OutOfSlots(f"the engine's allocator refused an SWA-tail allocation of {n} tokens ({tail} SWA); "
+                             f"full pool has {self.full_free} free slots, SWA pool {self.swa_free}")
+        full = out.to("cpu", torch.int64).numpy()
+        if full.shape[0] != n:
+            raise EngineError(f"sglang {self.api.info.version}: alloc_extend_swa_tail returned {full.shape[0]} "
+                              f"slots for {n}")
+        slots.full[:n] = full
+        slots.swa[:n] = self.full_to_swa[full]
+        slots.length, slots.swa_evicted = n, n - tail
+        return full.copy()
+
     def evict_swa(self, slots: RequestSlots, end: int) -> int:
         """Free the SWA slots of positions [swa_evicted, end), end rounded down to a page; returns count."""
         p = self.page_size
@@ -281,13 +316,13 @@ class EngineAllocator:
     @property
     def swa_free_list(self) -> np.ndarray:
         """The release's SWA free list as page ids (where it keeps one as ``free_pages``), for checks."""
-        a = self.engine.swa_attn_allocator
-        pages = getattr(a, "free_pages", None)
-        if pages is None:
-            return np.zeros(0, np.int64)
-        rel = getattr(a, "release_pages", None)
-        parts = [pages] + ([rel] if isinstance(rel, torch.Tensor) else [])
-        return torch.cat([t.to("cpu", torch.int64) for t in parts]).numpy()
+        return _free_list_of(self.engine.swa_attn_allocator)
+
+    def free_pages(self) -> tuple[np.ndarray, np.ndarray]:
+        """The release's free full and SWA pages, each in hand-out order (``free_pages`` then what waits
+        behind it: ``release_pages`` at page 1, ``staged_pages`` of a sorting paged list), as
+        ``HybridAllocator.free_pages``."""
+        return _free_list_of(self.engine.full_attn_allocator), _free_list_of(self.engine.swa_attn_allocator)
 
     @property
     def found(self) -> dict:
@@ -315,6 +350,21 @@ def _capacity_assert(api: ReleaseAPI, where: str):
     except AssertionError as e:
         raise OverFree(f"sglang {api.info.version} {where}: available_size() <= size failed"
                        + (f" ({e})" if str(e) else "")) from e
+
+
+def _free_list_of(a) -> np.ndarray:
+    """One sub-allocator's free list as page ids (slot ids at page 1), in hand-out order."""
+    pages = getattr(a, "free_pages", None)
+    if pages is None:
+        return np.zeros(0, np.int64)
+    parts = [pages]
+    for name in ("release_pages", "staged_pages"):
+        more = getattr(a, name, None)
+        if isinstance(more, torch.Tensor):
+            parts.append(more)
+        elif isinstance(more, (list, tuple)):
+            parts.extend(t for t in more if isinstance(t, torch.Tensor))
+    return torch.cat([t.to("cpu", torch.int64).reshape(-1) for t in parts]).numpy()
 
 
 def _free_kv_row_segments():

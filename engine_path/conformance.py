@@ -20,8 +20,10 @@ The same function makes both sides of the comparison:
   (plan write ids or ``translate_loc_from_full_to_swa``) and its ``KVWriteLoc``.
 
 Both sides run the scenario's own scheduler (``simulator.run.make_scheduler``, the run's choice: the radix
-cache's ``SharingScheduler`` over the release's free paths on the engine side; on ``pool.unified`` (any page
-size) the unified allocator of each side, each forward bound to physical ids as the run binds it; what the engine
+cache's ``SharingScheduler`` over the release's free paths on the engine side; a PD decode node's
+``PDDecodeScheduler``, its pre-allocation through the release's ``alloc_extend_swa_tail`` and its finish
+through the release's row free (the transfer's slots recorded as ``transfer``); on ``pool.unified`` at page 1
+the unified allocator of each side, each forward bound to physical ids as the run binds it; what the engine
 side cannot run is listed by :func:`not_compared`) with the model design's release behaviour (when to evict,
 DP padding modes, the draft's columns, eager narrowing: the scheduler's decisions, ours on both sides)
 and the same seed, so every difference in the records is the allocator's, the eviction rule's, the
@@ -53,11 +55,11 @@ def _ints(a) -> list:
 
 
 #: what the trace cannot run on the engine side, per scheduler kind / pool: (what, reason, what the trace runs);
-#: ``own_path`` False: the scenario's own path is not compared at all (conform cannot say it conforms)
-_PD_REASON = ("engine.pd_decode", False,
-              "a PD decode node's SWA-tail pre-allocation (alloc_extend_swa_tail) has no wiring in engine_path's "
-              "EngineAllocator, and its free paths are the model's A1 / A2 switches (simulator/pd_decode.py), "
-              "not the release's", "the plain scheduler (no pre-allocation, no transfer, prefill forwards) on both sides")
+#: ``own_path`` False: the scenario's own path is not compared at all (conform cannot say it conforms).
+#: (engine.pd_decode is compared: the decode node's pre-allocation and finish run through the release.)
+_UNIFIED_REASON = ("pool.unified", False,
+                   "the release's unified allocator (engine_path/unified.py) is driven at page size 1 only (its paged "
+                   "alloc_extend is not wired)", "the static hybrid pool of the same sizes on both sides")
 _OVERLAP_REASON = ("engine.overlap", True,
                    "where the host's writes land inside forward k (the overlap timeline, simulator/timeline.py) is "
                    "the simulator's model on both sides and has no release code to compare with",
@@ -66,29 +68,24 @@ _OVERLAP_REASON = ("engine.overlap", True,
 
 
 def not_compared(sc) -> list[dict]:
-    """What of ``sc``'s own path the trace does not compare (see :data:`_PD_REASON` and its peers)."""
-    from simulator.run import scheduler_kind
-
+    """What of ``sc``'s own path the trace does not compare (the ``_*_REASON`` entries above)."""
     items = []
-    if scheduler_kind(sc) == "pd_decode":
-        what, own, reason, runs = _PD_REASON
-        if sc.pool.page_size < 2:
-            reason += "; at page size 1 the scenario itself is refused (engine.pd_decode needs pool.page_size > 1)"
-        items.append((what, own, reason, runs))
+    if sc.pool.unified and sc.pool.page_size > 1:
+        items.append(_UNIFIED_REASON)
     if sc.engine.overlap:
         items.append(_OVERLAP_REASON)
     return [{"what": w, "own_path": own, "reason": r, "trace_runs": t} for w, own, r, t in items]
 
 
 def _side(o: dict, sc, model_design, info: dict):
-    """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified``: the
-    model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
+    """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified`` at page 1:
+    the model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
     both sides (as ``slotscope run --engine`` runs it: the allocator is the release's, the write locations ours)."""
     from simulator.allocator import HybridAllocator
     from simulator.unified_run import model_unified_pool
 
     pc = sc.pool
-    unified = pc.unified
+    unified = pc.unified and pc.page_size == 1
     info["unified"] = unified
     if o.get("engine"):
         from .api import load
@@ -111,8 +108,20 @@ def _side(o: dict, sc, model_design, info: dict):
     return HybridAllocator(pc.full_size, pc.swa_size, pc.page_size), model_design
 
 
+def _pd_summary(sched) -> dict:
+    """A PD decode node's counters of one side (compared as ``radix``: transfers, tail / non-tail tokens,
+    over-allocated ids kept, stale mappings on free full pages at the end, free events, where it stopped)."""
+    out = sched.summary()
+    out.pop("ownership", None)
+    if "stopped" in out:
+        out["stopped"] = {k: v for k, v in out["stopped"].items() if k != "message"}
+    return out
+
+
 def _radix_summary(sched) -> Optional[dict]:
     """The radix cache's counters of one side (compared: prefix hits, tombstones, recoveries, evictions)."""
+    if hasattr(sched, "stale_mappings"):
+        return _pd_summary(sched)
     if not hasattr(sched, "hit_tokens"):
         return None
     c = sched.counts
@@ -149,7 +158,6 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     # the scenario's own scheduler (the run's choice, simulator.run.make_scheduler) where both sides can run it;
     # the scheduler's decisions are the model design's on both sides
     kind = scheduler_kind(sc)
-    kind = "base" if kind == "pd_decode" else kind
     sched = make_scheduler(sc, alloc, model_design, rng, pad.pad_value, pad.convention.dummy_request, kind=kind)
     info["scheduler"] = type(sched).__name__
     steps, info["stopped"], info["swa_ids"] = _records(sc, design, alloc, sched, pad, o.get("max_steps"))
@@ -184,6 +192,9 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[l
                    "mapping": None if unified else [_ints(changed), _ints(alloc.full_to_swa[changed])],
                    "evicted_swa": _ints(truth.evicted_swa), "freed_full": _ints(truth.freed_full),
                    "freed_swa": _ints(truth.freed_swa), "swa_loc": {}, "write_loc": {}}
+            if truth.transferred is not None:    # a PD decode node's KV transfer: the slots that received it
+                tr = truth.transferred
+                rec["transfer"] = [_ints(tr.full_slots), _ints(tr.swa_slots)]
             if unified is not None:
                 batch, mapping = unified.bind(batch, rec)
             loc = torch.from_numpy(batch.out_cache_loc)

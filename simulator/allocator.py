@@ -450,6 +450,10 @@ class HybridAllocator:
         # order, the evicted prefix's full pages first); exact=True is read by the "head" list only
         self._push_swa(live_swa[live_swa > 0] // p, exact=True)
         self.full_to_swa[slots.full[:n]] = 0
+        if p > 1 and n > first_page_pos:
+            # free_swa_segment clears the mapping of the live pages whole (_expand_to_full_pages): ids past
+            # n on the last page too (a PD decode node's over-allocated ids; 0 already elsewhere)
+            self.full_to_swa[((slots.full[first_page_pos:n:p] // p)[:, None] * p + np.arange(p)).ravel()] = 0
         if isinstance(self._full, _PageHead) and 0 < first_page_pos < n:
             self._push_full(slots.full[0:first_page_pos:p] // p, exact=True)
             self._push_full(slots.full[first_page_pos:n:p] // p, exact=True)

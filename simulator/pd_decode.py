@@ -17,13 +17,22 @@ mem_cache/chunk_cache.py (the decode node's chunk cache: a finish frees the row 
   :meth:`~simulator.prefix_cache.PrefixCache.extend_swa_tail` (A2's switch decides whether the non-tail full
   ids' mapping is cleared) and their ownership reaches the oracle as the next step's ``Transfer``, whose
   rows the run writes into the pools outside the backends (``Run.write_transfer``: no backend write, nothing
-  counted or write-checked); no prefill forward runs;
+  counted or write-checked); no prefill forward runs. At page size 1 there is no SWA-tail allocation (the
+  release's ``_uses_swa_tail_prealloc`` needs ``page_size > 1``; ``alloc_for_decode_prealloc`` calls
+  ``alloc(n)``): both pools are allocated for the whole prompt, the transfer fills the window's SWA rows
+  (``_swa_payload``: from ``max(0, seq_len - window)``) and the eviction cadence frees the rest; A1 and A2
+  cannot arise there;
 * a speculative round's rejected slots on the page the request keeps stay mapped (over-allocation, as
   ``kv_allocated_len``); whole pages past it go back as before;
 * a finish or retraction frees the row ``[0, length)`` through the token-level
   :meth:`~simulator.prefix_cache.PrefixCache.free` (``free_swa`` then the full pages: A1's switch decides
   whether the partial last page's other ids are cleared); the over-allocated ids past ``length`` on that
-  page are not passed (they are freed with the page; ``release_kv_cache`` starts at ``ceil_align``).
+  page are not passed (they are freed with the page; ``release_kv_cache`` starts at ``ceil_align``). Under a
+  release with ``pd_row_free`` (0.5.23, read in its disaggregation/decode.py and mem_cache/common.py: the
+  finish is ``release_kv_cache`` -> ``free_kv_row_segments``) the row is freed by segments instead, through the
+  allocator's row ``free`` (:meth:`PDDecodeScheduler._free_row`): the live pages' mapping is cleared whole,
+  both fixes hold, and on an engine's allocator (engine_path) both the pre-allocation and this free are the
+  release's own calls.
 
 A1 leaves the over-allocated ids of a finished request's last page mapped to the SWA page just freed (a
 stale mapping on a free full page); A2 keeps such entries on a recycled page's non-tail ids, and that
@@ -42,7 +51,7 @@ import numpy as np
 from .allocator import HybridAllocator, OverFree
 from .batch import Transfer
 from .prefix_cache import FIXED, CachedRequest, PrefixCache, SharingBehaviour
-from .release_model import ReleaseBehaviour
+from .release_model import MID_2026, ReleaseBehaviour
 from .scenario import RequestSpec, Scenario, ScenarioError
 from .scheduler import Request, Scheduler
 from .sharing_run import SharingScheduler
@@ -57,11 +66,17 @@ class PDDecodeScheduler(Scheduler):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
                  release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
-        if not isinstance(allocator, HybridAllocator) or allocator.page_size < 2:
-            raise ScenarioError(f"{scenario.source}: engine.pd_decode runs on the modelled paged allocator only (its "
-                                "free paths are the model's, with the A1 / A2 switches), not on an engine's (--engine)")
+        rel = release if release is not None else MID_2026
+        #: the finish frees the kv row by segments (0.5.23's release_kv_cache), not with the token free()
+        #: whose paths carry the A1 / A2 switches (the mid-2026 node's)
+        self.row_free = rel.pd_row_free
+        if not self.row_free and not isinstance(allocator, HybridAllocator):
+            raise ScenarioError(f"{scenario.source}: engine.pd_decode on an engine's allocator (--engine) under "
+                                f"release behaviour {rel.name}: that decode node's free paths (the A1 / A2 "
+                                "switches) are the model's only; the engine runs a release modelled with the row "
+                                "free (pd_row_free: sglang-0.5.23)")
         super().__init__(scenario, allocator, requests, rng, pad_value=pad_value, pad_to_capture=pad_to_capture,
-                         release=release)
+                         release=rel)
         self.sharing = sharing if sharing is not None else FIXED
         #: the free paths and SWA-tail allocation of the switches (the tree is not used: a chunk cache)
         self.cache = PrefixCache(allocator, self.window, self.sharing)
@@ -85,8 +100,13 @@ class PDDecodeScheduler(Scheduler):
         tail = swa_tail_len(n, self.sc.model.window, self.page)
         creq = CachedRequest(req.rid, req.slots, np.zeros(0, np.int64))
         self._creq[req.rid] = creq
-        full = self.cache.extend_swa_tail(creq, n, tail)
         s = req.slots
+        if self.page > 1:
+            full = self.cache.extend_swa_tail(creq, n, tail)
+        else:
+            # page 1: no SWA-tail pre-allocation (the release's _uses_swa_tail_prealloc needs page_size > 1):
+            # both pools for the whole prompt; the transfer fills the window's SWA rows only, eviction the rest
+            full = self.alloc.extend(s, n)
         tags = np.arange(req.tag_base, req.tag_base + n, dtype=np.int64)
         self._transfer.append((full, tags, s.swa[n - tail:n].copy(), tags[n - tail:]))
         self._log_alloc(req, full, s.swa[n - tail:n], "transfer")
@@ -119,21 +139,52 @@ class PDDecodeScheduler(Scheduler):
     # ------------------------------------------------------------------ frees
 
     def _release(self, req: Request, kind: str = "free") -> None:
-        """The chunk cache's finish: ``free(req_to_token[0:committed])`` (SWA through the mapping, then the
-        full pages); the over-allocated ids past it on the last page go with that page, unpassed."""
+        """A finish or retraction. Mid-2026 (the A1 / A2 state): the chunk cache's
+        ``free(req_to_token[0:committed])`` (SWA through the mapping, then the full pages); the over-allocated
+        ids past it on the last page go with that page, unpassed. A release with ``pd_row_free`` (0.5.23):
+        :meth:`_free_row`."""
         s = req.slots
         creq = self._creq.pop(req.rid)
         full = s.full[:s.length].copy()
-        self.cache.free(full, creq.owner, "release")
-        self._collect_events()
-        s.full[:s.length] = 0
-        s.swa[:s.length] = 0
-        s.length = s.swa_evicted = 0
+        if self.row_free:
+            self._free_row(req)
+        else:
+            self.cache.free(full, creq.owner, "release")
+            self._collect_events()
+            s.full[:s.length] = 0
+            s.swa[:s.length] = 0
+            s.length = s.swa_evicted = 0
         self._note(kind, req, full)
         self._full_reserved -= req.full_reserve
         self._swa_reserved -= req.swa_reserve
         if kind == "free":
             self.finished_count += 1
+
+    def _free_row(self, req: Request) -> None:
+        """0.5.23's ``release_kv_cache`` on the decode node: the row ``[0, committed)`` by segments
+        (``free_kv_row_segments``: the evicted prefix full side only, the rest ``free_segments``, whose SWA
+        half clears the mapping of whole pages: the last page's over-allocated ids too), then
+        ``[ceil_align(committed), allocated)`` (empty here: whole pages past the kept one went back at each
+        round). Through the allocator's ``free`` (the model's row free, or the release's)."""
+        s, p = req.slots, self.page
+        n = s.length
+        if n == 0:
+            return
+        offs = np.arange(p, dtype=np.int64)
+        pages = (s.full[0:n:p] // p)[:, None] * p + offs
+        lo = s.swa_evicted - s.swa_evicted % p
+        live = s.swa[lo:n:p]
+        swa_pages = ((live[live > 0] // p)[:, None] * p + offs).ravel()
+        rows = pages.ravel()
+        who = f"request:{req.rid}"
+        self._log.append((self._step, "free", "full", "release", who, rows.copy(), None))
+        self._log.append((self._step, "free", "swa", "release", who, swa_pages, None))
+        self._freed_full.append(rows.copy())
+        self._freed_swa.append(swa_pages)
+        self._mapping_changed.append(rows.copy())
+        self.counts["free:full:release"] += 1
+        self.counts["free:swa:release"] += 1
+        self.alloc.free(s)
 
     def _give_back(self, req: Request, length: int) -> None:
         """Rejected speculative slots: whole pages past the kept one go back (as the plain scheduler's); the

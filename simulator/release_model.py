@@ -281,6 +281,10 @@ class ReleaseBehaviour:
     #: the overlap scheduler's WAR barrier per platform (simulator.timeline.BARRIERS), when the scenario
     #: leaves engine.war_barrier = "release": 0.5.23 gates it on is_cuda(), so ROCm runs without (W7)
     war_barriers: tuple = (("cuda", "after_launch"), ("rocm", "none"))
+    #: a PD decode node (engine.pd_decode) frees a finished request's kv row by segments (0.5.23's
+    #: ``release_kv_cache`` -> ``free_kv_row_segments``: whole pages); False: the token ``free()`` of
+    #: mid-2026's chunk cache, whose free paths carry the A1 / A2 switches (simulator/pd_decode.py)
+    pd_row_free: bool = False
 
     def war_barrier(self, platform: str) -> str:
         table = dict(self.war_barriers)
@@ -307,6 +311,7 @@ SGLANG_0_5_23 = ReleaseBehaviour(
     draft_columns=True,
     eager_extend_narrowing=True,
     plan_swa_backends=PLAN_SWA_BACKENDS_0523,
+    pd_row_free=True,
 )
 
 

@@ -252,7 +252,9 @@ class EngineConfig:
     #: a PD-disaggregated decode node (simulator/pd_decode.py): each request arrives with its prompt's KV
     #: computed by a prefill node and transferred; the node allocates it by SWA tail (full slots for the
     #: whole prompt, SWA slots for the window's pages only: ``alloc_extend_swa_tail``) and decodes. The
-    #: node runs the chunk cache (no radix tree), as decode nodes did in mid-2026. Needs pool.page_size > 1
+    #: node runs the chunk cache (no radix tree), as decode nodes did in mid-2026. At page size 1 there is no
+    #: SWA-tail allocation (the release's ``_uses_swa_tail_prealloc`` needs page_size > 1): both pools are
+    #: allocated for the whole prompt, the transfer fills the window's SWA rows, eviction frees the rest
     pd_decode: bool = False
     #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
     #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
@@ -738,9 +740,6 @@ def _engine(t: _Table, pool: PoolConfig) -> EngineConfig:
 
 def _pd_decode_combos(t: _Table, cfg: EngineConfig, pool: PoolConfig) -> None:
     """What a PD decode node (engine.pd_decode) needs and does not run with, each refused by its field."""
-    if pool.page_size < 2:
-        raise t.fail("pd_decode", f"needs pool.page_size > 1 (SWA-tail allocation is the paged decode node's: "
-                                  f"_uses_swa_tail_prealloc), got {pool.page_size}")
     if pool.unified:
         raise t.fail("pd_decode", "cannot be true with pool.unified = true (the decode node's SWA-tail allocation "
                                   "is the static pool's)")

@@ -51,7 +51,7 @@ def _around(values: Any, i: int, k: int = 3) -> str:
 
 #: the two parts of a paired field's value
 PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc"),
-         "physical_loc": ("full", "swa")}
+         "physical_loc": ("full", "swa"), "transfer": ("full", "swa")}
 
 
 def _diff(model: Any, engine: Any, parts: Optional[tuple] = None) -> Optional[str]:
@@ -108,8 +108,9 @@ def compare(model: dict, engine: dict) -> dict:
                 break
         else:
             rows.setdefault("schedule", [0, 0])[0] += 1
-        for field in ("out_cache_loc", "physical_loc", "mapping", "moves", "evicted_swa", "freed_full", "freed_swa"):
-            if field not in ms and field not in es:     # physical_loc, moves: pool.unified only
+        for field in ("out_cache_loc", "physical_loc", "mapping", "moves", "evicted_swa", "freed_full", "freed_swa",
+                      "transfer"):
+            if field not in ms and field not in es:     # physical_loc, moves: pool.unified only; transfer: PD
                 continue
             where = ""
             if field == "mapping" and ms[field] != es[field] and ms[field][0] == es[field][0]:
@@ -273,7 +274,7 @@ def register(sub) -> None:
                "  0    every step conforms (on the scenario's own path; 'not compared' lines say what is not)\n"
                "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
                "  2    bad input, or cannot be compared (the trace ran another path than the scenario's:\n"
-               "       engine.pd_decode, pool.unified; the not-compared lines say why)\n",
+               "       pool.unified at page > 1; the not-compared lines say why)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
     p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")

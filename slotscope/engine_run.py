@@ -6,7 +6,8 @@ What this module adds to engine_path (which owns every ``import sglang``):
   ``engine_path.EngineSpec``; :func:`load_runtime` activates the release (fetching it into
   slotscope's cache when missing) and builds its ``EngineRuntime``: the design, allocator factory
   and pool factory of docs/ENGINE.md's "Integration plan".
-* :func:`check_scenario` refuses a scenario an engine run cannot drive (a PD decode node) before the import;
+* :func:`check_scenario` refuses a scenario an engine run cannot drive (a PD decode node on a release
+  without a model of its row free) before the import;
 * :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
   the compact K/V geometry and the release's own store (on the CPU its fallback ``k_cache[loc] = k``;
   with ``--device cuda`` its CUDA store, engine_path.pool.release_store); :func:`engine_layout` is
@@ -61,16 +62,26 @@ def check_options(device: str, geometry: Optional[str], store: Optional[str], de
                          f"(translation and KVWriteLoc); run the model design without --engine")
 
 
-def check_scenario(scenario) -> None:
+def check_scenario(scenario, spec=None) -> None:
     """What of a scenario an engine run cannot drive, refused before the release is imported (ScenarioError,
-    exit 2): a PD decode node (engine.pd_decode), whose SWA-tail pre-allocation and free paths are the model's."""
+    exit 2): a PD decode node (engine.pd_decode) on a pinned release slotscope has no model of with the decode
+    node's row free (``ReleaseBehaviour.pd_row_free``: sglang-0.5.23's). The decode node's pre-allocation
+    (``alloc_extend_swa_tail``) and finish (``free_kv_row_segments``) then run through the release; the
+    mid-2026 node's free paths (the A1 / A2 switches) are the model's only. An installed sglang (no version
+    pinned) is checked once imported, by the scheduler (simulator/pd_decode.py), with the same exit."""
+    from simulator.release_model import release_of
     from simulator.run import scheduler_kind
     from simulator.scenario import ScenarioError
 
-    if scheduler_kind(scenario) == "pd_decode":
-        raise ScenarioError(f"{scenario.source}: engine.pd_decode runs on the modelled paged allocator only (its "
-                            "free paths are the model's, with the A1 / A2 switches), not on an engine's (--engine); "
-                            "run it without --engine")
+    version = getattr(spec, "version", None)
+    if scheduler_kind(scenario) != "pd_decode" or version is None:
+        return
+    model = release_model_design(version)
+    if model is None or not release_of(model).pd_row_free:
+        raise ScenarioError(f"{scenario.source}: engine.pd_decode with --engine sglang=={version}: slotscope has no "
+                            f"model of that release's PD decode node (its finish through free_kv_row_segments: "
+                            f"sglang-0.5.23); the mid-2026 node's free paths (A1 / A2) are the model's: run it "
+                            f"without --engine, or with --engine sglang==0.5.23")
 
 
 def engine_layout(opts_geometry: Optional[str], opts_store: Optional[str]) -> tuple[str, str]:

@@ -342,7 +342,7 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
         spec = engine_spec(scenario.engine_release,
                            "--engine" if opts.engine is not None else f"{scenario.source}: engine_release")
         check_options(opts.device, opts.geometry, opts.store, opts.design)
-        check_scenario(scenario)          # before the release's import (~15 s)
+        check_scenario(scenario, spec)    # before the release's import (~15 s)
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
         design = runtime.design

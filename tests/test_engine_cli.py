@@ -203,11 +203,12 @@ def test_installed_sglang_with_an_unknown_api(tmp_path):
                     "the adapter does not know this API", "sglang.srt")
 
 
-def test_pd_decode_scenario_is_refused_before_the_import(tmp_path):
-    """A PD decode node's scenario with --engine: refused before the release is imported (an installed sglang
-    whose import would fail is never imported: the message is the scenario's, not the import's)."""
-    env = _fake_sglang(tmp_path / "site", "raise ImportError('libfoo.so: cannot open shared object file')\n")
-    proc = slotscope("run", "scenarios/a2-pd-decode-swa-tail.toml", "--engine", "sglang", "--out", str(tmp_path / "o"),
-                     env=env)
-    _one_line_error(proc, "a2-pd-decode-swa-tail.toml: engine.pd_decode runs on the modelled paged allocator only")
-    assert "libfoo" not in proc.stderr and "importing" not in proc.stderr
+def test_pd_decode_scenario_on_a_release_without_its_model_is_refused_before_the_import(tmp_path):
+    """A PD decode node's scenario with --engine sglang==0.5.14: slotscope models the row free of 0.5.23's decode
+    node only (the mid-2026 node's free paths are the model's A1 / A2 switches): refused before the release is
+    fetched or imported (--engine sglang==0.5.23 runs it: tests/test_conform.py, tests/test_engine_pd.py)."""
+    proc = slotscope("run", "scenarios/a2-pd-decode-swa-tail.toml", "--engine", "sglang==0.5.14", "--out",
+                     str(tmp_path / "o"))
+    _one_line_error(proc, "a2-pd-decode-swa-tail.toml: engine.pd_decode with --engine sglang==0.5.14: slotscope has "
+                          "no model of that release's PD decode node")
+    assert "importing" not in proc.stderr

@@ -28,7 +28,6 @@ pd_decode = true
 
 
 @pytest.mark.parametrize("page, extra, field, words", [
-    (1, "", "engine.pd_decode", "needs pool.page_size > 1"),
     (16, "radix_cache = true", "engine.radix_cache", "chunk cache"),
     (16, "reserve = \"none\"", "engine.reserve", "pre-allocates whole requests"),
     (16, "overlap = true", "engine.overlap", "not modelled on a decode node"),
@@ -83,14 +82,69 @@ def test_a2_first_divergent_slot_history_shows_the_foreign_free(tmp_path):
     assert [80, "alloc", "transfer", "request:13"] in at80
 
 
-def test_the_decode_node_refuses_an_engine_allocator():
+def test_the_mid_2026_decode_node_refuses_an_engine_allocator():
+    """The mid-2026 node's free paths (the A1 / A2 switches) are the model's only: another allocator than the
+    model's is refused under that release behaviour (0.5.23's row free runs on an engine's: test_engine_pd.py)."""
     from simulator.pd_decode import PDDecodeScheduler
     from simulator.scenario import load_scenario
 
     sc = load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml")
-    with pytest.raises(ScenarioError, match=r"a2-pd-decode-swa-tail\.toml: engine\.pd_decode runs on the modelled "
-                                            r"paged allocator only .*not on an engine's \(--engine\)"):
+    with pytest.raises(ScenarioError, match=r"a2-pd-decode-swa-tail\.toml: engine\.pd_decode on an engine's allocator "
+                                            r"\(--engine\) under release behaviour mid-2026"):
         PDDecodeScheduler(sc, object(), [], np.random.default_rng(0))
+
+
+def test_page_1_allocates_both_pools_for_the_prompt_and_transfers_the_window():
+    """Page 1 (no SWA-tail allocation at page 1 in the release): the transfer holds the whole prompt's full slots
+    and the window's SWA slots; the prompt's other SWA slots are allocated (mapped) and evicted later; A1 / A2
+    cannot arise: the buggy state runs clean over all 48 requests."""
+    from slotscope.pipeline import RunOptions, run_scenario
+    from simulator.allocator import HybridAllocator
+    from simulator.designs import load_design
+    from simulator.run import make_scheduler
+    from simulator.scenario import load_scenario
+
+    sc = _at_page(load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml").with_overrides(
+        backends=("triton",)), 1)
+    alloc = HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1)
+    sched = make_scheduler(sc, alloc, load_design("sglang-0.5.23"), np.random.default_rng(sc.seed), 0, False)
+    for batch, truth in sched.steps():
+        tr = truth.transferred
+        if tr is not None and tr.full_slots.size >= 400:
+            break
+    long = next(r for r in sched.running if r.spec.prompt_len == 400)
+    s = long.slots
+    assert s.swa_evicted == 0 and np.count_nonzero(alloc.full_to_swa[s.full[:400]]) == 400
+    assert np.isin(s.full[:400], tr.full_slots).all() and np.isin(s.swa[368:400], tr.swa_slots).all()
+    assert not np.isin(s.swa[:368], tr.swa_slots).any()
+    res = run_scenario(sc, None, RunOptions(design="pd-decode-pre-25805", device="cpu", trace_level="off",
+                                            report=False))
+    assert res.summary["steps"] == 385 and res.summary["radix"]["pd_decode"]["transfers"] == 48
+    assert not any(res.summary["backends"]["triton"]["findings"].values())
+    assert "stopped" not in res.summary["radix"]
+
+
+def _at_page(sc, page):
+    import dataclasses
+
+    return dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, page_size=page))
+
+
+@pytest.mark.parametrize("page, steps, kept", [(16, 405, 946), (1, 385, 0)])
+def test_the_0_5_23_node_frees_rows_whole_and_runs_clean(page, steps, kept):
+    """sglang-0.5.23 (both fixes, the row free of release_kv_cache): A2's scenario is clean at either page size; the
+    over-allocated ids of a finished request's last page are cleared with it (no stale mapping at the end)."""
+    from slotscope.pipeline import RunOptions, run_scenario
+    from simulator.scenario import load_scenario
+
+    sc = _at_page(load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml").with_overrides(
+        backends=("triton",)), page)
+    res = run_scenario(sc, None, RunOptions(design="sglang-0.5.23", device="cpu", trace_level="off", report=False))
+    pd = res.summary["radix"]["pd_decode"]
+    assert res.summary["steps"] == steps and pd["transfers"] == 48 and pd["overallocated_kept"] == kept
+    assert pd["stale_mappings_at_end"] == 0 and "stopped" not in res.summary["radix"]
+    assert res.summary["radix"]["events"]["free:full:release"] == 48
+    assert not any(res.summary["backends"]["triton"]["findings"].values())
 
 
 def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():

@@ -393,8 +393,6 @@ def test_sglang_0523_runs_clean_on_shipped_scenarios(name, page, monkeypatch):
     monkeypatch.setattr(run_mod, "Scheduler", _ReleaseScheduler)
     sc = scenario(name)
     if page != sc.pool.page_size:
-        if sc.engine.pd_decode and page == 1:
-            pytest.skip(f"{name}: a PD decode node allocates by SWA tail on paged pools only (engine.pd_decode)")
         if sc.pool.full_size % page:
             pytest.skip(f"{name}: full_size {sc.pool.full_size} is not a multiple of {page}")
         sc = dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, page_size=page))
