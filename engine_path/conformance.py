@@ -22,8 +22,8 @@ The same function makes both sides of the comparison:
 Both sides run the scenario's own scheduler (``simulator.run.make_scheduler``, the run's choice: the radix
 cache's ``SharingScheduler`` over the release's free paths on the engine side; a PD decode node's
 ``PDDecodeScheduler``, its pre-allocation through the release's ``alloc_extend_swa_tail`` and its finish
-through the release's row free (the transfer's slots recorded as ``transfer``); on ``pool.unified`` at page 1
-the unified allocator of each side, each forward bound to physical ids as the run binds it; what the engine
+through the release's row free (the transfer's slots recorded as ``transfer``); on ``pool.unified`` (any page
+size) the unified allocator of each side, each forward bound to physical ids as the run binds it; what the engine
 side cannot run is listed by :func:`not_compared`) with the model design's release behaviour (when to evict,
 DP padding modes, the draft's columns, eager narrowing: the scheduler's decisions, ours on both sides)
 and the same seed, so every difference in the records is the allocator's, the eviction rule's, the
@@ -57,9 +57,6 @@ def _ints(a) -> list:
 #: what the trace cannot run on the engine side, per scheduler kind / pool: (what, reason, what the trace runs);
 #: ``own_path`` False: the scenario's own path is not compared at all (conform cannot say it conforms).
 #: (engine.pd_decode is compared: the decode node's pre-allocation and finish run through the release.)
-_UNIFIED_REASON = ("pool.unified", False,
-                   "the release's unified allocator (engine_path/unified.py) is driven at page size 1 only (its paged "
-                   "alloc_extend is not wired)", "the static hybrid pool of the same sizes on both sides")
 _OVERLAP_REASON = ("engine.overlap", True,
                    "where the host's writes land inside forward k (the overlap timeline, simulator/timeline.py) is "
                    "the simulator's model on both sides and has no release code to compare with",
@@ -70,22 +67,20 @@ _OVERLAP_REASON = ("engine.overlap", True,
 def not_compared(sc) -> list[dict]:
     """What of ``sc``'s own path the trace does not compare (the ``_*_REASON`` entries above)."""
     items = []
-    if sc.pool.unified and sc.pool.page_size > 1:
-        items.append(_UNIFIED_REASON)
     if sc.engine.overlap:
         items.append(_OVERLAP_REASON)
     return [{"what": w, "own_path": own, "reason": r, "trace_runs": t} for w, own, r, t in items]
 
 
 def _side(o: dict, sc, model_design, info: dict):
-    """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified`` at page 1:
-    the model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
+    """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified``: the
+    model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
     both sides (as ``slotscope run --engine`` runs it: the allocator is the release's, the write locations ours)."""
     from simulator.allocator import HybridAllocator
     from simulator.unified_run import model_unified_pool
 
     pc = sc.pool
-    unified = pc.unified and pc.page_size == 1
+    unified = pc.unified
     info["unified"] = unified
     if o.get("engine"):
         from .api import load
