@@ -274,7 +274,7 @@ def register(sub) -> None:
                "  0    every step conforms (on the scenario's own path; 'not compared' lines say what is not)\n"
                "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
                "  2    bad input, or cannot be compared (the trace ran another path than the scenario's:\n"
-               "       pool.unified at page > 1; the not-compared lines say why)\n",
+               "       the not-compared lines say why)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
     p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")
