@@ -346,3 +346,116 @@ class UnifiedEngineRuntime:
         if self.allocator is not None:
             d["allocator"] = self.allocator.describe()
         return d
+
+
+# --------------------------------------------------------------------------- the model against the release
+
+_STATE = ("full.v2p", "swa.v2p", "full_used", "swa_used", "full_free", "swa_free", "events")
+
+
+def _state(pool, eng: UnifiedEngineAllocator) -> tuple:
+    """What must agree after every operation: both sides' page tables, counts, capacities, the events."""
+    def ev(a):
+        # (kind, pool, (slot, peer) pairs): the order within a call is not compared (the model emits per operation,
+        # the adapter per page-table diff)
+        return sorted((e.kind, e.pool, sorted(zip(e.slots.tolist(), e.peers.tolist()))) for e in a.drain_events())
+    return ((pool.full.v2p.tolist(), pool.swa.v2p.tolist(), pool.full_used, pool.swa_used, pool.full_free,
+             pool.swa_free, ev(pool)),
+            (eng._tables["full"].tolist(), eng._tables["swa"].tolist(), eng.full_used, eng.swa_used, eng.full_free,
+             eng.swa_free, ev(eng)))
+
+
+def _op(rng, alloc, reqs: list, kind: int, pick: int, n: int) -> np.ndarray:
+    """One operation on one side: admit, grow, evict, truncate, free (maybe grouped), flush; 6: the SWA side of
+    all but a request's last token tombstoned."""
+    if kind == 0:
+        reqs.append(RequestSlots(512))
+        return alloc.extend(reqs[-1], n)
+    r = reqs[pick]
+    if kind == 1:
+        return alloc.extend(r, min(n, r.capacity - r.length))
+    if kind == 2:
+        alloc.evict_swa(r, r.length - int(rng.integers(1, 24)))
+    elif kind == 3:
+        alloc.truncate(r, max(r.swa_evicted, r.length - int(rng.integers(1, 24)), 1))
+    elif kind == 4:
+        with alloc.free_group(bool(rng.integers(2))):
+            alloc.free(reqs.pop(pick))
+            if reqs and rng.integers(2):
+                alloc.free(reqs.pop(0))
+    elif kind == 5:
+        alloc.set_inflight_forward(r.full[max(0, r.length - 4):r.length] if rng.integers(2) else None)
+        alloc.flush_opportunistic()
+    else:
+        alloc.evict_swa(r, r.length - 1)
+    return np.zeros(0, dtype=np.int64)
+
+
+#: how often each random operation of :func:`_op` is drawn (kinds 0-5)
+_OP_MIX = (0.2, 0.35, 0.25, 0.05, 0.1, 0.05)
+
+
+def _ops(rng, page_size: int, ops: int):
+    """(kind, pick or None: drawn at run time, n): the random phase, then a pressure phase that fills the pool
+    until it refuses, tombstones every window but its last token (SWA holes past what one allocation takes),
+    and grows each request by a page: the release's urgent flush (``ensure_capacity``) runs there."""
+    for _ in range(ops):
+        kind = int(rng.choice(6, p=_OP_MIX))
+        yield kind, None, int(rng.integers(1, 4 * page_size + 40)) if kind == 0 else \
+            (1 if rng.random() < 0.6 else int(rng.integers(2, 40)))
+    for j in range(60):
+        yield 0, None, 2 * page_size + 8
+    for j in range(40):
+        yield 6, j, 0
+    for j in range(40):
+        yield 1, j, page_size
+
+
+def differential(page_size: int, seed: int = 0, ops: int = 400) -> dict:
+    """The same operations (:func:`_ops`) on the model's :class:`~simulator.unified_pool.UnifiedPool` and on the
+    release's unified allocator (u1's Gemma-like model, whose unequal entries put the full side's first virtual
+    id past the sink floor, on a tight budget): the first operation where the ids handed out, either side's page
+    tables, the counts or the ownership events differ (None: identical throughout), and what the run went through."""
+    import dataclasses
+    from pathlib import Path
+
+    from simulator.designs import load_design
+    from simulator.scenario import load_scenario
+    from simulator.unified_run import model_unified_pool
+
+    sc = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "u1-unified-swa-table.toml")
+    full = 640 if page_size == 1 else 96 * page_size                # tight: refusals and urgent flushes happen
+    sc = dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, full_size=full, page_size=page_size))
+    pool = model_unified_pool(sc, load_design("sglang-0.5.23"))
+    eng = UnifiedEngineAllocator(sc.model, sc.pool, pool.budget_bytes)
+    rng = np.random.default_rng(seed)
+    sides: tuple[list, list] = ([], [])
+    seen = {"moves": 0, "refused": 0, "urgent_flushes": 0, "ops": 0}
+    for i, (kind, pick, n) in enumerate(_ops(np.random.default_rng(seed + 1000), page_size, ops)):
+        if not sides[0] or not sides[1]:
+            kind = 0
+        pick = int(rng.integers(len(sides[0]))) if pick is None and sides[0] else (pick or 0) % max(1, len(sides[0]))
+        state = rng.bit_generator.state
+        outs = []
+        for alloc, reqs in zip((pool, eng), sides):
+            rng.bit_generator.state = state
+            try:
+                outs.append(_op(rng, alloc, reqs, kind, pick, n).tolist())
+            except OutOfSlots:
+                outs.append("refused")
+                if kind == 0:
+                    reqs.pop()
+        model_state, engine_state = _state(pool, eng)
+        seen["moves"] += sum(len(e[2]) for e in model_state[-1] if e[0] == MOVE) // page_size
+        seen["refused"] += outs[0] == "refused"
+        seen["urgent_flushes"], seen["ops"] = pool.urgent_flushes, i + 1
+        if outs[0] != outs[1] or model_state != engine_state:
+            what = [name for name, a, b in zip(_STATE, model_state, engine_state) if a != b]
+            return {"first_difference": i, "op": kind, "n": n, "what": what or ["ids"], "outs": outs, **seen}
+    return {"first_difference": None, **seen}
+
+
+def differentials(seed: int = 0) -> dict:
+    """:func:`differential` at page sizes 1 and 16."""
+    return {f"page {p}": differential(p, seed) for p in (1, 16)}
+

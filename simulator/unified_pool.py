@@ -344,6 +344,7 @@ class UnifiedPool:
         self._group: Optional[list[np.ndarray]] = None
         self.group_end_hooks: list = []
         self.moves = 0
+        self.urgent_flushes = 0                         # passes of the urgent (allocation-time) compaction
         self._empty_gap = self._gap()
         self._cap_full = min(self._empty_gap // self.full.page_bytes, self.full.index_room()) * page_size
         self._cap_swa = min(min(self._empty_gap // self.swa.page_bytes, self.swa.index_room()) * page_size,
@@ -666,6 +667,7 @@ class UnifiedPool:
         return set(np.unique(self.translate_kv_loc(self._inflight, pool) // self.page_size).tolist())
 
     def _flush(self, side: _End, urgent: bool) -> int:
+        self.urgent_flushes += urgent
         moves = side.flush(urgent, lambda: self._write_pages(side))
         if moves:
             src, dst = np.asarray(moves, dtype=np.int64).T
