@@ -46,6 +46,7 @@ from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
+from simulator.release_model import release_of
 
 from .check_kernel import verdict
 
@@ -135,8 +136,9 @@ class GpuStepRunner:
         self._staging = _Staging()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
-        self._host_b: dict[int, tuple] = {}              # id(boundary) -> (boundary, its host copy)
+        self._host_b: dict[int, tuple] = {}              # id(boundary) -> (boundary, host copy, twin key)
         self.verdict_reads = 0
+        self.twin_plans = 0                              # backends' metadata taken from an earlier backend's
         self.signature_reads = 0
         self.exact_checks = 0
         self.fast_checks = 0
@@ -192,7 +194,7 @@ class GpuStepRunner:
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
         else:
             at = (loc, run.mapping)
-        plans = [self._plan(run, side, name, batch, truth, at, read_in, host) for name in side.boundaries]
+        plans = self._plans(run, side, batch, truth, at, read_in, host)
         groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
         by_name = {p.name: p for p in plans}
         rows_cache: dict = {}
@@ -213,24 +215,50 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 1
 
-    def _plan(self, run, side, name, batch, truth, at, read_in, host: bool) -> "_Plan":
+    def _plans(self, run, side, batch, truth, at, read_in, host: bool) -> list["_Plan"]:
+        """Every backend's :meth:`_plan`, in order. On host metadata a backend whose metadata init is provably
+        an earlier backend's (:func:`_twin_key`: the same design class with the base, backend-blind hooks,
+        and the same spec but for its name) takes that backend's results instead of running the hooks again:
+        the same values, with its own context (and, where its spec's ``slices_swa_loc`` is the same too, the
+        same write locations)."""
+        plans: list[_Plan] = []
+        firsts: dict[tuple, _Plan] = {}
+        for name in side.boundaries:
+            twin, key = None, None
+            if host:
+                key = self._host_boundary(side.boundaries[name], key=True)[1]
+                twin = firsts.get(key) if key is not None else None
+            p = self._plan(run, side, name, batch, truth, at, read_in, host, twin)
+            if key is not None and twin is None and p.failure is None:
+                firsts[key] = p
+            plans.append(p)
+        return plans
+
+    def _plan(self, run, side, name, batch, truth, at, read_in, host: bool, twin: Optional["_Plan"] = None) -> "_Plan":
         """A backend's metadata init (the design's hooks, on ``at``'s tensors: the host's where
-        :meth:`_host_metadata`), its read ids (host) and, where its ``make_write_loc`` is layer-free, each
-        kind's write location and the store's length check: what decides whether its writes are another
-        backend's (:meth:`_signatures`). Nothing is written."""
+        :meth:`_host_metadata`; ``twin``: an earlier backend's, see :meth:`_plans`), its read ids (host) and,
+        where its ``make_write_loc`` is layer-free, each kind's write location and the store's length check:
+        what decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
         from simulator.run import _ReadCheck
 
         p = _Plan(name, side.boundaries[name])
         boundary = self._host_boundary(p.boundary) if host else p.boundary
         try:
-            p.meta = meta = boundary.init_metadata(batch, *at)
+            if twin is not None:
+                p.meta = meta = dataclasses.replace(twin.meta, ctx=boundary.context(batch, at[1]))
+                self.twin_plans += 1
+            else:
+                p.meta = meta = boundary.init_metadata(batch, *at)
             table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
         except HookFailure as f:
             p.failure = (f, boundary)
             return p
         if table is not None:
             p.reads = _ReadCheck(side, name, batch, truth, table, side.pools[name])
-        if boundary.layer_free_write_loc():
+        if twin is not None and twin.per_kind is not None \
+                and twin.boundary.spec.slices_swa_loc == p.boundary.spec.slices_swa_loc:
+            p.per_kind = twin.per_kind           # the same targets: one tensor each (_signatures by identity)
+        elif boundary.layer_free_write_loc():
             p.per_kind = _plan_by_kind(boundary, meta, side.layers)
         run.crossings += len(side.layers)
         return p
@@ -249,13 +277,14 @@ class GpuStepRunner:
             got = self._host[id(side)] = (side, ok)
         return got[1]
 
-    def _host_boundary(self, boundary):
+    def _host_boundary(self, boundary, key: bool = False):
+        """A boundary's host copy (``key``: with its :func:`_twin_key`, made with it: its inputs are set-up's)."""
         got = self._host_b.get(id(boundary))
         if got is None or got[0] is not boundary:
             hb = copy.copy(boundary)      # the same design instance and spec; static buffers of its own
             hb.device, hb._static = CPU, {}
-            got = self._host_b[id(boundary)] = (boundary, hb)
-        return got[1]
+            got = self._host_b[id(boundary)] = (boundary, hb, _twin_key(hb))
+        return got[1:] if key else got[1]
 
     def _device_meta(self, leads: list["_Plan"], batch, dev) -> None:
         """The groups' first backends' host metadata on the device, in one copy: under a graph runner into
@@ -597,6 +626,28 @@ def _base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.nd
     swa_ptr, swa_ids = ids(True)
     return ReadTable(full=ReadIds(full_ptr, torch.from_numpy(full_ids), torch.zeros_like(seq_lens)),
                      swa=ReadIds(swa_ptr, torch.from_numpy(full_to_swa[swa_ids]), torch.from_numpy(start)))
+
+
+#: the hooks metadata init and the layers' write locations call, in the base forms that read only their tensors
+#: and the context's pad values (never the backend, its spec or any state): results equal for equal inputs
+_BLIND_HOOKS = {"translate": Design.translate, "fill_graph_loc_buffer": Design.fill_graph_loc_buffer,
+                "fill_graph_swa_buffer": Design.fill_graph_swa_buffer}
+
+
+def _twin_key(boundary) -> Optional[tuple]:
+    """What a host boundary's metadata init depends on where its design's hooks are the backend-blind ones
+    (:data:`_BLIND_HOOKS`, a layer-free ``make_write_loc``; none set on the instance, so no instance state is
+    read): the design's class, its static SWA buffers' dtype and release (each backend has its own instance), the
+    run's engine, the boundary's settings and its spec but for its name (and ``slices_swa_loc``, which only the
+    write location reads). Equal keys: equal metadata for equal inputs, static buffers included (the base
+    fills rewrite them whole up to the padded length, so no earlier replay shows through). None: its own."""
+    d = boundary.design
+    if not boundary.layer_free_write_loc() or any(getattr(type(d), h, None) is not f or h in getattr(d, "__dict__", {})
+                                                   for h, f in _BLIND_HOOKS.items()):
+        return None
+    sp = boundary.spec
+    return (type(d), d.graph_swa_dtype, id(release_of(d)), id(boundary.engine), boundary.side, boundary.page_size,
+            boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers, sp.window_graphs)
 
 
 def _target_key(t: torch.Tensor) -> tuple:

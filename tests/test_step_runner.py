@@ -58,6 +58,9 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
     assert fast_events == own_events
     runner = ex.runner
     assert runner.fast_checks > 0
+    # host metadata: backends whose designs run the base, backend-blind hooks take an earlier backend's metadata
+    assert (runner.twin_plans > 0) == (bool(host) and name in ("b1-pcg-dp-padding", "gap-swa-shorter",
+                                                                 "a2-pd-decode-swa-tail"))
     assert all(on == bool(host) for _, on in runner._host.values())     # (every design here is layer-free)
     if any(f.cls != "stale_read" for f in own.findings):
         # at most one verdict read per step (none where every backend's writes failed); the write findings
