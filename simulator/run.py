@@ -413,6 +413,17 @@ class Run:
         return rec
 
 
+_KIND_COUNTS: dict[int, tuple] = {}
+
+
+def _kind_counts(layers) -> dict[str, int]:
+    """Per kind, how many of ``layers`` are of it (made once per layers tuple: a read check is made per forward)."""
+    got = _KIND_COUNTS.get(id(layers))
+    if got is None or got[0] is not layers:
+        got = _KIND_COUNTS[id(layers)] = (layers, {k: sum(1 for li in layers if li.kind == k) for k in ("full", "swa")})
+    return got[1]
+
+
 class _ReadCheck:
     """One backend forward's read checking: each kind's table against the reference, once per ownership
     epoch (so once per forward unless a timeline changes ownership between layers)."""
@@ -425,7 +436,7 @@ class _ReadCheck:
         self._epoch: dict[str, int] = {}
         self._reported: dict[str, np.ndarray] = {}
         # per kind, the layers still to run (the count a finding names)
-        self._left = {k: sum(1 for li in side.layers if li.kind == k) for k in ("full", "swa")}
+        self._left = dict(_kind_counts(side.layers))
 
     def at_layer(self, layer: LayerInfo) -> None:
         kind = layer.kind
