@@ -85,6 +85,7 @@ def main() -> int:
     ap.add_argument("--compare-cpu", action="store_true", help="also run on the CPU and compare the findings")
     ap.add_argument("--profile", type=int, metavar="N", default=0,
                     help="instead: one warm-up run, then one under cProfile; print the top N functions")
+    ap.add_argument("--profile-out", metavar="PATH", help="with --profile: also save the profile there (pstats)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
@@ -102,6 +103,8 @@ def main() -> int:
         _, secs = one_run(sc, "cuda")
         prof.disable()
         print(f"profiled run: {secs:.2f} s")
+        if args.profile_out:
+            prof.dump_stats(args.profile_out)
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime").print_stats(args.profile)
         stats.sort_stats("cumulative").print_stats(args.profile)
