@@ -16,7 +16,9 @@ The scheduler allocates *virtual* ids (``out_cache_loc``, ``req_to_token``) from
   ids (the translator's ``read_table``).
 * **The in-flight write window**: ``set_inflight_forward(virtual out_cache_loc)`` when a forward is
   planned; it stays pinned while the next forward is scheduled (0.5.23's overlap default: the scheduler of
-  k+1 runs while forward k is in flight), so compaction never moves it.
+  k+1 runs while forward k is in flight), so the lazy flush stops at it. An urgent flush (an allocation that
+  fits only once compacted) does not spare it, as the release does not when no forward-done event is set; in this
+  loop forward k has completed by then, and such moves are counted as ``pinned_moves``.
 * **The read door of page-table backends** (flashattention and musa, whose SWA ``page_table`` is the
   translator's ``read_table`` over each request's whole ``req_to_token`` row; the kernel skips sink
   entries and positions outside the window): an entry that is negative or past the SWA buffer is an
@@ -68,7 +70,7 @@ class UnifiedPlan:
         self.run = run
         self.alloc = run.alloc
         self.moves = 0
-        #: pages of the pinned (in-flight) write window a compaction moved: 0 unless compaction ignores the pin
+        #: slots of the pinned (in-flight) write window a compaction moved (an urgent flush may; the lazy one stops)
         self.pinned_moves = 0
         self._window: dict[str, np.ndarray] = {}     # the pinned window's physical slots per sub-pool
         self._seen: dict[str, set] = {}
