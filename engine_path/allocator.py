@@ -80,6 +80,7 @@ class EngineAllocator:
         self._rules: dict = {}
         #: the radix cache's hooks at a free group's end (simulator/prefix_cache.py), as HybridAllocator's
         self.group_end_hooks: list = []
+        self._row_frees = 0             # rows freed through the release's free_kv_row_segments
         #: calls made into the release, by kind (what a run's report can say the engine did)
         self.calls = dict.fromkeys(("alloc", "alloc_extend", "alloc_decode", "free", "free_full", "free_swa",
                                     "eviction_rule"), 0)
@@ -268,6 +269,7 @@ class EngineAllocator:
             # position order (free_page_ids), not the slot free's sorted pages
             row_free(self.engine, [(self._t(slots.full[:n]), 0)], swa_evicted_seqlen=lo)
             self.calls["free_full" if lo >= n else "free"] += 1
+            self._row_frees += 1
         elif self.api.features.has_free_full and lo > 0:
             self.engine.free_full(self._t(slots.full[:lo]))
             self.calls["free_full"] += 1
@@ -336,6 +338,16 @@ class EngineAllocator:
     def check_invariants(self, requests: list[RequestSlots]) -> None:
         """The model's invariants, asserted against the engine's state (tests)."""
         HybridAllocator.check_invariants(self, requests)  # type: ignore[arg-type]
+
+    def pieces_ran(self) -> list[str]:
+        """The release's functions beyond the allocator's own calls that ran (run.json ``engine_pieces``)."""
+        out = []
+        if self.calls.get("alloc_extend_swa_tail"):
+            out.append("SWATokenToKVPoolAllocator.alloc_extend_swa_tail (a PD decode node's pre-allocation of each "
+                       "transferred prompt)")
+        if self._row_frees:
+            out.append("free_kv_row_segments (a finished request's kv row, as release_kv_cache frees it)")
+        return out
 
     def describe(self) -> dict:
         return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",

@@ -92,4 +92,5 @@ class EngineRuntime:
                                   if p == "SWAKVPool.set_kv_buffer" else p for p in d["engine_pieces"]]
         if self.allocator is not None:
             d["allocator"] = self.allocator.describe()["allocator"]
+            d["engine_pieces"] = d["engine_pieces"] + list(getattr(self.allocator, "pieces_ran", list)())
         return d

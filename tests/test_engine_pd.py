@@ -59,7 +59,8 @@ def child(jobs: list, steps: int) -> dict:
     seq = _drive(eng)
     traces = [trace(path, {"design": "sglang-0.5.23", "page_size": page, "max_steps": steps, "engine": True})
               for path, page in jobs]
-    return {"version": api.info.version, "sequence": seq, "calls": dict(eng.calls), "traces": traces}
+    return {"version": api.info.version, "sequence": seq, "calls": dict(eng.calls), "pieces": eng.pieces_ran(),
+            "traces": traces}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +80,9 @@ def test_alloc_extend_swa_tail_gives_the_models_ids(run):
     assert run["version"] == "0.5.23"
     assert run["calls"]["alloc_extend_swa_tail"] == 6 and run["calls"]["free"] == 3
     assert len(run["sequence"]) == len(want) == 15
+    # what run.json's engine_pieces adds for them (engine_path.runtime.EngineRuntime.describe)
+    assert [p.split(" ")[0] for p in run["pieces"]] == ["SWATokenToKVPoolAllocator.alloc_extend_swa_tail",
+                                                       "free_kv_row_segments"]
     for i, (got, exp) in enumerate(zip(run["sequence"], want)):
         assert got == exp, i
     # request 3 took back request 2's 3 full pages (freed last: ahead of the list) and 22 of request 0's, its 23
