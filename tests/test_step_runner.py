@@ -188,7 +188,7 @@ def test_base_read_table_from_slots_is_the_base_hooks(name):
     import torch
 
     from cuda_path.step import _base_read_table
-    from simulator.designs import Design
+    from simulator.designs import Design, check_read_table
     from simulator.run import Run
 
     sc = scenario(name)
@@ -205,6 +205,7 @@ def test_base_read_table_from_slots_is_the_base_hooks(name):
             want = Design().read_ids(torch.from_numpy(rq.req_to_token()), torch.from_numpy(rq.seq_lens),
                                      torch.from_numpy(rq.extend_lens), mapping, ctx)
             got = _base_read_table(rq, torch.from_numpy(rq.seq_lens), window, run.alloc.full_to_swa)
+            assert check_read_table(got, len(rq.seq_lens), torch.device("cpu")) is got   # (the runner does not ask)
             for kind in ("full", "swa"):
                 for f in ("indptr", "indices", "start"):
                     a, b = getattr(want.of(kind), f), getattr(got.of(kind), f)
