@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import json
 import statistics
 import sys
@@ -44,10 +45,26 @@ TARGETS = {"run_s": 3.0, "steady_syncs_per_step": 2}
 STEADY_AFTER = 100
 
 
+#: seconds in the garbage collector during the last one_run (gc.callbacks)
+GC = {"s": 0.0, "t0": 0.0}
+
+
+def _gc_timer(phase, info):
+    if phase == "start":
+        GC["t0"] = time.perf_counter()
+    else:
+        GC["s"] += time.perf_counter() - GC["t0"]
+
+
 def one_run(sc, device: str, progress=None):
     opts = RunOptions(device=device, trace_level="off", report=False, progress=progress)
+    GC["s"] = 0.0
+    gc.callbacks.append(_gc_timer)
     t0 = time.perf_counter()
-    out = run_scenario(sc, None, opts)
+    try:
+        out = run_scenario(sc, None, opts)
+    finally:
+        gc.callbacks.remove(_gc_timer)
     return out, time.perf_counter() - t0
 
 
@@ -111,6 +128,7 @@ def main() -> int:
         return 0
     cold, cold_s = one_run(sc, "cuda")
     warm, warm_s = one_run(sc, "cuda")
+    warm_gc_s = GC["s"]
     try:
         counted, counted_s, per_step, where = counted_run(sc)
     except Exception as e:          # the figures of the other runs still print
@@ -129,7 +147,8 @@ def main() -> int:
         "bench": "gpu_step", "scenario": sc.name, "requests": sc.workload.requests,
         "device": torch.cuda.get_device_name(), "steps": len(r.steps), "crossings": r.crossings,
         "findings": r.total_findings, "run_s_cold": round(cold_s, 3), "run_s_warm": round(warm_s, 3),
-        "run_loop_s_warm": round(r.wall_s, 3), "counted_run_s": round(counted_s, 3),
+        "run_loop_s_warm": round(r.wall_s, 3), "gc_s_warm": round(warm_gc_s, 3), "counted_run_s": round(counted_s, 3),
+        "torch_threads": torch.get_num_threads(),
         "crossings_per_s_warm": round(r.crossings / warm_s, 1),
         "syncs_total": sum(all_n), "syncs_per_step_mean": round(sum(all_n) / max(1, len(all_n)), 2),
         "steady_decode_steps": len(steady),
@@ -153,7 +172,8 @@ def main() -> int:
           f"{r.total_findings} findings")
     print(f"run (cold, first in process) {cold_s:8.2f} s")
     print(f"run (warm)                   {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
-          f"{r.crossings / warm_s:,.0f} crossings/s")
+          f"{r.crossings / warm_s:,.0f} crossings/s, {warm_gc_s:.2f} s in the garbage collector, "
+          f"{torch.get_num_threads()} torch threads")
     print(f"host syncs per step          mean {figures['syncs_per_step_mean']}, steady decode max "
           f"{figures['steady_syncs_per_step_max']} median {figures['steady_syncs_per_step_median']} "
           f"over {len(steady)} steps (target <= {TARGETS['steady_syncs_per_step']})")
