@@ -49,6 +49,7 @@ from simulator.records import DRAFT_MODES, FINDING_CLASSES, STATIC_GRAPHS, StepR
 from simulator.release_model import release_of
 
 from .check_kernel import verdict
+from .read_cache import IncrementalReads
 
 CPU = torch.device("cpu")
 
@@ -119,6 +120,8 @@ class GpuStepRunner:
     #: metadata init on host tensors (:meth:`_host_metadata`): None on CUDA runs only; True also on the CPU
     #: (tests: host boundaries and their copies to the run's own, as on a GPU)
     host_metadata: Optional[bool] = None
+    #: the base read tables hold only the entries not known clean since an earlier step (cuda_path/read_cache.py)
+    incremental_reads: bool = True
 
     def __init__(self, executor) -> None:
         self.executor = executor
@@ -134,6 +137,7 @@ class GpuStepRunner:
         self._expected: Optional[dict] = None
         self._scratch: Optional[torch.Tensor] = None
         self._staging = _Staging()
+        self._reads = IncrementalReads()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
         self._host_b: dict[int, tuple] = {}              # id(boundary) -> (boundary, host copy, twin key)
@@ -162,6 +166,7 @@ class GpuStepRunner:
         if run.faults is not None or run.before_layer is not None or getattr(run, "unified", None) is not None \
                 or getattr(run, "forward_observer", None) is not None:
             self._stale = True         # the run's own step moves the oracle: refresh the mirrors after it
+            self._reads.reset()        # (and what it wrote is not seen here: no read is known clean)
             self._unshare(run)
             return None
         t_start = run.now()
@@ -175,6 +180,7 @@ class GpuStepRunner:
             run.write_transfer(truth.transferred)
             self._stale = True                # the references adopted its slots: every mirror again
         side.reference.apply_writes(truth)
+        self._reads.note_step(side.reference, truth)
         ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
         # the step's host arrays in one pinned copy (on the CPU the run's mapping is the allocator's array)
         ch_d, ch_to, loc, tags, full_slots, swa_slots = self._staging.put(
@@ -188,7 +194,8 @@ class GpuStepRunner:
         if run.read_check and batch.requests is not None:
             rq = batch.requests
             read_in = (rq, torch.from_numpy(rq.seq_lens), torch.from_numpy(rq.extend_lens),
-                       {})     # the last: tables (and req_to_token, made when a design asks) shared within the step
+                       {"incremental": self._incremental(side, truth)})   # the last: tables (and req_to_token, made
+            # when a design asks) shared within the step
         host = self._host_metadata(run, side)
         if host:        # the design hooks on host tensors: the run's mapping is the allocator's array
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
@@ -351,23 +358,37 @@ class GpuStepRunner:
         # a graph's verdict counts only where this step filled the static expected slots it reads
         p.in_graph = bool(getattr(self.executor, "verdict_in_graph", False)) and self._expected is not None
 
-    @staticmethod
-    def _read_table(boundary, meta, read_in, run, shared: dict) -> ReadTable:
+    def _incremental(self, side, truth) -> Optional[tuple]:
+        """(the side's oracle, pool rows per kind) where the base read tables can be incremental: own tags (no
+        shared content keys) and one pool size per kind over the side's backends; else None."""
+        if not self.incremental_reads or truth.content_keys is not None:
+            return None
+        rows = {k: {p.rows(k) for p in side.pools.values()} for k in ("full", "swa")}
+        if any(len(v) != 1 for v in rows.values()):
+            return None
+        return side.reference, {k: next(iter(v)) for k, v in rows.items()}
+
+    def _read_table(self, boundary, meta, read_in, run, shared: dict) -> ReadTable:
         """BackendBoundary.read_table on host copies of its inputs (and the allocator's own mapping).
 
         Backends whose design keeps the base ``Design.read_ids`` (a function of the inputs and
         ``ctx.window`` alone) share one table per step: the same object, so its read check runs once."""
         design = boundary.design
         key = None
+        inc = None
         if type(design).read_ids is Design.read_ids and "read_ids" not in getattr(design, "__dict__", {}):
-            key = ("base read_ids", meta.ctx.window)
+            # (without window indices SWA layers read the full table: then the whole of it, not the unclean part)
+            inc = shared.get("incremental") if meta.window else None
+            key = ("base read_ids", meta.ctx.window, inc is not None)
         table = shared.get(key) if key is not None else None
         if table is None:
             rq, seq_lens, extend_lens = read_in
             if key is not None:     # the base hook's table from the requests' slots (no dense req_to_token)
                 # (int64 CSR tensors on the host by construction: check_read_table's conditions hold, so it is
                 # not asked; tests/test_step_runner.py asks it)
-                table = shared[key] = _base_read_table(rq, seq_lens, meta.ctx.window, run.alloc.full_to_swa)
+                f2s = run.alloc.full_to_swa
+                table = shared[key] = (_base_read_table(rq, seq_lens, meta.ctx.window, f2s) if inc is None else
+                                       self._reads.table(inc[0], rq, meta.ctx.window, f2s, inc[1]))
             else:
                 rtt = shared.get("req_to_token")
                 if rtt is None:

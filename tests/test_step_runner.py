@@ -58,6 +58,8 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
     assert fast_events == own_events
     runner = ex.runner
     assert runner.fast_checks > 0
+    # the base read tables are incremental (cuda_path/read_cache.py) except under the radix cache's content keys
+    assert (runner._reads.entries_skipped > 0) == (name != "r7-grouped-free-flush")
     # host metadata: backends whose designs run the base, backend-blind hooks take an earlier backend's metadata
     assert (runner.twin_plans > 0) == (bool(host) and name in ("b1-pcg-dp-padding", "gap-swa-shorter",
                                                                  "a2-pd-decode-swa-tail"))
@@ -240,3 +242,15 @@ def test_step_runner_pools_hold_the_runs_own_contents_with_kv_transfers(host):
     for kind in ("full", "swa"):
         assert torch.equal(own.k[kind], fast.k[kind]) and torch.equal(own.v[kind], fast.v[kind]), kind
         assert int(own.k[kind].view(torch.int16).abs().sum()) > 0
+
+
+@pytest.mark.parametrize("name", ["a1-spec-partial-page-free", "b4-draft-extend-window"])
+def test_incremental_read_tables_give_the_runs_own_stale_reads(name):
+    """Speculative rounds truncate and refill requests (a1 at page 16, b4's draft-extend window): the read tables
+    that skip entries known clean give the run's own stale reads, in order, with the same messages."""
+    own, own_events, _ = _run(name, None, False)
+    fast, fast_events, ex = _run(name, None, True, None, True)
+    stale = [f.to_json() for f in own.findings if f.cls == "stale_read"]
+    assert len(stale) > 1000
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings] and fast_events == own_events
+    assert ex.runner._reads.entries_skipped > len(stale)
