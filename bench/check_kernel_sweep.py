@@ -79,12 +79,8 @@ def _l2_fetch_limit(value=None):
     return int(got.value) if rc == 0 else None
 
 
-def probe() -> int:
-    dev = torch.device("cuda")
-    rows, n, words = 1_000_000, 262144, 256        # 1M rows of 8 x 128 bf16 (2 KB = 256 int64 words)
-    l2 = int(torch.cuda.get_device_properties(dev).L2_cache_size)
-    timer = Timer(25.0, 100.0)
-    gen = torch.Generator().manual_seed(1)
+def _probe_layouts(dev, rows: int, words: int):
+    """The five placements of the two tag words (the same values in each), and the expected tag table."""
     sep_k = torch.randint(1, 1 << 40, (rows * words,), dtype=torch.int64, device=dev)
     sep_v = torch.randint(1, 1 << 40, (rows * words,), dtype=torch.int64, device=dev)
     kv = torch.randint(1, 1 << 40, (rows * 2 * words,), dtype=torch.int64, device=dev)
@@ -93,10 +89,11 @@ def probe() -> int:
     r2 = torch.arange(rows, device=dev)[:, None] * words + torch.arange(2, device=dev)
     sep_k[r2] = tag
     sep_v[r2] = tag
-    kv[2 * r2 - torch.arange(2, device=dev)] = tag               # K first lanes (row pair base)
-    kv[(2 * r2 - torch.arange(2, device=dev)) + words] = tag     # V first lanes
-    kv[(2 * r2 - torch.arange(2, device=dev)) + words - 2] = tag  # K last lanes
-    kv[(2 * r2 - torch.arange(2, device=dev)) + 2] = tag         # second half of K's first sector
+    base = 2 * r2 - torch.arange(2, device=dev)      # a row pair's first word (K), its tag words
+    kv[base] = tag                  # K first lanes
+    kv[base + words] = tag          # V first lanes
+    kv[base + words - 2] = tag      # K last lanes
+    kv[base + 2] = tag              # second half of K's first sector
     variants = [  # name, a, b, stride_a, off_a, stride_b, off_b, two, wide, bytes per slot, sectors per slot
         ("separate K and V allocations (the pools)", sep_k, sep_v, words, 0, words, 0, True, False, 89, 2),
         ("one allocation, K|V of a row: tags 2 KB apart", kv, kv, 2 * words, 0, 2 * words, words, True, False, 89, 2),
@@ -105,7 +102,11 @@ def probe() -> int:
         ("both tags in one 32-byte sector (one load)", kv, kv, 2 * words, 0, 0, 0, False, True, 89, 1),
         ("one table only (K)", sep_k, sep_k, words, 0, 0, 0, False, False, 57, 1),
     ]
-    count = sets_needed(n * 89, l2)
+    return variants, tag
+
+
+def _probe_sets(dev, rows: int, n: int, count: int, tag, gen):
+    """Input sets: unique random slots (1% expected to differ), the same sorted, with their expected words."""
     sets = []
     for _ in range(count):
         s = (torch.randperm(rows - 1, generator=gen)[:n] + 1).to(dev)
@@ -113,6 +114,17 @@ def probe() -> int:
         want[: n // 100, 0] ^= 1
         ss, order = torch.sort(s)
         sets.append((s, want, ss, want[order].contiguous()))
+    return sets
+
+
+def probe(rows: int = 1_000_000, n: int = 262144, dev=None, l2: int = 0) -> int:
+    dev = dev or torch.device("cuda")
+    words = 256                      # rows of 8 x 128 bf16 (2 KB = 256 int64 words)
+    l2 = l2 or int(torch.cuda.get_device_properties(dev).L2_cache_size)
+    timer = Timer(25.0, 100.0)
+    variants, tag = _probe_layouts(dev, rows, words)
+    count = sets_needed(n * 89, l2)
+    sets = _probe_sets(dev, rows, n, count, tag, torch.Generator().manual_seed(1))
     out = torch.empty(n, dtype=torch.int8, device=dev)
     results = []
 
@@ -143,7 +155,7 @@ def probe() -> int:
         run(*v)
     run(*variants[0], sort=True, tagname=" [slots sorted]")
     st = timer.device(lambda i: torch.sort(sets[i][0]), count)
-    print(f"{'(torch.sort of the 262,144 slots alone)':72s} {st * 1e3:7.2f} us")
+    print(f"{f'(torch.sort of the {n:,} slots alone)':72s} {st * 1e3:7.2f} us")
     default = _l2_fetch_limit()
     print(f"L2 fetch granularity limit: {default}")
     for g in (32, 128):
