@@ -96,6 +96,62 @@ def findings_of(out) -> list:
     return [f.to_json() for f in out.result.findings]
 
 
+def _sync_figures(r, per_step: list, where: dict) -> dict:
+    """Host synchronisations per step (the counted run's, by the warm run's graph paths): all steps, the steady
+    decode steps (decode graphs after STEADY_AFTER), per graph path, and their sources."""
+    modes = {s.step: s.graph for s in r.steps}
+    steady = [n for step, n in per_step[STEADY_AFTER:] if modes.get(step) == "decode_graph"]
+    all_n = [n for _, n in per_step]
+    by_graph: dict[str, list[int]] = {}
+    for step, n in per_step:
+        by_graph.setdefault(modes.get(step, "?"), []).append(n)
+    return {
+        "syncs_total": sum(all_n), "syncs_per_step_mean": round(sum(all_n) / max(1, len(all_n)), 2),
+        "steady_decode_steps": len(steady),
+        "steady_syncs_per_step_max": max(steady) if steady else None,
+        "steady_syncs_per_step_median": statistics.median(steady) if steady else None,
+        "syncs_per_step_by_graph": {g: {"steps": len(v), "mean": round(sum(v) / len(v), 2), "max": max(v)}
+                                    for g, v in by_graph.items()},
+        "sync_sources": dict(sorted(where.items(), key=lambda kv: -kv[1])[:8]),
+    }
+
+
+def _print_table(sc, figures: dict, r) -> None:
+    """The short table printed before the JSON line."""
+    cold_s, warm_s, n_warm = figures["run_s_cold"], figures["run_s_warm"], len(figures["run_s_warm_all"])
+    steady_n = figures["steady_decode_steps"]
+    print(f"\n# {sc.name} on {figures['device']}: {len(r.steps)} steps, {r.crossings} crossings, "
+          f"{r.total_findings} findings")
+    print(f"run (cold, first in process) {cold_s:8.2f} s")
+    print(f"run (warm, median of {n_warm})       {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
+          f"{r.crossings / warm_s:,.0f} crossings/s, {figures['gc_s_warm']:.2f} s in the garbage collector, "
+          f"{figures['torch_threads']} torch threads")
+    print(f"host syncs per step          mean {figures['syncs_per_step_mean']}, steady decode max "
+          f"{figures['steady_syncs_per_step_max']} median {figures['steady_syncs_per_step_median']} "
+          f"over {steady_n} steps (target <= {TARGETS['steady_syncs_per_step']})")
+    for g, v in figures["syncs_per_step_by_graph"].items():
+        print(f"  {g:14s} {v['steps']:6d} steps  mean {v['mean']:6.2f}  max {v['max']}")
+
+
+def _profile(sc, top: int, out) -> int:
+    """One warm-up run, then one under cProfile: the top functions by own and by cumulative time."""
+    import cProfile
+    import pstats
+
+    one_run(sc, "cuda")
+    prof = cProfile.Profile()
+    prof.enable()
+    _, secs = one_run(sc, "cuda")
+    prof.disable()
+    print(f"profiled run: {secs:.2f} s")
+    if out:
+        prof.dump_stats(out)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", default=str(ROOT / "scenarios/scale.toml"))
@@ -114,21 +170,7 @@ def main() -> int:
     if args.quick:
         sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
     if args.profile:
-        import cProfile
-        import pstats
-
-        one_run(sc, "cuda")
-        prof = cProfile.Profile()
-        prof.enable()
-        _, secs = one_run(sc, "cuda")
-        prof.disable()
-        print(f"profiled run: {secs:.2f} s")
-        if args.profile_out:
-            prof.dump_stats(args.profile_out)
-        stats = pstats.Stats(prof)
-        stats.sort_stats("tottime").print_stats(args.profile)
-        stats.sort_stats("cumulative").print_stats(args.profile)
-        return 0
+        return _profile(sc, args.profile, args.profile_out)
     cold, cold_s = one_run(sc, "cuda")
     warms = []
     for _ in range(max(1, args.warm)):      # the machine's host is noisy: the median of several warm runs
@@ -141,12 +183,7 @@ def main() -> int:
         print(f"counted run failed: {type(e).__name__}: {e}", file=sys.stderr)
         counted, counted_s, per_step, where = warm, float("nan"), [], {"counted run failed": 1}
     r = warm.result
-    modes = {s.step: s.graph for s in r.steps}
-    steady = [n for step, n in per_step[STEADY_AFTER:] if modes.get(step) == "decode_graph"]
-    all_n = [n for _, n in per_step]
-    by_graph: dict[str, list[int]] = {}
-    for step, n in per_step:
-        by_graph.setdefault(modes.get(step, "?"), []).append(n)
+    syncs = _sync_figures(r, per_step, where)
     same_gpu = all(findings_of(cold) == findings_of(w[2]) and cold.summary["backends"] == w[2].summary["backends"]
                    for w in warms) and findings_of(cold) == findings_of(counted)
     figures = {
@@ -156,14 +193,7 @@ def main() -> int:
         "run_s_warm_all": [round(w[0], 3) for w in warms],
         "run_loop_s_warm": round(r.wall_s, 3), "gc_s_warm": round(warm_gc_s, 3), "counted_run_s": round(counted_s, 3),
         "torch_threads": torch.get_num_threads(),
-        "crossings_per_s_warm": round(r.crossings / warm_s, 1),
-        "syncs_total": sum(all_n), "syncs_per_step_mean": round(sum(all_n) / max(1, len(all_n)), 2),
-        "steady_decode_steps": len(steady),
-        "steady_syncs_per_step_max": max(steady) if steady else None,
-        "steady_syncs_per_step_median": statistics.median(steady) if steady else None,
-        "syncs_per_step_by_graph": {g: {"steps": len(v), "mean": round(sum(v) / len(v), 2), "max": max(v)}
-                                    for g, v in by_graph.items()},
-        "sync_sources": dict(sorted(where.items(), key=lambda kv: -kv[1])[:8]),
+        "crossings_per_s_warm": round(r.crossings / warm_s, 1), **syncs,
         "same_findings_across_gpu_runs": same_gpu,
     }
     if args.compare_cpu:
@@ -173,19 +203,10 @@ def main() -> int:
                                   and cpu.summary["backends"] == warm.summary["backends"])
     figures["targets_met"] = {
         "run_s_warm": warm_s <= TARGETS["run_s"],
-        "steady_syncs_per_step": bool(steady) and max(steady) <= TARGETS["steady_syncs_per_step"],
+        "steady_syncs_per_step": syncs["steady_syncs_per_step_max"] is not None
+        and syncs["steady_syncs_per_step_max"] <= TARGETS["steady_syncs_per_step"],
     }
-    print(f"\n# {sc.name} on {figures['device']}: {len(r.steps)} steps, {r.crossings} crossings, "
-          f"{r.total_findings} findings")
-    print(f"run (cold, first in process) {cold_s:8.2f} s")
-    print(f"run (warm, median of {len(warms)})       {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
-          f"{r.crossings / warm_s:,.0f} crossings/s, {warm_gc_s:.2f} s in the garbage collector, "
-          f"{torch.get_num_threads()} torch threads")
-    print(f"host syncs per step          mean {figures['syncs_per_step_mean']}, steady decode max "
-          f"{figures['steady_syncs_per_step_max']} median {figures['steady_syncs_per_step_median']} "
-          f"over {len(steady)} steps (target <= {TARGETS['steady_syncs_per_step']})")
-    for g, v in figures["syncs_per_step_by_graph"].items():
-        print(f"  {g:14s} {v['steps']:6d} steps  mean {v['mean']:6.2f}  max {v['max']}")
+    _print_table(sc, figures, r)
     print(json.dumps(figures))
     return 0
 
