@@ -63,14 +63,23 @@ class IncrementalReads:
 
     def __init__(self) -> None:
         self._states: dict[tuple, tuple] = {}        # (id(reference), window) -> (reference, {kind: _Kind})
+        self._clean: list[ReadTable] = []            # this step's tables whose every entry was found clean
         self.entries_skipped = 0
+        self.clean_tables = 0
 
     def reset(self) -> None:
         """After a step the runner did not see (the run's own): nothing is known clean."""
         self._states.clear()
 
+    def known_clean(self, table: ReadTable) -> bool:
+        """Whether ``table`` is one of this step's whose entries :meth:`table` found all clean: the checker's
+        comparison (the same slots, tags and pool rows, the oracle unchanged until the step's next truth) finds
+        no stale read in it, so the read check has nothing to report."""
+        return any(t is table for t in self._clean)
+
     def note_step(self, stepping_ref, truth) -> None:
         """The step's frees (every oracle), its writes (the stepping side's), its transfer and mapping changes."""
+        self._clean.clear()
         tr = truth.transferred
         for ref, kinds in self._states.values():
             f, s = kinds["full"], kinds["swa"]
@@ -94,12 +103,16 @@ class IncrementalReads:
                                              "swa": _Kind(ref.live_tag["swa"].shape[0], full_to_swa.shape[0])})
         seq = rq.seq_lens.astype(np.int64, copy=False)
         start = np.maximum(seq - rq.extend_lens + 1 - window, 0).astype(np.int64, copy=False)
-        full = self._kind(got[1]["full"], ref, "full", rq, seq, np.zeros_like(seq), None, rows["full"])
-        swa = self._kind(got[1]["swa"], ref, "swa", rq, seq, start, full_to_swa, rows["swa"])
-        return ReadTable(full=full, swa=swa)
+        full, full_ok = self._kind(got[1]["full"], ref, "full", rq, seq, np.zeros_like(seq), None, rows["full"])
+        swa, swa_ok = self._kind(got[1]["swa"], ref, "swa", rq, seq, start, full_to_swa, rows["swa"])
+        table = ReadTable(full=full, swa=swa)
+        if full_ok and swa_ok:
+            self._clean.append(table)
+            self.clean_tables += 1
+        return table
 
     def _kind(self, st: _Kind, ref, kind: str, rq, seq: np.ndarray, start: np.ndarray,
-              mapping: Optional[np.ndarray], rows: int) -> ReadIds:
+              mapping: Optional[np.ndarray], rows: int) -> tuple[ReadIds, bool]:
         rids = rq.rids.astype(np.int64, copy=False)
         ids = np.fromiter(map(id, rq.slots), dtype=np.int64, count=len(rq.slots))
         st.grow(int(rids.max()) + 1 if rids.size else 0)
@@ -114,18 +127,18 @@ class IncrementalReads:
         parts = [sl.full[a:b] for sl, a, b in zip(rq.slots, first.tolist(), seq.tolist()) if b > a]
         fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
         idx = fidx if mapping is None else mapping[fidx]
-        ends = self._extend_clean(st, ref, kind, rq, rids, first, lens, indptr, idx,
-                                  None if mapping is None else fidx, rows)
+        ends, ok = self._extend_clean(st, ref, kind, rq, rids, first, lens, indptr, idx,
+                                      None if mapping is None else fidx, rows)
         st.dlo[rids], st.dhi[rids], st.did[rids] = start, ends, ids
         for i in np.flatnonzero(~same).tolist():       # (new requests, retractions' new RequestSlots)
             st.refs[int(rids[i])] = rq.slots[i]
-        return ReadIds(torch.from_numpy(indptr), torch.from_numpy(idx), torch.from_numpy(first))
+        return ReadIds(torch.from_numpy(indptr), torch.from_numpy(idx), torch.from_numpy(first)), ok
 
     @staticmethod
     def _extend_clean(st: _Kind, ref, kind, rq, rids, first, lens, indptr, idx, fidx, rows) -> np.ndarray:
         """The checker's comparison of the new entries (own tags): the slots of each request's entries before its
         first stale one record their (request, position). Returns per request where its clean range now ends
-        (the entries from ``start`` to ``first`` were clean and untouched)."""
+        (the entries from ``start`` to ``first`` were clean and untouched), and whether every new entry was clean."""
         n = idx.shape[0]
         row_of = np.repeat(np.arange(lens.shape[0]), lens)
         pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + first[row_of]
@@ -144,4 +157,4 @@ class IncrementalReads:
         if fidx is not None:
             st.frid[fidx[clean]] = rids[row_of[clean]]
             st.fpos[fidx[clean]] = pos[clean]
-        return first + (stop - indptr[:-1])
+        return first + (stop - indptr[:-1]), bad.size == 0

@@ -260,7 +260,7 @@ class GpuStepRunner:
         except HookFailure as f:
             p.failure = (f, boundary)
             return p
-        if table is not None:
+        if table is not None and not self._reads.known_clean(table):   # (else: no stale read to report)
             p.reads = _ReadCheck(side, name, batch, truth, table, side.pools[name])
         if twin is not None and twin.per_kind is not None \
                 and twin.boundary.spec.slices_swa_loc == p.boundary.spec.slices_swa_loc:

@@ -60,6 +60,8 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
     assert runner.fast_checks > 0
     # the base read tables are incremental (cuda_path/read_cache.py) except under the radix cache's content keys
     assert (runner._reads.entries_skipped > 0) == (name != "r7-grouped-free-flush")
+    # and a table whose every entry was found clean there is not checked again (no read check made for it)
+    assert (runner._reads.clean_tables > 0) == (name != "r7-grouped-free-flush")
     # host metadata: backends whose designs run the base, backend-blind hooks take an earlier backend's metadata
     assert (runner.twin_plans > 0) == (bool(host) and name in ("b1-pcg-dp-padding", "gap-swa-shorter",
                                                                  "a2-pd-decode-swa-tail"))
@@ -254,3 +256,5 @@ def test_incremental_read_tables_give_the_runs_own_stale_reads(name):
     assert len(stale) > 1000
     assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings] and fast_events == own_events
     assert ex.runner._reads.entries_skipped > len(stale)
+    # tables whose every entry was found clean are not read-checked again (the stale reads above still are)
+    assert ex.runner._reads.clean_tables > 0
