@@ -316,8 +316,9 @@ class GpuStepRunner:
         one copy of all of them: the step's first synchronisation, none where no two can be equal), or a
         signature of its own (a failed hook, a design whose write location depends on the layer)."""
         tensors: dict[tuple, torch.Tensor] = {}
-        for p in plans:
-            for _, target, err in (p.per_kind or {}).values():
+        kinds = {id(p.per_kind): p.per_kind for p in plans if p.per_kind is not None}   # (twins share one)
+        for per_kind in kinds.values():
+            for _, target, err in per_kind.values():
                 if err is None:
                     tensors.setdefault(_target_key(target), target)
         buckets: dict[tuple, list] = {}
@@ -335,14 +336,10 @@ class GpuStepRunner:
                 n = tensors[k].shape[0]
                 ids[k] = ("value", seen.setdefault((tensors[k].dtype, host[off:off + n].tobytes()), len(seen)))
                 off += n
-        out = []
-        for p in plans:
-            if p.failure is not None or p.per_kind is None:
-                out.append(("own", p.name))
-            else:
-                out.append(("by_kind",) + tuple((kind, None if err else ids[_target_key(t)], err)
-                                                for kind, (_, t, err) in p.per_kind.items()))
-        return out
+        sig = {i: ("by_kind",) + tuple((kind, None if err else ids[_target_key(t)], err)
+                                       for kind, (_, t, err) in per_kind.items()) for i, per_kind in kinds.items()}
+        return [("own", p.name) if p.failure is not None or p.per_kind is None else sig[id(p.per_kind)]
+                for p in plans]
 
     def _forward(self, run, side, p: "_Plan", batch, tags, rows_cache) -> None:
         """A group's writes, once, by its first backend (the executor: graph replays, grouped stores)."""
@@ -531,8 +528,15 @@ class GpuStepRunner:
         """A backend's observations, then its findings: its group's first backend runs the checker where the
         verdict is not zero; the others take those findings under their own name (same pool, same writes)."""
         name, lead = p.name, p.lead
-        for args in (lead.calls if lead is p else _observations(batch.step, name, p.per_kind, side.layers, lead.calls)):
-            run.obs.on_boundary(*args)
+        if lead is p:
+            calls = lead.calls
+        else:
+            if lead.call_kinds is False:
+                lead.call_kinds = _call_kinds(lead.calls, side.layers)
+            calls = _observations(batch.step, name, p.per_kind, side.layers, lead.calls, lead.call_kinds)
+        on_boundary = run.obs.on_boundary
+        for args in calls:
+            on_boundary(*args)
         if p.failure is not None:
             f, boundary = p.failure
             text = f.describe(boundary.design.name, boundary.context(batch), -1)
@@ -577,6 +581,7 @@ class _Plan:
     calls: list = dataclasses.field(default_factory=list)   # its boundary observations (the executor's)
     in_graph: bool = False                      # its verdict was added by a decode graph's replay
     n_writes: int = -1                          # its writes that count (-1: not counted yet)
+    call_kinds: object = False                  # _call_kinds of its observations (False: not made yet)
 
 
 class _Rows:
@@ -610,14 +615,34 @@ def _plan_by_kind(boundary, meta, layers) -> Optional[dict]:
     return per_kind
 
 
-def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list) -> list[tuple]:
+def _call_kinds(calls: list, layers) -> Optional[dict]:
+    """Per kind what every one of a group's first backend's observations of that kind holds but its step,
+    backend and times: (loc_len, swa_len, loc_dtype, swa_dtype, error); None where they are not one per
+    layer, in layer order, alike within a kind."""
+    if len(calls) != len(layers):
+        return None
+    got: dict[str, tuple] = {}
+    for li, c in zip(layers, calls):
+        t = c[3:7] + (c[9],)
+        if c[2] != li.layer or got.setdefault(li.kind, t) != t:
+            return None
+    return got
+
+
+def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list,
+                  lead_kinds: Optional[dict] = None) -> list[tuple]:
     """A backend's boundary observations from its own write locations, in layer order, timed as its group's
-    first backend's (a graph replay, a grouped store: one observation per layer, in the same order)."""
+    first backend's (a graph replay, a grouped store: one observation per layer, in the same order). Where
+    its own per kind are what the first backend's hold (``lead_kinds``: :func:`_call_kinds`), those under
+    its own name."""
     seen = {}
     for kind, (wl, _, err) in per_kind.items():
         swa = wl.swa_loc
         seen[kind] = (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
                       "" if swa is None else dtype_name(swa.dtype))
+    if lead_kinds is not None and lead_kinds == {k: seen[k] + (per_kind[k][2],) for k in seen}:
+        head = (step, name)
+        return [head + c[2:] for c in lead_calls]
     if len(lead_calls) != len(layers):      # (not reached: the first backend observes every layer)
         lead_calls = [(None,) * 7 + (0, 0)] * len(layers)
     # (step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, t0, t1, err)
