@@ -103,29 +103,26 @@ class IncrementalReads:
                                              "swa": _Kind(ref.live_tag["swa"].shape[0], full_to_swa.shape[0])})
         seq = rq.seq_lens.astype(np.int64, copy=False)
         start = np.maximum(seq - rq.extend_lens + 1 - window, 0).astype(np.int64, copy=False)
-        full, full_ok = self._kind(got[1]["full"], ref, "full", rq, seq, np.zeros_like(seq), None, rows["full"])
-        swa, swa_ok = self._kind(got[1]["swa"], ref, "swa", rq, seq, start, full_to_swa, rows["swa"])
+        rids = rq.rids.astype(np.int64, copy=False)
+        req = (rids, np.fromiter(map(id, rq.slots), dtype=np.int64, count=len(rq.slots)), seq, {})
+        full, full_ok = self._kind(got[1]["full"], ref, "full", rq, req, np.zeros_like(seq), None, rows["full"])
+        swa, swa_ok = self._kind(got[1]["swa"], ref, "swa", rq, req, start, full_to_swa, rows["swa"])
         table = ReadTable(full=full, swa=swa)
         if full_ok and swa_ok:
             self._clean.append(table)
             self.clean_tables += 1
         return table
 
-    def _kind(self, st: _Kind, ref, kind: str, rq, seq: np.ndarray, start: np.ndarray,
+    def _kind(self, st: _Kind, ref, kind: str, rq, req: tuple, start: np.ndarray,
               mapping: Optional[np.ndarray], rows: int) -> tuple[ReadIds, bool]:
-        rids = rq.rids.astype(np.int64, copy=False)
-        ids = np.fromiter(map(id, rq.slots), dtype=np.int64, count=len(rq.slots))
+        rids, ids, seq, memo = req
         st.grow(int(rids.max()) + 1 if rids.size else 0)
         same = st.did[rids] == ids
         lo, hi = st.dlo[rids], st.dhi[rids]
         # per request, the first position left to check: past its clean range where that range holds start
         first = np.where(same & (lo <= start) & (start < hi), np.minimum(hi, seq), start)
         self.entries_skipped += int((first - start).sum())
-        lens = np.maximum(seq - first, 0)
-        indptr = np.zeros(seq.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=indptr[1:])
-        parts = [sl.full[a:b] for sl, a, b in zip(rq.slots, first.tolist(), seq.tolist()) if b > a]
-        fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
+        lens, indptr, fidx = _gather(rq.slots, seq, first, memo)
         idx = fidx if mapping is None else mapping[fidx]
         ends, ok = self._extend_clean(st, ref, kind, rq, rids, first, lens, indptr, idx,
                                       None if mapping is None else fidx, rows)
@@ -135,7 +132,7 @@ class IncrementalReads:
         return ReadIds(torch.from_numpy(indptr), torch.from_numpy(idx), torch.from_numpy(first)), ok
 
     @staticmethod
-    def _extend_clean(st: _Kind, ref, kind, rq, rids, first, lens, indptr, idx, fidx, rows) -> np.ndarray:
+    def _extend_clean(st: _Kind, ref, kind, rq, rids, first, lens, indptr, idx, fidx, rows) -> tuple:
         """The checker's comparison of the new entries (own tags): the slots of each request's entries before its
         first stale one record their (request, position). Returns per request where its clean range now ends
         (the entries from ``start`` to ``first`` were clean and untouched), and whether every new entry was clean."""
@@ -146,15 +143,36 @@ class IncrementalReads:
         hi = min(rows, live_tag.shape[0])
         inr = (idx >= 0) & (idx < hi)
         ok = inr & (live_tag[np.where(inr, idx, 0)] == rq.tag_bases[row_of] + pos)
-        stop = indptr[1:].copy()                    # per request, its first stale entry (flat), else its end
         bad = np.flatnonzero(~ok)
-        if bad.size:
-            uniq, at = np.unique(row_of[bad], return_index=True)
-            stop[uniq] = bad[at]
+        if bad.size == 0:                           # (all clean: every new entry records its owner)
+            st.rid[idx] = rids[row_of]
+            st.pos[idx] = pos
+            if fidx is not None:
+                st.frid[fidx] = rids[row_of]
+                st.fpos[fidx] = pos
+            return first + lens, True
+        stop = indptr[1:].copy()                    # per request, its first stale entry (flat), else its end
+        uniq, at = np.unique(row_of[bad], return_index=True)
+        stop[uniq] = bad[at]
         clean = np.arange(n, dtype=np.int64) < stop[row_of]
         st.rid[idx[clean]] = rids[row_of[clean]]
         st.pos[idx[clean]] = pos[clean]
         if fidx is not None:
             st.frid[fidx[clean]] = rids[row_of[clean]]
             st.fpos[fidx[clean]] = pos[clean]
-        return first + (stop - indptr[:-1]), bad.size == 0
+        return first + (stop - indptr[:-1]), False
+
+
+def _gather(slots: list, seq: np.ndarray, first: np.ndarray, memo: dict) -> tuple:
+    """Per request the entries from ``first`` to its seq_len: (lengths, CSR indptr, their full slots); the
+    same ``first`` (both kinds of a decode step, most often) gathers once per step (``memo``)."""
+    key = first.tobytes()
+    got = memo.get(key)
+    if got is None:
+        lens = np.maximum(seq - first, 0)
+        indptr = np.zeros(seq.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        parts = [sl.full[a:b] for sl, a, b in zip(slots, first.tolist(), seq.tolist()) if b > a]
+        fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
+        got = memo[key] = (lens, indptr, fidx)
+    return got
