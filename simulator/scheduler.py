@@ -38,7 +38,7 @@ from .allocator import HybridAllocator, RequestSlots
 from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .padding import smallest_capture
 from .records import STATIC_GRAPHS, Owner
-from .release_model import MID_2026, EvictionContext, ReleaseBehaviour, eviction_end
+from .release_model import MID_2026, EvictionContext, MidYear2026Eviction, ReleaseBehaviour, eviction_end
 from .scenario import RequestSpec, Scenario, ScenarioError
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -271,25 +271,37 @@ class Scheduler:
     def _release_finished(self) -> None:
         """Release every finished running request (in running order) and keep the others running; the caller
         holds the free group the releases belong to."""
-        still = []
+        self._sweep()
+
+    def _sweep(self) -> tuple[list[Request], list[Request]]:
+        """One pass over the running requests: release the finished ones (in running order; the caller
+        holds the free group) and return the others that still prefill and those that decode, in running
+        order (:attr:`Request.finished` and :attr:`Request.decodes` inlined)."""
+        still, chunked, decoding = [], [], []
+        release = self._release
         for r in self.running:
-            if r.finished:
-                self._release(r)
+            if r.prefilled < r.prefill_len:
+                chunked.append(r)
+            elif r.decoded >= r.spec.output_len and (r.lagged or not r.lag):
+                release(r)
+                continue
             else:
-                still.append(r)
+                decoding.append(r)
+            still.append(r)
         self.running = still
+        return chunked, decoding
 
     def _schedule(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The forwards of one scheduling decision: one batch, or a speculative round / prefill + draft."""
         # finished requests free their slots before the next batch is formed
         with self.alloc.free_group(self._grouped):
-            self._release_finished()
+            chunked, decoding = self._sweep()
 
         eng = self.sc.engine
         prefill: list[tuple[Request, int]] = []
         budget = eng.chunked_prefill_size
-        for r in self.running:  # an in-progress chunked request continues first
-            if not r.prefill_done and budget > 0:
+        for r in chunked:  # an in-progress chunked request continues first
+            if budget > 0:
                 take = min(r.prefill_len - r.prefilled, budget)
                 prefill.append((r, take))
                 budget -= take
@@ -299,11 +311,12 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(req)
+            if req.decodes:
+                decoding.append(req)
             take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
             prefill.append((req, take))
             budget -= take
 
-        decoding = [r for r in self.running if r.decodes]
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
@@ -378,25 +391,19 @@ class Scheduler:
         if k > a._full.free or k > a._swa.free or any(s.length >= s.capacity for s in slots):
             return False
         new_full = a._full.pop(k)
-        parts, pending = [], 0
-        for r in reqs:
-            point = self._decode_point(r) if evict else None
-            if point is not None:
-                if pending:
-                    parts.append(a._swa.pop(pending))
-                    pending = 0
-                self._lazy_evict(r, point)
-            pending += 1
-        parts.append(a._swa.pop(pending))
-        new_swa = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        lengths = np.empty(k, dtype=np.int64)
+        new_swa = self._vector_swa_pops(reqs, evict)
+        lengths = [0] * k
         for i, (r, s, f, w) in enumerate(zip(reqs, slots, new_full.tolist(), new_swa.tolist())):
             n = lengths[i] = s.length
             s.full[n] = f
             s.swa[n] = w
             s.length = n + 1
-            self._count_decoded(r)
+            if r.decoded < r.spec.output_len:      # _count_decoded inlined
+                r.decoded += 1
+            else:
+                r.lagged = True
             r.decode_batches += 1
+        lengths = np.array(lengths, dtype=np.int64)
         a.full_to_swa[new_full] = new_swa
         bases = np.fromiter((r.tag_base for r in reqs), dtype=np.int64, count=k)
         tags.append(bases + lengths)
@@ -406,6 +413,31 @@ class Scheduler:
                                     seq_lens=lengths + 1, extend_lens=np.ones(k, dtype=np.int64),
                                     slots=tuple(slots), tag_bases=bases)
         return True
+
+    def _vector_swa_pops(self, reqs: list[Request], evict: bool) -> np.ndarray:
+        """The SWA pages of :meth:`_vector_decode`'s requests, one per request in order: popped in runs
+        up to each request whose lazy eviction may free pages, which evicts first (mid-2026's
+        ``decoded % window == 1`` asked inline; another policy through :meth:`_decode_point`)."""
+        swa = self.alloc._swa
+        parts, pending = [], 0
+        if evict:
+            mid = type(self._eviction) is MidYear2026Eviction
+            window = self._ev_ctx.window
+            for r in reqs:
+                if mid:
+                    point = r.slots.length if r.decoded % window == 1 else None
+                else:
+                    point = self._decode_point(r)
+                if point is not None:
+                    if pending:
+                        parts.append(swa.pop(pending))
+                        pending = 0
+                    self._lazy_evict(r, point)
+                pending += 1
+        else:
+            pending = len(reqs)
+        parts.append(swa.pop(pending))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @staticmethod
     def _count_decoded(r: Request) -> None:
