@@ -276,14 +276,13 @@ class Scheduler:
     def _sweep(self) -> tuple[list[Request], list[Request]]:
         """One pass over the running requests: release the finished ones (in running order; the caller
         holds the free group) and return the others that still prefill and those that decode, in running
-        order (:attr:`Request.finished` and :attr:`Request.decodes` inlined)."""
+        order (a prefilled request that has not finished decodes: :attr:`Request.decodes`)."""
         still, chunked, decoding = [], [], []
-        release = self._release
         for r in self.running:
-            if r.prefilled < r.prefill_len:
+            if not r.prefill_done:
                 chunked.append(r)
-            elif r.decoded >= r.spec.output_len and (r.lagged or not r.lag):
-                release(r)
+            elif r.finished:
+                self._release(r)
                 continue
             else:
                 decoding.append(r)
