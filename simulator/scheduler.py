@@ -38,7 +38,7 @@ from .allocator import HybridAllocator, RequestSlots
 from .batch import BatchRequests, BatchTruth, ForwardBatch
 from .padding import smallest_capture
 from .records import STATIC_GRAPHS, Owner
-from .release_model import MID_2026, EvictionContext, MidYear2026Eviction, ReleaseBehaviour, eviction_end
+from .release_model import MID_2026, EvictionContext, ReleaseBehaviour, eviction_end
 from .scenario import RequestSpec, Scenario, ScenarioError
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -397,10 +397,7 @@ class Scheduler:
             s.full[n] = f
             s.swa[n] = w
             s.length = n + 1
-            if r.decoded < r.spec.output_len:      # _count_decoded inlined
-                r.decoded += 1
-            else:
-                r.lagged = True
+            self._count_decoded(r)
             r.decode_batches += 1
         lengths = np.array(lengths, dtype=np.int64)
         a.full_to_swa[new_full] = new_swa
@@ -415,18 +412,13 @@ class Scheduler:
 
     def _vector_swa_pops(self, reqs: list[Request], evict: bool) -> np.ndarray:
         """The SWA pages of :meth:`_vector_decode`'s requests, one per request in order: popped in runs
-        up to each request whose lazy eviction may free pages, which evicts first (mid-2026's
-        ``decoded % window == 1`` asked inline; another policy through :meth:`_decode_point`)."""
+        up to each request whose lazy eviction may free pages (the release's :meth:`_decode_point`), which
+        evicts first."""
         swa = self.alloc._swa
         parts, pending = [], 0
         if evict:
-            mid = type(self._eviction) is MidYear2026Eviction
-            window = self._ev_ctx.window
             for r in reqs:
-                if mid:
-                    point = r.slots.length if r.decoded % window == 1 else None
-                else:
-                    point = self._decode_point(r)
+                point = self._decode_point(r)
                 if point is not None:
                     if pending:
                         parts.append(swa.pop(pending))
