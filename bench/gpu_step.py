@@ -149,6 +149,28 @@ def _profile(sc, top: int, out) -> int:
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
+    # who calls the torch methods that cost most (a .to, .cpu or copy_ is a launch, a copy or a wait)
+    stats.sort_stats("tottime").print_callers(r"method '(to|cpu|copy_|pin_memory|fill_|zero_)' of 'torch")
+    return 0
+
+
+def _torch_profile(sc, top: int) -> int:
+    """One warm-up run, then one under torch.profiler (host ops and CUDA runtime calls): the ops by own host
+    time, and the runtime calls (kernel launches, graph launches, copies, synchronisations) per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    one_run(sc, "cuda")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out, secs = one_run(sc, "cuda")
+    steps = max(1, len(out.result.steps))
+    print(f"profiled run: {secs:.2f} s, {steps} steps")
+    avg = prof.key_averages()
+    print(avg.table(sort_by="self_cpu_time_total", row_limit=top))
+    runtime = sorted(((e.key, e.count, e.self_cpu_time_total) for e in avg if e.key.startswith("cuda")),
+                     key=lambda r: -r[1])
+    print("# CUDA runtime calls per step")
+    for key, count, self_us in runtime[:12]:
+        print(f"{key:40s} {count / steps:8.2f} per step  {self_us / 1e6:7.3f} s host")
     return 0
 
 
@@ -162,6 +184,9 @@ def main() -> int:
     ap.add_argument("--profile", type=int, metavar="N", default=0,
                     help="instead: one warm-up run, then one under cProfile; print the top N functions")
     ap.add_argument("--profile-out", metavar="PATH", help="with --profile: also save the profile there (pstats)")
+    ap.add_argument("--torch-profile", type=int, metavar="N", default=0,
+                    help="instead: one warm-up run, then one under torch.profiler; print the top N ops by host "
+                         "time and the CUDA runtime calls per step")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
@@ -171,6 +196,8 @@ def main() -> int:
         sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
     if args.profile:
         return _profile(sc, args.profile, args.profile_out)
+    if args.torch_profile:
+        return _torch_profile(sc, args.torch_profile)
     cold, cold_s = one_run(sc, "cuda")
     warms = []
     for _ in range(max(1, args.warm)):      # the machine's host is noisy: the median of several warm runs
