@@ -92,6 +92,19 @@ def counted_run(sc):
     return out, secs, per_step, where
 
 
+def host_cpu() -> str:
+    """The host's CPU model (/proc/cpuinfo): warm runs on different machine starts spread by 50%, and the host
+    is what they differ in."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def findings_of(out) -> list:
     return [f.to_json() for f in out.result.findings]
 
@@ -120,7 +133,8 @@ def _print_table(sc, figures: dict, r) -> None:
     """The short table printed before the JSON line."""
     cold_s, warm_s, n_warm = figures["run_s_cold"], figures["run_s_warm"], len(figures["run_s_warm_all"])
     steady_n = figures["steady_decode_steps"]
-    print(f"\n# {sc.name} on {figures['device']}: {len(r.steps)} steps, {r.crossings} crossings, "
+    print(f"\n# {sc.name} on {figures['device']} (host: {figures['host_cpu']}): {len(r.steps)} steps, "
+          f"{r.crossings} crossings, "
           f"{r.total_findings} findings")
     print(f"run (cold, first in process) {cold_s:8.2f} s")
     print(f"run (warm, median of {n_warm})       {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
@@ -215,7 +229,7 @@ def main() -> int:
                    for w in warms) and findings_of(cold) == findings_of(counted)
     figures = {
         "bench": "gpu_step", "scenario": sc.name, "requests": sc.workload.requests,
-        "device": torch.cuda.get_device_name(), "steps": len(r.steps), "crossings": r.crossings,
+        "device": torch.cuda.get_device_name(), "host_cpu": host_cpu(), "steps": len(r.steps), "crossings": r.crossings,
         "findings": r.total_findings, "run_s_cold": round(cold_s, 3), "run_s_warm": round(warm_s, 3),
         "run_s_warm_all": [round(w[0], 3) for w in warms],
         "run_loop_s_warm": round(r.wall_s, 3), "gc_s_warm": round(warm_gc_s, 3), "counted_run_s": round(counted_s, 3),
