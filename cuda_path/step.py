@@ -45,7 +45,7 @@ from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook
 from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
-from simulator.records import DRAFT_MODES, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
+from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 from simulator.release_model import release_of
 
 from .check_kernel import verdict
@@ -62,44 +62,112 @@ def h2d(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+#: numpy dtypes -> torch dtypes (the staged arrays' own, viewed on the device)
+_TORCH_DTYPES: dict = {}
+
+
+def _torch_dtype(dt: np.dtype) -> torch.dtype:
+    got = _TORCH_DTYPES.get(dt)
+    if got is None:
+        got = _TORCH_DTYPES[dt] = torch.from_numpy(np.zeros(1, dtype=dt)).dtype
+    return got
+
+
+def stage_layout(arrays) -> tuple[list[np.ndarray], list[int], int]:
+    """The arrays C-contiguous, each one's byte offset in one buffer (8-byte aligned: any dtype's view of
+    its slice is valid) and the buffer's length in bytes."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    offsets, total = [], 0
+    for a in arrays:
+        offsets.append(total)
+        total += -(-a.nbytes // 8) * 8
+    return arrays, offsets, total
+
+
+def stage_pack(host: np.ndarray, arrays, offsets) -> None:
+    """Each array's bytes into the uint8 buffer ``host`` at its offset."""
+    for a, o in zip(arrays, offsets):
+        if a.nbytes:
+            host[o:o + a.nbytes] = a.reshape(-1).view(np.uint8)
+
+
+def stage_views(buf: torch.Tensor, arrays, offsets) -> list[torch.Tensor]:
+    """Each array as a view of its slice of the uint8 tensor ``buf``, in its own dtype and shape (no copy)."""
+    return [buf[o:o + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape) for a, o in zip(arrays, offsets)]
+
+
 class _Staging:
     """A step's host arrays on the device in one copy from pinned memory, without a host synchronisation.
-    Four pinned buffers in turn (a step makes one or two copies); a buffer is filled again only once its
-    last copy has completed (every step but one whose writes all failed ends with a read that waits for
-    it; otherwise its event is waited on)."""
+    Four pinned byte buffers in turn (a step makes one copy); a buffer is filled again only once its last
+    copy has completed (every step but one whose writes all failed ends with a read that waits for it;
+    otherwise its event is waited on)."""
 
     RING = 4
 
     def __init__(self) -> None:
-        self._bufs: list[Optional[torch.Tensor]] = [None] * self.RING
+        self._bufs: list[Optional[tuple]] = [None] * self.RING     # (pinned uint8 tensor, its numpy view)
         self._events: list = [None] * self.RING
         self._i = 0
 
     def put(self, arrays, dev: torch.device) -> list[torch.Tensor]:
-        """The arrays (1-D integer) on ``dev``, in their dtypes (int32 crosses as int64, cast back there)."""
+        """The host arrays on ``dev``, each in its own dtype and shape: on CUDA their bytes in one pinned
+        buffer (:func:`stage_layout`) and one copy, each result a view of its slice (no cast on the device)."""
         if dev.type != "cuda":
             return [h2d(a, dev) for a in arrays]
-        dtypes = [a.dtype for a in arrays]
-        if any(d != np.int64 for d in dtypes):
-            if not all(d in (np.int64, np.int32) for d in dtypes):
-                return [h2d(a, dev) for a in arrays]
-            arrays = [a.astype(np.int64) for a in arrays]
-        sizes = [a.shape[0] for a in arrays]
-        total = sum(sizes)
+        arrays, offsets, total = stage_layout(arrays)
         self._i = i = (self._i + 1) % self.RING
         ev = self._events[i]
         if ev is not None and not ev.query():
             ev.synchronize()
-        buf = self._bufs[i]
-        if buf is None or buf.shape[0] < total:
-            buf = self._bufs[i] = torch.empty(max(total, 1 << 16) * 2, dtype=torch.int64).pin_memory()
-        np.concatenate(arrays, out=buf.numpy()[:total])
-        d = buf[:total].to(dev, non_blocking=True)
+        got = self._bufs[i]
+        if got is None or got[0].shape[0] < total:
+            buf = torch.empty(max(total, 1 << 19) * 2, dtype=torch.uint8).pin_memory()
+            got = self._bufs[i] = (buf, buf.numpy())
+        stage_pack(got[1], arrays, offsets)
+        d = got[0][:total].to(dev, non_blocking=True)
         if ev is None:
             ev = self._events[i] = torch.cuda.Event()
         ev.record()
-        out = list(d.split(sizes))
-        return [t if dt == np.int64 else t.to(torch.int32) for t, dt in zip(out, dtypes)]
+        return stage_views(d, arrays, offsets)
+
+
+#: storage dtype -> per lane the stored bits of the 16 nibble values (tag_lanes' own), or None: not nibble-wise
+_NIBBLE_BITS: dict = {}
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _nibble_bits(storage: torch.dtype) -> Optional[np.ndarray]:
+    """[lanes, 16] of :func:`simulator.kvrows.tag_lanes`' bits: the lanes of the tags whose code (tag + 2)
+    holds nibble j in every lane, as integers of the storage's size. Checked once against ``tag_lanes`` on
+    tags incl. 0, PAD_TAG and large ones; None where it does not reproduce them (then the host asks
+    ``tag_lanes`` itself)."""
+    if storage in _NIBBLE_BITS:
+        return _NIBBLE_BITS[storage]
+    codes = torch.arange(16, dtype=torch.int64) * 0x11111111
+    lanes = tag_lanes(codes - 2, storage).contiguous()
+    bits = lanes.view(_INT_OF_SIZE[lanes.element_size()]).numpy().T.copy()
+    _NIBBLE_BITS[storage] = bits
+    probe = np.concatenate([np.arange(-2, 70, dtype=np.int64), np.array([PAD_TAG, 2**31, 2**32 - 3, 2**40 + 5]),
+                            np.random.default_rng(0).integers(-3, 2**34, 2000)])
+    want = tag_lanes(torch.from_numpy(probe), storage).contiguous().view(torch.int64).numpy()
+    if not np.array_equal(host_tag_words(probe, storage), want):
+        _NIBBLE_BITS[storage] = None
+    return _NIBBLE_BITS[storage]
+
+
+def host_tag_words(tags: np.ndarray, storage: torch.dtype) -> np.ndarray:
+    """``tag_lanes(tags, storage).view(int64)`` made on the host (int64 ``[n, words]``; tag 0: zero words):
+    the 16 nibble values' stored bits (:func:`_nibble_bits`) looked up per lane."""
+    bits = _nibble_bits(storage)
+    if bits is None:
+        return tag_lanes(torch.from_numpy(np.asarray(tags, dtype=np.int64)), storage).contiguous().view(
+            torch.int64).numpy()
+    lanes = bits.shape[0]
+    code = tags.astype(np.int64, copy=False) + 2
+    nib = (code[:, None] >> (np.arange(lanes, dtype=np.int64) * 4)) & 0xF
+    vals = bits[np.arange(lanes), nib]
+    vals[tags == 0] = 0
+    return vals.view(np.int64)
 
 
 class _Queue:
@@ -181,15 +249,6 @@ class GpuStepRunner:
             self._stale = True                # the references adopted its slots: every mirror again
         side.reference.apply_writes(truth)
         self._reads.note_step(side.reference, truth)
-        ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
-        # the step's host arrays in one pinned copy (on the CPU the run's mapping is the allocator's array)
-        ch_d, ch_to, loc, tags, full_slots, swa_slots = self._staging.put(
-            (ch, run.alloc.full_to_swa[ch], batch.out_cache_loc, truth.tags, truth.full_slots, truth.swa_slots), dev)
-        step_slots = {"full": full_slots, "swa": swa_slots}
-        self._mirror(side, truth, tags, step_slots)
-        self._begin_verdicts(batch, truth, step_slots, dev)
-        if ch.size:
-            run.mapping[ch_d] = ch_to
         read_in = None
         if run.read_check and batch.requests is not None:
             rq = batch.requests
@@ -197,17 +256,17 @@ class GpuStepRunner:
                        {"incremental": self._incremental(side, truth)})   # the last: tables (and req_to_token, made
             # when a design asks) shared within the step
         host = self._host_metadata(run, side)
-        if host:        # the design hooks on host tensors: the run's mapping is the allocator's array
+        if host:        # the design hooks on host tensors (the run's mapping is the allocator's array), then
+            # the step's one staged copy with the groups' first backends' write locations in it
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
+            plans, groups, by_name = self._groups(run, side, classes, batch, truth, at, read_in, True)
+            tags, step_slots, _ = self._stage(run, side, batch, truth,
+                                              [by_name[ns[0]] for ns in groups if by_name[ns[0]].failure is None])
         else:
-            at = (loc, run.mapping)
-        plans = self._plans(run, side, batch, truth, at, read_in, host)
-        groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
-        by_name = {p.name: p for p in plans}
+            tags, step_slots, loc = self._stage(run, side, batch, truth, None)
+            plans, groups, by_name = self._groups(run, side, classes, batch, truth, (loc, run.mapping), read_in,
+                                                  False)
         rows_cache: dict = {}
-        if host:
-            self._device_meta([by_name[names[0]] for names in groups if by_name[names[0]].failure is None],
-                              batch, dev)
         for names in groups:
             lead = by_name[names[0]]
             if lead.failure is None:
@@ -221,6 +280,42 @@ class GpuStepRunner:
         return run._record_step(batch, t_start)
 
     # ------------------------------------------------------------------ phase 1
+
+    def _groups(self, run, side, classes, batch, truth, at, read_in, host: bool) -> tuple:
+        """The backends' plans (:meth:`_plans`), the groups of equal writes in the side's pool classes, and
+        the plans by backend."""
+        plans = self._plans(run, side, batch, truth, at, read_in, host)
+        groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
+        return plans, groups, {p.name: p for p in plans}
+
+    def _stage(self, run, side, batch, truth: BatchTruth, leads: Optional[list]) -> tuple:
+        """The step's host arrays on the device in one staged copy (:class:`_Staging`), then what they feed,
+        in this order: the mirrors' expected words (made on the host, :func:`host_tag_words`), the static
+        expected slots, the run's device mapping and, on host metadata (``leads``: the groups' first
+        backends), their write locations (:meth:`_device_meta`). Returns the device tags, this step's slots
+        per kind and (without ``leads``) the device ``out_cache_loc``."""
+        dev = run.device
+        ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
+        storages = self._mirror_storages(side.reference) if truth.tags.size else []
+        arrays = [ch, run.alloc.full_to_swa[ch], truth.tags, truth.full_slots, truth.swa_slots]
+        arrays += [host_tag_words(truth.tags, storage) for storage in storages]
+        if leads is None:
+            arrays.append(batch.out_cache_loc)
+        else:
+            arrays += [a for p in leads for a in (p.meta.layer_loc.numpy(), p.meta.swa_loc.numpy())]
+        got = self._staging.put(arrays, dev)
+        ch_d, ch_to, tags, full_slots, swa_slots = got[:5]
+        step_slots = {"full": full_slots, "swa": swa_slots}
+        self._mirror(side, truth, dict(zip(storages, got[5:5 + len(storages)])), step_slots)
+        self._begin_verdicts(batch, truth, step_slots, dev)
+        if ch.size:
+            run.mapping[ch_d] = ch_to
+        rest = got[5 + len(storages):]
+        if leads is None:
+            return tags, step_slots, rest[0]
+        self._device_meta(leads, rest, batch)
+        return tags, step_slots, None
+
 
     def _plans(self, run, side, batch, truth, at, read_in, host: bool) -> list["_Plan"]:
         """Every backend's :meth:`_plan`, in order. On host metadata a backend whose metadata init is provably
@@ -293,12 +388,10 @@ class GpuStepRunner:
             got = self._host_b[id(boundary)] = (boundary, hb, _twin_key(hb))
         return got[1:] if key else got[1]
 
-    def _device_meta(self, leads: list["_Plan"], batch, dev) -> None:
-        """The groups' first backends' host metadata on the device, in one copy: under a graph runner into
-        each one's device static buffers (the addresses its graphs captured), otherwise as new tensors."""
-        if not leads:
-            return
-        got = self._staging.put([a for p in leads for a in (p.meta.layer_loc.numpy(), p.meta.swa_loc.numpy())], dev)
+    def _device_meta(self, leads: list["_Plan"], got: list, batch) -> None:
+        """The groups' first backends' host metadata on the device (``got``: their layer and SWA locations as
+        staged, :meth:`_stage`): under a graph runner into each one's device static buffers (the addresses
+        its graphs captured), otherwise those tensors."""
         static = batch.graph in STATIC_GRAPHS
         n = batch.padded_len
         for i, p in enumerate(leads):
@@ -400,8 +493,14 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ the oracle's device mirrors
 
-    def _mirror(self, side, truth: BatchTruth, tags: torch.Tensor, slots: dict) -> None:
-        """The expected tag-lane words of the slots this step writes, in every mirror of its reference."""
+    def _mirror_storages(self, ref) -> list:
+        """The storage dtypes of the reference's mirror tables (the words a step's tags need), in table order."""
+        rid = id(ref)
+        return list(dict.fromkeys(storage for (r, _, storage) in self._exp if r == rid))
+
+    def _mirror(self, side, truth: BatchTruth, words: dict, slots: dict) -> None:
+        """The expected tag-lane words of the slots this step writes (``words``: per storage dtype, made on
+        the host from its tags and staged; empty without tags), in every mirror of its reference."""
         ref = side.reference
         if self._stale:               # in place: decode graphs captured the tables' addresses
             for (rid, kind, storage), table in self._exp.items():
@@ -411,13 +510,9 @@ class GpuStepRunner:
             self._stale = False
         if not truth.tags.size:
             return
-        words = {}
         for (rid, kind, storage), table in self._exp.items():
-            if rid != id(ref):
-                continue
-            if storage not in words:        # the same words for both kinds: made once per step and dtype
-                words[storage] = tag_lanes(tags, storage).contiguous().view(torch.int64)
-            table[slots[kind]] = words[storage]
+            if rid == id(ref):
+                table[slots[kind]] = words[storage]
 
     def _exp_words(self, ref, kind: str, storage: torch.dtype) -> torch.Tensor:
         key = (id(ref), kind, storage)
