@@ -7,6 +7,8 @@ per sub-pool serves all layers: small enough for large pools on a CPU.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 
@@ -19,21 +21,62 @@ def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
+#: pending mirror writes (elements) past which the device mirror is brought up to date without being asked
+MIRROR_PENDING_MAX = 1 << 22
+
+
 class ReferencePool:
     """Expected owner tag and liveness per slot; ``expected_on`` mirrors the tags on the pool's device
-    so that the checker compares there (on the CPU the mirror shares memory with the host array)."""
+    so that the checker compares there (on the CPU the mirror shares memory with the host array).
 
-    def __init__(self, full_rows: int, swa_rows: int, device: torch.device | str = "cpu"):
+    A device mirror is brought up to date when it is asked for, not at every step: the writes since the last
+    ask are kept (host arrays, in order) and applied then in one scatter per kind, each slot taking the last
+    tag written to it, which is what applying them step by step leaves. A run whose checks all pass on the
+    device never asks (cuda_path/step.py keeps tag words of its own), so its steps make no copy for it.
+    ``mirror``: keep a separate mirror even on the CPU (tests of the deferred writes)."""
+
+    def __init__(self, full_rows: int, swa_rows: int, device: torch.device | str = "cpu",
+                 mirror: Optional[bool] = None):
         self.device = torch.device(device)
         self.expected = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
-        self.expected_on = {k: (torch.from_numpy(v) if self.device.type == "cpu" else torch.from_numpy(v).to(self.device))
-                            for k, v in self.expected.items()}
+        self._mirrored = self.device.type != "cpu" if mirror is None else mirror
+        self._expected_on = {k: (torch.from_numpy(v.copy()).to(self.device) if self._mirrored else torch.from_numpy(v))
+                             for k, v in self.expected.items()}
+        self._pending: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {"full": [], "swa": []}
+        self._pending_n = 0
         self.live = {"full": np.zeros(full_rows, dtype=bool), "swa": np.zeros(swa_rows, dtype=bool)}
         self.evicted = np.zeros(swa_rows, dtype=bool)   # SWA slots whose last owner was evicted (not finished)
         #: the expected tag where the slot is live, else 0 (no real tag): a read checks against it in one gather
         self.live_tag = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
         #: bumped by every change of ownership: a read checked at one epoch needs no re-check until it moves
         self.epoch = 0
+
+    @property
+    def expected_on(self) -> dict[str, torch.Tensor]:
+        """The expected tags per kind on the device, up to date with every step applied so far."""
+        if self._pending_n:
+            self._flush()
+        return self._expected_on
+
+    def _defer(self, kind: str, slots: np.ndarray, tags: np.ndarray) -> None:
+        """A write of the device mirror, kept until :attr:`expected_on` is asked for."""
+        if self._mirrored and tags.size:
+            self._pending[kind].append((slots.copy(), tags.copy()))   # (the caller's arrays may change later)
+            self._pending_n += tags.size
+            if self._pending_n > MIRROR_PENDING_MAX:
+                self._flush()
+
+    def _flush(self) -> None:
+        for kind, writes in self._pending.items():
+            if not writes:
+                continue
+            slots = np.concatenate([w[0] for w in writes]).astype(np.int64, copy=False)
+            tags = np.concatenate([w[1] for w in writes]).astype(np.int64, copy=False)
+            # the last write of each slot wins, as applying the writes in order leaves it
+            last = slots.shape[0] - 1 - np.unique(slots[::-1], return_index=True)[1]
+            self._expected_on[kind][_on(slots[last], self.device)] = _on(tags[last], self.device)
+            writes.clear()
+        self._pending_n = 0
 
     def apply(self, truth: BatchTruth) -> None:
         """Frees first (they happened while the step was scheduled), then the step's writes."""
@@ -60,8 +103,7 @@ class ReferencePool:
             self.expected[kind][slots] = tags
             self.live[kind][slots] = True
             self.live_tag[kind][slots] = tags
-            if self.device.type != "cpu" and tags.size:
-                self.expected_on[kind][_on(slots, self.device)] = _on(tags, self.device)
+            self._defer(kind, slots, tags)
         self.evicted[tr.swa_slots] = False
 
     def apply_writes(self, truth: BatchTruth) -> None:
@@ -74,10 +116,8 @@ class ReferencePool:
         self.live_tag["full"][truth.full_slots] = truth.tags
         self.live_tag["swa"][truth.swa_slots] = truth.tags
         self.evicted[truth.swa_slots] = False
-        if self.device.type != "cpu" and truth.tags.size:
-            tags = _on(truth.tags, self.device)
-            self.expected_on["full"][_on(truth.full_slots, self.device)] = tags
-            self.expected_on["swa"][_on(truth.swa_slots, self.device)] = tags
+        self._defer("full", truth.full_slots, truth.tags)
+        self._defer("swa", truth.swa_slots, truth.tags)
 
     def slots_of(self, kind: str, truth: BatchTruth) -> np.ndarray:
         return truth.full_slots if kind == "full" else truth.swa_slots
