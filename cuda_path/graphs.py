@@ -1,9 +1,10 @@
 """Real CUDA graphs for the write path, as serving engines run it.
 
-* **Decode graphs.** For each (backend, decode capture size) the whole per-layer write step (every
-  layer's write location from the design, the layer stamp of the K/V rows, the Triton store) is
-  captured once into a ``torch.cuda.CUDAGraph`` and replayed for every later batch of that padded
-  size. The graph reads the backend's static ``out_cache_loc`` and SWA-location buffers, which the
+* **Decode graphs.** For each (backend, decode capture size) the whole write step (every layer's write
+  location from the design, the layer stamp of the K/V rows, the Triton store) is captured once into a
+  ``torch.cuda.CUDAGraph`` and replayed for every later batch of that padded size. The layers of a kind
+  that got the same target are one grouped store in the graph (each row stamped for its layer: the bytes
+  a store per layer leaves), so a replay launches a few dozen nodes, not one store per layer. The graph reads the backend's static ``out_cache_loc`` and SWA-location buffers, which the
   backend's metadata init refreshes before each replay exactly as the design says (the step runner runs
   it on host copies and copies the buffers over before the replay): so the ``sglang-pre-24743`` stale
   tail corrupts live slots on the real GPU.
@@ -12,8 +13,8 @@
   replayed and the write then runs eagerly, between pieces, on the locations the layer sees
   (narrowed to the real token count). So B1 runs through real piecewise graphs.
 
-The first batch of a new capture size runs eagerly (that is the warm-up: Triton kernels compile,
-nothing is captured while the pool is written); the graph is captured right after it. A step whose
+The first batch of a new capture size runs eagerly, with the stores the graph will hold (that is the
+warm-up: Triton kernels compile, nothing is captured while the pool is written); the graph is captured right after it. A step whose
 writes raise at capture (a length mismatch) is never captured and always runs eagerly, so its error
 is still recorded at every layer.
 
@@ -113,10 +114,10 @@ class CudaGraphExecutor:
         pool = s.pool
         if pool.device.type != "cuda" or getattr(pool, "store_impl", None) != "triton" or s.interleaved:
             return self.eager.run(s)     # no graph: not the Triton store on cuda, or writes land between layers
+        if s.write_fault is not None:
+            return self.eager.run(s)     # --inject: each layer's store goes through the injector (a replay cannot)
         if s.batch.graph == "decode_graph":
             return self._run_decode(s)
-        if s.write_fault is not None:
-            return self.eager.run(s)     # --inject: each layer's store goes through the injector
         if s.batch.graph == "piecewise":
             return self._run_piecewise(s)
         return self._run_grouped(s, {})
@@ -140,7 +141,9 @@ class CudaGraphExecutor:
         # the pool too: a backend whose class split (cuda_path/step.py) writes another pool from then on
         key = (s.backend, s.batch.padded_len, id(s.pool))
         if key not in self._decode:
-            writes = self.eager.run(s)      # warm-up on real data; nothing captured yet
+            # warm-up on real data, with the launches the graph will capture (their kernels compile, the
+            # grouped stores' tables are made); nothing captured yet
+            writes = self._run_grouped(s, {})
             self._decode[key] = None if any(w.error for w in writes) else self._capture_decode(s)
             return writes
         g = self._decode[key]
@@ -198,15 +201,14 @@ class CudaGraphExecutor:
             with _capturing(), torch.cuda.graph(graph, stream=stream, capture_error_mode="relaxed"):
                 rows = {kind: s.pool.make_rows(tags, next(l.layer for l in s.layers if l.kind == kind), kind)
                         for kind in dict.fromkeys(l.kind for l in s.layers)}
-                writes = []
-                for layer in s.layers:
-                    w = prepare_write(s, layer)
+                prepared, groups = _prepare_layers(s)
+                for w in prepared:
                     if isinstance(w, LayerWrite):
                         raise _NotCaptured(w.error)
-                    wl, target = w
-                    k, v = rows[layer.kind]
-                    s.pool.restamp(k, v, layer.layer)
-                    s.pool.store(layer.kind, layer.index, target, k, v)
+                for (kind, *_), members in groups.items():     # the layers that share a target: one store
+                    _store_group(s, kind, members, prepared[members[0]][1], *rows[kind])
+                writes = []
+                for layer, (wl, target) in zip(s.layers, prepared):
                     write_locs.append(wl)
                     targets.append(target)
                     writes.append(LayerWrite(layer.layer, layer.kind, layer.index, target, None))
@@ -274,35 +276,14 @@ class CudaGraphExecutor:
         """Every layer's write location from the design, in layer order (as the eager executor builds them);
         then the layers of a kind that got the same target write it in one launch (``pool.store_layers``,
         each row stamped for its layer), any other layer alone; observations in layer order."""
-        before = s.before_layer
-        prepared, groups = [], {}
-        free = _layer_free(s.boundary.design)
-        per_kind: dict[str, object] = {}
-        for i, layer in enumerate(s.layers):
-            if before is not None:
-                before(layer)
-            w = per_kind.get(layer.kind) if free else None
-            if w is None:      # layer-free: the same write location for every layer of a kind, built once
-                w = prepare_write(s, layer)
-                if free and not isinstance(w, LayerWrite):
-                    per_kind[layer.kind] = w      # (a failure is built per layer: its text names the layer)
-            prepared.append(w)
-            if not isinstance(w, LayerWrite):
-                t = w[1]
-                groups.setdefault((layer.kind, t.data_ptr(), t.shape[0], t.stride(0), t.dtype), []).append(i)
+        prepared, groups = _prepare_layers(s)
         done: dict[int, tuple[int, int, Optional[str]]] = {}
         for (kind, *_), members in groups.items():
             k, v = rows.get(kind) or rows_for(s, s.layers[members[0]])
             target = prepared[members[0]][1]
             t0 = s.now()
             try:
-                if len(members) == 1:
-                    s.pool.restamp(k, v, s.layers[members[0]].layer)
-                    s.pool.store(kind, s.layers[members[0]].index, target, k, v)
-                else:
-                    s.pool.store_layers(kind, tuple(s.layers[i].index for i in members),
-                                        tuple(s.layers[i].layer for i in members), target, k, v)
-                    self.grouped_stores += 1
+                self.grouped_stores += _store_group(s, kind, members, target, k, v)
                 err = None
             except KVLengthMismatch as e:
                 err = str(e)
@@ -321,3 +302,41 @@ class CudaGraphExecutor:
             writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
         return writes
 
+
+def _prepare_layers(s: BackendStep) -> tuple[list, dict]:
+    """Every layer's write location from the design, in layer order (as the eager executor builds them;
+    ``before_layer`` first where set): per layer ``(KVWriteLoc, target)`` or the failed ``LayerWrite``; and the
+    layers grouped by target (kind, address, length, stride, dtype), in order. A layer-free ``make_write_loc``
+    is asked once per kind: every layer of the kind gets the same target."""
+    before = s.before_layer
+    prepared, groups = [], {}
+    free = _layer_free(s.boundary.design)
+    per_kind: dict[str, object] = {}
+    for i, layer in enumerate(s.layers):
+        if before is not None:
+            before(layer)
+        w = per_kind.get(layer.kind) if free else None
+        if w is None:
+            w = prepare_write(s, layer)
+            if free and not isinstance(w, LayerWrite):
+                per_kind[layer.kind] = w      # (a failure is built per layer: its text names the layer)
+        prepared.append(w)
+        if not isinstance(w, LayerWrite):
+            t = w[1]
+            groups.setdefault((layer.kind, t.data_ptr(), t.shape[0], t.stride(0), t.dtype), []).append(i)
+    return prepared, groups
+
+
+def _store_group(s: BackendStep, kind: str, members: list[int], target, k, v) -> int:
+    """The layers ``members`` (indices into ``s.layers``) of ``kind`` write ``k``/``v`` at ``target``: one
+    store for one layer (its row stamped first), one grouped launch for several (each row stamped for its
+    layer, ``pool.store_layers``: the same bytes). Returns 1 for a grouped launch, else 0. Raises
+    KVLengthMismatch before writing anything."""
+    if len(members) == 1:
+        layer = s.layers[members[0]]
+        s.pool.restamp(k, v, layer.layer)
+        s.pool.store(kind, layer.index, target, k, v)
+        return 0
+    s.pool.store_layers(kind, tuple(s.layers[i].index for i in members),
+                        tuple(s.layers[i].layer for i in members), target, k, v)
+    return 1
