@@ -8,6 +8,12 @@ survives a bf16/fp16 store bit for bit and an fp8 store's divide-by-scale-and-ca
 ordinary scale since e4m3 rounds to the nearest of these integers). Lane ``TAG_LANES`` holds
 ``layer + 1`` (so a row written by the wrong layer is visible); the rest is a payload derived from
 the tag (and the layer the rows were first made for), so rows are not mostly constant.
+
+Rows of at least ``TAIL_TAG_MIN_WIDTH`` lanes (every real geometry; compact 16-lane rows are narrower) also
+carry the tag at their end: the last ``TAG_LANES`` lanes hold the same nibble encoding as the first, in
+place of payload lanes. A pool that lays each slot's V row right after its K row (cuda_path/pool.py's
+``paired`` layout) then has K's tail tag and V's head tag side by side in one 32-byte sector, which the
+GPU checker reads in one load. :func:`decode_tags` and :func:`set_layer_lane` still use the head only.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from .records import PAD_TAG
 
 TAG_LANES = 8            # 8 nibbles: tags up to 2**32 - 3
 MIN_ROW_WIDTH = TAG_LANES + 1
+TAIL_TAG_MIN_WIDTH = 2 * TAG_LANES + 1   # rows this wide repeat the tag in their last TAG_LANES lanes
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 INVALID_TAG = -2         # a row whose tag lanes are not a valid encoding (corrupted)
 
@@ -50,6 +57,8 @@ def encode_rows(tags: torch.Tensor, layer: int, heads: int, head_dim: int, dtype
         # payload: a small deterministic function of (tag, layer, lane), exact in every dtype
         lanes = torch.arange(width - MIN_ROW_WIDTH, device=tags.device, dtype=torch.int64)
         rows[:, MIN_ROW_WIDTH:] = ((code[:, None] * 7 + layer * 3 + lanes) % 15 + 1).to(torch.float32)
+    if width >= TAIL_TAG_MIN_WIDTH:     # the tag again at the row's end (the paired layout's checker reads it)
+        rows[:, width - TAG_LANES:] = rows[:, :TAG_LANES]
     if scale != 1.0:
         rows *= scale
     return rows.to(dtype).view(n, heads, head_dim)
