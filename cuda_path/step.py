@@ -44,6 +44,7 @@ from simulator.checker import LayerWrite
 from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
 from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
+from simulator.observe import boundary_sink
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 from simulator.release_model import release_of
@@ -205,6 +206,7 @@ class GpuStepRunner:
         self._expected: Optional[dict] = None
         self._scratch: Optional[torch.Tensor] = None
         self._staging = _Staging()
+        self._sink: Optional[tuple] = None               # (run.obs, simulator.observe.boundary_sink of it)
         self._reads = IncrementalReads()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
@@ -629,9 +631,10 @@ class GpuStepRunner:
             if lead.call_kinds is False:
                 lead.call_kinds = _call_kinds(lead.calls, side.layers)
             calls = _observations(batch.step, name, p.per_kind, side.layers, lead.calls, lead.call_kinds)
-        on_boundary = run.obs.on_boundary
-        for args in calls:
-            on_boundary(*args)
+        sink = self._sink
+        if sink is None or sink[0] is not run.obs:
+            sink = self._sink = (run.obs, boundary_sink(run.obs))
+        sink[1](calls)
         if p.failure is not None:
             f, boundary = p.failure
             text = f.describe(boundary.design.name, boundary.context(batch), -1)

@@ -3,12 +3,15 @@
 The simulator depends on nothing else in slotscope; tracing (the boundary recorder) and the
 application layer implement :class:`RunObserver`. ``on_boundary`` is called once per backend
 boundary crossing, tens of thousands of times a second: implementations must only append to
-buffers there (no OpenTelemetry, no I/O, no allocation of rich objects).
+buffers there (no OpenTelemetry, no I/O, no allocation of rich objects). A caller holding several
+crossings at once (cuda_path/step.py: a backend's whole step) hands them over through
+:func:`boundary_sink`: an observer's optional ``on_boundaries(rows)`` takes the list of their argument
+tuples, else each goes to ``on_boundary`` in turn.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .records import Finding, RunInfo, StepRecord
 
@@ -33,10 +36,32 @@ class RunObserver(Protocol):
         error: Optional[str],      # the store's error text (length mismatch), else None
     ) -> None: ...
 
+    # optional: on_boundaries(rows: Sequence[tuple]) -> None, the same as on_boundary(*row) for each row in
+    # order (see boundary_sink: used only where the class defining on_boundary defines it too)
+
     def on_findings(self, findings: Sequence[Finding]) -> None:
         """Called with the findings of one (step, backend) once the checker has classified them."""
 
     def on_run_end(self) -> None: ...
+
+
+def boundary_sink(obs) -> Callable[[Sequence[tuple]], None]:
+    """What takes a list of ``on_boundary`` argument tuples for ``obs``: its ``on_boundaries`` where it is
+    set on the instance, or defined by the class that defines its ``on_boundary`` (so a subclass that
+    overrides ``on_boundary`` alone, or an instance given its own, keeps it); else a loop calling its
+    ``on_boundary`` per row, in order."""
+    own = getattr(obs, "__dict__", {})
+    if "on_boundaries" in own:
+        return own["on_boundaries"]
+    owner = next((c for c in type(obs).__mro__ if "on_boundary" in c.__dict__), None)
+    if "on_boundary" not in own and owner is not None and "on_boundaries" in owner.__dict__:
+        return obs.on_boundaries
+
+    def each(rows: Sequence[tuple]) -> None:
+        on_boundary = obs.on_boundary
+        for args in rows:
+            on_boundary(*args)
+    return each
 
 
 class NullObserver:
@@ -52,6 +77,9 @@ class NullObserver:
                     t_start_ns, t_end_ns, error) -> None:
         pass
 
+    def on_boundaries(self, rows: Sequence[tuple]) -> None:
+        pass
+
     def on_findings(self, findings: Sequence[Finding]) -> None:
         pass
 
@@ -60,7 +88,8 @@ class NullObserver:
 
 
 class ObserverFanout:
-    """Forwards every call to several observers, in order."""
+    """Forwards every call to several observers, in order (a list of crossings, ``on_boundaries``: the whole
+    list to each observer in turn, through :func:`boundary_sink`; observers keep no state in common)."""
 
     def __init__(self, observers: Sequence[RunObserver]):
         self._observers = tuple(observers)
@@ -76,6 +105,10 @@ class ObserverFanout:
     def on_boundary(self, *args) -> None:
         for o in self._observers:
             o.on_boundary(*args)
+
+    def on_boundaries(self, rows: Sequence[tuple]) -> None:
+        for o in self._observers:
+            boundary_sink(o)(rows)
 
     def on_findings(self, findings: Sequence[Finding]) -> None:
         for o in self._observers:

@@ -85,6 +85,15 @@ class ShapeTimeline:
             self._seen.add(key)
             self.rows.append((step, backend, kind, loc_len, swa_loc_len))
 
+    def on_boundaries(self, rows) -> None:
+        """:meth:`on_boundary` for each row, in order (simulator.observe.boundary_sink)."""
+        kind, seen, out = self._kind, self._seen, self.rows
+        for r in rows:
+            key = (r[0], r[1], kind[r[2]])
+            if key not in seen:
+                seen.add(key)
+                out.append(key + (r[3], r[4]))
+
     def on_findings(self, findings) -> None:
         pass
 
@@ -113,6 +122,9 @@ class StreamingOutputs:
             self._on_start(run)
 
     def on_boundary(self, *args) -> None:
+        pass
+
+    def on_boundaries(self, rows) -> None:
         pass
 
     def on_findings(self, findings) -> None:

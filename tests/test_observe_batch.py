@@ -1,0 +1,92 @@
+"""simulator.observe.boundary_sink: a list of crossings reaches every observer exactly as one on_boundary
+call per row would (ShapeTimeline's own on_boundaries, the fanout, the loop default for observers without one)."""
+from __future__ import annotations
+
+import itertools
+
+from simulator.observe import NullObserver, ObserverFanout, boundary_sink
+from slotscope.pipeline import ShapeTimeline
+
+
+class _Calls(NullObserver):
+    def __init__(self):
+        self.calls = []
+
+    def on_boundary(self, *args):
+        self.calls.append(args)
+
+
+def _rows() -> list[tuple]:
+    rows = []
+    for step, backend in itertools.product((3, 4), ("fa3", "triton", "fa3")):     # a (step, backend) twice
+        for layer in range(6):
+            rows.append((step, backend, layer, 10 + layer + step, -1 if layer % 2 else 7, "torch.int64",
+                         "" if layer % 2 else "torch.int32", 100 * layer, 100 * layer + 50,
+                         None if layer != 4 else "length mismatch"))
+    return rows
+
+
+def _timeline() -> ShapeTimeline:
+    tl = ShapeTimeline()
+    tl._kind = {i: ("swa" if i % 3 else "full") for i in range(6)}
+    return tl
+
+
+def test_shape_timeline_rows_batched_equal_per_call():
+    rows = _rows()
+    one, many = _timeline(), _timeline()
+    for r in rows:
+        one.on_boundary(*r)
+    sink = boundary_sink(many)
+    assert sink == many.on_boundaries
+    sink(rows[:20])
+    sink(rows[20:])
+    assert many.rows == one.rows and many._seen == one._seen
+    assert len(one.rows) == 8      # per (step, backend, kind) the first layer's lengths
+    assert one.rows[:2] == [(3, "fa3", "full", 13, 7), (3, "fa3", "swa", 14, -1)]
+
+
+def test_an_observer_with_on_boundary_only_gets_each_row_in_order():
+    rows = _rows()
+    o = _Calls()                            # NullObserver's on_boundaries must not swallow its calls
+    boundary_sink(o)(rows)
+    assert o.calls == rows
+
+    class Mine(ShapeTimeline):              # overrides on_boundary alone: its own is called
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def on_boundary(self, *args):
+            self.n += 1
+            super().on_boundary(*args)
+
+    m = Mine()
+    m._kind = _timeline()._kind
+    boundary_sink(m)(rows)
+    assert m.n == len(rows) and m.rows == _timeline_rows(rows)
+
+    t = _timeline()
+    seen = []
+    t.on_boundary = lambda *a: seen.append(a)   # an instance given its own on_boundary keeps it
+    boundary_sink(t)(rows)
+    assert seen == rows and t.rows == []
+
+
+def _timeline_rows(rows):
+    t = _timeline()
+    for r in rows:
+        t.on_boundary(*r)
+    return t.rows
+
+
+def test_fanout_batched_equals_per_call():
+    rows = _rows()
+    a, b = _Calls(), _timeline()
+    ObserverFanout([a, NullObserver(), b]).on_boundaries(rows)
+    c, d = _Calls(), _timeline()
+    fan = ObserverFanout([c, NullObserver(), d])
+    for r in rows:
+        fan.on_boundary(*r)
+    assert a.calls == c.calls == rows and b.rows == d.rows == _timeline_rows(rows)
+    assert boundary_sink(fan) == fan.on_boundaries
