@@ -4,6 +4,15 @@ Geometry is real by default (``[rows, heads, head_dim]`` per layer, V with its o
 compact (one head of ``compact_width`` lanes), which keeps a CPU run of a large pool within memory
 while exercising the same store code. Buffers of one kind are one allocation ``[layers, rows, ...]``
 so that the checker reads the tag lanes of every layer at a set of slots in one gather.
+
+Two layouts (``layout=``): ``split`` gives K and V an allocation each, ``[layers, rows, heads, dim]`` (SGLang's
+layout); ``paired`` gives each kind ONE allocation ``[layers, rows, S]``, a slot's K row at byte ``o`` and its
+V row right after it, ``o`` chosen so that the K/V boundary falls at byte 16 of a 32-byte sector and ``S`` a
+multiple of 32 bytes. Rows that wide carry the tag at both ends (simulator/kvrows.py), so K's tail tag and
+V's head tag (16 bytes each in bf16/fp16, 8 in fp8) lie in one aligned 32-byte sector: the GPU checker
+(cuda_path/check_kernel.py) reads one sector per slot instead of two. ``k[kind]``/``v[kind]`` are
+``[layers, rows, heads, dim]`` views either way (strided in ``paired``). The default: ``paired`` for real
+geometry on CUDA, ``split`` otherwise.
 """
 from __future__ import annotations
 
@@ -12,13 +21,15 @@ from typing import Optional
 import numpy as np
 import torch
 
-from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
+from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, TAIL_TAG_MIN_WIDTH, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
 from simulator.models import Model
 
 from .store import STORE_IMPLS, new_error_buffer, store_kv, store_kv_layers_torch
 
 GEOMETRIES = ("real", "compact")
+LAYOUTS = ("split", "paired")
 COMPACT_WIDTH = 16
+SECTOR = 32              # bytes of one DRAM sector: K's tail tag and V's head tag share one in ``paired``
 
 _STORAGE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.uint8}
 
@@ -31,6 +42,43 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     width = torch.empty((), dtype=dtype).element_size()
     raw = np.zeros(shape, dtype={1: np.uint8, 2: np.int16, 4: np.int32}[width])
     return torch.from_numpy(raw).view(dtype)
+
+
+def _aligned_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """:func:`_zeros` with its first byte on a SECTOR boundary (CUDA allocations are; a CPU one is made so)."""
+    if device.type != "cpu":
+        return _zeros(shape, dtype, device)
+    width = torch.empty((), dtype=dtype).element_size()
+    n = int(np.prod(shape))
+    flat = _zeros((n + SECTOR // width,), dtype, device)
+    skip = (-flat.data_ptr() % SECTOR) // width
+    return flat[skip:skip + n].view(shape)
+
+
+def paired_offsets(k_bytes: int, v_bytes: int) -> tuple[int, int]:
+    """(K row's byte offset, slot bytes S) of the ``paired`` layout: the K/V boundary at byte SECTOR/2 of
+    a sector (so the tag bytes either side of it, 16 or 8 each, share that sector), S a multiple of SECTOR."""
+    o = (SECTOR // 2 - k_bytes) % SECTOR
+    return o, -(-(o + k_bytes + v_bytes) // SECTOR) * SECTOR
+
+
+def default_layout(device: torch.device | str, geometry: str) -> str:
+    """``paired`` for real geometry on CUDA (the checker reads one sector per slot), else ``split``
+    (TaggedKVPool also falls back to ``split`` for rows too narrow to carry the tail tag)."""
+    return "paired" if torch.device(device).type == "cuda" and geometry == "real" else "split"
+
+
+def _layout_for(model: Model, device, geometry: str, layout: Optional[str]) -> str:
+    """The layout asked for, checked; None: :func:`default_layout`, ``split`` where a kind's K rows are too
+    narrow to carry the tail tag."""
+    if layout is None:
+        layout = default_layout(device, geometry)
+        shapes = [row_shape(model, kind, geometry) for kind in ("full", "swa") if model.count(kind)]
+        if layout == "paired" and any(heads * kd < TAIL_TAG_MIN_WIDTH for heads, kd, _ in shapes):
+            layout = "split"
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r} (allowed: {', '.join(LAYOUTS)})")
+    return layout
 
 
 def row_shape(model: Model, kind: str, geometry: str) -> tuple[int, int, int]:
@@ -48,11 +96,22 @@ def row_bytes(model: Model, kind: str, geometry: str) -> int:
     return heads * (kd + vd) * width
 
 
-def estimate_bytes(model: Model, full_rows: int, swa_rows: int, geometry: str = "real", pools: int = 1) -> int:
+def slot_bytes(model: Model, kind: str, geometry: str, layout: str = "split") -> int:
+    """Bytes one slot of ``kind`` takes in one layer: K and V rows, plus the ``paired`` layout's padding."""
+    if layout == "split":
+        return row_bytes(model, kind, geometry)
+    heads, kd, vd = row_shape(model, kind, geometry)
+    width = torch.empty((), dtype=_STORAGE[model.kv_dtype]).element_size()
+    return paired_offsets(heads * kd * width, heads * vd * width)[1]
+
+
+def estimate_bytes(model: Model, full_rows: int, swa_rows: int, geometry: str = "real", pools: int = 1,
+                   layout: str = "split") -> int:
     """Bytes that ``pools`` TaggedKVPools of this model and size hold (K and V buffers, every layer),
     computed without allocating anything: what a run needs when every slot has been written."""
     rows = {"full": full_rows, "swa": swa_rows}
-    return pools * sum(model.count(kind) * rows[kind] * row_bytes(model, kind, geometry) for kind in ("full", "swa"))
+    return pools * sum(model.count(kind) * rows[kind] * slot_bytes(model, kind, geometry, layout)
+                       for kind in ("full", "swa"))
 
 
 class TaggedKVPool:
@@ -60,14 +119,16 @@ class TaggedKVPool:
 
     def __init__(self, model: Model, full_rows: int, swa_rows: int, *, device: torch.device | str = "cpu",
                  geometry: str = "real", store_impl: str = "torch", skip_index: Optional[int] = 0,
-                 k_scale: float = 1.0, v_scale: float = 1.0):
+                 k_scale: float = 1.0, v_scale: float = 1.0, layout: Optional[str] = None):
         if geometry not in GEOMETRIES:
             raise ValueError(f"geometry {geometry!r} (allowed: {', '.join(GEOMETRIES)})")
+        layout = _layout_for(model, device, geometry, layout)
         if store_impl not in STORE_IMPLS:
             raise ValueError(f"store_impl {store_impl!r} (allowed: {', '.join(STORE_IMPLS)})")
         self.device = torch.device(device)
         self.model = model
         self.geometry = geometry
+        self.layout = layout
         self.store_impl = store_impl
         self.skip_index = skip_index
         self.fp8 = model.kv_dtype == "fp8_e4m3"
@@ -80,28 +141,72 @@ class TaggedKVPool:
         self.v: dict[str, torch.Tensor] = {}
         self.err: dict[str, torch.Tensor] = {}
         self.shape: dict[str, tuple[int, int, int]] = {}
+        self.kv: dict[str, torch.Tensor] = {}      # paired: the one allocation of a kind, [layers, rows, S]
         self._groups: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}   # store_layers' tables
         for kind in ("full", "swa"):
-            layers = model.count(kind)
-            g = model.geometry(kind)
-            if geometry == "compact":
-                heads, kd, vd = 1, COMPACT_WIDTH, COMPACT_WIDTH
-            else:
-                heads, kd, vd = g.heads, g.head_dim, g.v_head_dim
-            if heads * min(kd, vd) < MIN_ROW_WIDTH:
-                raise ValueError(f"{kind} rows of {heads}x{min(kd, vd)} lanes cannot carry a tag "
-                                 f"(need {MIN_ROW_WIDTH}); use geometry='compact'")
-            self.shape[kind] = (heads, kd, vd)
-            rows = self._rows[kind]
+            self._allocate(kind, model.count(kind), storage)
+
+    def _allocate(self, kind: str, layers: int, storage: torch.dtype) -> None:
+        heads, kd, vd = row_shape(self.model, kind, self.geometry)
+        if heads * min(kd, vd) < MIN_ROW_WIDTH:
+            raise ValueError(f"{kind} rows of {heads}x{min(kd, vd)} lanes cannot carry a tag "
+                             f"(need {MIN_ROW_WIDTH}); use geometry='compact'")
+        if self.layout == "paired" and heads * kd < TAIL_TAG_MIN_WIDTH:
+            raise ValueError(f"layout 'paired' needs K rows of at least {TAIL_TAG_MIN_WIDTH} lanes (the tag at "
+                             f"both ends); {kind} rows of geometry {self.geometry!r} are {heads} heads x {kd} "
+                             f"lanes: use layout='split'")
+        self.shape[kind] = (heads, kd, vd)
+        rows = self._rows[kind]
+        if self.layout == "paired":
+            width = torch.empty((), dtype=storage).element_size()
+            _, s = paired_offsets(heads * kd * width, heads * vd * width)
+            self.kv[kind] = _aligned_zeros((layers, rows, s // width), storage, self.device)
+            self._pair_views(kind)
+        else:
             self.k[kind] = _zeros((layers, rows, heads, kd), storage, self.device)
             self.v[kind] = _zeros((layers, rows, heads, vd), storage, self.device)
-            self.err[kind] = new_error_buffer(self.device, max(layers, 1))
+        self.err[kind] = new_error_buffer(self.device, max(layers, 1))
+
+    def _pair_views(self, kind: str) -> None:
+        """``k[kind]``/``v[kind]`` as ``[layers, rows, heads, dim]`` views into the paired allocation, marked
+        for the checker (cuda_path/check_kernel.py reads K's tail and V's head tag in one load)."""
+        from .check_kernel import mark_paired
+
+        heads, kd, vd = self.shape[kind]
+        buf = self.kv[kind]
+        width = buf.element_size()
+        o, _ = paired_offsets(heads * kd * width, heads * vd * width)
+        at = o // width
+        self.k[kind] = buf[:, :, at:at + heads * kd].unflatten(2, (heads, kd))
+        self.v[kind] = buf[:, :, at + heads * kd:at + heads * (kd + vd)].unflatten(2, (heads, vd))
+        tag = TAG_LANES * width                   # bytes of one row's tag lanes
+        first = (o + heads * kd * width - tag) // 8    # K's tail tag, then V's head tag: 2 * tag bytes
+        mark_paired(self.k[kind], self.v[kind], buf.view(torch.int64)[:, :, first:first + 2 * tag // 8])
+
+    def clone(self) -> "TaggedKVPool":
+        """A copy that shares nothing written later (simulator.pool.PoolClasses' copy on divergence): K, V and
+        error buffers copied; a paired pool's one allocation per kind copied whole, its views made anew."""
+        import copy
+
+        new = copy.copy(self)
+        new.err = {kind: t.clone() for kind, t in self.err.items()}
+        if self.layout == "paired":
+            new.kv, new.k, new.v = {}, {}, {}
+            for kind, buf in self.kv.items():
+                new.kv[kind] = _aligned_zeros(tuple(buf.shape), buf.dtype, buf.device)
+                new.kv[kind].copy_(buf)
+                new._pair_views(kind)
+        else:
+            new.k = {kind: t.clone() for kind, t in self.k.items()}
+            new.v = {kind: t.clone() for kind, t in self.v.items()}
+        return new
 
     def rows(self, kind: str) -> int:
         return self._rows[kind]
 
     def bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for d in (self.k, self.v) for t in d.values())
+        bufs = self.kv.values() if self.layout == "paired" else [t for d in (self.k, self.v) for t in d.values()]
+        return sum(t.numel() * t.element_size() for t in bufs)
 
     def make_rows(self, tags: torch.Tensor, layer: int, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         heads, kd, vd = self.shape[kind]
@@ -160,32 +265,45 @@ class TaggedKVPool:
 
         One gather of the slots' rows: its cost depends on the slots asked for, never on the pool's
         size (indexing a strided view of the tag lanes would make torch touch every row on the CPU).
+        Either layout (a paired pool's K and V are strided views: only the small result is made contiguous).
         """
         n_layers, rows = buf.shape[0], self._rows[kind]
-        words = buf.view(n_layers, rows, -1).view(torch.int64)
-        n_words = TAG_LANES * buf.element_size() // 8
-        # gather the slots' rows first (index_select on the contiguous buffer touches only those rows),
-        # then keep the tag words and the layers asked for, on the small result
-        picked = words.index_select(1, slots.to(torch.int64))
+        # gather the slots' rows first (index_select touches only those rows), then keep the tag lanes and
+        # the layers asked for, on the small result
+        flat = buf.view(n_layers, rows, -1)
+        contiguous = buf.is_contiguous()
+        picked = (flat.view(torch.int64) if contiguous else flat).index_select(1, slots.to(torch.int64))
         if layers is not None:
             picked = picked[torch.tensor(layers, dtype=torch.int64, device=buf.device)]
-        return picked[:, :, :n_words]
+        if contiguous:
+            return picked[:, :, :TAG_LANES * buf.element_size() // 8]
+        return picked[:, :, :TAG_LANES].contiguous().view(torch.int64)
 
     def mismatches(self, kind: str, slots: torch.Tensor, expected: torch.Tensor,
                    layers: Optional[list[int]] = None) -> torch.Tensor:
         """``[layers, len(slots)]`` bool: where K or V tag lanes differ from the expected tags' bits.
 
-        Compares raw bits as int64 words (16 lane bytes -> two words), never decoding rows.
+        Compares raw bits as int64 words (16 lane bytes -> two words), never decoding rows. A paired pool
+        compares K's tail tag and V's head tag, read together (cuda_path/check_kernel.py says why that is exact).
         """
         want = tag_lanes(expected, self.k[kind].dtype).contiguous().view(torch.int64)
+        k, v = self.k[kind], self.v[kind]
         if self.device.type == "cuda":
             from .check_kernel import tag_mismatches
 
-            lay = torch.arange(self.k[kind].shape[0], device=self.device) if layers is None else \
+            lay = torch.arange(k.shape[0], device=self.device) if layers is None else \
                 torch.tensor(layers, dtype=torch.int64, device=self.device)
-            return tag_mismatches(self.k[kind], self.v[kind], self._rows[kind], slots.to(torch.int64), want, lay)
-        diff = (self._tag_words(self.k[kind], kind, slots, layers) != want).any(dim=-1)
-        diff |= (self._tag_words(self.v[kind], kind, slots, layers) != want).any(dim=-1)
+            return tag_mismatches(k, v, self._rows[kind], slots.to(torch.int64), want, lay)
+        from .check_kernel import pair_words
+
+        pair = pair_words(k, v)
+        if pair is not None:
+            picked = pair.index_select(1, slots.to(torch.int64))
+            if layers is not None:
+                picked = picked[torch.tensor(layers, dtype=torch.int64, device=self.device)]
+            return (picked != torch.cat([want, want], dim=-1)).any(dim=-1)
+        diff = (self._tag_words(k, kind, slots, layers) != want).any(dim=-1)
+        diff |= (self._tag_words(v, kind, slots, layers) != want).any(dim=-1)
         return diff
 
     def read_tags(self, kind: str, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
