@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
 import torch
 
@@ -433,3 +434,24 @@ def test_a_static_buffer_the_backend_does_not_refresh_keeps_its_contents():
     # the never-written loc buffer holds zeros: every real decode token's full-layer row goes to slot 0
     assert counts(r) == {"flashinfer": {"padding_slot": 2 * decode_tokens}, "aiter": {"padding_slot": 2 * decode_tokens}}
     assert {f.kind for f in r.findings} == {"full"}
+
+
+def test_gather_is_torch_indexing_exactly():
+    """designs.gather (the base translate's and read_ids' gather): numpy on host tensors, the same values,
+    dtypes and out-of-range error text as ``table[index]``."""
+    from simulator.designs import gather
+
+    rng = np.random.default_rng(3)
+    for dtype in (torch.int32, torch.int64):
+        table = torch.from_numpy(rng.integers(-5, 1 << 20, 1000)).to(dtype)
+        for idx_dtype in (torch.int32, torch.int64):
+            idx = torch.from_numpy(rng.integers(-1000, 1000, 257)).to(idx_dtype)
+            got, want = gather(table, idx), table[idx]
+            assert got.dtype == want.dtype and torch.equal(got, want)
+        assert torch.equal(gather(table, torch.zeros(0, dtype=torch.int64)), table[torch.zeros(0, dtype=torch.int64)])
+    for bad in (1000, -1001):
+        with pytest.raises(IndexError) as mine:
+            gather(table, torch.tensor([0, bad]))
+        with pytest.raises(IndexError) as theirs:
+            table[torch.tensor([0, bad])]
+        assert str(mine.value) == str(theirs.value)
