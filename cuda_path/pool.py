@@ -62,6 +62,27 @@ def paired_offsets(k_bytes: int, v_bytes: int) -> tuple[int, int]:
     return o, -(-(o + k_bytes + v_bytes) // SECTOR) * SECTOR
 
 
+def paired_views(buf: torch.Tensor, heads: int, kd: int, vd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[layers, rows, heads, dim]`` views into a paired allocation ``buf`` (``[layers, rows, S]``,
+    S from :func:`paired_offsets`, its first byte on a sector boundary), marked for the checker's one-load
+    check (cuda_path/check_kernel.py reads K's tail tag and V's head tag together). Only for rows that carry
+    their tag at both ends (simulator/kvrows.py, width >= TAIL_TAG_MIN_WIDTH)."""
+    from .check_kernel import mark_paired
+
+    width = buf.element_size()
+    o, s = paired_offsets(heads * kd * width, heads * vd * width)
+    if (buf.dim() != 3 or buf.shape[2] * width != s or buf.stride(2) != 1 or buf.stride(1) != buf.shape[2]
+            or buf.data_ptr() % SECTOR or heads * kd < TAIL_TAG_MIN_WIDTH):   # (the kernels rely on all of it)
+        raise ValueError(f"not a paired allocation for {heads} heads x {kd}/{vd} lanes: shape {tuple(buf.shape)}")
+    at = o // width
+    k = buf[:, :, at:at + heads * kd].unflatten(2, (heads, kd))
+    v = buf[:, :, at + heads * kd:at + heads * (kd + vd)].unflatten(2, (heads, vd))
+    tag = TAG_LANES * width                        # bytes of one row's tag lanes
+    first = (o + heads * kd * width - tag) // 8    # K's tail tag, then V's head tag: 2 * tag bytes
+    mark_paired(k, v, buf.view(torch.int64)[:, :, first:first + 2 * tag // 8])
+    return k, v
+
+
 def default_layout(device: torch.device | str, geometry: str) -> str:
     """``paired`` for real geometry on CUDA (the checker reads one sector per slot), else ``split``
     (TaggedKVPool also falls back to ``split`` for rows too narrow to carry the tail tag)."""
@@ -170,18 +191,7 @@ class TaggedKVPool:
     def _pair_views(self, kind: str) -> None:
         """``k[kind]``/``v[kind]`` as ``[layers, rows, heads, dim]`` views into the paired allocation, marked
         for the checker (cuda_path/check_kernel.py reads K's tail and V's head tag in one load)."""
-        from .check_kernel import mark_paired
-
-        heads, kd, vd = self.shape[kind]
-        buf = self.kv[kind]
-        width = buf.element_size()
-        o, _ = paired_offsets(heads * kd * width, heads * vd * width)
-        at = o // width
-        self.k[kind] = buf[:, :, at:at + heads * kd].unflatten(2, (heads, kd))
-        self.v[kind] = buf[:, :, at + heads * kd:at + heads * (kd + vd)].unflatten(2, (heads, vd))
-        tag = TAG_LANES * width                   # bytes of one row's tag lanes
-        first = (o + heads * kd * width - tag) // 8    # K's tail tag, then V's head tag: 2 * tag bytes
-        mark_paired(self.k[kind], self.v[kind], buf.view(torch.int64)[:, :, first:first + 2 * tag // 8])
+        self.k[kind], self.v[kind] = paired_views(self.kv[kind], *self.shape[kind])
 
     def clone(self) -> "TaggedKVPool":
         """A copy that shares nothing written later (simulator.pool.PoolClasses' copy on divergence): K, V and

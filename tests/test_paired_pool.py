@@ -196,3 +196,55 @@ def test_a_run_gives_the_same_findings_on_both_layouts():
         out[lay] = ([f.to_json() for f in r.findings], {b: dict(s.findings) for b, s in r.backends.items()})
     assert out["split"] == out["paired"]
     assert out["split"][0]
+
+
+# ---------------------------------------------------------------------------- on the GPU (the lead's H200 runs)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_gpu_paired_and_split_pools_agree(kv_dtype):
+    """On CUDA, the Triton store and the checker's kernels: a paired pool (the default there) and a split one
+    give the same mismatches, verdicts and tags, K-only and V-only differences included."""
+    m = _model(kv_dtype)
+    pools = {lay: TaggedKVPool(m, 4096, 3000, device="cuda", store_impl="triton", layout=lay)
+             for lay in ("split", "paired")}
+    assert TaggedKVPool(m, 64, 64, device="cuda").layout == "paired"
+    g = torch.Generator().manual_seed(9)
+    slots = (torch.randperm(2998, generator=g)[:600] + 1).cuda()
+    tags = torch.randint(1, 10**6, (600,), generator=g).cuda()
+    _write(pools, tags, slots)
+    got = {}
+    for lay, p in pools.items():
+        k, v = p.k["swa"], p.v["swa"]
+        expected = torch.zeros(3000, dtype=torch.int64, device="cuda")
+        expected[slots] = tags
+        exp_words = tag_lanes(expected, k.dtype).contiguous().view(torch.int64)
+        out = torch.zeros(1, dtype=torch.int64, device="cuda")
+        verdict(k, v, torch.arange(k.shape[0], device="cuda"), slots, slots[:50], exp_words,
+                torch.zeros(3000, dtype=torch.bool, device="cuda"), p.err["swa"], out)
+        got[lay] = (p.mismatches("swa", slots, tags).cpu(), int(out), [t.cpu() for t in p.read_tags("swa", slots)])
+    assert torch.equal(got["split"][0], got["paired"][0]) and got["split"][1] == got["paired"][1] == 4
+    assert all(torch.equal(a, b) for a, b in zip(got["split"][2], got["paired"][2]))
+    assert got["split"][0].nonzero().tolist() == [[1, 4], [2, 7], [3, 9]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,design,steps", [("scale", None, 40), ("b2-decode-stale-tail", None, None),
+                                               ("b1-pcg-dp-padding", "sglang-pre-29460", None)])
+def test_gpu_runs_give_the_same_findings_on_both_layouts(name, design, steps):
+    """--device cuda (graphs, the Triton store, the step runner's verdicts): the same findings on a paired
+    and a split pool, one by one."""
+    from cuda_path.graphs import CudaGraphExecutor
+    from simulator.designs import load_design
+    from simulator.run import run_simulation
+    from slotscope.pipeline import make_pool_factory
+
+    sc = scenario(name).with_overrides(design=design, max_steps=steps)
+    out = {}
+    for lay in ("split", "paired"):
+        r = run_simulation(sc, load_design(sc.design), make_pool_factory(sc, torch.device("cuda"), "real", "triton",
+                                                                         layout=lay),
+                           device="cuda", executor=CudaGraphExecutor())
+        out[lay] = ([f.to_json() for f in r.findings], {b: dict(s.findings) for b, s in r.backends.items()},
+                    len(r.steps))
+    assert out["split"] == out["paired"]
