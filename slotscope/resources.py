@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from cuda_path.pool import estimate_bytes, row_bytes, row_shape
+from cuda_path.pool import default_layout, estimate_bytes, row_bytes, row_shape
 from simulator.kvrows import MIN_ROW_WIDTH
 from simulator.models import Model
 from simulator.scenario import Scenario, ScenarioError
@@ -83,7 +83,8 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
     full_rows, swa_rows = pool.full_size + page, pool.swa_size + page
     est = Estimate()
     est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test"),
-                          "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=n), gpu))
+                          "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=n,
+                                                           layout=default_layout(device, geometry)), gpu))
     ref_rows = [(full_rows, swa_rows)]
     spec = scenario.engine.speculative
     if spec.enabled:
@@ -92,7 +93,8 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
         d_full_rows, d_swa_rows = d_full + page, d_swa + page
         key = "engine.speculative.draft_full_size" if spec.draft_full_size is not None else "pool.full_size"
         est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools"), key,
-                              estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n), gpu))
+                              estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n,
+                                             layout=default_layout(device, geometry)), gpu))
         ref_rows.append((max(full_rows, d_full_rows), max(swa_rows, d_swa_rows)))
     ref = sum(REFERENCE_FULL_BYTES * f + REFERENCE_SWA_BYTES * s for f, s in ref_rows)
     alloc = 8 * (full_rows + 1) + 2 * 9 * (pool.full_size // page + 1)   # full_to_swa, two page stacks
