@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from cuda_path.pool import default_layout, estimate_bytes, row_bytes, row_shape
+from cuda_path.pool import default_layout, estimate_bytes, row_shape, slot_bytes
 from simulator.kvrows import MIN_ROW_WIDTH
 from simulator.models import Model
 from simulator.scenario import Scenario, ScenarioError
@@ -58,9 +58,10 @@ def _gib(n: float) -> str:
     return f"{g:,.1f} GiB" if g >= 0.1 else f"{n / 2**20:,.1f} MiB"
 
 
-def _pools_what(model: Model, full_rows: int, swa_rows: int, geometry: str, pools: int, who: str) -> str:
+def _pools_what(model: Model, full_rows: int, swa_rows: int, geometry: str, pools: int, who: str,
+                layout: str = "split") -> str:
     kinds = [f"{model.count(k)} {'full' if k == 'full' else 'SWA'} layers x {rows:,} rows x "
-             f"{row_bytes(model, k, geometry)} B"
+             f"{slot_bytes(model, k, geometry, layout)} B"
              for k, rows in (("full", full_rows), ("swa", swa_rows)) if model.count(k)]
     return f"{who} ({pools} backend{'s' if pools != 1 else ''} x ({' + '.join(kinds)}), {geometry} geometry)"
 
@@ -82,9 +83,10 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
     page = pool.page_size
     full_rows, swa_rows = pool.full_size + page, pool.swa_size + page
     est = Estimate()
-    est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test"),
+    layout = default_layout(device, geometry)       # the pools' layout (cuda_path/pool.py)
+    est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test", layout),
                           "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=n,
-                                                           layout=default_layout(device, geometry)), gpu))
+                                                           layout=layout), gpu))
     ref_rows = [(full_rows, swa_rows)]
     spec = scenario.engine.speculative
     if spec.enabled:
@@ -92,9 +94,9 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
         d_full, d_swa = _draft_sizes(scenario, design, pool.full_size, pool.swa_size)
         d_full_rows, d_swa_rows = d_full + page, d_swa + page
         key = "engine.speculative.draft_full_size" if spec.draft_full_size is not None else "pool.full_size"
-        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools"), key,
-                              estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n,
-                                             layout=default_layout(device, geometry)), gpu))
+        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools", layout),
+                              key, estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n, layout=layout),
+                              gpu))
         ref_rows.append((max(full_rows, d_full_rows), max(swa_rows, d_swa_rows)))
     ref = sum(REFERENCE_FULL_BYTES * f + REFERENCE_SWA_BYTES * s for f, s in ref_rows)
     alloc = 8 * (full_rows + 1) + 2 * 9 * (pool.full_size // page + 1)   # full_to_swa, two page stacks

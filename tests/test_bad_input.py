@@ -206,7 +206,7 @@ def test_gpu_estimate_is_checked_against_device_memory():
     design = load_design(sc.design)
     check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=139 * GIB)   # an H200: fits
     with pytest.raises(ScenarioError, match=r"scale\.toml: pool\.full_size = 65,536: .*real geometry\) need about "
-                                            r"32\.4 GiB.*free memory on cuda.*use --geometry compact"):
+                                            r"32\.9 GiB.*free memory on cuda.*use --geometry compact"):
         check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=16 * GIB)
 
 
