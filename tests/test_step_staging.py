@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from cuda_path import step
 from cuda_path.step import _Staging, host_tag_words, stage_layout, stage_pack, stage_views
 from simulator.kvrows import tag_lanes
 from simulator.records import PAD_TAG
@@ -28,6 +29,18 @@ def test_host_tag_words_are_tag_lanes_bits(storage):
     assert np.array_equal(got, want)
     assert not got[tags == 0].any() and got[tags != 0].all(axis=1).all()
     assert host_tag_words(tags[:0], storage).shape == (0, want.shape[1])
+
+
+@pytest.mark.parametrize("storage", [torch.bfloat16, torch.uint8])
+def test_host_tag_words_per_lane_path_is_the_same(storage, monkeypatch):
+    tags = _tags()
+    bits, pairs = step._nibble_bits(storage)
+    assert pairs is not None                 # the byte table: the path every run takes on a little-endian host
+    fast = host_tag_words(tags, storage)
+    monkeypatch.setitem(step._NIBBLE_BITS, storage, (bits, None))
+    assert np.array_equal(host_tag_words(tags, storage), fast)
+    monkeypatch.setitem(step._NIBBLE_BITS, storage, None)       # (no table: tag_lanes on the host)
+    assert np.array_equal(host_tag_words(tags, storage), fast)
 
 
 def _arrays() -> list[np.ndarray]:
