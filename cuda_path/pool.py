@@ -203,8 +203,11 @@ class TaggedKVPool:
         if self.layout == "paired":
             new.kv, new.k, new.v = {}, {}, {}
             for kind, buf in self.kv.items():
-                new.kv[kind] = _aligned_zeros(tuple(buf.shape), buf.dtype, buf.device)
-                new.kv[kind].copy_(buf)
+                if buf.device.type == "cpu":          # (a CPU copy is placed on a sector boundary like the first)
+                    new.kv[kind] = _aligned_zeros(tuple(buf.shape), buf.dtype, buf.device)
+                    new.kv[kind].copy_(buf)
+                else:                                 # CUDA allocations start on 512-byte boundaries
+                    new.kv[kind] = buf.clone(memory_format=torch.contiguous_format)
                 new._pair_views(kind)
         else:
             new.k = {kind: t.clone() for kind, t in self.k.items()}
