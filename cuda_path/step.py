@@ -216,7 +216,7 @@ class GpuStepRunner:
         self._layers: dict[tuple, torch.Tensor] = {}     # indices of written layers -> device tensor
         self._out: Optional[torch.Tensor] = None         # static verdict slots (decode graphs add into theirs)
         self._slot: dict[tuple, int] = {}                # (side, backend) -> its slot in _out
-        self._exp_slots: dict[tuple, torch.Tensor] = {}  # (kind, capture size) -> static expected slots
+        self._exp_slots: dict[int, torch.Tensor] = {}    # capture size -> static expected slots (both kinds)
         self._stale = False
         self._side = None
         self._run_sides = None
@@ -310,7 +310,7 @@ class GpuStepRunner:
     def _stage(self, run, side, batch, truth: BatchTruth, leads: Optional[list]) -> tuple:
         """The step's host arrays on the device in one staged copy (:class:`_Staging`), then what they feed,
         in this order: the mirrors' expected words (made on the host, :func:`host_tag_words`), the static
-        expected slots, the run's device mapping and, on host metadata (``leads``: the groups' first
+        expected slots (padded on the host, :func:`_padded_expected`), the run's device mapping and, on host metadata (``leads``: the groups' first
         backends), their write locations (:meth:`_device_meta`). Returns the device tags, this step's slots
         per kind and (without ``leads``) the device ``out_cache_loc``."""
         dev = run.device
@@ -318,6 +318,9 @@ class GpuStepRunner:
         storages = self._mirror_storages(side.reference) if truth.tags.size else []
         arrays = [ch, run.alloc.full_to_swa[ch], truth.tags, truth.full_slots, truth.swa_slots]
         arrays += [host_tag_words(truth.tags, storage) for storage in storages]
+        padded = _padded_expected(batch, truth)
+        if padded is not None:
+            arrays.append(padded)
         if leads is None:
             arrays.append(batch.out_cache_loc)
         else:
@@ -325,11 +328,12 @@ class GpuStepRunner:
         got = self._staging.put(arrays, dev)
         ch_d, ch_to, tags, full_slots, swa_slots = got[:5]
         step_slots = {"full": full_slots, "swa": swa_slots}
-        self._mirror(side, truth, dict(zip(storages, got[5:5 + len(storages)])), step_slots)
-        self._begin_verdicts(batch, truth, step_slots, dev)
+        k = 5 + len(storages)
+        self._mirror(side, truth, dict(zip(storages, got[5:k])), step_slots)
+        self._begin_verdicts(batch, None if padded is None else got[k], dev)
         if ch.size:
             run.mapping[ch_d] = ch_to
-        rest = got[5 + len(storages):]
+        rest = got[k + (padded is not None):]
         if leads is None:
             return tags, step_slots, rest[0]
         self._device_meta(leads, rest, batch)
@@ -558,28 +562,25 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 2
 
-    def _begin_verdicts(self, batch, truth, step_slots: dict, dev) -> None:
-        """Zero the static verdict slots; under a graph runner, this step's expected slots into the static
-        buffers of its capture size (padded with -1, which no check reads)."""
+    def _begin_verdicts(self, batch, staged: Optional[torch.Tensor], dev) -> None:
+        """Zero the static verdict slots; under a graph runner (``staged``: :func:`_padded_expected`'s array as
+        staged) this step's expected slots into the static buffer of its capture size, in one copy."""
         if self._out is None:
             self._out = torch.zeros(256, dtype=torch.int64, device=dev)
             self._scratch = torch.zeros(1, dtype=torch.int64, device=dev)
         self._out.zero_()
         self._expected = None
-        if batch.graph in STATIC_GRAPHS and truth.tags.size <= batch.padded_len:
-            self._expected = {}
-            for kind in ("full", "swa"):
-                buf = self._static_expected(kind, batch.padded_len, dev)
-                n = step_slots[kind].shape[0]
-                buf[n:].fill_(-1)
-                if n:
-                    buf[:n].copy_(step_slots[kind])
-                self._expected[kind] = buf
+        if staged is not None:
+            n = batch.padded_len
+            buf = self._static_expected(n, dev)
+            buf.copy_(staged)
+            self._expected = {"full": buf[:n], "swa": buf[n:]}
 
-    def _static_expected(self, kind: str, n: int, dev) -> torch.Tensor:
-        buf = self._exp_slots.get((kind, n))
+    def _static_expected(self, n: int, dev) -> torch.Tensor:
+        """The static expected slots of capture size ``n``: full then SWA, ``n`` each (graphs read their addresses)."""
+        buf = self._exp_slots.get(n)
         if buf is None:
-            buf = self._exp_slots[(kind, n)] = torch.full((n,), -1, dtype=torch.int64, device=dev)
+            buf = self._exp_slots[n] = torch.full((2 * n,), -1, dtype=torch.int64, device=dev)
         return buf
 
     def _out_slot(self, side, name: str) -> torch.Tensor:
@@ -809,6 +810,18 @@ def _twin_key(boundary) -> Optional[tuple]:
     sp = boundary.spec
     return (type(d), d.graph_swa_dtype, id(release_of(d)), id(boundary.engine), boundary.side, boundary.page_size,
             boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers, sp.window_graphs)
+
+
+def _padded_expected(batch, truth: BatchTruth) -> Optional[np.ndarray]:
+    """Under a graph runner (the step's tags fit its capture size n): the step's full slots then its SWA slots,
+    each padded to n with -1 (which no check reads), int64 ``[2n]``; else None."""
+    n = batch.padded_len
+    if batch.graph not in STATIC_GRAPHS or truth.tags.size > n:
+        return None
+    out = np.full(2 * n, -1, dtype=np.int64)
+    out[:truth.full_slots.shape[0]] = truth.full_slots
+    out[n:n + truth.swa_slots.shape[0]] = truth.swa_slots
+    return out
 
 
 def _target_key(t: torch.Tensor) -> tuple:
