@@ -4,11 +4,13 @@ layouts, against the copy ceiling, with store_bandwidth.py's method and byte cou
 sectors + slot index + expected words + result byte per slot; device time in a CUDA graph over input
 sets that together exceed the L2 cache several times).
 
-Layouts: ``separate`` (K and V in two allocations, as today) and ``interleaved`` (one allocation
-``[rows, 2, heads, dim]``, K and V of a row side by side: flashinfer's paged layout puts K and V of a
-page together the same way), where a slot's K and V tag sectors are one row apart instead of 2 GB.
+Layouts: ``separate`` (K and V in two allocations, SGLang's layout and the split pools'), ``interleaved`` (one
+allocation ``[rows, 2, heads, dim]``, K and V of a row side by side: flashinfer's paged layout puts K and V of a
+page together the same way), where a slot's K and V tag sectors are one row apart instead of 2 GB, and
+``paired`` (the pools' paired layout, what a CUDA run uses: K's tail tag and V's head tag in one sector).
 
     python bench/check_kernel_sweep.py           # N = 32768 and 262144 in a 1M-row, 8 x 128 bf16 pool
+    python bench/check_kernel_sweep.py paired    # one layout only
     python bench/check_kernel_sweep.py --probe   # what bounds it: where the two tag sectors lie (below)
 
 ``--probe`` times one gather-and-compare kernel at N = 262,144 random slots of a 1M-row pool with the two tag
@@ -171,6 +173,35 @@ def probe(rows: int = 1_000_000, n: int = 262144, dev=None, l2: int = 0) -> int:
     return 0
 
 
+#: ``separate``: two allocations (SGLang's layout, the split pools); ``interleaved``: K and V of a row side by side,
+#: tags 2 KB apart; ``paired``: the pools' paired layout (cuda_path.pool.paired_views: K's tail tag and V's head tag
+#: in one sector, one load), the layout a CUDA run uses
+LAYOUTS = ("separate", "interleaved", "paired")
+
+
+def _layout_buffers(layout: str, rows: int, heads: int, dim: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's K and V ``[1, rows, heads, dim]`` bf16 caches of random lanes in ``layout`` (a paired pair marked
+    for the one-load check), V's tag lanes (and a paired K's tail tag lanes) equal to K's head tag lanes, so that
+    one expected table serves every layout."""
+    if layout == "paired":
+        from cuda_path.pool import paired_offsets, paired_views
+
+        _, size = paired_offsets(heads * dim * 2, heads * dim * 2)
+        buf = torch.randint(1, 1000, (1, rows, size // 2), device=dev).to(torch.bfloat16)
+        k, v = paired_views(buf, heads, dim, dim)
+        k[0, :, -1, -8:] = k[0, :, 0, :8]      # K's tail tag lanes = its head's (kvrows' rows carry both)
+        v[0, :, 0, :8] = k[0, :, 0, :8]
+        return k, v
+    if layout == "separate":
+        k = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
+        v = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
+    else:
+        kv = torch.randint(1, 1000, (rows, 2, heads, dim), device=dev).to(torch.bfloat16)
+        k, v = kv[:, 0], kv[:, 1]
+    v[:, 0, :8] = k[:, 0, :8]
+    return k[None], v[None]
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("check_kernel_sweep: no CUDA device; nothing measured")
@@ -184,15 +215,10 @@ def main() -> int:
     gen = torch.Generator().manual_seed(0)
     results = []
     layer0 = torch.zeros(1, dtype=torch.int64, device=dev)
-    for layout in ("separate", "interleaved"):
-        if layout == "separate":
-            k = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
-            v = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
-        else:
-            kv = torch.randint(1, 1000, (rows, 2, heads, dim), device=dev).to(torch.bfloat16)
-            k, v = kv[:, 0], kv[:, 1]
-        v[:, 0, :8] = k[:, 0, :8]
-        kw = k.view(torch.int64)[:, 0, :2]
+    layouts = [a for a in sys.argv[1:] if a in LAYOUTS] or list(LAYOUTS)
+    for layout in layouts:
+        k, v = _layout_buffers(layout, rows, heads, dim, dev)
+        kw = k[0].view(torch.int64)[:, 0, :2]
         for n in SIZES:
             moved = n * (32 + 32 + 8 + 16 + 1)
             count = sets_needed(moved, l2)
@@ -213,10 +239,10 @@ def main() -> int:
                 for cg in (False, True):
                     def call(i, b=block, w=warps, c=cg):
                         s, want = sets[i]
-                        tag_mismatches(k[None], v[None], rows, s, want, layer0, block=b, num_warps=w, cg=c)
+                        tag_mismatches(k, v, rows, s, want, layer0, block=b, num_warps=w, cg=c)
 
                     s, want = sets[0]
-                    got = tag_mismatches(k[None], v[None], rows, s, want, layer0, block=block, num_warps=warps, cg=cg)
+                    got = tag_mismatches(k, v, rows, s, want, layer0, block=block, num_warps=warps, cg=cg)
                     ms = timer.device(call, count)
                     r = {"layout": layout, "n": n, "block": block, "warps": warps, "cg": cg,
                          "check_ms": ms, "copy_ms": copy_ms, "pct_of_copy": 100.0 * copy_ms / ms,
