@@ -279,8 +279,9 @@ class GpuStepRunner:
             # the step's one staged copy with the groups' first backends' write locations in it
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
             plans, groups, by_name = self._groups(run, side, classes, batch, truth, at, read_in, True)
-            tags, step_slots, _ = self._stage(run, side, batch, truth,
-                                              [by_name[ns[0]] for ns in groups if by_name[ns[0]].failure is None])
+            leads = [by_name[ns[0]] for ns in groups if by_name[ns[0]].failure is None]
+            self._twin_metas(leads, batch, at[1])
+            tags, step_slots, _ = self._stage(run, side, batch, truth, leads)
         else:
             tags, step_slots, loc = self._stage(run, side, batch, truth, None)
             plans, groups, by_name = self._groups(run, side, classes, batch, truth, (loc, run.mapping), read_in,
@@ -310,9 +311,10 @@ class GpuStepRunner:
     def _stage(self, run, side, batch, truth: BatchTruth, leads: Optional[list]) -> tuple:
         """The step's host arrays on the device in one staged copy (:class:`_Staging`), then what they feed,
         in this order: the mirrors' expected words (made on the host, :func:`host_tag_words`), the static
-        expected slots (padded on the host, :func:`_padded_expected`), the run's device mapping and, on host metadata (``leads``: the groups' first
-        backends), their write locations (:meth:`_device_meta`). Returns the device tags, this step's slots
-        per kind and (without ``leads``) the device ``out_cache_loc``."""
+        expected slots (padded on the host, :func:`_padded_expected`), the run's device mapping and, on host
+        metadata (``leads``: the groups' first backends), their write locations (:meth:`_device_meta`).
+        Returns the device tags, this step's slots per kind and (without ``leads``) the device
+        ``out_cache_loc``."""
         dev = run.device
         ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
         storages = self._mirror_storages(side.reference) if truth.tags.size else []
@@ -361,17 +363,24 @@ class GpuStepRunner:
 
     def _plan(self, run, side, name, batch, truth, at, read_in, host: bool, twin: Optional["_Plan"] = None) -> "_Plan":
         """A backend's metadata init (the design's hooks, on ``at``'s tensors: the host's where
-        :meth:`_host_metadata`; ``twin``: an earlier backend's, see :meth:`_plans`), its read ids (host) and,
+        :meth:`_host_metadata`; ``twin``: an earlier backend's, see :meth:`_plans`; where nothing here reads its
+        own context, made later only if it leads a group: :meth:`_twin_metas`), its read ids (host) and,
         where its ``make_write_loc`` is layer-free, each kind's write location and the store's length check:
         what decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
         from simulator.run import _ReadCheck
 
         p = _Plan(name, side.boundaries[name])
         boundary = self._host_boundary(p.boundary) if host else p.boundary
+        shared = twin is not None and twin.per_kind is not None \
+            and twin.boundary.spec.slices_swa_loc == p.boundary.spec.slices_swa_loc
         try:
             if twin is not None:
-                p.meta = meta = dataclasses.replace(twin.meta, ctx=boundary.context(batch, at[1]))
                 self.twin_plans += 1
+                if shared and (read_in is None or _base_read_ids(boundary.design)):
+                    # nothing here reads its own context: made only where it leads a group (_twin_metas)
+                    p.twin, meta = twin, twin.meta
+                else:
+                    p.meta = meta = dataclasses.replace(twin.meta, ctx=boundary.context(batch, at[1]))
             else:
                 p.meta = meta = boundary.init_metadata(batch, *at)
             table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
@@ -380,13 +389,21 @@ class GpuStepRunner:
             return p
         if table is not None and not self._reads.known_clean(table):   # (else: no stale read to report)
             p.reads = _ReadCheck(side, name, batch, truth, table, side.pools[name])
-        if twin is not None and twin.per_kind is not None \
-                and twin.boundary.spec.slices_swa_loc == p.boundary.spec.slices_swa_loc:
+        if shared:
             p.per_kind = twin.per_kind           # the same targets: one tensor each (_signatures by identity)
         elif boundary.layer_free_write_loc():
             p.per_kind = _plan_by_kind(boundary, meta, side.layers)
         run.crossings += len(side.layers)
         return p
+
+    def _twin_metas(self, leads: list["_Plan"], batch, full_to_swa: torch.Tensor) -> None:
+        """The metadata of the groups' first backends whose :meth:`_plan` took it from a twin without their own
+        context: the twin's (host) metadata with their own (before :meth:`_device_meta` replaces the twin's)."""
+        for p in leads:
+            if p.twin is not None:
+                ctx = self._host_boundary(p.boundary).context(batch, full_to_swa)
+                p.meta = dataclasses.replace(p.twin.meta, ctx=ctx)
+                p.twin = None
 
     def _host_metadata(self, run, side) -> bool:
         """Whether a side's metadata init runs on host tensors (on a CUDA run whose designs all have a
@@ -489,7 +506,7 @@ class GpuStepRunner:
         design = boundary.design
         key = None
         inc = None
-        if type(design).read_ids is Design.read_ids and "read_ids" not in getattr(design, "__dict__", {}):
+        if _base_read_ids(design):
             # (without window indices SWA layers read the full table: then the whole of it, not the unclean part)
             inc = shared.get("incremental") if meta.window else None
             key = ("base read_ids", meta.ctx.window, inc is not None)
@@ -698,6 +715,7 @@ class _Plan:
     in_graph: bool = False                      # its verdict was added by a decode graph's replay
     n_writes: int = -1                          # its writes that count (-1: not counted yet)
     call_kinds: object = False                  # _call_kinds of its observations (False: not made yet)
+    twin: Optional["_Plan"] = None              # meta not made yet: it is this earlier backend's but the context
 
 
 class _Rows:
@@ -794,6 +812,11 @@ def _base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.nd
 #: and the context's pad values (never the backend, its spec or any state): results equal for equal inputs
 _BLIND_HOOKS = {"translate": Design.translate, "fill_graph_loc_buffer": Design.fill_graph_loc_buffer,
                 "fill_graph_swa_buffer": Design.fill_graph_swa_buffer}
+
+
+def _base_read_ids(design) -> bool:
+    """Whether a design keeps the base ``Design.read_ids`` (a function of its inputs and ``ctx.window`` alone)."""
+    return type(design).read_ids is Design.read_ids and "read_ids" not in getattr(design, "__dict__", {})
 
 
 def _twin_key(boundary) -> Optional[tuple]:

@@ -258,3 +258,43 @@ def test_incremental_read_tables_give_the_runs_own_stale_reads(name):
     assert ex.runner._reads.entries_skipped > len(stale)
     # tables whose every entry was found clean are not read-checked again (the stale reads above still are)
     assert ex.runner._reads.clean_tables > 0
+
+
+class _UnsharingStepwise(StepwiseExecutor):
+    """Every backend its own pool class from step ``at`` on (as after a step of the run's own): twins then
+    lead groups of their own, so their metadata is made from their twin's (GpuStepRunner._twin_metas)."""
+
+    def __init__(self, inner, at: int):
+        super().__init__(inner)
+        self.at, self.made = at, 0
+        made = self.runner._twin_metas
+
+        def counted(leads, batch, full_to_swa):
+            twins = [p for p in leads if p.twin is not None]
+            made(leads, batch, full_to_swa)
+            self.made += len(twins)
+            # each its own context (its name and spec), on the twin's host metadata
+            assert all(p.twin is None and p.meta.ctx.backend == p.name and p.meta.ctx.spec is p.boundary.spec
+                       and p.meta.layer_loc.device.type == "cpu" for p in twins)
+        self.runner._twin_metas = counted
+
+    def run_step(self, run, batch, truth):
+        if batch.step == self.at:
+            self.runner._unshare(run)
+        return super().run_step(run, batch, truth)
+
+
+@pytest.mark.parametrize("name, design", [("b1-pcg-dp-padding", "sglang-pre-29460"), ("smoke", None)])
+def test_twins_leading_their_own_groups_give_the_runs_own_outputs(name, design):
+    own, own_events, _ = _run(name, design, False)
+    sc = scenario(name).with_overrides(design=design)
+    make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
+    ex = _UnsharingStepwise(EagerExecutor(), at=2)
+    ex.runner.host_metadata = True
+    obs = _Recorder()
+    fast = run_simulation(sc, load_design(sc.design), make, executor=ex, observer=obs)
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
+    assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
+    assert obs.events == own_events
+    assert ex.made > 0 and ex.runner.twin_plans > 0
+    assert len(_classes(ex.runner)) == len(fast.backends)     # (no class merges back)
