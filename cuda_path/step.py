@@ -460,9 +460,12 @@ class GpuStepRunner:
         ids = {key: ("tensor", key) for key in tensors}
         need = [key for keys in buckets.values() if len(keys) > 1 for key in keys]
         if need:
-            both = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need])
-            self.signature_reads += both.device.type != "cpu"      # (a host synchronisation)
-            host = both.cpu().numpy()
+            if all(tensors[k].device.type == "cpu" for k in need):     # (host metadata: compared in numpy)
+                host = np.concatenate([tensors[k].numpy().reshape(-1).astype(np.int64, copy=False) for k in need])
+            else:
+                both = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need])
+                self.signature_reads += 1                            # (a host synchronisation)
+                host = both.cpu().numpy()
             seen: dict[tuple, int] = {}
             off = 0
             for k in need:
