@@ -80,18 +80,21 @@ class IncrementalReads:
     def note_step(self, stepping_ref, truth) -> None:
         """The step's frees (every oracle), its writes (the stepping side's), its transfer and mapping changes."""
         self._clean.clear()
+        if not self._states:
+            return
         tr = truth.transferred
+        # (one cut per kind over all its touched slots: the same entries end the same ranges at the same minimum)
+        full, swa = [truth.freed_full], [truth.freed_swa]
+        if tr is not None:
+            full.append(tr.full_slots)
+            swa.append(tr.swa_slots)
+        cut_f, cut_s = _joined(full), _joined(swa)
+        step_f, step_s = _joined(full + [truth.full_slots]), _joined(swa + [truth.swa_slots])
         for ref, kinds in self._states.values():
-            f, s = kinds["full"], kinds["swa"]
-            f.cut(truth.freed_full)
-            s.cut(truth.freed_swa)
-            s.cut(truth.mapping_changed, by_full=True)
-            if ref is stepping_ref:
-                f.cut(truth.full_slots)
-                s.cut(truth.swa_slots)
-            if tr is not None:
-                f.cut(tr.full_slots)
-                s.cut(tr.swa_slots)
+            stepping = ref is stepping_ref
+            kinds["full"].cut(step_f if stepping else cut_f)
+            kinds["swa"].cut(step_s if stepping else cut_s)
+            kinds["swa"].cut(truth.mapping_changed, by_full=True)
 
     def table(self, ref, rq, window: int, full_to_swa: np.ndarray, rows: dict) -> ReadTable:
         """The base ``read_ids`` table of the batch's requests without their clean entries (and the new
@@ -122,50 +125,55 @@ class IncrementalReads:
         # per request, the first position left to check: past its clean range where that range holds start
         first = np.where(same & (lo <= start) & (start < hi), np.minimum(hi, seq), start)
         self.entries_skipped += int((first - start).sum())
-        lens, indptr, fidx = _gather(rq.slots, seq, first, memo)
+        g = _gather(rq.slots, seq, first, memo, rq.tag_bases, rids)
+        lens, indptr, fidx = g[:3]
         idx = fidx if mapping is None else mapping[fidx]
-        ends, ok = self._extend_clean(st, ref, kind, rq, rids, first, lens, indptr, idx,
-                                      None if mapping is None else fidx, rows)
+        ends, ok = self._extend_clean(st, ref, kind, g, first, idx, None if mapping is None else fidx, rows)
         st.dlo[rids], st.dhi[rids], st.did[rids] = start, ends, ids
         for i in np.flatnonzero(~same).tolist():       # (new requests, retractions' new RequestSlots)
             st.refs[int(rids[i])] = rq.slots[i]
         return ReadIds(torch.from_numpy(indptr), torch.from_numpy(idx), torch.from_numpy(first)), ok
 
     @staticmethod
-    def _extend_clean(st: _Kind, ref, kind, rq, rids, first, lens, indptr, idx, fidx, rows) -> tuple:
+    def _extend_clean(st: _Kind, ref, kind, g: tuple, first, idx, fidx, rows) -> tuple:
         """The checker's comparison of the new entries (own tags): the slots of each request's entries before its
         first stale one record their (request, position). Returns per request where its clean range now ends
         (the entries from ``start`` to ``first`` were clean and untouched), and whether every new entry was clean."""
+        lens, indptr, _, row_of, pos, want, rid_of = g
         n = idx.shape[0]
-        row_of = np.repeat(np.arange(lens.shape[0]), lens)
-        pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + first[row_of]
         live_tag = ref.live_tag[kind]
         hi = min(rows, live_tag.shape[0])
         inr = (idx >= 0) & (idx < hi)
-        ok = inr & (live_tag[np.where(inr, idx, 0)] == rq.tag_bases[row_of] + pos)
+        ok = inr & (live_tag[np.where(inr, idx, 0)] == want)
         bad = np.flatnonzero(~ok)
         if bad.size == 0:                           # (all clean: every new entry records its owner)
-            st.rid[idx] = rids[row_of]
+            st.rid[idx] = rid_of
             st.pos[idx] = pos
             if fidx is not None:
-                st.frid[fidx] = rids[row_of]
+                st.frid[fidx] = rid_of
                 st.fpos[fidx] = pos
             return first + lens, True
         stop = indptr[1:].copy()                    # per request, its first stale entry (flat), else its end
         uniq, at = np.unique(row_of[bad], return_index=True)
         stop[uniq] = bad[at]
         clean = np.arange(n, dtype=np.int64) < stop[row_of]
-        st.rid[idx[clean]] = rids[row_of[clean]]
+        st.rid[idx[clean]] = rid_of[clean]
         st.pos[idx[clean]] = pos[clean]
         if fidx is not None:
-            st.frid[fidx[clean]] = rids[row_of[clean]]
+            st.frid[fidx[clean]] = rid_of[clean]
             st.fpos[fidx[clean]] = pos[clean]
         return first + (stop - indptr[:-1]), False
 
 
-def _gather(slots: list, seq: np.ndarray, first: np.ndarray, memo: dict) -> tuple:
-    """Per request the entries from ``first`` to its seq_len: (lengths, CSR indptr, their full slots); the
-    same ``first`` (both kinds of a decode step, most often) gathers once per step (``memo``)."""
+def _joined(parts: list) -> np.ndarray:
+    parts = [p for p in parts if p.size]
+    return _EMPTY if not parts else parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _gather(slots: list, seq: np.ndarray, first: np.ndarray, memo: dict, tag_bases, rids) -> tuple:
+    """Per request the entries from ``first`` to its seq_len: (lengths, CSR indptr, their full slots, and per
+    entry its row, position, own tag and request id); the same ``first`` (both kinds of a decode step, most
+    often) gathers once per step (``memo``)."""
     key = first.tobytes()
     got = memo.get(key)
     if got is None:
@@ -174,5 +182,7 @@ def _gather(slots: list, seq: np.ndarray, first: np.ndarray, memo: dict) -> tupl
         np.cumsum(lens, out=indptr[1:])
         parts = [sl.full[a:b] for sl, a, b in zip(slots, first.tolist(), seq.tolist()) if b > a]
         fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
-        got = memo[key] = (lens, indptr, fidx)
+        row_of = np.repeat(np.arange(lens.shape[0]), lens)
+        pos = np.repeat(first - indptr[:-1], lens) + np.arange(fidx.shape[0], dtype=np.int64)
+        got = memo[key] = (lens, indptr, fidx, row_of, pos, tag_bases[row_of] + pos, rids[row_of])
     return got
