@@ -89,9 +89,9 @@ def default_layout(device: torch.device | str, geometry: str) -> str:
     return "paired" if torch.device(device).type == "cuda" and geometry == "real" else "split"
 
 
-def _layout_for(model: Model, device, geometry: str, layout: Optional[str]) -> str:
-    """The layout asked for, checked; None: :func:`default_layout`, ``split`` where a kind's K rows are too
-    narrow to carry the tail tag."""
+def pool_layout(model: Model, device, geometry: str, layout: Optional[str] = None) -> str:
+    """The layout a TaggedKVPool of ``model`` takes: the one asked for, checked; None: :func:`default_layout`,
+    ``split`` where a kind's K rows are too narrow to carry the tail tag."""
     if layout is None:
         layout = default_layout(device, geometry)
         shapes = [row_shape(model, kind, geometry) for kind in ("full", "swa") if model.count(kind)]
@@ -143,7 +143,7 @@ class TaggedKVPool:
                  k_scale: float = 1.0, v_scale: float = 1.0, layout: Optional[str] = None):
         if geometry not in GEOMETRIES:
             raise ValueError(f"geometry {geometry!r} (allowed: {', '.join(GEOMETRIES)})")
-        layout = _layout_for(model, device, geometry, layout)
+        layout = pool_layout(model, device, geometry, layout)
         if store_impl not in STORE_IMPLS:
             raise ValueError(f"store_impl {store_impl!r} (allowed: {', '.join(STORE_IMPLS)})")
         self.device = torch.device(device)

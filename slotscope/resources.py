@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from cuda_path.pool import default_layout, estimate_bytes, row_shape, slot_bytes
+from cuda_path.pool import estimate_bytes, pool_layout, row_shape, slot_bytes
 from simulator.kvrows import MIN_ROW_WIDTH
 from simulator.models import Model
 from simulator.scenario import Scenario, ScenarioError
@@ -83,7 +83,7 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
     page = pool.page_size
     full_rows, swa_rows = pool.full_size + page, pool.swa_size + page
     est = Estimate()
-    layout = default_layout(device, geometry)       # the pools' layout (cuda_path/pool.py)
+    layout = pool_layout(model, device, geometry)       # the layout the pools take (cuda_path/pool.py)
     est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test", layout),
                           "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=n,
                                                            layout=layout), gpu))
@@ -94,8 +94,9 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
         d_full, d_swa = _draft_sizes(scenario, design, pool.full_size, pool.swa_size)
         d_full_rows, d_swa_rows = d_full + page, d_swa + page
         key = "engine.speculative.draft_full_size" if spec.draft_full_size is not None else "pool.full_size"
-        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools", layout),
-                              key, estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n, layout=layout),
+        d_layout = pool_layout(draft, device, geometry)     # (the draft's rows decide its own)
+        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools", d_layout),
+                              key, estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n, layout=d_layout),
                               gpu))
         ref_rows.append((max(full_rows, d_full_rows), max(swa_rows, d_swa_rows)))
     ref = sum(REFERENCE_FULL_BYTES * f + REFERENCE_SWA_BYTES * s for f, s in ref_rows)

@@ -218,6 +218,20 @@ def test_real_geometry_rows_too_small_for_a_tag():
         check_resources(sc, load_design(sc.design), "cpu", "real", host_bytes=64 * GIB)
 
 
+def test_cuda_estimate_takes_the_layout_the_pools_take():
+    """SWA rows of 1 x 16 lanes are too narrow for the paired layout's tail tag: a CUDA pool of this model is
+    split (cuda_path.pool.pool_layout), and the estimate counts split rows, not paired slots."""
+    from cuda_path.pool import estimate_bytes, pool_layout
+
+    sc = parse_scenario(_with("[model.swa]\nheads = 1\nhead_dim = 16", 'preset = "gpt-oss-20b"'), "g.toml")
+    assert pool_layout(sc.model, "cuda", "real") == "split"
+    est = estimate(sc, load_design(sc.design), "cuda", "real")
+    rows = (sc.pool.full_size + sc.pool.page_size, sc.pool.swa_size + sc.pool.page_size)
+    split = estimate_bytes(sc.model, *rows, "real", pools=len(sc.backends), layout="split")
+    assert est.parts[0].nbytes == split != estimate_bytes(sc.model, *rows, "real", pools=len(sc.backends),
+                                                          layout="paired")
+
+
 def test_shipped_scenarios_fit_here():
     for path in sorted((ROOT / "scenarios").glob("*.toml")):
         if path.stem == "corpus":
