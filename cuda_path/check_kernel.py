@@ -189,10 +189,10 @@ def verdict(k: torch.Tensor, v: torch.Tensor, layers: torch.Tensor, slots_a: tor
         return
     block = BLOCK
     grid = (max(1, triton.cdiv(n_a, block) + triton.cdiv(n_b, block)),)
-    _verdict_kernel[grid](kw, vw, layers, layers.shape[0], slots_a, n_a, slots_b, n_b, exp_words, exp_words.shape[0],
-                          reserved, err, out, k.shape[1], kw.stride(0), kw.stride(1), (vw if pair is None else kw).stride(0),
-                          (vw if pair is None else kw).stride(1), NW=exp_words.shape[1], BLOCK=block,
-                          PAIRED=pair is not None, num_warps=NUM_WARPS)
+    vk = kw if pair is not None else vw     # (a paired pool's V words are in its pair words)
+    _verdict_kernel[grid](kw, vk, layers, layers.shape[0], slots_a, n_a, slots_b, n_b, exp_words, exp_words.shape[0],
+                          reserved, err, out, k.shape[1], kw.stride(0), kw.stride(1), vk.stride(0), vk.stride(1),
+                          NW=exp_words.shape[1], BLOCK=block, PAIRED=pair is not None, num_warps=NUM_WARPS)
 
 
 def _verdict_torch(kw, vw, layers, s, exp_words, reserved, err) -> torch.Tensor:
