@@ -33,7 +33,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from store_bandwidth import Timer, gbps, sets_needed  # noqa: E402
+from store_bandwidth import Timer, paired_copy, gbps, sets_needed  # noqa: E402
 
 from cuda_path.check_kernel import tag_mismatches  # noqa: E402
 
@@ -183,22 +183,15 @@ def _layout_buffers(layout: str, rows: int, heads: int, dim: int, dev) -> tuple[
     """One layer's K and V ``[1, rows, heads, dim]`` bf16 caches of random lanes in ``layout`` (a paired pair marked
     for the one-load check), V's tag lanes (and a paired K's tail tag lanes) equal to K's head tag lanes, so that
     one expected table serves every layout."""
-    if layout == "paired":
-        from cuda_path.pool import paired_offsets, paired_views
-
-        _, size = paired_offsets(heads * dim * 2, heads * dim * 2)
-        buf = torch.randint(1, 1000, (1, rows, size // 2), device=dev).to(torch.bfloat16)
-        k, v = paired_views(buf, heads, dim, dim)
-        k[0, :, -1, -8:] = k[0, :, 0, :8]      # K's tail tag lanes = its head's (kvrows' rows carry both)
-        v[0, :, 0, :8] = k[0, :, 0, :8]
-        return k, v
-    if layout == "separate":
+    if layout in ("separate", "paired"):
         k = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
         v = torch.randint(1, 1000, (rows, heads, dim), device=dev).to(torch.bfloat16)
     else:
         kv = torch.randint(1, 1000, (rows, 2, heads, dim), device=dev).to(torch.bfloat16)
         k, v = kv[:, 0], kv[:, 1]
     v[:, 0, :8] = k[:, 0, :8]
+    if layout == "paired":      # the same rows in the pools' paired layout, K's tail tag lanes = its head's
+        return paired_copy(k, v)
     return k[None], v[None]
 
 

@@ -95,7 +95,7 @@ def _tag_check_kernel(tags, tag_stride, slots, expected, mismatches, n, BLOCK: t
         tl.atomic_add(mismatches, bad)
 
 
-def _paired_copy(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def paired_copy(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The split caches' rows in a paired allocation (cuda_path.pool.paired_views, one layer), each K row's
     tail tag lanes set to its head's (what simulator/kvrows.py's rows carry)."""
     from cuda_path.pool import SECTOR, paired_offsets, paired_views
@@ -463,7 +463,7 @@ def main(argv=None) -> int:
     pool_check_rows = []
     if CUDA:
         v_cache.view(pool_rows, -1)[:, :8] = k_cache.view(pool_rows, -1)[:, :8]
-        pk, pv = _paired_copy(k_cache, v_cache)
+        pk, pv = paired_copy(k_cache, v_cache)
         for layout, k, v in (("split", k_cache[None], v_cache[None]), ("paired", pk, pv)):
             pool_check_rows += _checker_kernel_rows(layout, k, v, k_cache, pool_rows, sizes, slots, l2, timer,
                                                     copy_fn)
