@@ -168,6 +168,86 @@ def _profile(sc, top: int, out) -> int:
     return 0
 
 
+#: (module, class, method): the host phases --phases times (inclusive: a phase's time holds the phases it calls)
+PHASES = [("cuda_path.step", "GpuStepRunner", m) for m in (
+    "__call__", "_groups", "_plans", "_read_table", "_signatures", "_stage", "_mirror", "_device_meta", "_forward",
+    "_verdicts", "_deliver")] + [
+    ("cuda_path.read_cache", "IncrementalReads", "note_step"), ("cuda_path.read_cache", "IncrementalReads", "table"),
+    ("cuda_path.graphs", "CudaGraphExecutor", "_run_decode"), ("cuda_path.graphs", "CudaGraphExecutor", "_run_piecewise"),
+    ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.reference", "ReferencePool", "apply_writes"),
+    ("simulator.reference", "ReferencePool", "apply_frees")]
+
+
+def _timed(fn, acc: list):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            acc[0] += time.perf_counter() - t0
+            acc[1] += 1
+    return wrapper
+
+
+def _timed_steps(fn, acc: list):
+    """The scheduler's generator, each of its steps timed (the time to produce the next batch)."""
+    def wrapper(*args, **kwargs):
+        it = fn(*args, **kwargs)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            finally:
+                acc[0] += time.perf_counter() - t0
+                acc[1] += 1
+            yield item
+    return wrapper
+
+
+def _phases(sc, runs: int) -> int:
+    """Warm-up, then ``runs`` runs with the host phases timed by perf_counter wrappers (a few hundred ns each,
+    unlike cProfile's per-call cost, which inflates Python-heavy code): per phase its median over the runs."""
+    import importlib
+
+    from simulator.scheduler import Scheduler
+
+    one_run(sc, "cuda")
+    accs = {}
+    saved = []
+    for mod, cls, name in PHASES:
+        owner = getattr(importlib.import_module(mod), cls)
+        fn = owner.__dict__[name]
+        accs[f"{cls}.{name}"] = acc = [0.0, 0]
+        saved.append((owner, name, fn))
+        setattr(owner, name, _timed(fn, acc))
+    accs["Scheduler.steps (each next)"] = sacc = [0.0, 0]
+    saved.append((Scheduler, "steps", Scheduler.__dict__["steps"]))
+    Scheduler.steps = _timed_steps(Scheduler.__dict__["steps"], sacc)
+    per: dict[str, list] = {k: [] for k in accs}
+    totals = []
+    try:
+        for _ in range(runs):
+            for acc in accs.values():
+                acc[0], acc[1] = 0.0, 0
+            _, secs = one_run(sc, "cuda")
+            totals.append(secs)
+            for k, acc in accs.items():
+                per[k].append((acc[0], acc[1]))
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    total = statistics.median(totals)
+    print(f"# host phases, median of {runs} timed runs (runs {', '.join(f'{t:.2f}' for t in totals)} s)")
+    for k, v in per.items():
+        secs = statistics.median(x[0] for x in v)
+        print(f"{k:42s} {secs:7.3f} s  {100 * secs / total:5.1f}%  {v[0][1]:7d} calls")
+    print(json.dumps({"bench": "gpu_step_phases", "run_s": round(total, 3),
+                      "phases_s": {k: round(statistics.median(x[0] for x in v), 4) for k, v in per.items()}}))
+    return 0
+
+
 def _torch_profile(sc, top: int) -> int:
     """One warm-up run, then one under torch.profiler (host ops and CUDA runtime calls): the ops by own host
     time, and the runtime calls (kernel launches, graph launches, copies, synchronisations) per step."""
@@ -201,6 +281,9 @@ def main() -> int:
     ap.add_argument("--torch-profile", type=int, metavar="N", default=0,
                     help="instead: one warm-up run, then one under torch.profiler; print the top N ops by host "
                          "time and the CUDA runtime calls per step")
+    ap.add_argument("--phases", type=int, metavar="N", default=0,
+                    help="instead: one warm-up run, then N runs with the host phases timed (perf_counter "
+                         "wrappers): each phase's median seconds and share of the run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
@@ -212,6 +295,8 @@ def main() -> int:
         return _profile(sc, args.profile, args.profile_out)
     if args.torch_profile:
         return _torch_profile(sc, args.torch_profile)
+    if args.phases:
+        return _phases(sc, args.phases)
     cold, cold_s = one_run(sc, "cuda")
     warms = []
     for _ in range(max(1, args.warm)):      # the machine's host is noisy: the median of several warm runs
