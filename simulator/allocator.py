@@ -33,13 +33,24 @@ class OverFree(RuntimeError):
     ``available_size() <= size`` assert (the symptom of A2, R8 and other double frees)."""
 
 
-def _repeats(pages: np.ndarray, mark: np.ndarray) -> bool:
-    """Whether a page occurs twice in ``pages`` (ids in 0..len(mark)-1): each id's slot in ``mark`` takes the
-    index of its last occurrence, so an earlier occurrence of a repeated id reads another index. O(len(pages)),
-    where ``np.unique`` sorts or hashes."""
-    order = np.arange(pages.size, dtype=np.int64)
-    mark[pages] = order
-    return not np.array_equal(mark[pages], order)
+def _checked_free(state: np.ndarray, pages: np.ndarray, order: np.ndarray) -> None:
+    """Mark ``pages`` free in a free list's ``state`` (0: live, negative: free), refusing a page that is
+    free already or that occurs twice (nothing marked then). Repeats: each page's entry takes the ``order``
+    value of one of its occurrences, so another occurrence of a repeated page reads a value not its own.
+    O(len(pages)), where ``np.unique`` sorts or hashes; ``order``: -1, -2, ... (scratch of at least
+    len(pages) entries, or fewer: then made here)."""
+    if state[pages].any():
+        raise RuntimeError(f"double free of pages {pages[state[pages] < 0][:8].tolist()}")
+    k = pages.size
+    own = order[:k] if k <= order.size else -1 - np.arange(k, dtype=np.int64)
+    state[pages] = own
+    if (state[pages] != own).any():
+        state[pages] = 0
+        raise RuntimeError("double free of pages []")
+
+
+def _order_scratch(num_pages: int) -> np.ndarray:
+    return -1 - np.arange(num_pages + 1, dtype=np.int64)
 
 
 class _PageStack:
@@ -50,8 +61,9 @@ class _PageStack:
         # popped from the end: hand out low pages first, like a fresh free list
         self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
         self._top = num_pages
-        self._live = np.zeros(num_pages + 1, dtype=bool)
-        self._mark = np.zeros(num_pages + 1, dtype=np.int64)    # scratch of _repeats
+        # per page: 0 live (handed out), negative free (the reserved page 0 counts as free)
+        self._state = np.full(num_pages + 1, -1, dtype=np.int64)
+        self._order = _order_scratch(num_pages)     # scratch of _checked_free
 
     @property
     def free(self) -> int:
@@ -62,7 +74,7 @@ class _PageStack:
             raise OutOfSlots(f"asked for {k} pages, {self._top} free")
         pages = self._stack[self._top - k:self._top][::-1].copy()
         self._top -= k
-        self._live[pages] = True
+        self._state[pages] = 0
         return pages
 
     def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
@@ -74,9 +86,9 @@ class _PageStack:
         if not checked:
             if self._top + pages.size > self.num_pages:
                 raise OverFree(f"freeing {pages.size} pages leaves {self._top + pages.size} free of {self.num_pages}")
-        elif not self._live[pages].all() or _repeats(pages, self._mark):
-            raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
-        self._live[pages] = False
+            self._state[pages] = -1
+        else:
+            _checked_free(self._state, pages, self._order)
         k = pages.size
         self._stack[self._top:self._top + k] = pages[::-1]
         self._top += k
@@ -92,12 +104,12 @@ class _PageQueue:
     def __init__(self, num_pages: int, initial: Optional[np.ndarray] = None):
         self.num_pages = num_pages
         self._ring = np.zeros(max(num_pages, 1), dtype=np.int64)
-        self._live = np.ones(num_pages + 1, dtype=bool)
-        self._live[0] = False
-        self._mark = np.zeros(num_pages + 1, dtype=np.int64)    # scratch of _repeats
+        self._state = np.zeros(num_pages + 1, dtype=np.int64)     # as _PageStack's
+        self._state[0] = -1
+        self._order = _order_scratch(num_pages)
         pages = np.arange(1, num_pages + 1, dtype=np.int64) if initial is None else initial
         self._ring[:pages.size] = pages
-        self._live[pages] = False
+        self._state[pages] = -1
         self._head = 0
         self._count = int(pages.size)
 
@@ -116,7 +128,7 @@ class _PageQueue:
         pages = self._ring[self._span(self._head, k)].copy()
         self._head = (self._head + k) % self._ring.size
         self._count -= k
-        self._live[pages] = True
+        self._state[pages] = 0
         return pages
 
     def push(self, pages: np.ndarray, checked: bool = True, exact: bool = False) -> None:
@@ -126,9 +138,9 @@ class _PageQueue:
         if not checked:
             if self._count + pages.size > self.num_pages:
                 raise OverFree(f"freeing {pages.size} pages leaves {self._count + pages.size} free of {self.num_pages}")
-        elif not self._live[pages].all() or _repeats(pages, self._mark):
-            raise RuntimeError(f"double free of pages {pages[~self._live[pages]][:8].tolist()}")
-        self._live[pages] = False
+            self._state[pages] = -1
+        else:
+            _checked_free(self._state, pages, self._order)
         self._ring[self._span(self._head + self._count, pages.size)] = pages
         self._count += pages.size
 
@@ -160,8 +172,8 @@ def _free_list(order: str, num_pages: int, initial: Optional[np.ndarray] = None)
         return _PageQueue(num_pages, initial)
     stack = _PageHead(num_pages) if order == "head" else _PageStack(num_pages)
     if initial is not None:
-        stack._live[1:] = True
-        stack._live[initial] = False
+        stack._state[1:] = 0
+        stack._state[initial] = -1
         stack._top = int(initial.size)
         stack._stack[:stack._top] = initial[::-1]
     return stack
@@ -448,7 +460,8 @@ class HybridAllocator:
         live_swa = slots.swa[first_page_pos:n:p]
         # SGLang 0.5.23 frees a request's row by segments (free_kv_row_segments: page ids in position
         # order, the evicted prefix's full pages first); exact=True is read by the "head" list only
-        self._push_swa(live_swa[live_swa > 0] // p, exact=True)
+        live_swa = live_swa[live_swa > 0]
+        self._push_swa(live_swa // p if p > 1 else live_swa, exact=True)
         self.full_to_swa[slots.full[:n]] = 0
         if p > 1 and n > first_page_pos:
             # free_swa_segment clears the mapping of the live pages whole (_expand_to_full_pages): ids past
@@ -458,7 +471,8 @@ class HybridAllocator:
             self._push_full(slots.full[0:first_page_pos:p] // p, exact=True)
             self._push_full(slots.full[first_page_pos:n:p] // p, exact=True)
         else:
-            self._push_full(slots.full[0:n:p] // p, exact=True)
+            # page size 1: the row's view (every push copies what it keeps)
+            self._push_full(slots.full[0:n:p] // p if p > 1 else slots.full[:n], exact=True)
         slots.swa[:n] = 0
         slots.length = 0
         slots.swa_evicted = 0

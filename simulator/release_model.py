@@ -106,6 +106,12 @@ class MidYear2026Eviction:
                      decode_batches: int) -> Optional[int]:
         return length if decoded % ctx.window == 1 else None
 
+    def decode_candidates(self, ctx: EvictionContext, decoded: np.ndarray) -> np.ndarray:
+        """Which of a decode batch's requests (their ``decoded`` counts) :meth:`decode_point` may evict for:
+        a bool mask the scheduler asks :meth:`decode_point` under (a subclass that overrides that overrides
+        this too, or sets it to None)."""
+        return decoded % ctx.window == 1
+
     def extend_point(self, ctx: EvictionContext, *, prefix_len: int, evicted: int, chunk: int) -> Optional[int]:
         if ctx.overlap:
             if chunk < 2:

@@ -277,17 +277,21 @@ class Scheduler:
         """One pass over the running requests: release the finished ones (in running order; the caller
         holds the free group) and return the others that still prefill and those that decode, in running
         order (a prefilled request that has not finished decodes: :attr:`Request.decodes`)."""
-        still, chunked, decoding = [], [], []
-        for r in self.running:
-            if not r.prefill_done:
+        # the properties prefill_done / finished inlined (a pass per step over every running request);
+        # the running list is rebuilt only when a request finished
+        running = self.running
+        chunked, decoding, gone = [], [], []
+        for r in running:
+            if r.prefilled < r.prefill_len:
                 chunked.append(r)
-            elif r.finished:
+            elif r.decoded >= r.spec.output_len and (r.lagged or not r.lag):
                 self._release(r)
-                continue
+                gone.append(r)
             else:
                 decoding.append(r)
-            still.append(r)
-        self.running = still
+        if gone:
+            ids = set(map(id, gone))
+            self.running = [r for r in running if id(r) not in ids]
         return chunked, decoding
 
     def _schedule(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
@@ -387,17 +391,19 @@ class Scheduler:
             return False
         k = len(reqs)
         slots = [r.slots for r in reqs]
-        if k > a._full.free or k > a._swa.free or any(s.length >= s.capacity for s in slots):
+        lengths = [s.length for s in slots]
+        if k > a._full.free or k > a._swa.free or any(n >= s.capacity for n, s in zip(lengths, slots)):
             return False
         new_full = a._full.pop(k)
-        new_swa = self._vector_swa_pops(reqs, evict)
-        lengths = [0] * k
-        for i, (r, s, f, w) in enumerate(zip(reqs, slots, new_full.tolist(), new_swa.tolist())):
-            n = lengths[i] = s.length
+        new_swa = self._vector_swa_pops(reqs, evict)    # evictions keep every length
+        for r, s, n, f, w in zip(reqs, slots, lengths, new_full.tolist(), new_swa.tolist()):
             s.full[n] = f
             s.swa[n] = w
             s.length = n + 1
-            self._count_decoded(r)
+            if r.decoded < r.spec.output_len:     # _count_decoded, inlined
+                r.decoded += 1
+            else:
+                r.lagged = True
             r.decode_batches += 1
         lengths = np.array(lengths, dtype=np.int64)
         a.full_to_swa[new_full] = new_swa
@@ -413,21 +419,28 @@ class Scheduler:
     def _vector_swa_pops(self, reqs: list[Request], evict: bool) -> np.ndarray:
         """The SWA pages of :meth:`_vector_decode`'s requests, one per request in order: popped in runs
         up to each request whose lazy eviction may free pages (the release's :meth:`_decode_point`), which
-        evicts first."""
+        evicts first. A release that names its candidates at once (``decode_candidates``: a superset of
+        the requests whose decode point is not None) is asked only about those."""
         swa = self.alloc._swa
-        parts, pending = [], 0
-        if evict:
-            for r in reqs:
-                point = self._decode_point(r)
-                if point is not None:
-                    if pending:
-                        parts.append(swa.pop(pending))
-                        pending = 0
-                    self._lazy_evict(r, point)
-                pending += 1
+        k = len(reqs)
+        if not evict:
+            return swa.pop(k)
+        candidates = getattr(self._eviction, "decode_candidates", None)
+        if candidates is None:
+            hits = range(k)
         else:
-            pending = len(reqs)
-        parts.append(swa.pop(pending))
+            decoded = np.fromiter((r.decoded for r in reqs), dtype=np.int64, count=k)
+            hits = np.flatnonzero(candidates(self._ev_ctx, decoded)).tolist()
+        parts, popped = [], 0
+        for i in hits:
+            r = reqs[i]
+            point = self._decode_point(r)
+            if point is not None:
+                if i > popped:
+                    parts.append(swa.pop(i - popped))
+                    popped = i
+                self._lazy_evict(r, point)
+        parts.append(swa.pop(k - popped))
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     @staticmethod

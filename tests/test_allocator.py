@@ -88,3 +88,22 @@ def test_out_of_slots_is_an_error_not_a_corruption():
     with pytest.raises(OutOfSlots):
         alloc.extend(r, 1)               # the SWA pool is full
     alloc.check_invariants([r])
+
+
+@pytest.mark.parametrize("order", ["lifo", "fifo"])
+def test_checked_push_refuses_repeats_and_free_pages_and_changes_nothing(order):
+    alloc = HybridAllocator(8, 8, 1, free_order=order)
+    s = RequestSlots(3)
+    got = alloc.extend(s, 3)                           # pages 1, 2, 3 live
+    assert got.tolist() == [1, 2, 3] and alloc._full.free == 5
+    with pytest.raises(RuntimeError, match=r"double free of pages \[\]"):
+        alloc._full.push(np.array([2, 3, 2]))          # all live, page 2 twice
+    with pytest.raises(RuntimeError, match=r"double free of pages \[5\]"):
+        alloc._full.push(np.array([1, 5]))             # page 5 is free
+    with pytest.raises(RuntimeError, match=r"double free of pages \[0\]"):
+        alloc._full.push(np.array([0]))                # the reserved page
+    assert alloc._full.free == 5                       # nothing went in
+    alloc._full.push(np.array([3, 1, 2]))              # the refused pages are still live: this free passes
+    assert alloc._full.free == 8
+    with pytest.raises(RuntimeError, match=r"double free of pages \[3\]"):
+        alloc._full.push(np.array([3]))
