@@ -33,7 +33,7 @@ import torch
 from simulator.checker import LayerWrite
 from simulator.designs import Design, SGLangPre29460
 from simulator.execute import BackendStep, EagerExecutor, dtype_name, observe, prepare_write, rows_for
-from simulator.kvrows import TAG_LANES, encode_rows, pad_tags
+from simulator.kvrows import TAG_LANES, encode_rows
 from simulator.records import PAD_TAG
 from simulator.pool import KVLengthMismatch
 
@@ -80,10 +80,32 @@ class _DecodeGraph:
     pool: object                # the pool its stores write (held: its id is part of the graph's key)
 
 
+class _StaticTags:
+    """A static tags buffer graphs read, filled as ``buf.copy_(pad_tags(tags, len(buf)))`` leaves it: the step's
+    tags, then PAD_TAG. One copy where the rows past the step's tags hold PAD_TAG from the last fill already
+    (``real``: the rows of tags the last fill wrote; None: the rest unknown)."""
+
+    __slots__ = ("buf", "real")
+
+    def __init__(self, buf: torch.Tensor):
+        self.buf, self.real = buf, None
+
+    def fill(self, tags: torch.Tensor) -> None:
+        n = self.buf.shape[0]
+        m = min(n, tags.shape[0])
+        if m:
+            self.buf[:m].copy_(tags[:m])
+        if self.real is None:
+            self.buf[m:].fill_(PAD_TAG)
+        elif self.real > m:
+            self.buf[m:self.real].fill_(PAD_TAG)
+        self.real = m
+
+
 @dataclass
 class _Piece:
     graph: torch.cuda.CUDAGraph
-    tags: torch.Tensor          # static input [capture]
+    tags: _StaticTags           # static input [capture]
     layer: torch.Tensor         # static input: layer id (float32 scalar)
     k: torch.Tensor             # static outputs [capture, heads, dim]
     v: torch.Tensor
@@ -108,7 +130,7 @@ class CudaGraphExecutor:
         self.grouped_stores = 0
         self.steps = None               # the GpuStepRunner, made at the first CUDA step
         self.verdict_in_graph = False   # the last decode replay added the backend's verdict
-        self._tags: dict[int, torch.Tensor] = {}   # capture size -> static tags of the decode graphs
+        self._tags: dict[int, _StaticTags] = {}    # capture size -> static tags of the decode graphs
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         pool = s.pool
@@ -161,20 +183,20 @@ class CudaGraphExecutor:
             on_boundary(step, backend, *args, t0 + i * per, t0 + (i + 1) * per, None)
         return list(g.writes)
 
-    def _tags_buffer(self, s: BackendStep) -> torch.Tensor:
+    def _tags_buffer(self, s: BackendStep) -> _StaticTags:
         """The static tags of a capture size: every backend's decode graph of that size reads them."""
         n = s.meta.rows
-        buf = self._tags.get(n)
-        if buf is None:
-            buf = self._tags[n] = torch.full((n,), PAD_TAG, dtype=torch.int64, device=s.pool.device)
-        return buf
+        got = self._tags.get(n)
+        if got is None:
+            got = self._tags[n] = _StaticTags(torch.full((n,), PAD_TAG, dtype=torch.int64, device=s.pool.device))
+        return got
 
     def _fill_tags(self, s: BackendStep) -> None:
         """This step's tags into the static buffer, once per step (the first backend's replay)."""
         key = ("decode-tags", s.meta.rows)
         if key not in s.rows_cache:
             s.rows_cache[key] = True
-            self._tags_buffer(s).copy_(pad_tags(s.tags, s.meta.rows))
+            self._tags_buffer(s).fill(s.tags)
 
     def _capture_decode(self, s: BackendStep) -> Optional[_DecodeGraph]:
         """The whole write step of one backend at one capture size: K/V rows from the static tags (the
@@ -191,8 +213,9 @@ class CudaGraphExecutor:
             planned.append(LayerWrite(layer.layer, layer.kind, layer.index, w[1], None))
         if self.steps is not None:
             self.steps.graph_verdict(s, planned, warm=True)     # its tables and kernel, outside the capture
-        tags = self._tags_buffer(s)
-        tags.copy_(pad_tags(s.tags, n))
+        static = self._tags_buffer(s)
+        static.fill(s.tags)
+        tags = static.buf
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
@@ -257,7 +280,7 @@ class CudaGraphExecutor:
             project()
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
-        piece = self._pieces[key] = _Piece(graph, tags, layer, k_out, v_out)
+        piece = self._pieces[key] = _Piece(graph, _StaticTags(tags), layer, k_out, v_out)
         return piece
 
     def _run_piecewise(self, s: BackendStep) -> list[LayerWrite]:
@@ -265,7 +288,7 @@ class CudaGraphExecutor:
         rows = {}
         for kind in dict.fromkeys(l.kind for l in s.layers):
             piece = self._piece(s, kind)
-            piece.tags.copy_(pad_tags(s.tags, piece.tags.shape[0]))
+            piece.tags.fill(s.tags)
             piece.layer.fill_(float(next(l.layer for l in s.layers if l.kind == kind)))
             piece.graph.replay()          # the captured piece: K/V projection (each layer's stamp at its store)
             self.piece_replays += 1

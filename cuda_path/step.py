@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import sys
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -45,7 +45,7 @@ from simulator.checker import LayerWrite
 from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
 from simulator.execute import BackendStep, dtype_name, prepare_write_at
 from simulator.kvrows import tag_lanes
-from simulator.observe import boundary_sink
+from simulator.observe import BackendRows, boundary_sink
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 from simulator.release_model import release_of
@@ -94,8 +94,21 @@ def stage_pack(host: np.ndarray, arrays, offsets) -> None:
 
 
 def stage_views(buf: torch.Tensor, arrays, offsets) -> list[torch.Tensor]:
-    """Each array as a view of its slice of the uint8 tensor ``buf``, in its own dtype and shape (no copy)."""
-    return [buf[o:o + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape) for a, o in zip(arrays, offsets)]
+    """Each array as a view of its slice of the uint8 tensor ``buf``, in its own dtype and shape (no copy):
+    the buffer's 8-byte words split at the arrays' offsets in one op, each part viewed in its array's dtype
+    only where that is not int64 (most of a step's arrays are) and shaped only where it is not 1-D."""
+    if not arrays:
+        return []
+    words = buf[:offsets[-1] + -(-arrays[-1].nbytes // 8) * 8].view(torch.int64)
+    sizes = [(b - a) // 8 for a, b in zip(offsets, offsets[1:])]
+    sizes.append(words.shape[0] - sum(sizes))
+    out = list(words.split_with_sizes(sizes))
+    for i, a in enumerate(arrays):
+        if a.dtype != np.int64:
+            out[i] = out[i].view(_torch_dtype(a.dtype))[:a.size]
+        if a.ndim != 1:
+            out[i] = out[i].view(a.shape)
+    return out
 
 
 class _Staging:
@@ -186,6 +199,35 @@ def host_tag_words(tags: np.ndarray, storage: torch.dtype) -> np.ndarray:
         vals = bits[np.arange(lanes), (code[:, None] >> (np.arange(lanes, dtype=np.int64) * 4)) & 0xF]
     vals[tags == 0] = 0
     return vals.view(np.int64)
+
+
+def _copy_all(copies: list[tuple]) -> None:
+    """Each (destination, source) pair's ``dst.copy_(src)``: those of one dtype in one ``_foreach_copy_`` (on
+    CUDA one launch for all where the pairs allow it), a lone pair as it is. The destinations are distinct."""
+    by_dtype: dict = {}
+    for dst, src in copies:
+        by_dtype.setdefault((dst.dtype, src.dtype), []).append((dst, src))
+    for pairs in by_dtype.values():
+        if len(pairs) == 1:
+            pairs[0][0].copy_(pairs[0][1])
+        elif _FOREACH_COPY is not None:
+            _FOREACH_COPY([d for d, _ in pairs], [s for _, s in pairs])
+        else:
+            for d, s in pairs:
+                d.copy_(s)
+
+
+_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)      # (torch's multi-tensor copy; 2.1 and later)
+
+
+def _put_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[index] = src`` along dim 0: ``index_copy_`` where the dtypes allow it (one op; indexed assignment
+    goes through several on the host), else the indexed assignment. Rows listed twice hold equal values here
+    (a step's slots are distinct; a mapping change repeats the allocator's one value), so either is the same."""
+    if index.dtype == torch.int64 and src.dtype == dst.dtype:
+        dst.index_copy_(0, index, src)
+    else:
+        dst[index] = src
 
 
 class _Queue:
@@ -332,14 +374,14 @@ class GpuStepRunner:
         step_slots = {"full": full_slots, "swa": swa_slots}
         k = 5 + len(storages)
         self._mirror(side, truth, dict(zip(storages, got[5:k])), step_slots)
-        self._begin_verdicts(batch, None if padded is None else got[k], dev)
+        copies = self._begin_verdicts(batch, None if padded is None else got[k], dev)
         if ch.size:
-            run.mapping[ch_d] = ch_to
+            _put_rows(run.mapping, ch_d, ch_to)
         rest = got[k + (padded is not None):]
-        if leads is None:
-            return tags, step_slots, rest[0]
-        self._device_meta(leads, rest, batch)
-        return tags, step_slots, None
+        if leads is not None:
+            copies += self._device_meta(leads, rest, batch)
+        _copy_all(copies)
+        return tags, step_slots, None if leads is not None else rest[0]
 
 
     def _plans(self, run, side, batch, truth, at, read_in, host: bool) -> list["_Plan"]:
@@ -428,20 +470,21 @@ class GpuStepRunner:
             got = self._host_b[id(boundary)] = (boundary, hb, _twin_key(hb))
         return got[1:] if key else got[1]
 
-    def _device_meta(self, leads: list["_Plan"], got: list, batch) -> None:
+    def _device_meta(self, leads: list["_Plan"], got: list, batch) -> list[tuple]:
         """The groups' first backends' host metadata on the device (``got``: their layer and SWA locations as
-        staged, :meth:`_stage`): under a graph runner into each one's device static buffers (the addresses
-        its graphs captured), otherwise those tensors."""
+        staged, :meth:`_stage`): under a graph runner each one's device static buffers (the addresses its
+        graphs captured; returns the copies into them, (buffer, staged) pairs), otherwise those tensors."""
         static = batch.graph in STATIC_GRAPHS
         n = batch.padded_len
+        copies = []
         for i, p in enumerate(leads):
             loc, swa = got[2 * i], got[2 * i + 1]
             if static:
                 loc_buf, swa_buf = p.boundary.static_buffers(batch.graph)
-                loc_buf[:n].copy_(loc)
-                swa_buf[:n].copy_(swa)
-                loc, swa = loc_buf[:n], swa_buf[:n]
+                copies += ((loc_buf[:n], loc), (swa_buf[:n], swa))
+                loc, swa = copies[-2][0], copies[-1][0]
             p.meta = dataclasses.replace(p.meta, layer_loc=loc, swa_loc=swa)
+        return copies
 
     def _signatures(self, plans: list["_Plan"]) -> list[tuple]:
         """Per backend what decides its writes' effect: per kind the target by value and the length check's
@@ -555,7 +598,7 @@ class GpuStepRunner:
             return
         for (rid, kind, storage), table in self._exp.items():
             if rid == id(ref):
-                table[slots[kind]] = words[storage]
+                _put_rows(table, slots[kind], words[storage])
 
     def _exp_words(self, ref, kind: str, storage: torch.dtype) -> torch.Tensor:
         key = (id(ref), kind, storage)
@@ -582,19 +625,21 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 2
 
-    def _begin_verdicts(self, batch, staged: Optional[torch.Tensor], dev) -> None:
+    def _begin_verdicts(self, batch, staged: Optional[torch.Tensor], dev) -> list[tuple]:
         """Zero the static verdict slots; under a graph runner (``staged``: :func:`_padded_expected`'s array as
-        staged) this step's expected slots into the static buffer of its capture size, in one copy."""
+        staged) this step's expected slots go into the static buffer of its capture size: returns that copy
+        ((buffer, staged) pairs, for :func:`_copy_all`)."""
         if self._out is None:
             self._out = torch.zeros(256, dtype=torch.int64, device=dev)
             self._scratch = torch.zeros(1, dtype=torch.int64, device=dev)
         self._out.zero_()
         self._expected = None
-        if staged is not None:
-            n = batch.padded_len
-            buf = self._static_expected(n, dev)
-            buf.copy_(staged)
-            self._expected = {"full": buf[:n], "swa": buf[n:]}
+        if staged is None:
+            return []
+        n = batch.padded_len
+        buf = self._static_expected(n, dev)
+        self._expected = {"full": buf[:n], "swa": buf[n:]}
+        return [(buf, staged)]
 
     def _static_expected(self, n: int, dev) -> torch.Tensor:
         """The static expected slots of capture size ``n``: full then SWA, ``n`` each (graphs read their addresses)."""
@@ -647,8 +692,8 @@ class GpuStepRunner:
             kw = [w for w in writes if w.kind == kind]
             if not kw:
                 continue
-            keys = {(w.target.data_ptr(), w.target.shape[0], w.target.stride(0), w.target.dtype) for w in kw}
-            if len(keys) != 1:
+            t0 = kw[0].target
+            if not all(w.target is t0 for w in kw) and len({_target_key(w.target) for w in kw}) != 1:
                 return False
             k, v = pool.k[kind], pool.v[kind]
             layers = self._layer_tensor(tuple(w.index for w in kw), dev)
@@ -666,9 +711,7 @@ class GpuStepRunner:
         if lead is p:
             calls = lead.calls
         else:
-            if lead.call_kinds is False:
-                lead.call_kinds = _call_kinds(lead.calls, side.layers)
-            calls = _observations(batch.step, name, p.per_kind, side.layers, lead.calls, lead.call_kinds)
+            calls = _observations(batch.step, name, p.per_kind, side.layers, lead)
         sink = self._sink
         if sink is None or sink[0] is not run.obs:
             sink = self._sink = (run.obs, boundary_sink(run.obs))
@@ -718,6 +761,8 @@ class _Plan:
     in_graph: bool = False                      # its verdict was added by a decode graph's replay
     n_writes: int = -1                          # its writes that count (-1: not counted yet)
     call_kinds: object = False                  # _call_kinds of its observations (False: not made yet)
+    same_kinds: Optional[dict] = None           # id(per_kind) -> whether a follower's observations are its own
+    tails: Optional[list] = None                # its observations but their step and backend (made when asked)
     twin: Optional["_Plan"] = None              # meta not made yet: it is this earlier backend's but the context
 
 
@@ -766,25 +811,40 @@ def _call_kinds(calls: list, layers) -> Optional[dict]:
     return got
 
 
-def _observations(step: int, name: str, per_kind: dict, layers, lead_calls: list,
-                  lead_kinds: Optional[dict] = None) -> list[tuple]:
+def _observations(step: int, name: str, per_kind: dict, layers, lead: "_Plan") -> Sequence[tuple]:
     """A backend's boundary observations from its own write locations, in layer order, timed as its group's
     first backend's (a graph replay, a grouped store: one observation per layer, in the same order). Where
-    its own per kind are what the first backend's hold (``lead_kinds``: :func:`_call_kinds`), those under
-    its own name."""
-    seen = {}
-    for kind, (wl, _, err) in per_kind.items():
-        swa = wl.swa_loc
-        seen[kind] = (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
-                      "" if swa is None else dtype_name(swa.dtype))
-    if lead_kinds is not None and lead_kinds == {k: seen[k] + (per_kind[k][2],) for k in seen}:
-        head = (step, name)
-        return [head + c[2:] for c in lead_calls]
+    its own per kind are what the first backend's hold (:func:`_call_kinds`; asked once per step for each
+    ``per_kind``, which twins share), those under its own name (a ``BackendRows`` of the first backend's
+    observations but their step and backend)."""
+    if lead.call_kinds is False:
+        lead.call_kinds, lead.same_kinds = _call_kinds(lead.calls, layers), {}
+    same = lead.same_kinds.get(id(per_kind))     # (the plans hold every per_kind through the step)
+    if same is None:
+        seen = _seen_kinds(per_kind)
+        same = lead.same_kinds[id(per_kind)] = lead.call_kinds is not None and \
+            lead.call_kinds == {k: seen[k] + (per_kind[k][2],) for k in seen}
+    if same:
+        if lead.tails is None:
+            lead.tails = [c[2:] for c in lead.calls]
+        return BackendRows((step, name), lead.tails)
+    seen = _seen_kinds(per_kind)
+    lead_calls = lead.calls
     if len(lead_calls) != len(layers):      # (not reached: the first backend observes every layer)
         lead_calls = [(None,) * 7 + (0, 0)] * len(layers)
     # (step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, t0, t1, err)
     return [(step, name, li.layer, *seen[li.kind], c[7], c[8], per_kind[li.kind][2])
             for li, c in zip(layers, lead_calls)]
+
+
+def _seen_kinds(per_kind: dict) -> dict:
+    """Per kind what its observations hold of its write location: (loc_len, swa_len, loc_dtype, swa_dtype)."""
+    seen = {}
+    for kind, (wl, _, err) in per_kind.items():
+        swa = wl.swa_loc
+        seen[kind] = (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
+                      "" if swa is None else dtype_name(swa.dtype))
+    return seen
 
 
 def _base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.ndarray) -> ReadTable:

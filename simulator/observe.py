@@ -6,7 +6,9 @@ boundary crossing, tens of thousands of times a second: implementations must onl
 buffers there (no OpenTelemetry, no I/O, no allocation of rich objects). A caller holding several
 crossings at once (cuda_path/step.py: a backend's whole step) hands them over through
 :func:`boundary_sink`: an observer's optional ``on_boundaries(rows)`` takes the list of their argument
-tuples, else each goes to ``on_boundary`` in turn.
+tuples, else each goes to ``on_boundary`` in turn. Such a list may be a :class:`BackendRows` (one backend's
+crossings of one step, each tuple made when read): an observer that needs only some of its rows can read
+``head`` and ``tails`` instead of every tuple.
 """
 from __future__ import annotations
 
@@ -43,6 +45,32 @@ class RunObserver(Protocol):
         """Called with the findings of one (step, backend) once the checker has classified them."""
 
     def on_run_end(self) -> None: ...
+
+
+class BackendRows(Sequence):
+    """One backend's crossings of one step as ``on_boundary`` argument tuples: row i is ``head + tails[i]``
+    (``head``: (step, backend); ``tails[i]``: the rest), made when it is read (a list of them by ``list()``)."""
+
+    __slots__ = ("head", "tails")
+
+    def __init__(self, head: tuple, tails: Sequence[tuple]):
+        self.head, self.tails = head, tails
+
+    def __len__(self) -> int:
+        return len(self.tails)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.head + t for t in self.tails[i]]
+        return self.head + self.tails[i]
+
+    def __iter__(self):
+        return map(self.head.__add__, self.tails)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
 
 
 def boundary_sink(obs) -> Callable[[Sequence[tuple]], None]:

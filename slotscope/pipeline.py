@@ -70,10 +70,12 @@ class ShapeTimeline:
     def __init__(self) -> None:
         self.rows: list[tuple[int, str, str, int, int]] = []
         self._kind: dict[int, str] = {}
+        self._kinds: tuple[str, ...] = ()
         self._seen: set[tuple[int, str, str]] = set()
 
     def on_run_start(self, run: RunInfo) -> None:
         self._kind = {l.layer: l.kind for l in run.layers}
+        self._kinds = tuple(dict.fromkeys(self._kind.values()))
 
     def on_step(self, step: StepRecord) -> None:
         self._seen.clear()
@@ -86,8 +88,24 @@ class ShapeTimeline:
             self.rows.append((step, backend, kind, loc_len, swa_loc_len))
 
     def on_boundaries(self, rows) -> None:
-        """:meth:`on_boundary` for each row, in order (simulator.observe.boundary_sink)."""
+        """:meth:`on_boundary` for each row, in order (simulator.observe.boundary_sink); one backend's rows of one
+        step (a ``BackendRows``) are read only up to each kind's first."""
         kind, seen, out = self._kind, self._seen, self.rows
+        head = getattr(rows, "head", None)
+        if head is not None:
+            if not self._kinds:
+                self._kinds = tuple(dict.fromkeys(kind.values()))
+            left = [k for k in self._kinds if head + (k,) not in seen]
+            for t in rows.tails:
+                if not left:
+                    return
+                k = kind[t[0]]
+                if k in left:
+                    left.remove(k)
+                    key = head + (k,)
+                    seen.add(key)
+                    out.append(key + (t[1], t[2]))
+            return
         for r in rows:
             key = (r[0], r[1], kind[r[2]])
             if key not in seen:

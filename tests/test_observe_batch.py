@@ -1,10 +1,11 @@
 """simulator.observe.boundary_sink: a list of crossings reaches every observer exactly as one on_boundary
-call per row would (ShapeTimeline's own on_boundaries, the fanout, the loop default for observers without one)."""
+call per row would (ShapeTimeline's own on_boundaries, the fanout, the loop default for observers without one),
+and so does a BackendRows (one backend's rows of one step, made when read)."""
 from __future__ import annotations
 
 import itertools
 
-from simulator.observe import NullObserver, ObserverFanout, boundary_sink
+from simulator.observe import BackendRows, NullObserver, ObserverFanout, boundary_sink
 from slotscope.pipeline import ShapeTimeline
 
 
@@ -90,3 +91,41 @@ def test_fanout_batched_equals_per_call():
         fan.on_boundary(*r)
     assert a.calls == c.calls == rows and b.rows == d.rows == _timeline_rows(rows)
     assert boundary_sink(fan) == fan.on_boundaries
+
+
+def _backend_rows(rows) -> list[BackendRows]:
+    """The rows as one BackendRows per run of equal (step, backend)."""
+    out = []
+    for head, group in itertools.groupby(rows, key=lambda r: r[:2]):
+        out.append(BackendRows(head, [r[2:] for r in group]))
+    return out
+
+
+def test_backend_rows_reach_observers_as_their_tuples():
+    rows = _rows()
+    parts = _backend_rows(rows)
+    assert len(parts) == 6 and [list(p) for p in parts] == [rows[i:i + 6] for i in range(0, 36, 6)]
+    assert parts[1][2] == rows[8] and parts[1][1:3] == rows[7:9] and len(parts[1]) == 6 and parts[1] == rows[6:12]
+    t, c, fan_t, fan_c = _timeline(), _Calls(), _timeline(), _Calls()
+    fan = ObserverFanout([fan_c, NullObserver(), fan_t])
+    for p in parts:
+        boundary_sink(t)(p)
+        boundary_sink(c)(p)
+        fan.on_boundaries(p)
+    # ShapeTimeline reads each BackendRows only up to each kind's first row, with the same result; a repeated
+    # (step, backend) (fa3 twice per step here) adds nothing the second time
+    one = _timeline()
+    for r in rows:
+        one.on_boundary(*r)
+    assert t.rows == fan_t.rows == one.rows and t._seen == fan_t._seen == one._seen
+    assert len(t.rows) == 8 and t.rows[:2] == [(3, "fa3", "full", 13, 7), (3, "fa3", "swa", 14, -1)]
+    assert c.calls == fan_c.calls == rows
+
+
+def test_backend_rows_of_one_kind_only_and_after_plain_rows():
+    rows = _rows()
+    t = _timeline()
+    t.on_boundaries(rows[:1])                     # step 3, fa3, layer 0 (full) seen through a plain list
+    t.on_boundaries(BackendRows((3, "fa3"), [r[2:] for r in rows[1:3]]))   # layers 1, 2: swa only
+    t.on_boundaries(BackendRows((3, "fa3"), [r[2:] for r in rows[3:4]]))   # layer 3 (full): seen already
+    assert t.rows == [(3, "fa3", "full", 13, 7), (3, "fa3", "swa", 14, -1)]
