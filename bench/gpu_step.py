@@ -175,7 +175,11 @@ PHASES = [("cuda_path.step", "GpuStepRunner", m) for m in (
     ("cuda_path.read_cache", "IncrementalReads", "note_step"), ("cuda_path.read_cache", "IncrementalReads", "table"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_decode"), ("cuda_path.graphs", "CudaGraphExecutor", "_run_piecewise"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.reference", "ReferencePool", "apply_writes"),
-    ("simulator.reference", "ReferencePool", "apply_frees")]
+    ("simulator.reference", "ReferencePool", "apply_frees"), ("cuda_path.step", "_Staging", "put"),
+    ("cuda_path.step", "GpuStepRunner", "_begin_verdicts"), ("cuda_path.step", "GpuStepRunner", "_verdict"),
+    ("simulator.run", "Run", "_record_step"), ("simulator.backends", "BackendBoundary", "init_metadata")] + [
+    ("cuda_path.step", None, f) for f in ("host_tag_words", "stage_views", "stage_pack", "_copy_all", "_put_rows",
+                                          "_plan_by_kind", "_observations", "_padded_expected")]
 
 
 def _timed(fn, acc: list):
@@ -216,10 +220,10 @@ def _phases(sc, runs: int) -> int:
     one_run(sc, "cuda")
     accs = {}
     saved = []
-    for mod, cls, name in PHASES:
-        owner = getattr(importlib.import_module(mod), cls)
+    for mod, cls, name in PHASES:       # (cls None: a module's function, called through its global name)
+        owner = importlib.import_module(mod) if cls is None else getattr(importlib.import_module(mod), cls)
         fn = owner.__dict__[name]
-        accs[f"{cls}.{name}"] = acc = [0.0, 0]
+        accs[f"{cls or mod}.{name}"] = acc = [0.0, 0]
         saved.append((owner, name, fn))
         setattr(owner, name, _timed(fn, acc))
     accs["Scheduler.steps (each next)"] = sacc = [0.0, 0]
@@ -242,7 +246,8 @@ def _phases(sc, runs: int) -> int:
     print(f"# host phases, median of {runs} timed runs (runs {', '.join(f'{t:.2f}' for t in totals)} s)")
     for k, v in per.items():
         secs = statistics.median(x[0] for x in v)
-        print(f"{k:42s} {secs:7.3f} s  {100 * secs / total:5.1f}%  {v[0][1]:7d} calls")
+        runs_s = " ".join(f"{x[0]:.3f}" for x in v)
+        print(f"{k:42s} {secs:7.3f} s  {100 * secs / total:5.1f}%  {v[0][1]:7d} calls   (runs {runs_s})")
     print(json.dumps({"bench": "gpu_step_phases", "run_s": round(total, 3),
                       "phases_s": {k: round(statistics.median(x[0] for x in v), 4) for k, v in per.items()}}))
     return 0
