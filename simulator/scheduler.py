@@ -131,7 +131,9 @@ class Scheduler:
         self._freed_swa: list[np.ndarray] = []
         self._evicted_swa: list[np.ndarray] = []
         self._mapping_changed: list[np.ndarray] = []
-        self._tag_bases: list[int] = []
+        self._tag_bases: list[int] = []               # append-only (a subclass appends too)
+        self._tag_array = np.zeros(0, dtype=np.int64)  # its first _tag_count entries mirror it (_tag_base_array)
+        self._tag_count = 0
         self._slots_by_rid: list[RequestSlots] = []   # req_to_token rows, for the batches' read ids
         self._check_fits(requests)
 
@@ -640,8 +642,11 @@ class Scheduler:
                 graph, padded = graph_kind, cap * per_request
         if self.pad_to_capture and graph in STATIC_GRAPHS:
             dp_len = padded
-        loc = np.full(dp_len, self.pad_value, dtype=np.int64)
-        loc[:real] = full_a
+        if dp_len == real:
+            loc = full_a.copy()
+        else:
+            loc = np.full(dp_len, self.pad_value, dtype=np.int64)
+            loc[:real] = full_a
         batch = ForwardBatch(step=step, mode=mode, graph=graph, out_cache_loc=loc, num_token_non_padded=real,
                              padded_len=padded, pad_value=self.pad_value, num_requests=num_requests,
                              requests=self._batch_requests(tags))
@@ -666,14 +671,27 @@ class Scheduler:
         one all of a vectorised decode part's: those requests are kept whole, :meth:`_vector_decode`)."""
         block, self._block = self._block, None
         if block is None:
-            return BatchRequests.from_tags(tags, self._tag_bases, self._slots_by_rid.__getitem__)
+            return BatchRequests.from_tags(tags, self._tag_base_array(), self._slots_by_rid.__getitem__)
         if len(tags) == 1:
             return block
-        head = BatchRequests.from_tags(tags[:-1], self._tag_bases, self._slots_by_rid.__getitem__)
+        head = BatchRequests.from_tags(tags[:-1], self._tag_base_array(), self._slots_by_rid.__getitem__)
         return BatchRequests(rids=np.concatenate([head.rids, block.rids]),
                              seq_lens=np.concatenate([head.seq_lens, block.seq_lens]),
                              extend_lens=np.concatenate([head.extend_lens, block.extend_lens]),
                              slots=head.slots + block.slots, tag_bases=np.concatenate([head.tag_bases, block.tag_bases]))
+
+    def _tag_base_array(self) -> np.ndarray:
+        """``_tag_bases`` as an int64 array, extended by the entries appended since the last call (capacity
+        doubling) instead of converted whole at every batch."""
+        n, m = len(self._tag_bases), self._tag_count
+        if n != m:
+            if n > self._tag_array.size:
+                grown = np.zeros(max(n, 2 * self._tag_array.size, 64), dtype=np.int64)
+                grown[:m] = self._tag_array[:m]
+                self._tag_array = grown
+            self._tag_array[m:n] = self._tag_bases[m:n]
+            self._tag_count = n
+        return self._tag_array[:n]
 
     def _clear_pending(self) -> None:
         self._mapping_changed.clear()
