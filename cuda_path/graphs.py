@@ -34,6 +34,7 @@ from simulator.checker import LayerWrite
 from simulator.designs import Design, SGLangPre29460
 from simulator.execute import BackendStep, EagerExecutor, dtype_name, observe, prepare_write, rows_for
 from simulator.kvrows import TAG_LANES, encode_rows
+from simulator.observe import boundary_sink
 from simulator.records import PAD_TAG
 from simulator.pool import KVLengthMismatch
 
@@ -178,9 +179,9 @@ class CudaGraphExecutor:
         self.replays += 1
         self.verdict_in_graph = g.verdict
         per = (t1 - t0) // max(len(s.layers), 1)
-        on_boundary, step, backend = s.observer.on_boundary, s.batch.step, s.backend
-        for i, args in enumerate(g.observed):
-            on_boundary(step, backend, *args, t0 + i * per, t0 + (i + 1) * per, None)
+        step, backend = s.batch.step, s.backend
+        boundary_sink(s.observer)([(step, backend, *args, t0 + i * per, t0 + (i + 1) * per, None)
+                                   for i, args in enumerate(g.observed)])
         return list(g.writes)
 
     def _tags_buffer(self, s: BackendStep) -> _StaticTags:

@@ -241,6 +241,9 @@ class _Queue:
     def on_boundary(self, *args) -> None:
         self.calls.append(args)
 
+    def on_boundaries(self, rows) -> None:
+        self.calls.extend(rows)
+
 
 class GpuStepRunner:
     """Run.step for pools on a CUDA device (see the module docstring); ``syncs`` counts verdict reads."""
