@@ -426,7 +426,7 @@ class HybridAllocator:
             return 0
         begin = slots.swa_evicted
         # SGLang: free_swa_segment -> free_page_ids (the pages in position order, not sorted)
-        self._push_swa(slots.swa[begin:end:p] // p, exact=True)
+        self._push_swa(slots.swa[begin:end:p] // p if p > 1 else slots.swa[begin:end], exact=True)
         self.full_to_swa[slots.full[begin:end]] = 0
         slots.swa[begin:end] = 0
         slots.swa_evicted = end

@@ -299,7 +299,10 @@ class Scheduler:
     def _schedule(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The forwards of one scheduling decision: one batch, or a speculative round / prefill + draft."""
         # finished requests free their slots before the next batch is formed
-        with self.alloc.free_group(self._grouped):
+        if self._grouped:
+            with self.alloc.free_group():
+                chunked, decoding = self._sweep()
+        else:                           # free_group(False) is a no-op: spare its context manager
             chunked, decoding = self._sweep()
 
         eng = self.sc.engine
@@ -409,11 +412,11 @@ class Scheduler:
             r.decode_batches += 1
         lengths = np.array(lengths, dtype=np.int64)
         a.full_to_swa[new_full] = new_swa
-        bases = np.fromiter((r.tag_base for r in reqs), dtype=np.int64, count=k)
+        bases = np.array([r.tag_base for r in reqs], dtype=np.int64)
         tags.append(bases + lengths)
         full.append(new_full)
         swa.append(new_swa)
-        self._block = BatchRequests(rids=np.fromiter((r.rid for r in reqs), dtype=np.int64, count=k),
+        self._block = BatchRequests(rids=np.array([r.rid for r in reqs], dtype=np.int64),
                                     seq_lens=lengths + 1, extend_lens=np.ones(k, dtype=np.int64),
                                     slots=tuple(slots), tag_bases=bases)
         return True
@@ -431,7 +434,7 @@ class Scheduler:
         if candidates is None:
             hits = range(k)
         else:
-            decoded = np.fromiter((r.decoded for r in reqs), dtype=np.int64, count=k)
+            decoded = np.array([r.decoded for r in reqs], dtype=np.int64)
             hits = np.flatnonzero(candidates(self._ev_ctx, decoded)).tolist()
         parts, popped = [], 0
         for i in hits:
