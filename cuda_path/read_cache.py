@@ -15,6 +15,7 @@ with the run's own step on scenarios with stale reads).
 """
 from __future__ import annotations
 
+from operator import attrgetter, getitem
 from typing import Optional
 
 import numpy as np
@@ -23,26 +24,22 @@ import torch
 from simulator.designs import ReadIds, ReadTable
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+_FULL = attrgetter("full")
 
 
 class _Kind:
     """One kind's clean ranges (per request id) and slot owners of one oracle (for SWA, owners by full slot too)."""
 
-    __slots__ = ("rid", "pos", "frid", "fpos", "did", "dlo", "dhi", "refs")
+    __slots__ = ("rid", "pos", "frid", "fpos", "dlo", "dhi")
 
     def __init__(self, rows: int, full_rows: int = 0):
         self.rid, self.pos = np.full(rows, -1, dtype=np.int64), np.zeros(rows, dtype=np.int64)
         self.frid, self.fpos = np.full(full_rows, -1, dtype=np.int64), np.zeros(full_rows, dtype=np.int64)
-        # per request id: id() of its RequestSlots (the object kept in refs, so the id is never reused), the
-        # clean positions [dlo, dhi)
-        self.did, self.dlo, self.dhi = (np.full(0, -1, dtype=np.int64) for _ in range(3))
-        self.refs: dict[int, object] = {}
+        self.dlo, self.dhi = (np.full(0, -1, dtype=np.int64) for _ in range(2))   # per request id: [dlo, dhi)
 
     def grow(self, n: int) -> None:
-        if n > self.did.shape[0]:
-            m = max(n, 2 * self.did.shape[0], 64)
-            self.did, self.dlo, self.dhi = (np.concatenate([a, np.full(m - a.shape[0], -1, dtype=np.int64)])
-                                            for a in (self.did, self.dlo, self.dhi))
+        if n > self.dlo.shape[0]:
+            self.dlo, self.dhi = (_grown(a, n) for a in (self.dlo, self.dhi))
 
     def cut(self, slots: np.ndarray, by_full: bool = False) -> None:
         """The clean entries reading ``slots`` (``by_full``: whose full slot is one of them) are clean no more:
@@ -50,22 +47,57 @@ class _Kind:
         rid, pos = (self.frid, self.fpos) if by_full else (self.rid, self.pos)
         if slots.size == 0 or rid.size == 0:
             return
-        s = slots[(slots >= 0) & (slots < rid.shape[0])]
-        hit = s[rid[s] >= 0]
+        if slots.min() < 0 or slots.max() >= rid.shape[0]:     # (the range mask only where one is out)
+            slots = slots[(slots >= 0) & (slots < rid.shape[0])]
+        owner = rid[slots]
+        owned = owner >= 0
+        hit = slots[owned]
         if hit.size == 0:
             return
-        np.minimum.at(self.dhi, rid[hit], pos[hit])
+        np.minimum.at(self.dhi, owner[owned], pos[hit])
         rid[hit] = -1
 
 
-class IncrementalReads:
-    """The runner's base read tables, each holding only the entries not known clean (see the module)."""
+class _State:
+    """One oracle's (and window's) :class:`_Kind` pair and, per request id, the ``RequestSlots`` its clean ranges
+    were recorded with: ``did``, the id() of the object kept in ``refs`` (so the id is never reused)."""
 
-    def __init__(self) -> None:
-        self._states: dict[tuple, tuple] = {}        # (id(reference), window) -> (reference, {kind: _Kind})
+    __slots__ = ("ref", "full", "swa", "did", "refs")
+
+    def __init__(self, ref, full_to_swa: np.ndarray):
+        self.ref = ref
+        self.full = _Kind(ref.live_tag["full"].shape[0])
+        self.swa = _Kind(ref.live_tag["swa"].shape[0], full_to_swa.shape[0])
+        self.did = np.full(0, -1, dtype=np.int64)
+        self.refs: dict[int, object] = {}
+
+    def grow(self, n: int) -> None:
+        """(request ids up to ``n``, every array)"""
+        if n > self.did.shape[0]:
+            self.did = _grown(self.did, n)
+            self.full.grow(self.did.shape[0])
+            self.swa.grow(self.did.shape[0])
+
+
+def _grown(a: np.ndarray, n: int) -> np.ndarray:
+    m = max(n, 2 * a.shape[0], 64)
+    return np.concatenate([a, np.full(m - a.shape[0], -1, dtype=np.int64)])
+
+
+class IncrementalReads:
+    """The runner's base read tables, each holding only the entries not known clean (see the module).
+
+    ``fast``: the decode step's shortcuts (every request reads one new entry: no per-request slices; every new
+    entry's slot in range: no range masks); off, the general path gives the same tables (tests/test_read_cache.py)."""
+
+    def __init__(self, fast: bool = True) -> None:
+        self._states: dict[tuple, _State] = {}       # (id(reference), window) -> its state
         self._clean: list[ReadTable] = []            # this step's tables whose every entry was found clean
+        self.fast = fast
         self.entries_skipped = 0
         self.clean_tables = 0
+        self.one_entry_gathers = 0                   # gathers by the decode shortcut
+        self._ones_bytes: dict[int, bytes] = {}      # n -> the bytes of n int64 ones
 
     def reset(self) -> None:
         """After a step the runner did not see (the run's own): nothing is known clean."""
@@ -90,62 +122,104 @@ class IncrementalReads:
             swa.append(tr.swa_slots)
         cut_f, cut_s = _joined(full), _joined(swa)
         step_f, step_s = _joined(full + [truth.full_slots]), _joined(swa + [truth.swa_slots])
-        for ref, kinds in self._states.values():
-            stepping = ref is stepping_ref
-            kinds["full"].cut(step_f if stepping else cut_f)
-            kinds["swa"].cut(step_s if stepping else cut_s)
-            kinds["swa"].cut(truth.mapping_changed, by_full=True)
+        for st in self._states.values():
+            stepping = st.ref is stepping_ref
+            st.full.cut(step_f if stepping else cut_f)
+            st.swa.cut(step_s if stepping else cut_s)
+            st.swa.cut(truth.mapping_changed, by_full=True)
 
     def table(self, ref, rq, window: int, full_to_swa: np.ndarray, rows: dict) -> ReadTable:
         """The base ``read_ids`` table of the batch's requests without their clean entries (and the new
         entries checked here as the checker checks them, to extend the clean ranges)."""
         key = (id(ref), window)
-        got = self._states.get(key)
-        if got is None or got[0] is not ref:
-            got = self._states[key] = (ref, {"full": _Kind(ref.live_tag["full"].shape[0]),
-                                             "swa": _Kind(ref.live_tag["swa"].shape[0], full_to_swa.shape[0])})
+        st = self._states.get(key)
+        if st is None or st.ref is not ref:
+            st = self._states[key] = _State(ref, full_to_swa)
         seq = rq.seq_lens.astype(np.int64, copy=False)
-        start = np.maximum(seq - rq.extend_lens + 1 - window, 0).astype(np.int64, copy=False)
+        start = np.maximum(seq - rq.extend_lens + (1 - window), 0).astype(np.int64, copy=False)
         rids = rq.rids.astype(np.int64, copy=False)
-        req = (rids, np.fromiter(map(id, rq.slots), dtype=np.int64, count=len(rq.slots)), seq, {})
-        full, full_ok = self._kind(got[1]["full"], ref, "full", rq, req, np.zeros_like(seq), None, rows["full"])
-        swa, swa_ok = self._kind(got[1]["swa"], ref, "swa", rq, req, start, full_to_swa, rows["swa"])
+        ids = np.fromiter(map(id, rq.slots), dtype=np.int64, count=len(rq.slots))
+        try:
+            same = st.did[rids] == ids      # (the same RequestSlots as at the request's last table)
+        except IndexError:                  # (a request id past the arrays: they grow first)
+            st.grow(int(rids.max()) + 1)
+            same = st.did[rids] == ids
+        req = (rids, same, bool(same.all()), seq, {})
+        full, full_ok = self._kind(st.full, ref, "full", rq, req, None, None, rows["full"])
+        swa, swa_ok = self._kind(st.swa, ref, "swa", rq, req, start, full_to_swa, rows["swa"])
+        st.did[rids] = ids
+        if not req[2]:
+            for i in np.flatnonzero(~same).tolist():   # (new requests, retractions' new RequestSlots)
+                st.refs[int(rids[i])] = rq.slots[i]
         table = ReadTable(full=full, swa=swa)
         if full_ok and swa_ok:
             self._clean.append(table)
             self.clean_tables += 1
         return table
 
-    def _kind(self, st: _Kind, ref, kind: str, rq, req: tuple, start: np.ndarray,
+    def _kind(self, st: _Kind, ref, kind: str, rq, req: tuple, start: Optional[np.ndarray],
               mapping: Optional[np.ndarray], rows: int) -> tuple[ReadIds, bool]:
-        rids, ids, seq, memo = req
-        st.grow(int(rids.max()) + 1 if rids.size else 0)
-        same = st.did[rids] == ids
-        lo, hi = st.dlo[rids], st.dhi[rids]
-        # per request, the first position left to check: past its clean range where that range holds start
-        first = np.where(same & (lo <= start) & (start < hi), np.minimum(hi, seq), start)
-        self.entries_skipped += int((first - start).sum())
-        g = _gather(rq.slots, seq, first, memo, rq.tag_bases, rids)
+        """One kind's table: per request the first position left to check is past its clean range where that
+        range holds ``start`` (None: 0 everywhere, full layers)."""
+        rids, same, all_same, seq, memo = req
+        hi = st.dhi[rids]
+        if start is None:       # (a full kind's dlo is 0 wherever its did matches, and -1 elsewhere)
+            first = np.where(same & (hi > 0), np.minimum(hi, seq), 0)
+            self.entries_skipped += int(first.sum())
+        else:
+            first = np.where(same & (st.dlo[rids] <= start) & (start < hi), np.minimum(hi, seq), start)
+            self.entries_skipped += int((first - start).sum())
+        g = self._gather(rq.slots, seq, first, memo, rq.tag_bases, rids)
         lens, indptr, fidx = g[:3]
         idx = fidx if mapping is None else mapping[fidx]
         ends, ok = self._extend_clean(st, ref, kind, g, first, idx, None if mapping is None else fidx, rows)
-        st.dlo[rids], st.dhi[rids], st.did[rids] = start, ends, ids
-        for i in np.flatnonzero(~same).tolist():       # (new requests, retractions' new RequestSlots)
-            st.refs[int(rids[i])] = rq.slots[i]
+        if start is not None:
+            st.dlo[rids] = start
+        elif not all_same:      # (else every one is 0 already)
+            st.dlo[rids] = 0
+        st.dhi[rids] = ends
         return ReadIds(torch.from_numpy(indptr), torch.from_numpy(idx), torch.from_numpy(first)), ok
 
-    @staticmethod
-    def _extend_clean(st: _Kind, ref, kind, g: tuple, first, idx, fidx, rows) -> tuple:
+    def _gather(self, slots: tuple, seq: np.ndarray, first: np.ndarray, memo: dict, tag_bases, rids) -> tuple:
+        """:func:`_gather` with each entry's own tag and request id, or where every request reads one new entry
+        (a decode step's: ``first`` is seq_len - 1 everywhere) the same arrays without per-request slices; the
+        same ``first`` (both kinds of a decode step, most often) gathers once per table (``memo``)."""
+        key = first.tobytes()
+        got = memo.get(key)
+        if got is None:
+            lens = seq - first
+            n = lens.shape[0]
+            if self.fast and n and lens.tobytes() == self._ones(n):
+                fidx = np.fromiter(map(getitem, map(_FULL, slots), first.tolist()), dtype=np.int64, count=n)
+                indptr = np.arange(n + 1, dtype=np.int64)
+                got = (lens, indptr, fidx, indptr[:-1], first, tag_bases + first, rids)
+                self.one_entry_gathers += 1
+            else:
+                got = _gather(slots, seq, first, np.maximum(lens, 0))
+                row_of, pos = got[3], got[4]
+                got = got + (tag_bases[row_of] + pos, rids[row_of])
+            memo[key] = got
+        return got
+
+    def _ones(self, n: int) -> bytes:
+        got = self._ones_bytes.get(n)
+        if got is None:
+            got = self._ones_bytes[n] = np.ones(n, dtype=np.int64).tobytes()
+        return got
+
+    def _extend_clean(self, st: _Kind, ref, kind, g: tuple, first, idx, fidx, rows) -> tuple:
         """The checker's comparison of the new entries (own tags): the slots of each request's entries before its
         first stale one record their (request, position). Returns per request where its clean range now ends
         (the entries from ``start`` to ``first`` were clean and untouched), and whether every new entry was clean."""
         lens, indptr, _, row_of, pos, want, rid_of = g
-        n = idx.shape[0]
         live_tag = ref.live_tag[kind]
         hi = min(rows, live_tag.shape[0])
-        inr = (idx >= 0) & (idx < hi)
-        ok = inr & (live_tag[np.where(inr, idx, 0)] == want)
-        bad = np.flatnonzero(~ok)
+        if self.fast and idx.size and idx.dtype == np.int64 and int(idx.view(np.uint64).max()) < hi:
+            # (every slot in range: as unsigned, a negative one is past every row)
+            bad = np.flatnonzero(live_tag[idx] != want)
+        else:
+            inr = (idx >= 0) & (idx < hi)
+            bad = np.flatnonzero(~(inr & (live_tag[np.where(inr, idx, 0)] == want)))
         if bad.size == 0:                           # (all clean: every new entry records its owner)
             st.rid[idx] = rid_of
             st.pos[idx] = pos
@@ -156,7 +230,7 @@ class IncrementalReads:
         stop = indptr[1:].copy()                    # per request, its first stale entry (flat), else its end
         uniq, at = np.unique(row_of[bad], return_index=True)
         stop[uniq] = bad[at]
-        clean = np.arange(n, dtype=np.int64) < stop[row_of]
+        clean = np.arange(idx.shape[0], dtype=np.int64) < stop[row_of]
         st.rid[idx[clean]] = rid_of[clean]
         st.pos[idx[clean]] = pos[clean]
         if fidx is not None:
@@ -170,19 +244,13 @@ def _joined(parts: list) -> np.ndarray:
     return _EMPTY if not parts else parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def _gather(slots: list, seq: np.ndarray, first: np.ndarray, memo: dict, tag_bases, rids) -> tuple:
-    """Per request the entries from ``first`` to its seq_len: (lengths, CSR indptr, their full slots, and per
-    entry its row, position, own tag and request id); the same ``first`` (both kinds of a decode step, most
-    often) gathers once per step (``memo``)."""
-    key = first.tobytes()
-    got = memo.get(key)
-    if got is None:
-        lens = np.maximum(seq - first, 0)
-        indptr = np.zeros(seq.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lens, out=indptr[1:])
-        parts = [sl.full[a:b] for sl, a, b in zip(slots, first.tolist(), seq.tolist()) if b > a]
-        fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
-        row_of = np.repeat(np.arange(lens.shape[0]), lens)
-        pos = np.repeat(first - indptr[:-1], lens) + np.arange(fidx.shape[0], dtype=np.int64)
-        got = memo[key] = (lens, indptr, fidx, row_of, pos, tag_bases[row_of] + pos, rids[row_of])
-    return got
+def _gather(slots, seq: np.ndarray, first: np.ndarray, lens: np.ndarray) -> tuple:
+    """Per request the entries from ``first`` to its seq_len (``lens``: how many, ``max(seq - first, 0)``):
+    (lengths, CSR indptr, their full slots, and per entry its row and position)."""
+    indptr = np.zeros(seq.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    parts = [sl.full[a:b] for sl, a, b in zip(slots, first.tolist(), seq.tolist()) if b > a]
+    fidx = np.concatenate(parts).astype(np.int64, copy=False) if parts else _EMPTY
+    row_of = np.repeat(np.arange(lens.shape[0]), lens)
+    pos = np.repeat(first - indptr[:-1], lens) + np.arange(fidx.shape[0], dtype=np.int64)
+    return lens, indptr, fidx, row_of, pos
