@@ -93,6 +93,7 @@ class IncrementalReads:
     def __init__(self, fast: bool = True) -> None:
         self._states: dict[tuple, _State] = {}       # (id(reference), window) -> its state
         self._clean: list[ReadTable] = []            # this step's tables whose every entry was found clean
+        self._clean_ids: set[int] = set()            # their id()s (each kept alive in _clean until the step ends)
         self.fast = fast
         self.entries_skipped = 0
         self.clean_tables = 0
@@ -107,11 +108,12 @@ class IncrementalReads:
         """Whether ``table`` is one of this step's whose entries :meth:`table` found all clean: the checker's
         comparison (the same slots, tags and pool rows, the oracle unchanged until the step's next truth) finds
         no stale read in it, so the read check has nothing to report."""
-        return any(t is table for t in self._clean)
+        return id(table) in self._clean_ids
 
     def note_step(self, stepping_ref, truth) -> None:
         """The step's frees (every oracle), its writes (the stepping side's), its transfer and mapping changes."""
         self._clean.clear()
+        self._clean_ids.clear()
         if not self._states:
             return
         tr = truth.transferred
@@ -154,6 +156,7 @@ class IncrementalReads:
         table = ReadTable(full=full, swa=swa)
         if full_ok and swa_ok:
             self._clean.append(table)
+            self._clean_ids.add(id(table))
             self.clean_tables += 1
         return table
 
