@@ -542,10 +542,11 @@ class GpuStepRunner:
         shared content keys) and one pool size per kind over the side's backends; else None."""
         if not self.incremental_reads or truth.content_keys is not None:
             return None
-        rows = {k: {p.rows(k) for p in side.pools.values()} for k in ("full", "swa")}
-        if any(len(v) != 1 for v in rows.values()):
+        pools = side.pools.values()
+        full, swa = {p.rows("full") for p in pools}, {p.rows("swa") for p in pools}
+        if len(full) != 1 or len(swa) != 1:
             return None
-        return side.reference, {k: next(iter(v)) for k, v in rows.items()}
+        return side.reference, {"full": full.pop(), "swa": swa.pop()}
 
     def _read_table(self, boundary, meta, read_in, run, shared: dict) -> ReadTable:
         """BackendBoundary.read_table on host copies of its inputs (and the allocator's own mapping).
