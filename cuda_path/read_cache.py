@@ -47,14 +47,11 @@ class _Kind:
         rid, pos = (self.frid, self.fpos) if by_full else (self.rid, self.pos)
         if slots.size == 0 or rid.size == 0:
             return
-        if slots.min() < 0 or slots.max() >= rid.shape[0]:     # (the range mask only where one is out)
-            slots = slots[(slots >= 0) & (slots < rid.shape[0])]
-        owner = rid[slots]
-        owned = owner >= 0
-        hit = slots[owned]
+        s = slots[(slots >= 0) & (slots < rid.shape[0])]
+        hit = s[rid[s] >= 0]
         if hit.size == 0:
             return
-        np.minimum.at(self.dhi, owner[owned], pos[hit])
+        np.minimum.at(self.dhi, rid[hit], pos[hit])
         rid[hit] = -1
 
 
