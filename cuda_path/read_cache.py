@@ -43,7 +43,8 @@ class _Kind:
 
     def cut(self, slots: np.ndarray, by_full: bool = False) -> None:
         """The clean entries reading ``slots`` (``by_full``: whose full slot is one of them) are clean no more:
-        their requests' clean ranges end before them."""
+        their requests' clean ranges end before them (a range ``[lo, hi)`` is cut only by its own positions:
+        an entry below ``lo``, such as one of the SWA slots a request's window left, ends nothing)."""
         rid, pos = (self.frid, self.fpos) if by_full else (self.rid, self.pos)
         if slots.size == 0 or rid.size == 0:
             return
@@ -51,7 +52,9 @@ class _Kind:
         hit = s[rid[s] >= 0]
         if hit.size == 0:
             return
-        np.minimum.at(self.dhi, rid[hit], pos[hit])
+        r, p = rid[hit], pos[hit]
+        inside = p >= self.dlo[r]   # (an entry below a clean range is not in it: an evicted SWA slot's, mostly)
+        np.minimum.at(self.dhi, r[inside], p[inside])
         rid[hit] = -1
 
 

@@ -51,6 +51,33 @@ def test_cut_equals_the_masked_formula(low, high):
     assert cut_some > 40
 
 
+def test_cut_ends_a_range_only_at_its_own_positions():
+    k = _Kind(10)
+    k.grow(2)
+    k.dlo[:2], k.dhi[:2] = (5, 0), (9, 4)           # request 0: [5, 9) (a sliding window), request 1: [0, 4)
+    k.rid[:] = [0, 0, 0, 1, 1, -1, -1, -1, -1, -1]
+    k.pos[:] = [3, 6, 8, 2, 0, 0, 0, 0, 0, 0]
+    k.cut(np.array([0]))                            # request 0's position 3: below its range, ends nothing
+    assert k.dhi[:2].tolist() == [9, 4] and k.rid[0] == -1
+    k.cut(np.array([2, 4]))                         # request 0's position 8, request 1's position 0
+    assert k.dhi[:2].tolist() == [8, 0] and k.rid[:5].tolist() == [-1, 0, -1, 1, -1]
+    k.cut(np.array([1, 3]))                         # position 6 (in [5, 8)), position 2 (past request 1's [0, 0))
+    assert k.dhi[:2].tolist() == [6, 0] and (k.rid == -1).all()
+    rng = np.random.default_rng(5)                  # and in general: the masked formula, positions below lo left out
+    for _ in range(30):
+        k = _kind_with_owners(np.random.default_rng(3))
+        k.dlo[:12] = rng.integers(0, 30, 12)
+        slots = rng.integers(-3, 230, 40)
+        rid, dhi = k.rid.copy(), k.dhi.copy()
+        s = slots[(slots >= 0) & (slots < rid.shape[0])]
+        hit = s[rid[s] >= 0]
+        inside = k.pos[hit] >= k.dlo[rid[hit]]
+        np.minimum.at(dhi, rid[hit][inside], k.pos[hit][inside])
+        rid[hit] = -1
+        k.cut(slots)
+        assert k.rid.tolist() == rid.tolist() and k.dhi.tolist() == dhi.tolist()
+
+
 def test_gather_per_entry_arrays_equal_the_old_formulas():
     rng = np.random.default_rng(3)
     n = 9
