@@ -32,7 +32,7 @@ import torch
 
 from simulator.checker import LayerWrite
 from simulator.designs import Design, SGLangPre29460
-from simulator.execute import BackendStep, EagerExecutor, dtype_name, observe, prepare_write, rows_for
+from simulator.execute import BackendStep, EagerExecutor, loc_shapes, prepare_write, rows_for
 from simulator.kvrows import TAG_LANES, encode_rows
 from simulator.observe import boundary_sink
 from simulator.records import PAD_TAG
@@ -242,11 +242,7 @@ class CudaGraphExecutor:
             return None
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
-        observed = []
-        for layer, wl in zip(s.layers, write_locs):
-            swa = wl.swa_loc
-            observed.append((layer.layer, int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]),
-                             dtype_name(wl.loc.dtype), "" if swa is None else dtype_name(swa.dtype)))
+        observed = [(layer.layer, *loc_shapes(wl)) for layer, wl in zip(s.layers, write_locs)]
         return _DecodeGraph(graph, write_locs, targets, rows, tuple(writes), tuple(observed), verdict, s.pool)
 
     # ------------------------------------------------------------------ piecewise graphs
@@ -315,15 +311,20 @@ class CudaGraphExecutor:
             per = (t1 - t0) // len(members)
             for j, i in enumerate(members):
                 done[i] = (t0 + j * per, t0 + (j + 1) * per, err)
-        writes = []
+        writes, rows, shapes = [], [], {}
+        step, backend = s.batch.step, s.backend
         for i, (layer, w) in enumerate(zip(s.layers, prepared)):
             if isinstance(w, LayerWrite):
                 writes.append(w)          # the design failed: nothing stored for this layer
                 continue
             wl, target = w
             t0, t1, err = done[i]
-            observe(s, layer, wl, t0, t1, err)
+            shape = shapes.get(id(wl))    # (a layer-free design: one write location per kind)
+            if shape is None:
+                shape = shapes[id(wl)] = loc_shapes(wl)
+            rows.append((step, backend, layer.layer, *shape, t0, t1, err))
             writes.append(LayerWrite(layer.layer, layer.kind, layer.index, None if err else target, err))
+        boundary_sink(s.observer)(rows)   # (the observations in layer order, as observe() per layer gives them)
         return writes
 
 
@@ -335,19 +336,23 @@ def _prepare_layers(s: BackendStep) -> tuple[list, dict]:
     before = s.before_layer
     prepared, groups = [], {}
     free = _layer_free(s.boundary.design)
-    per_kind: dict[str, object] = {}
+    per_kind: dict[str, tuple] = {}     # kind -> (its write, its group's members)
     for i, layer in enumerate(s.layers):
         if before is not None:
             before(layer)
-        w = per_kind.get(layer.kind) if free else None
-        if w is None:
-            w = prepare_write(s, layer)
-            if free and not isinstance(w, LayerWrite):
-                per_kind[layer.kind] = w      # (a failure is built per layer: its text names the layer)
+        got = per_kind.get(layer.kind) if free else None
+        if got is not None:
+            prepared.append(got[0])
+            got[1].append(i)
+            continue
+        w = prepare_write(s, layer)
         prepared.append(w)
-        if not isinstance(w, LayerWrite):
+        if not isinstance(w, LayerWrite):     # (a failure is built per layer: its text names the layer)
             t = w[1]
-            groups.setdefault((layer.kind, t.data_ptr(), t.shape[0], t.stride(0), t.dtype), []).append(i)
+            members = groups.setdefault((layer.kind, t.data_ptr(), t.shape[0], t.stride(0), t.dtype), [])
+            members.append(i)
+            if free:
+                per_kind[layer.kind] = (w, members)
     return prepared, groups
 
 

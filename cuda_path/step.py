@@ -43,7 +43,7 @@ import torch
 from simulator.batch import BatchTruth, ForwardBatch
 from simulator.checker import LayerWrite
 from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
-from simulator.execute import BackendStep, dtype_name, prepare_write_at
+from simulator.execute import BackendStep, loc_shapes, prepare_write_at
 from simulator.kvrows import tag_lanes
 from simulator.observe import BackendRows, boundary_sink
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
@@ -843,12 +843,7 @@ def _observations(step: int, name: str, per_kind: dict, layers, lead: "_Plan") -
 
 def _seen_kinds(per_kind: dict) -> dict:
     """Per kind what its observations hold of its write location: (loc_len, swa_len, loc_dtype, swa_dtype)."""
-    seen = {}
-    for kind, (wl, _, err) in per_kind.items():
-        swa = wl.swa_loc
-        seen[kind] = (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
-                      "" if swa is None else dtype_name(swa.dtype))
-    return seen
+    return {kind: loc_shapes(wl) for kind, (wl, _, _) in per_kind.items()}
 
 
 def _base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.ndarray) -> ReadTable:

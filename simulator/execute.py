@@ -89,11 +89,15 @@ def rows_for(s: BackendStep, layer: LayerInfo) -> tuple[torch.Tensor, torch.Tens
     return kv
 
 
-def observe(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, t0: int, t1: int, err) -> None:
+def loc_shapes(wl: KVWriteLoc) -> tuple[int, int, str, str]:
+    """What a boundary observation records of a write location: (loc_len, swa_len, loc_dtype, swa_dtype)."""
     swa = wl.swa_loc
-    s.observer.on_boundary(s.batch.step, s.backend, layer.layer, int(wl.loc.shape[0]),
-                           -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
-                           "" if swa is None else dtype_name(swa.dtype), t0, t1, err)
+    return (int(wl.loc.shape[0]), -1 if swa is None else int(swa.shape[0]), dtype_name(wl.loc.dtype),
+            "" if swa is None else dtype_name(swa.dtype))
+
+
+def observe(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, t0: int, t1: int, err) -> None:
+    s.observer.on_boundary(s.batch.step, s.backend, layer.layer, *loc_shapes(wl), t0, t1, err)
 
 
 def store_layer(s: BackendStep, layer: LayerInfo, wl: KVWriteLoc, target: torch.Tensor, k: torch.Tensor,

@@ -8,6 +8,7 @@ import torch
 from cuda_path.graphs import CudaGraphExecutor
 from cuda_path.pool import TaggedKVPool
 from simulator.designs import load_design
+from simulator.observe import NullObserver
 from simulator.run import run_simulation
 from simulator.scenario import BACKENDS
 
@@ -16,7 +17,7 @@ from helpers import scenario, simulate
 pytestmark = pytest.mark.gpu
 
 
-def gpu_run(name, design=None, graphs=True, backends=None, geometry="real"):
+def gpu_run(name, design=None, graphs=True, backends=None, geometry="real", observer=None):
     sc = scenario(name).with_overrides(design=design, backends=backends)
     d = load_design(sc.design)
     ex = CudaGraphExecutor() if graphs else None
@@ -25,7 +26,32 @@ def gpu_run(name, design=None, graphs=True, backends=None, geometry="real"):
         return TaggedKVPool(sc.model, full_rows, swa_rows, device="cuda", geometry=geometry, store_impl="triton",
                             skip_index=skip)
 
-    return run_simulation(sc, d, make, device="cuda", executor=ex), ex
+    return run_simulation(sc, d, make, device="cuda", executor=ex, observer=observer), ex
+
+
+class _Crossings(NullObserver):
+    """Every boundary observation but its times, in order."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_boundary(self, step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, t0, t1, err):
+        self.rows.append((step, backend, layer, loc_len, swa_len, loc_dtype, swa_dtype, err))
+
+
+@pytest.mark.parametrize("name, design", [("b1-pcg-dp-padding", "sglang-pre-29460"),    # failed writes
+                                          ("smoke", None), ("b2-decode-stale-tail", "sglang-pre-24743")])
+def test_gpu_step_observations_are_the_cpu_runs(name, design):
+    """The GPU step runner's observations (decode replays, grouped stores, a group's followers' rows made from
+    its first backend's) are the CPU run's, crossing by crossing, on every backend."""
+    sc = scenario(name).with_overrides(design=design)
+    cpu, gpu = _Crossings(), _Crossings()
+    d = load_design(sc.design)
+    run_simulation(sc, d, lambda f, w, skip: TaggedKVPool(sc.model, f, w, geometry="compact", skip_index=skip),
+                   observer=cpu)
+    _, ex = gpu_run(name, design, observer=gpu)
+    assert ex.replays + ex.grouped_stores > 0 and ex.steps is not None and ex.steps.verdict_reads > 0
+    assert len(gpu.rows) > 0 and gpu.rows == cpu.rows
 
 
 def counts(r):
