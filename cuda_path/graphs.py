@@ -250,7 +250,9 @@ class CudaGraphExecutor:
     def _piece(self, s: BackendStep, kind: str) -> _Piece:
         cap = s.batch.padded_len
         pool = s.pool
-        key = (cap, kind, pool.shape[kind], pool.row_dtype, pool.k_scale, pool.v_scale, pool.device)
+        # (and the inference mode its buffers were made in: a run's are changed in place only in that mode)
+        key = (cap, kind, pool.shape[kind], pool.row_dtype, pool.k_scale, pool.v_scale, pool.device,
+               torch.is_inference_mode_enabled())
         piece = self._pieces.get(key)
         if piece is not None:
             return piece

@@ -491,7 +491,12 @@ def run_simulation(
     faults=None,
     forward_observer: Optional[ForwardObserver] = None,
 ) -> RunResult:
-    """Run a scenario under a design; on any exception (^C included) the partial result rides on it."""
+    """Run a scenario under a design; on any exception (^C included) the partial result rides on it.
+
+    Its steps run in ``torch.inference_mode`` (no autograd bookkeeping: a third less host time per small
+    op). The run's pools and allocator are made before, as ordinary tensors; what its steps make (a graph
+    runner's static buffers, an allocator's new free lists) are inference tensors: read anywhere, changed in
+    place only in that mode."""
     run = Run(scenario, design, make_pool, device=torch.device(device), observer=observer or NullObserver(),
               executor=executor or EagerExecutor(), make_draft_pool=make_draft_pool,
               info_extra=run_info_extra or {}, version=version, allocator_factory=allocator_factory)
@@ -503,22 +508,23 @@ def run_simulation(
             raise ValueError("--inject is not modelled on an overlap timeline (engine.overlap)")
         run.faults, run._content_seen, run._fault_side = faults, {}, run.target
     try:
-        source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
-        if run.unified is not None:
-            source = run.unified.guard(source)      # a device-side index assert (U1) ends the run
-        for n_step, (batch, truth) in enumerate(source):
-            if max_steps is not None and n_step >= max_steps:
-                break
-            rec = run.step(batch, truth)
-            if progress is not None:
-                progress(rec.step, run.scheduler.finished_count, run.scheduler.total_requests)
+        with torch.inference_mode():
+            source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
+            if run.unified is not None:
+                source = run.unified.guard(source)      # a device-side index assert (U1) ends the run
+            for n_step, (batch, truth) in enumerate(source):
+                if max_steps is not None and n_step >= max_steps:
+                    break
+                rec = run.step(batch, truth)
+                if progress is not None:
+                    progress(rec.step, run.scheduler.finished_count, run.scheduler.total_requests)
+            if run.faults is not None:
+                run.content_sweep()
+                run.faults.detect(run.findings)
     except BaseException as exc:
         # nothing is lost on a crash or ^C: the caller can still write what the run had found
         exc.partial_result = run.result()  # type: ignore[attr-defined]
         exc.partial_at_step = len(run.steps)  # type: ignore[attr-defined]
         raise
-    if run.faults is not None:
-        run.content_sweep()
-        run.faults.detect(run.findings)
     run.obs.on_run_end()
     return run.result()
