@@ -49,6 +49,7 @@ from simulator.observe import BackendRows, boundary_sink
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 from simulator.release_model import release_of
+from simulator.run import _ReadCheck
 
 from .check_kernel import verdict
 from .read_cache import IncrementalReads
@@ -412,8 +413,6 @@ class GpuStepRunner:
         own context, made later only if it leads a group: :meth:`_twin_metas`), its read ids (host) and,
         where its ``make_write_loc`` is layer-free, each kind's write location and the store's length check:
         what decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
-        from simulator.run import _ReadCheck
-
         p = _Plan(name, side.boundaries[name])
         boundary = self._host_boundary(p.boundary) if host else p.boundary
         shared = twin is not None and twin.per_kind is not None \
@@ -731,6 +730,8 @@ class GpuStepRunner:
         run.stats[name].writes += lead.n_writes
         if flag == 0:
             self.fast_checks += 1
+            if p.reads is None:
+                return      # nothing found, nothing to read-check: no counts (run._count would add none)
             mine = []
         elif lead is p:
             self.exact_checks += 1
