@@ -171,7 +171,7 @@ def _profile(sc, top: int, out) -> int:
 #: (module, class, method): the host phases --phases times (inclusive: a phase's time holds the phases it calls)
 PHASES = [("cuda_path.step", "GpuStepRunner", m) for m in (
     "__call__", "_groups", "_plans", "_read_table", "_signatures", "_stage", "_mirror", "_device_meta", "_forward",
-    "_verdicts", "_deliver")] + [
+    "_launch_verdicts", "_calls", "_read_verdicts", "_deliver")] + [
     ("cuda_path.read_cache", "IncrementalReads", "note_step"), ("cuda_path.read_cache", "IncrementalReads", "table"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_decode"), ("cuda_path.graphs", "CudaGraphExecutor", "_run_piecewise"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.reference", "ReferencePool", "apply_writes"),

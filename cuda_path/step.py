@@ -339,10 +339,13 @@ class GpuStepRunner:
                 self._forward(run, side, lead, batch, tags, rows_cache)
             for n in names:
                 by_name[n].lead = lead
-        flags = self._verdicts(side, step_slots, [by_name[names[0]] for names in groups], dev)
+        plain = self._launch_verdicts(side, step_slots, [by_name[names[0]] for names in groups], dev)
+        # the backends' observations made while the device still writes (host work only; delivered in order)
+        calls = [self._calls(side, batch, p) for p in plans]
+        flags = self._read_verdicts(side, plain)
         raw: dict[str, list] = {}
-        for p in plans:
-            self._deliver(run, side, batch, truth, p, flags.get(p.lead.name), raw)
+        for p, c in zip(plans, calls):
+            self._deliver(run, side, batch, truth, p, flags.get(p.lead.name), raw, c)
         return run._record_step(batch, t_start)
 
     # ------------------------------------------------------------------ phase 1
@@ -670,8 +673,9 @@ class GpuStepRunner:
         out = self._scratch if warm else self._out_slot(self._side, s.backend)
         return self._verdict(self._side, s.pool, writes, self._expected, out, s.pool.device)
 
-    def _verdicts(self, side, step_slots: dict, leads: list["_Plan"], dev) -> dict[str, Optional[int]]:
-        """Per group (its first backend's name): None (the exact checker must run) or its verdict; one read."""
+    def _launch_verdicts(self, side, step_slots: dict, leads: list["_Plan"], dev) -> dict[str, bool]:
+        """Per group (its first backend's name) whether its verdict decides (its launches made where no decode
+        graph made them); False: the exact checker must run."""
         plain: dict[str, bool] = {}
         expected = self._expected
         for p in leads:
@@ -682,6 +686,11 @@ class GpuStepRunner:
                     expected = step_slots
                 ok = self._verdict(side, side.pools[p.name], writes, expected, self._out_slot(side, p.name), dev)
             plain[p.name] = ok
+        return plain
+
+    def _read_verdicts(self, side, plain: dict[str, bool]) -> dict[str, Optional[int]]:
+        """Per group: None (the exact checker must run) or its verdict; all of them in one read (the step's
+        host synchronisation)."""
         if not any(plain.values()):
             return dict.fromkeys(plain)
         host = self._out[:len(self._slot)].cpu().tolist()
@@ -707,14 +716,16 @@ class GpuStepRunner:
 
     # ------------------------------------------------------------------ phase 3
 
-    def _deliver(self, run, side, batch, truth, p: "_Plan", flag, raw: dict) -> None:
-        """A backend's observations, then its findings: its group's first backend runs the checker where the
-        verdict is not zero; the others take those findings under their own name (same pool, same writes)."""
+    def _calls(self, side, batch, p: "_Plan") -> Sequence[tuple]:
+        """A backend's boundary observations: its group's first backend's own, or made from them."""
+        lead = p.lead
+        return lead.calls if lead is p else _observations(batch.step, p.name, p.per_kind, side.layers, lead)
+
+    def _deliver(self, run, side, batch, truth, p: "_Plan", flag, raw: dict, calls: Sequence[tuple]) -> None:
+        """A backend's observations (``calls``: :meth:`_calls`), then its findings: its group's first backend runs
+        the checker where the verdict is not zero; the others take those findings under their own name (same
+        pool, same writes)."""
         name, lead = p.name, p.lead
-        if lead is p:
-            calls = lead.calls
-        else:
-            calls = _observations(batch.step, name, p.per_kind, side.layers, lead)
         sink = self._sink
         if sink is None or sink[0] is not run.obs:
             sink = self._sink = (run.obs, boundary_sink(run.obs))
