@@ -108,8 +108,8 @@ class MidYear2026Eviction:
 
     def decode_candidates(self, ctx: EvictionContext, decoded: np.ndarray) -> np.ndarray:
         """Which of a decode batch's requests (their ``decoded`` counts) :meth:`decode_point` may evict for:
-        a bool mask the scheduler asks :meth:`decode_point` under (a subclass that overrides that overrides
-        this too, or sets it to None)."""
+        a bool mask the scheduler asks :meth:`decode_point` under (only where the class that defines
+        ``decode_point`` defines this too: a subclass overriding ``decode_point`` alone is asked per request)."""
         return decoded % ctx.window == 1
 
     def extend_point(self, ctx: EvictionContext, *, prefix_len: int, evicted: int, chunk: int) -> Optional[int]:

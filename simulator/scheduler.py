@@ -82,6 +82,20 @@ class Request:
         return self.prefill_done and (self.decoded < self.spec.output_len or (self.lag and not self.lagged))
 
 
+def _decode_candidates(eviction):
+    """The eviction policy's ``decode_candidates`` where it answers for the ``decode_point`` in force: defined by
+    the class that defines ``decode_point`` or a subclass of it, neither replaced on the instance; else None
+    (ask every request)."""
+    fn = getattr(eviction, "decode_candidates", None)
+    if fn is None or "decode_point" in getattr(eviction, "__dict__", {}) \
+            or "decode_candidates" in getattr(eviction, "__dict__", {}):
+        return None
+    mro = type(eviction).__mro__
+    where = {name: next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
+             for name in ("decode_point", "decode_candidates")}
+    return fn if where["decode_candidates"] <= where["decode_point"] else None
+
+
 class Scheduler:
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
@@ -430,7 +444,7 @@ class Scheduler:
         k = len(reqs)
         if not evict:
             return swa.pop(k)
-        candidates = getattr(self._eviction, "decode_candidates", None)
+        candidates = _decode_candidates(self._eviction)
         if candidates is None:
             hits = range(k)
         else:

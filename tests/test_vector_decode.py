@@ -88,3 +88,33 @@ def test_vector_decode_evicts_between_the_requests_pops():
     assert evicting
     fast, _, _ = _forwards(rel, 16384, "cuda_graph = true", vector=True)
     assert [f[3] for f in fast] == [f[3] for f in own]
+
+
+def test_decode_candidates_only_where_they_answer_for_the_decode_point_in_force():
+    """The vector decode asks ``decode_point`` only of a release's ``decode_candidates`` where the class that
+    defines ``decode_point`` defines them too (a policy that overrides ``decode_point`` alone, or an instance
+    given its own, is asked about every request)."""
+    import numpy as np
+
+    from simulator.release_model import EvictionContext, MidYear2026Eviction
+    from simulator.scheduler import _decode_candidates
+
+    base = MidYear2026Eviction()
+    ctx = EvictionContext(window=4, page_size=1, chunked_prefill_size=64)
+    got = _decode_candidates(base)
+    assert got is not None and got(ctx, np.array([0, 1, 5, 6, 9])).tolist() == [False, True, True, False, True]
+
+    class EveryOther(MidYear2026Eviction):
+        def decode_point(self, ctx, *, length, evicted, decoded, decode_batches):
+            return length if decoded % 2 == 0 else None
+
+    class Both(EveryOther):
+        def decode_candidates(self, ctx, decoded):
+            return decoded % 2 == 0
+
+    assert _decode_candidates(EveryOther()) is None
+    assert _decode_candidates(Both()) is not None
+    own = MidYear2026Eviction()
+    own.decode_point = lambda ctx, **kw: None
+    assert _decode_candidates(own) is None
+    assert _decode_candidates(object()) is None
