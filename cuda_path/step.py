@@ -21,11 +21,12 @@ kind. :class:`GpuStepRunner` (the run's ``step_runner``) runs the same step in t
    of candidate slots (the step's expected slots and the writes' targets, as the checker takes them)
    whose K or V tag words differ from the oracle's in a written layer, plus the layers' out-of-range
    counts. All verdicts of the step are read back in **one** copy (the step's synchronisation);
-3. per backend in order: its observations, then its findings: where the group's verdict is zero and the
-   writes are plain (no failed write, one target per kind) the checker would find nothing, so it is not
-   called; otherwise the group's first backend runs the checker exactly as in the run's own step (the
-   pool is as the writes left it) and the others take its findings under their own name. The read check
-   and the counts follow as in the run's own step.
+3. per backend in order: its observations (made before the verdict read, while the device still writes),
+   then its findings: where the group's verdict is zero and the writes are plain (no failed write, one
+   target per kind) the checker would find nothing, so it is not called; otherwise the group's first
+   backend runs the checker exactly as in the run's own step (the pool is as the writes left it) and the
+   others take its findings under their own name. The read check and the counts follow as in the run's
+   own step.
 
 So findings, counts and observations are the run's own, in the same order. Steps the runner does not
 model (fault injection, an overlap timeline's scheduler writes between layers) go through the run's step.
@@ -389,7 +390,6 @@ class GpuStepRunner:
             copies += self._device_meta(leads, rest, batch)
         _copy_all(copies)
         return tags, step_slots, None if leads is not None else rest[0]
-
 
     def _plans(self, run, side, batch, truth, at, read_in, host: bool) -> list["_Plan"]:
         """Every backend's :meth:`_plan`, in order. On host metadata a backend whose metadata init is provably
