@@ -84,8 +84,13 @@ def stage_layout(arrays) -> tuple[list[np.ndarray], list[int], int]:
     offsets, total = [], 0
     for a in arrays:
         offsets.append(total)
-        total += -(-a.nbytes // 8) * 8
+        total += _padded(a)
     return arrays, offsets, total
+
+
+def _padded(a: np.ndarray) -> int:
+    """An array's bytes in a staging buffer: its own, padded to whole 8-byte words."""
+    return -(-a.nbytes // 8) * 8
 
 
 def stage_pack(host: np.ndarray, arrays, offsets) -> None:
@@ -101,7 +106,7 @@ def stage_views(buf: torch.Tensor, arrays, offsets) -> list[torch.Tensor]:
     only where that is not int64 (most of a step's arrays are) and shaped only where it is not 1-D."""
     if not arrays:
         return []
-    words = buf[:offsets[-1] + -(-arrays[-1].nbytes // 8) * 8].view(torch.int64)
+    words = buf[:offsets[-1] + _padded(arrays[-1])].view(torch.int64)
     sizes = [(b - a) // 8 for a, b in zip(offsets, offsets[1:])]
     sizes.append(words.shape[0] - sum(sizes))
     out = list(words.split_with_sizes(sizes))
@@ -212,14 +217,8 @@ def _copy_all(copies: list[tuple]) -> None:
     for pairs in by_dtype.values():
         if len(pairs) == 1:
             pairs[0][0].copy_(pairs[0][1])
-        elif _FOREACH_COPY is not None:
-            _FOREACH_COPY([d for d, _ in pairs], [s for _, s in pairs])
-        else:
-            for d, s in pairs:
-                d.copy_(s)
-
-
-_FOREACH_COPY = getattr(torch, "_foreach_copy_", None)      # (torch's multi-tensor copy; 2.1 and later)
+        else:       # (torch's multi-tensor copy: in every torch pyproject.toml allows)
+            torch._foreach_copy_([d for d, _ in pairs], [s for _, s in pairs])
 
 
 def _put_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
@@ -835,7 +834,7 @@ def _observations(step: int, name: str, per_kind: dict, layers, lead: "_Plan") -
     observations but their step and backend)."""
     if lead.call_kinds is False:
         lead.call_kinds, lead.same_kinds = _call_kinds(lead.calls, layers), {}
-    same = lead.same_kinds.get(id(per_kind))     # (the plans hold every per_kind through the step)
+    same, seen = lead.same_kinds.get(id(per_kind)), None     # (the plans hold every per_kind through the step)
     if same is None:
         seen = _seen_kinds(per_kind)
         same = lead.same_kinds[id(per_kind)] = lead.call_kinds is not None and \
@@ -844,7 +843,8 @@ def _observations(step: int, name: str, per_kind: dict, layers, lead: "_Plan") -
         if lead.tails is None:
             lead.tails = [c[2:] for c in lead.calls]
         return BackendRows((step, name), lead.tails)
-    seen = _seen_kinds(per_kind)
+    if seen is None:
+        seen = _seen_kinds(per_kind)
     lead_calls = lead.calls
     if len(lead_calls) != len(layers):      # (not reached: the first backend observes every layer)
         lead_calls = [(None,) * 7 + (0, 0)] * len(layers)
