@@ -28,6 +28,8 @@ import argparse
 import dataclasses
 import gc
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -57,16 +59,34 @@ def _gc_timer(phase, info):
         GC["s"] += time.perf_counter() - GC["t0"]
 
 
+#: the last one_run's own CPU seconds (the process's, all threads) and the machine's steal seconds (time its
+#: CPUs were runnable but given to another guest, /proc/stat; summed over all CPUs)
+HOST = {"cpu_s": 0.0, "steal_s": 0.0}
+
+
+def _steal_s() -> float:
+    """The machine's steal time so far, seconds over all CPUs (/proc/stat's 8th field; 0 where not there)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+    except (OSError, ValueError):
+        return 0.0
+
+
 def one_run(sc, device: str, progress=None):
     opts = RunOptions(device=device, trace_level="off", report=False, progress=progress)
     GC["s"] = 0.0
     gc.callbacks.append(_gc_timer)
+    steal0, cpu0 = _steal_s(), time.process_time()
     t0 = time.perf_counter()
     try:
         out = run_scenario(sc, None, opts)
     finally:
         gc.callbacks.remove(_gc_timer)
-    return out, time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    HOST["cpu_s"], HOST["steal_s"] = time.process_time() - cpu0, _steal_s() - steal0
+    return out, secs
 
 
 def counted_run(sc):
@@ -253,6 +273,73 @@ def _phases(sc, runs: int) -> int:
     return 0
 
 
+def _sample(sc, top: int, interval_s: float = 0.0002) -> int:
+    """One warm-up run, then one with the main thread's stack sampled from a second thread (the interpreter's
+    switch interval shortened to ``interval_s`` so the sampler gets the lock often): each sample weighs the time
+    since the last, given to the innermost line of this repository's code (self) and once to every function of
+    this repository on the stack (inclusive). A torch op holding the lock is seen just after it returns, so its
+    time lands on its own line or the next. Prints the top lines and functions by share of the run."""
+    import threading
+    from collections import Counter
+
+    one_run(sc, "cuda")
+    main_id = threading.main_thread().ident
+    root = str(ROOT)
+    lines: Counter = Counter()
+    funcs: Counter = Counter()
+    stop = threading.Event()
+    lost = [0.0]
+
+    def sampler() -> None:
+        last = time.perf_counter()
+        while not stop.is_set():
+            time.sleep(interval_s)
+            now = time.perf_counter()
+            w, last = now - last, now
+            seen, inner = set(), None
+            try:
+                f = sys._current_frames().get(main_id)
+                while f is not None:
+                    code = f.f_code
+                    if code.co_filename.startswith(root) and "/bench/" not in code.co_filename \
+                            and "/.venv/" not in code.co_filename:
+                        key = (code.co_filename[len(root) + 1:], code.co_qualname)
+                        if inner is None:
+                            inner = (key[0], f.f_lineno, key[1])
+                        if key not in seen:
+                            seen.add(key)
+                            funcs[key] += w
+                    f = f.f_back
+            except AttributeError:      # (a frame torn while walked: seen on CPython 3.11; the sample is dropped)
+                lost[0] += w
+                continue
+            if inner is not None:
+                lines[inner] += w
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(interval_s)
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    try:
+        _, secs = one_run(sc, "cuda")
+    finally:
+        stop.set()
+        th.join()
+        sys.setswitchinterval(old)
+    total = sum(lines.values()) or 1.0
+    print(f"# sampled run: {secs:.2f} s (sampled {total:.2f} s in this repository's code, {lost[0]:.2f} s of "
+          f"samples dropped)")
+    print("## lines by self share")
+    for (path, line, fn), w in lines.most_common(top):
+        print(f"{100 * w / secs:5.1f}%  {w:6.3f} s  {path}:{line}  {fn}")
+    print("## functions by inclusive share")
+    for (path, fn), w in funcs.most_common(top):
+        print(f"{100 * w / secs:5.1f}%  {w:6.3f} s  {path}  {fn}")
+    print(json.dumps({"bench": "gpu_step_sample", "run_s": round(secs, 3),
+                      "lines": [[f"{p}:{ln}", fn, round(w, 4)] for (p, ln, fn), w in lines.most_common(top)]}))
+    return 0
+
+
 def _torch_profile(sc, top: int) -> int:
     """One warm-up run, then one under torch.profiler (host ops and CUDA runtime calls): the ops by own host
     time, and the runtime calls (kernel launches, graph launches, copies, synchronisations) per step."""
@@ -289,6 +376,9 @@ def main() -> int:
     ap.add_argument("--phases", type=int, metavar="N", default=0,
                     help="instead: one warm-up run, then N runs with the host phases timed (perf_counter "
                          "wrappers): each phase's median seconds and share of the run")
+    ap.add_argument("--sample", type=int, metavar="N", default=0,
+                    help="instead: one warm-up run, then one with the main thread's stack sampled every 0.2 ms; print "
+                         "the top N lines (self) and functions (inclusive) of this repository by share of the run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
@@ -302,12 +392,14 @@ def main() -> int:
         return _torch_profile(sc, args.torch_profile)
     if args.phases:
         return _phases(sc, args.phases)
+    if args.sample:
+        return _sample(sc, args.sample)
     cold, cold_s = one_run(sc, "cuda")
     warms = []
     for _ in range(max(1, args.warm)):      # the machine's host is noisy: the median of several warm runs
         out, secs = one_run(sc, "cuda")
-        warms.append((secs, GC["s"], out))
-    warm_s, warm_gc_s, warm = sorted(warms, key=lambda w: w[0])[len(warms) // 2]
+        warms.append((secs, GC["s"], out, HOST["cpu_s"], HOST["steal_s"]))
+    warm_s, warm_gc_s, warm = sorted(warms, key=lambda w: w[0])[len(warms) // 2][:3]
     try:
         counted, counted_s, per_step, where = counted_run(sc)
     except Exception as e:          # the figures of the other runs still print
@@ -319,9 +411,11 @@ def main() -> int:
                    for w in warms) and findings_of(cold) == findings_of(counted)
     figures = {
         "bench": "gpu_step", "scenario": sc.name, "requests": sc.workload.requests,
-        "device": torch.cuda.get_device_name(), "host_cpu": host_cpu(), "steps": len(r.steps), "crossings": r.crossings,
+        "device": torch.cuda.get_device_name(), "host_cpu": host_cpu(),
+        "kernel": platform.release(), "steps": len(r.steps), "crossings": r.crossings,
         "findings": r.total_findings, "run_s_cold": round(cold_s, 3), "run_s_warm": round(warm_s, 3),
         "run_s_warm_all": [round(w[0], 3) for w in warms],
+        "cpu_s_warm_all": [round(w[3], 3) for w in warms], "steal_s_warm_all": [round(w[4], 3) for w in warms],
         "run_loop_s_warm": round(r.wall_s, 3), "gc_s_warm": round(warm_gc_s, 3), "counted_run_s": round(counted_s, 3),
         "torch_threads": torch.get_num_threads(),
         "crossings_per_s_warm": round(r.crossings / warm_s, 1), **syncs,
