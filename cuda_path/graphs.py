@@ -34,7 +34,7 @@ from simulator.checker import LayerWrite
 from simulator.designs import Design, SGLangPre29460
 from simulator.execute import BackendStep, EagerExecutor, loc_shapes, prepare_write, rows_for
 from simulator.kvrows import TAG_LANES, encode_rows
-from simulator.observe import boundary_sink
+from simulator.observe import BackendRows, EvenlyTimed, boundary_sink
 from simulator.records import PAD_TAG
 from simulator.pool import KVLengthMismatch
 
@@ -179,9 +179,8 @@ class CudaGraphExecutor:
         self.replays += 1
         self.verdict_in_graph = g.verdict
         per = (t1 - t0) // max(len(s.layers), 1)
-        step, backend = s.batch.step, s.backend
-        boundary_sink(s.observer)([(step, backend, *args, t0 + i * per, t0 + (i + 1) * per, None)
-                                   for i, args in enumerate(g.observed)])
+        # (each row made when read: an observer that reads only some of them makes only those)
+        boundary_sink(s.observer)(BackendRows((s.batch.step, s.backend), EvenlyTimed(g.observed, t0, per)))
         return list(g.writes)
 
     def _tags_buffer(self, s: BackendStep) -> _StaticTags:

@@ -46,7 +46,7 @@ from simulator.checker import LayerWrite
 from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
 from simulator.execute import BackendStep, loc_shapes, prepare_write_at
 from simulator.kvrows import tag_lanes
-from simulator.observe import BackendRows, boundary_sink
+from simulator.observe import BackendRows, EvenlyTimed, boundary_sink
 from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
 from simulator.release_model import release_of
@@ -121,36 +121,45 @@ def stage_views(buf: torch.Tensor, arrays, offsets) -> list[torch.Tensor]:
 class _Staging:
     """A step's host arrays on the device in one copy from pinned memory, without a host synchronisation.
     Four pinned byte buffers in turn (a step makes one copy); a buffer is filled again only once its last
-    copy has completed (every step but one whose writes all failed ends with a read that waits for it;
-    otherwise its event is waited on)."""
+    copy has completed. Almost every step ends with a read that waits for its copy (:meth:`synced`); only
+    after one that did not (its writes all failed) is an event recorded, at the next copy, and waited on
+    before the buffer is filled again (an event costs about 10 us of host time on the H200's host)."""
 
     RING = 4
 
     def __init__(self) -> None:
         self._bufs: list[Optional[tuple]] = [None] * self.RING     # (pinned uint8 tensor, its numpy view)
-        self._events: list = [None] * self.RING
+        self._events: list = [None] * self.RING                    # None: no copy of the buffer is in flight
         self._i = 0
+        self._pending: Optional[int] = None                         # the buffer whose copy nothing waited for
 
     def put(self, arrays, dev: torch.device) -> list[torch.Tensor]:
         """The host arrays on ``dev``, each in its own dtype and shape: on CUDA their bytes in one pinned
         buffer (:func:`stage_layout`) and one copy, each result a view of its slice (no cast on the device)."""
         if dev.type != "cuda":
             return [h2d(a, dev) for a in arrays]
+        if self._pending is not None:        # (the last copy: no read waited for it, so an event marks it)
+            ev = self._events[self._pending] = torch.cuda.Event()
+            ev.record()
         arrays, offsets, total = stage_layout(arrays)
         self._i = i = (self._i + 1) % self.RING
         ev = self._events[i]
-        if ev is not None and not ev.query():
-            ev.synchronize()
+        if ev is not None:
+            if not ev.query():
+                ev.synchronize()
+            self._events[i] = None
         got = self._bufs[i]
         if got is None or got[0].shape[0] < total:
             buf = torch.empty(max(total, 1 << 19) * 2, dtype=torch.uint8).pin_memory()
             got = self._bufs[i] = (buf, buf.numpy())
         stage_pack(got[1], arrays, offsets)
         d = got[0][:total].to(dev, non_blocking=True)
-        if ev is None:
-            ev = self._events[i] = torch.cuda.Event()
-        ev.record()
+        self._pending = i
         return stage_views(d, arrays, offsets)
+
+    def synced(self) -> None:
+        """A host synchronisation with the device's stream has completed since the last copy: it is done."""
+        self._pending = None
 
 
 #: storage dtype -> (per lane the stored bits of the 16 nibble values (tag_lanes' own), the byte table of
@@ -232,17 +241,25 @@ def _put_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None
 
 
 class _Queue:
-    """Boundary observations of one backend, held until its findings are delivered (same order)."""
+    """Boundary observations of one backend, held until its findings are delivered (same order). A lone batch
+    of them (a graph replay's ``BackendRows``) is kept as it came: its tuples are made only where read."""
 
     __slots__ = ("calls",)
 
     def __init__(self) -> None:
-        self.calls: list[tuple] = []
+        self.calls: Sequence[tuple] = []
 
     def on_boundary(self, *args) -> None:
+        if not isinstance(self.calls, list):
+            self.calls = list(self.calls)
         self.calls.append(args)
 
     def on_boundaries(self, rows) -> None:
+        if not self.calls and isinstance(rows, BackendRows):
+            self.calls = rows
+            return
+        if not isinstance(self.calls, list):
+            self.calls = list(self.calls)
         self.calls.extend(rows)
 
 
@@ -261,6 +278,7 @@ class GpuStepRunner:
         self._reserved: dict[tuple, torch.Tensor] = {}   # (id(checker), kind, rows) -> bool [rows]
         self._layers: dict[tuple, torch.Tensor] = {}     # indices of written layers -> device tensor
         self._out: Optional[torch.Tensor] = None         # static verdict slots (decode graphs add into theirs)
+        self._zeros: Optional[torch.Tensor] = None       # as many zeros (the slots' zeroing is one of the copies)
         self._slot: dict[tuple, int] = {}                # (side, backend) -> its slot in _out
         self._exp_slots: dict[int, torch.Tensor] = {}    # capture size -> static expected slots (both kinds)
         self._stale = False
@@ -273,7 +291,7 @@ class GpuStepRunner:
         self._reads = IncrementalReads()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
-        self._host_b: dict[int, tuple] = {}              # id(boundary) -> (boundary, host copy, twin key)
+        self._host_b: dict[int, _Facts] = {}             # id(boundary) -> its host copy and facts
         self.verdict_reads = 0
         self.twin_plans = 0                              # backends' metadata taken from an earlier backend's
         self.signature_reads = 0
@@ -398,46 +416,56 @@ class GpuStepRunner:
         same write locations)."""
         plans: list[_Plan] = []
         firsts: dict[tuple, _Plan] = {}
-        for name in side.boundaries:
-            twin, key = None, None
-            if host:
-                key = self._host_boundary(side.boundaries[name], key=True)[1]
-                twin = firsts.get(key) if key is not None else None
-            p = self._plan(run, side, name, batch, truth, at, read_in, host, twin)
+        for name, b in side.boundaries.items():
+            facts = self._facts(b) if host else None
+            key = facts.twin_key if host else None
+            twin = firsts.get(key) if key is not None else None
+            p = self._plan(run, side, name, b, facts, batch, truth, at, read_in, twin)
             if key is not None and twin is None and p.failure is None:
                 firsts[key] = p
             plans.append(p)
         return plans
 
-    def _plan(self, run, side, name, batch, truth, at, read_in, host: bool, twin: Optional["_Plan"] = None) -> "_Plan":
+    def _plan(self, run, side, name, b, facts: Optional["_Facts"], batch, truth, at, read_in,
+              twin: Optional["_Plan"] = None) -> "_Plan":
         """A backend's metadata init (the design's hooks, on ``at``'s tensors: the host's where
-        :meth:`_host_metadata`; ``twin``: an earlier backend's, see :meth:`_plans`; where nothing here reads its
-        own context, made later only if it leads a group: :meth:`_twin_metas`), its read ids (host) and,
-        where its ``make_write_loc`` is layer-free, each kind's write location and the store's length check:
-        what decides whether its writes are another backend's (:meth:`_signatures`). Nothing is written."""
-        p = _Plan(name, side.boundaries[name])
-        boundary = self._host_boundary(p.boundary) if host else p.boundary
-        shared = twin is not None and twin.per_kind is not None \
-            and twin.boundary.spec.slices_swa_loc == p.boundary.spec.slices_swa_loc
+        :meth:`_host_metadata`, ``facts`` its host boundary's; ``twin``: an earlier backend's, see :meth:`_plans`;
+        where nothing here reads its own context, made later only if it leads a group: :meth:`_twin_metas`, and its
+        read table is the twin's), its read ids (host) and, where its ``make_write_loc`` is layer-free, each kind's
+        write location and the store's length check: what decides whether its writes are another backend's
+        (:meth:`_signatures`). Nothing is written."""
+        p = _Plan(name, b)
+        if facts is not None:
+            boundary, base_reads, slices = facts.host, facts.base_reads, facts.slices
+        else:
+            boundary, base_reads, slices = b, _base_read_ids(b.design), b.spec.slices_swa_loc
+        p.base_reads = base_reads
+        shared = twin is not None and twin.per_kind is not None and twin.boundary.spec.slices_swa_loc == slices
         try:
+            table = None
             if twin is not None:
                 self.twin_plans += 1
-                if shared and (read_in is None or _base_read_ids(boundary.design)):
-                    # nothing here reads its own context: made only where it leads a group (_twin_metas)
+                if shared and (read_in is None or base_reads):
+                    # nothing here reads its own context: made only where it leads a group (_twin_metas); the
+                    # base read table depends on the inputs and the window alone (the twin key holds it)
                     p.twin, meta = twin, twin.meta
+                    if twin.base_reads:
+                        table = twin.table
                 else:
                     p.meta = meta = dataclasses.replace(twin.meta, ctx=boundary.context(batch, at[1]))
             else:
                 p.meta = meta = boundary.init_metadata(batch, *at)
-            table = None if read_in is None else self._read_table(boundary, meta, read_in[:3], run, read_in[3])
+            if table is None and read_in is not None:
+                table = self._read_table(boundary, meta, read_in[:3], run, read_in[3], base_reads)
         except HookFailure as f:
             p.failure = (f, boundary)
             return p
+        p.table = table
         if table is not None and not self._reads.known_clean(table):   # (else: no stale read to report)
             p.reads = _ReadCheck(side, name, batch, truth, table, side.pools[name])
         if shared:
             p.per_kind = twin.per_kind           # the same targets: one tensor each (_signatures by identity)
-        elif boundary.layer_free_write_loc():
+        elif (facts.layer_free if facts is not None else boundary.layer_free_write_loc()):
             p.per_kind = _plan_by_kind(boundary, meta, side.layers)
         run.crossings += len(side.layers)
         return p
@@ -447,7 +475,7 @@ class GpuStepRunner:
         context: the twin's (host) metadata with their own (before :meth:`_device_meta` replaces the twin's)."""
         for p in leads:
             if p.twin is not None:
-                ctx = self._host_boundary(p.boundary).context(batch, full_to_swa)
+                ctx = self._facts(p.boundary).host.context(batch, full_to_swa)
                 p.meta = dataclasses.replace(p.twin.meta, ctx=ctx)
                 p.twin = None
 
@@ -465,14 +493,15 @@ class GpuStepRunner:
             got = self._host[id(side)] = (side, ok)
         return got[1]
 
-    def _host_boundary(self, boundary, key: bool = False):
-        """A boundary's host copy (``key``: with its :func:`_twin_key`, made with it: its inputs are set-up's)."""
+    def _facts(self, boundary) -> "_Facts":
+        """A boundary's host copy and what the runner asks of it every step (made once: their inputs are set-up's)."""
         got = self._host_b.get(id(boundary))
-        if got is None or got[0] is not boundary:
+        if got is None or got.boundary is not boundary:
             hb = copy.copy(boundary)      # the same design instance and spec; static buffers of its own
             hb.device, hb._static = CPU, {}
-            got = self._host_b[id(boundary)] = (boundary, hb, _twin_key(hb))
-        return got[1:] if key else got[1]
+            got = self._host_b[id(boundary)] = _Facts(boundary, hb, _twin_key(hb), _base_read_ids(hb.design),
+                                                      hb.spec.slices_swa_loc, hb.layer_free_write_loc())
+        return got
 
     def _device_meta(self, leads: list["_Plan"], got: list, batch) -> list[tuple]:
         """The groups' first backends' host metadata on the device (``got``: their layer and SWA locations as
@@ -549,15 +578,15 @@ class GpuStepRunner:
             return None
         return side.reference, {"full": full.pop(), "swa": swa.pop()}
 
-    def _read_table(self, boundary, meta, read_in, run, shared: dict) -> ReadTable:
+    def _read_table(self, boundary, meta, read_in, run, shared: dict, base: bool) -> ReadTable:
         """BackendBoundary.read_table on host copies of its inputs (and the allocator's own mapping).
 
-        Backends whose design keeps the base ``Design.read_ids`` (a function of the inputs and
+        Backends whose design keeps the base ``Design.read_ids`` (``base``: a function of the inputs and
         ``ctx.window`` alone) share one table per step: the same object, so its read check runs once."""
         design = boundary.design
         key = None
         inc = None
-        if _base_read_ids(design):
+        if base:
             # (without window indices SWA layers read the full table: then the whole of it, not the unclean part)
             inc = shared.get("incremental") if meta.window else None
             key = ("base read_ids", meta.ctx.window, inc is not None)
@@ -631,20 +660,21 @@ class GpuStepRunner:
     # ------------------------------------------------------------------ phase 2
 
     def _begin_verdicts(self, batch, staged: Optional[torch.Tensor], dev) -> list[tuple]:
-        """Zero the static verdict slots; under a graph runner (``staged``: :func:`_padded_expected`'s array as
-        staged) this step's expected slots go into the static buffer of its capture size: returns that copy
-        ((buffer, staged) pairs, for :func:`_copy_all`)."""
+        """The copies (``(buffer, source)`` pairs, for :func:`_copy_all`: one launch with the step's other int64
+        copies) that zero the static verdict slots and, under a graph runner (``staged``:
+        :func:`_padded_expected`'s array as staged), put this step's expected slots into the static buffer of
+        its capture size."""
         if self._out is None:
             self._out = torch.zeros(256, dtype=torch.int64, device=dev)
+            self._zeros = torch.zeros(256, dtype=torch.int64, device=dev)
             self._scratch = torch.zeros(1, dtype=torch.int64, device=dev)
-        self._out.zero_()
         self._expected = None
         if staged is None:
-            return []
+            return [(self._out, self._zeros)]
         n = batch.padded_len
         buf = self._static_expected(n, dev)
         self._expected = {"full": buf[:n], "swa": buf[n:]}
-        return [(buf, staged)]
+        return [(self._out, self._zeros), (buf, staged)]
 
     def _static_expected(self, n: int, dev) -> torch.Tensor:
         """The static expected slots of capture size ``n``: full then SWA, ``n`` each (graphs read their addresses)."""
@@ -693,6 +723,7 @@ class GpuStepRunner:
         if not any(plain.values()):
             return dict.fromkeys(plain)
         host = self._out[:len(self._slot)].cpu().tolist()
+        self._staging.synced()          # (the read waited for the step's staged copy too: same stream)
         self.verdict_reads += 1
         return {n: host[self._slot[(id(side), n)]] if ok else None for n, ok in plain.items()}
 
@@ -779,6 +810,20 @@ class _Plan:
     same_kinds: Optional[dict] = None           # id(per_kind) -> whether a follower's observations are its own
     tails: Optional[list] = None                # its observations but their step and backend (made when asked)
     twin: Optional["_Plan"] = None              # meta not made yet: it is this earlier backend's but the context
+    table: object = None                        # its read table (None: no read check this step)
+    base_reads: bool = False                    # its design keeps the base read_ids
+
+
+@dataclasses.dataclass(slots=True, eq=False, frozen=True)
+class _Facts:
+    """A backend boundary's host copy (its own static buffers) and what the runner asks of it at every step."""
+
+    boundary: object                            # the run's boundary (the key's owner)
+    host: object                                # its host copy
+    twin_key: Optional[tuple]                   # :func:`_twin_key`
+    base_reads: bool                            # :func:`_base_read_ids` of its design
+    slices: bool                                # its spec's slices_swa_loc
+    layer_free: bool                            # its design's make_write_loc is layer-free
 
 
 class _Rows:
@@ -812,16 +857,40 @@ def _plan_by_kind(boundary, meta, layers) -> Optional[dict]:
     return per_kind
 
 
-def _call_kinds(calls: list, layers) -> Optional[dict]:
+def _call_kinds(calls: Sequence[tuple], layers) -> Optional[dict]:
     """Per kind what every one of a group's first backend's observations of that kind holds but its step,
     backend and times: (loc_len, swa_len, loc_dtype, swa_dtype, error); None where they are not one per
-    layer, in layer order, alike within a kind."""
+    layer, in layer order, alike within a kind. A graph replay's (``BackendRows`` of an :class:`EvenlyTimed`)
+    from its static part, once per graph and layers (:data:`_STATIC_KINDS`)."""
     if len(calls) != len(layers):
         return None
+    tails = getattr(calls, "tails", None)
+    if isinstance(tails, EvenlyTimed):
+        got = _STATIC_KINDS.get(id(tails.static))
+        if got is None or got[0] is not tails.static or got[1] is not layers:
+            if len(_STATIC_KINDS) >= 4096:      # (graphs of runs gone: their parts are kept only until here)
+                _STATIC_KINDS.clear()
+            got = _STATIC_KINDS[id(tails.static)] = (tails.static, layers, _static_kinds(tails.static, layers))
+        return got[2]
     got: dict[str, tuple] = {}
     for li, c in zip(layers, calls):
         t = c[3:7] + (c[9],)
         if c[2] != li.layer or got.setdefault(li.kind, t) != t:
+            return None
+    return got
+
+
+#: id(an EvenlyTimed's static part) -> (that part, the layers, :func:`_static_kinds` of them): kept with the part
+#: (a graph's, alive while its graph is) so that an id is never taken for another's
+_STATIC_KINDS: dict[int, tuple] = {}
+
+
+def _static_kinds(static: Sequence[tuple], layers) -> Optional[dict]:
+    """:func:`_call_kinds` of rows whose tails are ``static[i]`` and a time, with no error."""
+    got: dict[str, tuple] = {}
+    for li, o in zip(layers, static):
+        t = o[1:5] + (None,)
+        if o[0] != li.layer or got.setdefault(li.kind, t) != t:
             return None
     return got
 
@@ -841,7 +910,8 @@ def _observations(step: int, name: str, per_kind: dict, layers, lead: "_Plan") -
             lead.call_kinds == {k: seen[k] + (per_kind[k][2],) for k in seen}
     if same:
         if lead.tails is None:
-            lead.tails = [c[2:] for c in lead.calls]
+            calls = lead.calls
+            lead.tails = calls.tails if isinstance(calls, BackendRows) else [c[2:] for c in calls]
         return BackendRows((step, name), lead.tails)
     if seen is None:
         seen = _seen_kinds(per_kind)

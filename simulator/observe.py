@@ -8,7 +8,7 @@ crossings at once (cuda_path/step.py: a backend's whole step) hands them over th
 :func:`boundary_sink`: an observer's optional ``on_boundaries(rows)`` takes the list of their argument
 tuples, else each goes to ``on_boundary`` in turn. Such a list may be a :class:`BackendRows` (one backend's
 crossings of one step, each tuple made when read): an observer that needs only some of its rows can read
-``head`` and ``tails`` instead of every tuple.
+``head`` and ``tails`` instead of every tuple (a graph replay's tails are an :class:`EvenlyTimed`).
 """
 from __future__ import annotations
 
@@ -66,6 +66,42 @@ class BackendRows(Sequence):
 
     def __iter__(self):
         return map(self.head.__add__, self.tails)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+
+class EvenlyTimed(Sequence):
+    """The tails of :class:`BackendRows` for crossings that ran as one launch (a graph replay): per layer its
+    static part (``static[i]``: layer, loc_len, swa_loc_len, loc_dtype, swa_loc_dtype) and an equal share of the
+    launch's time, ``[t0 + i * per, t0 + (i + 1) * per)``, with no error; each tuple made when read."""
+
+    __slots__ = ("static", "t0", "per")
+
+    def __init__(self, static: Sequence[tuple], t0: int, per: int):
+        self.static, self.t0, self.per = static, t0, per
+
+    def __len__(self) -> int:
+        return len(self.static)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.static)))]
+        n = len(self.static)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        t = self.t0 + i * self.per
+        return self.static[i] + (t, t + self.per, None)
+
+    def __iter__(self):
+        t0, per = self.t0, self.per
+        for i, s in enumerate(self.static):
+            t = t0 + i * per
+            yield s + (t, t + per, None)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))

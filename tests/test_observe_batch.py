@@ -129,3 +129,45 @@ def test_backend_rows_of_one_kind_only_and_after_plain_rows():
     t.on_boundaries(BackendRows((3, "fa3"), [r[2:] for r in rows[1:3]]))   # layers 1, 2: swa only
     t.on_boundaries(BackendRows((3, "fa3"), [r[2:] for r in rows[3:4]]))   # layer 3 (full): seen already
     assert t.rows == [(3, "fa3", "full", 13, 7), (3, "fa3", "swa", 14, -1)]
+
+
+def test_evenly_timed_rows_are_the_replays_per_layer_tuples():
+    from simulator.observe import EvenlyTimed
+
+    static = tuple((layer, 8, -1 if layer % 2 else 8, "torch.int64", "" if layer % 2 else "torch.int32")
+                   for layer in range(6))
+    t0, per = 1_000, 37
+    want = [(5, "fa3", *o, t0 + i * per, t0 + (i + 1) * per, None) for i, o in enumerate(static)]
+    rows = BackendRows((5, "fa3"), EvenlyTimed(static, t0, per))
+    assert list(rows) == want and rows == want and len(rows) == 6
+    assert rows[0] == want[0] and rows[-1] == want[-1] and rows[1:4] == want[1:4]
+    assert rows.tails[-2] == want[-2][2:] and rows.tails[::2] == [w[2:] for w in want[::2]]
+    try:
+        rows.tails[6]
+    except IndexError:
+        pass
+    else:
+        raise AssertionError("EvenlyTimed[6] of 6 rows did not raise IndexError")
+    one, lazy = _timeline(), _timeline()     # the timeline reads them as it reads the list
+    boundary_sink(one)(want)
+    boundary_sink(lazy)(rows)
+    assert lazy.rows == one.rows and lazy._seen == one._seen
+
+
+def test_step_runner_queue_keeps_a_lone_batch_and_gives_the_same_rows_and_kinds():
+    from cuda_path.step import _call_kinds, _Queue
+    from simulator.observe import EvenlyTimed
+    from simulator.records import LayerInfo
+
+    layers = tuple(LayerInfo(i, "swa" if i % 2 else "full", i // 2) for i in range(6))
+    static = tuple((li.layer, 8, 8 if li.kind == "swa" else -1, "torch.int64", "torch.int32") for li in layers)
+    rows = BackendRows((2, "fa3"), EvenlyTimed(static, 0, 10))
+    q = _Queue()
+    q.on_boundaries(rows)
+    assert q.calls is rows                   # kept as it came: no tuple made yet
+    assert _call_kinds(rows, layers) == _call_kinds(list(rows), layers) == {
+        "full": (8, -1, "torch.int64", "torch.int32", None), "swa": (8, 8, "torch.int64", "torch.int32", None)}
+    odd = tuple(o if o[0] != 3 else (3, 9) + o[2:] for o in static)      # one layer's lengths unlike its kind's
+    assert _call_kinds(BackendRows((2, "fa3"), EvenlyTimed(odd, 0, 10)), layers) is None
+    q.on_boundary(2, "fa3", 6, 1, 1, "torch.int64", "torch.int32", 70, 80, None)
+    assert q.calls == list(rows) + [(2, "fa3", 6, 1, 1, "torch.int64", "torch.int32", 70, 80, None)]

@@ -82,3 +82,19 @@ def test_staging_on_cuda_is_one_copy_per_put_in_each_dtype():
         got = staging.put(arrays, dev)
         assert all(t.device.type == "cuda" for t in got)
         _check(got, arrays)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_staging_records_an_event_only_for_a_copy_no_read_waited_for():
+    staging, dev = _Staging(), torch.device("cuda")
+    for rep in range(2 * _Staging.RING + 1):         # a read after each copy (the runner's verdict read): no event
+        arrays = [a + rep if a.dtype != np.bool_ else a for a in _arrays()]
+        got = staging.put(arrays, dev)
+        _check(got, arrays)                          # (reads the device: waits for the copy)
+        staging.synced()
+    assert staging._events == [None] * _Staging.RING
+    first = staging.put(_arrays(), dev)              # no read after it: the next put marks it with an event
+    second = staging.put([a + 1 if a.dtype != np.bool_ else a for a in _arrays()], dev)
+    assert sum(e is not None for e in staging._events) == 1
+    _check(first, _arrays())
+    _check(second, [a + 1 if a.dtype != np.bool_ else a for a in _arrays()])
