@@ -185,18 +185,30 @@ class CudaGraphExecutor:
 
     def _tags_buffer(self, s: BackendStep) -> _StaticTags:
         """The static tags of a capture size: every backend's decode graph of that size reads them."""
-        n = s.meta.rows
+        return self._tags_of(s.meta.rows, s.pool.device)
+
+    def _tags_of(self, n: int, device: torch.device) -> _StaticTags:
         got = self._tags.get(n)
         if got is None:
-            got = self._tags[n] = _StaticTags(torch.full((n,), PAD_TAG, dtype=torch.int64, device=s.pool.device))
+            got = self._tags[n] = _StaticTags(torch.full((n,), PAD_TAG, dtype=torch.int64, device=device))
         return got
 
     def _fill_tags(self, s: BackendStep) -> None:
-        """This step's tags into the static buffer, once per step (the first backend's replay)."""
+        """This step's tags into the static buffer, once per step (the first backend's replay; none where the
+        step runner's copy filled them: :meth:`decode_tags_copy`)."""
         key = ("decode-tags", s.meta.rows)
         if key not in s.rows_cache:
             s.rows_cache[key] = True
             self._tags_buffer(s).fill(s.tags)
+
+    def decode_tags_copy(self, n: int, m: int, padded: torch.Tensor, rows_cache: dict) -> list[tuple]:
+        """For the step runner's one copy launch (cuda_path/step.py): the copy that fills the static tags of
+        capture size ``n`` as :meth:`_StaticTags.fill` leaves them (``padded``: the step's ``m`` tags then
+        PAD_TAG, on the device), as a (buffer, source) pair; this step's replays of that size then fill nothing."""
+        static = self._tags_of(n, padded.device)
+        static.real = m
+        rows_cache[("decode-tags", n)] = True
+        return [(static.buf, padded)]
 
     def _capture_decode(self, s: BackendStep) -> Optional[_DecodeGraph]:
         """The whole write step of one backend at one capture size: K/V rows from the static tags (the

@@ -339,18 +339,18 @@ class GpuStepRunner:
                        {"incremental": self._incremental(side, truth)})   # the last: tables (and req_to_token, made
             # when a design asks) shared within the step
         host = self._host_metadata(run, side)
+        rows_cache: dict = {}       # (the executor's, shared by the step's backends)
         if host:        # the design hooks on host tensors (the run's mapping is the allocator's array), then
             # the step's one staged copy with the groups' first backends' write locations in it
             at = (torch.from_numpy(batch.out_cache_loc), torch.from_numpy(run.alloc.full_to_swa))
             plans, groups, by_name = self._groups(run, side, classes, batch, truth, at, read_in, True)
             leads = [by_name[ns[0]] for ns in groups if by_name[ns[0]].failure is None]
             self._twin_metas(leads, batch, at[1])
-            tags, step_slots, _ = self._stage(run, side, batch, truth, leads)
+            tags, step_slots, _ = self._stage(run, side, batch, truth, leads, rows_cache)
         else:
-            tags, step_slots, loc = self._stage(run, side, batch, truth, None)
+            tags, step_slots, loc = self._stage(run, side, batch, truth, None, rows_cache)
             plans, groups, by_name = self._groups(run, side, classes, batch, truth, (loc, run.mapping), read_in,
                                                   False)
-        rows_cache: dict = {}
         for names in groups:
             lead = by_name[names[0]]
             if lead.failure is None:
@@ -375,13 +375,14 @@ class GpuStepRunner:
         groups = classes.partition(list(zip(side.boundaries, self._signatures(plans))))
         return plans, groups, {p.name: p for p in plans}
 
-    def _stage(self, run, side, batch, truth: BatchTruth, leads: Optional[list]) -> tuple:
+    def _stage(self, run, side, batch, truth: BatchTruth, leads: Optional[list], rows_cache: dict) -> tuple:
         """The step's host arrays on the device in one staged copy (:class:`_Staging`), then what they feed,
         in this order: the mirrors' expected words (made on the host, :func:`host_tag_words`), the static
-        expected slots (padded on the host, :func:`_padded_expected`), the run's device mapping and, on host
-        metadata (``leads``: the groups' first backends), their write locations (:meth:`_device_meta`).
-        Returns the device tags, this step's slots per kind and (without ``leads``) the device
-        ``out_cache_loc``."""
+        expected slots (padded on the host, :func:`_padded_expected`), the run's device mapping, on host
+        metadata (``leads``: the groups' first backends) their write locations (:meth:`_device_meta`) and, on a
+        decode-graph step, the static tags its replays read (padded on the host; the executor's
+        ``decode_tags_copy``, marked done in ``rows_cache``). Returns the device tags, this step's slots per kind
+        and (without ``leads``) the device ``out_cache_loc``."""
         dev = run.device
         ch = truth.mapping_changed if dev.type != "cpu" else truth.mapping_changed[:0]
         storages = self._mirror_storages(side.reference) if truth.tags.size else []
@@ -394,6 +395,13 @@ class GpuStepRunner:
             arrays.append(batch.out_cache_loc)
         else:
             arrays += [a for p in leads for a in (p.meta.layer_loc.numpy(), p.meta.swa_loc.numpy())]
+        n, m = batch.padded_len, truth.tags.shape[0]
+        tag_copy = getattr(self.executor, "decode_tags_copy", None) \
+            if batch.graph == "decode_graph" and 0 < m <= n else None
+        if tag_copy is not None:
+            padded_tags = np.full(n, PAD_TAG, dtype=np.int64)
+            padded_tags[:m] = truth.tags
+            arrays.append(padded_tags)
         got = self._staging.put(arrays, dev)
         ch_d, ch_to, tags, full_slots, swa_slots = got[:5]
         step_slots = {"full": full_slots, "swa": swa_slots}
@@ -405,6 +413,8 @@ class GpuStepRunner:
         rest = got[k + (padded is not None):]
         if leads is not None:
             copies += self._device_meta(leads, rest, batch)
+        if tag_copy is not None:
+            copies += tag_copy(n, m, got[-1], rows_cache)
         _copy_all(copies)
         return tags, step_slots, None if leads is not None else rest[0]
 
@@ -526,30 +536,37 @@ class GpuStepRunner:
         signature of its own (a failed hook, a design whose write location depends on the layer)."""
         tensors: dict[tuple, torch.Tensor] = {}
         kinds = {id(p.per_kind): p.per_kind for p in plans if p.per_kind is not None}   # (twins share one)
-        for per_kind in kinds.values():
-            for _, target, err in per_kind.values():
+        entries: dict[int, list] = {}        # id(per_kind) -> per kind (kind, its target's key or None, error)
+        for i, per_kind in kinds.items():
+            mine = entries[i] = []
+            for kind, (_, target, err) in per_kind.items():
+                key = None
                 if err is None:
-                    tensors.setdefault(_target_key(target), target)
+                    key = _target_key(target)
+                    tensors.setdefault(key, target)
+                mine.append((kind, key, err))
         buckets: dict[tuple, list] = {}
         for key, t in tensors.items():
             buckets.setdefault((t.dtype, t.shape[0]), []).append(key)
         ids = {key: ("tensor", key) for key in tensors}
         need = [key for keys in buckets.values() if len(keys) > 1 for key in keys]
         if need:
+            seen: dict[tuple, int] = {}
             if all(tensors[k].device.type == "cpu" for k in need):     # (host metadata: compared in numpy)
-                host = np.concatenate([tensors[k].numpy().reshape(-1).astype(np.int64, copy=False) for k in need])
+                for k in need:       # (within a dtype equal values are equal bytes)
+                    t = tensors[k]
+                    ids[k] = ("value", seen.setdefault((t.dtype, t.numpy().tobytes()), len(seen)))
             else:
                 both = torch.cat([tensors[k].reshape(-1).to(torch.int64) for k in need])
                 self.signature_reads += 1                            # (a host synchronisation)
                 host = both.cpu().numpy()
-            seen: dict[tuple, int] = {}
-            off = 0
-            for k in need:
-                n = tensors[k].shape[0]
-                ids[k] = ("value", seen.setdefault((tensors[k].dtype, host[off:off + n].tobytes()), len(seen)))
-                off += n
-        sig = {i: ("by_kind",) + tuple((kind, None if err else ids[_target_key(t)], err)
-                                       for kind, (_, t, err) in per_kind.items()) for i, per_kind in kinds.items()}
+                off = 0
+                for k in need:
+                    n = tensors[k].shape[0]
+                    ids[k] = ("value", seen.setdefault((tensors[k].dtype, host[off:off + n].tobytes()), len(seen)))
+                    off += n
+        sig = {i: ("by_kind",) + tuple((kind, None if err else ids[key], err) for kind, key, err in mine)
+               for i, mine in entries.items()}
         return [("own", p.name) if p.failure is not None or p.per_kind is None else sig[id(p.per_kind)]
                 for p in plans]
 

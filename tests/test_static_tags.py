@@ -18,3 +18,29 @@ def test_static_tags_hold_pad_tags_after_every_fill():
         static.fill(tags)
         assert torch.equal(static.buf, pad_tags(tags, n)), (step, m)
         assert static.real == min(m, n)
+
+
+def test_the_step_runners_tag_copy_leaves_what_a_fill_would_and_marks_the_step_filled():
+    import numpy as np
+
+    from cuda_path.graphs import CudaGraphExecutor
+    from simulator.records import PAD_TAG
+
+    n, dev = 16, torch.device("cpu")
+    ex, ref = CudaGraphExecutor(), _StaticTags(torch.full((n,), PAD_TAG, dtype=torch.int64))
+    lengths = [9, 3, 16, 5, 5, 1]
+    for step, m in enumerate(lengths):
+        tags = np.arange(m, dtype=np.int64) + 1000 * (step + 1)
+        if step % 2:                        # the executor's own fill between the runner's copies
+            ex._tags_of(n, dev).fill(torch.from_numpy(tags))
+        else:
+            padded = np.full(n, PAD_TAG, dtype=np.int64)
+            padded[:m] = tags               # (as cuda_path/step.py stages it)
+            rows_cache: dict = {}
+            copies = ex.decode_tags_copy(n, m, torch.from_numpy(padded), rows_cache)
+            for dst, src in copies:
+                dst.copy_(src)
+            assert rows_cache == {("decode-tags", n): True}     # the step's replays fill nothing more
+        ref.fill(torch.from_numpy(tags))
+        static = ex._tags_of(n, dev)
+        assert torch.equal(static.buf, ref.buf) and static.real == ref.real == m, (step, m)
