@@ -25,17 +25,24 @@ from simulator.designs import ReadIds, ReadTable
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FULL = attrgetter("full")
+_POS = np.int64(0xFFFFFFFF)
 
 
 class _Kind:
-    """One kind's clean ranges (per request id) and slot owners of one oracle (for SWA, owners by full slot too)."""
+    """One kind's clean ranges (per request id) and slot owners of one oracle (for SWA, owners by full slot too).
 
-    __slots__ = ("rid", "pos", "frid", "fpos", "dlo", "dhi")
+    An owner is ``(request id << 32) | position`` (:func:`_owner`), -1 for none: one array per slot kind, so that
+    a cut reads one array where the slots' owners are mostly out of cache (a free's, an eviction's).
+    ``banded``: a clean range may start past 0 (SWA; a full kind's ``dlo`` is 0 or -1 and every recorded position
+    is at least 0, so an entry is never below its range there and :meth:`cut` spares the comparison)."""
 
-    def __init__(self, rows: int, full_rows: int = 0):
-        self.rid, self.pos = np.full(rows, -1, dtype=np.int64), np.zeros(rows, dtype=np.int64)
-        self.frid, self.fpos = np.full(full_rows, -1, dtype=np.int64), np.zeros(full_rows, dtype=np.int64)
+    __slots__ = ("own", "fown", "dlo", "dhi", "banded")
+
+    def __init__(self, rows: int, full_rows: int = 0, banded: bool = True):
+        self.own = np.full(rows, -1, dtype=np.int64)
+        self.fown = np.full(full_rows, -1, dtype=np.int64)
         self.dlo, self.dhi = (np.full(0, -1, dtype=np.int64) for _ in range(2))   # per request id: [dlo, dhi)
+        self.banded = banded
 
     def grow(self, n: int) -> None:
         if n > self.dlo.shape[0]:
@@ -45,17 +52,44 @@ class _Kind:
         """The clean entries reading ``slots`` (``by_full``: whose full slot is one of them) are clean no more:
         their requests' clean ranges end before them (a range ``[lo, hi)`` is cut only by its own positions:
         an entry below ``lo``, such as one of the SWA slots a request's window left, ends nothing)."""
-        rid, pos = (self.frid, self.fpos) if by_full else (self.rid, self.pos)
-        if slots.size == 0 or rid.size == 0:
+        got = self._hits(slots, by_full)
+        if got is not None:
+            self._end(*got)
+
+    def cut_both(self, slots: np.ndarray, full_slots: np.ndarray) -> None:
+        """``cut(slots)`` then ``cut(full_slots, by_full=True)``, their ranges ended at once (one minimum over
+        both: the same ends, as each owner array is cleared by its own slots only)."""
+        a, b = self._hits(slots, False), self._hits(full_slots, True)
+        if a is None or b is None:
+            if a is not None or b is not None:
+                self._end(*(a if b is None else b))
             return
-        s = slots[(slots >= 0) & (slots < rid.shape[0])]
-        hit = s[rid[s] >= 0]
-        if hit.size == 0:
-            return
-        r, p = rid[hit], pos[hit]
-        inside = p >= self.dlo[r]   # (an entry below a clean range is not in it: an evicted SWA slot's, mostly)
-        np.minimum.at(self.dhi, r[inside], p[inside])
-        rid[hit] = -1
+        self._end(np.concatenate((a[0], b[0])), np.concatenate((a[1], b[1])))
+
+    def _hits(self, slots: np.ndarray, by_full: bool):
+        """(request ids, positions) of the clean entries recorded at ``slots`` (in range), their owners cleared;
+        None: no such entry."""
+        own = self.fown if by_full else self.own
+        n = own.shape[0]
+        if slots.size == 0 or n == 0:
+            return None
+        if slots.dtype != np.int64 or int(slots.view(np.uint64).max()) >= n:
+            # (a slot out of range, or negative: as unsigned, past every row; the in-range ones only)
+            slots = slots[(slots >= 0) & (slots < n)]
+        o = own[slots]
+        m = o >= 0
+        if not np.count_nonzero(m):
+            return None
+        o = o.compress(m)           # (compress: a fraction of a boolean index's cost)
+        own[slots.compress(m)] = -1
+        return o >> 32, o & _POS
+
+    def _end(self, r: np.ndarray, p: np.ndarray) -> None:
+        if self.banded:
+            inside = p >= self.dlo[r]   # (an entry below a clean range is not in it: an evicted SWA slot's, mostly)
+            if np.count_nonzero(inside) < inside.size:
+                r, p = r.compress(inside), p.compress(inside)
+        np.minimum.at(self.dhi, r, p)
 
 
 class _State:
@@ -66,7 +100,7 @@ class _State:
 
     def __init__(self, ref, full_to_swa: np.ndarray):
         self.ref = ref
-        self.full = _Kind(ref.live_tag["full"].shape[0])
+        self.full = _Kind(ref.live_tag["full"].shape[0], banded=False)
         self.swa = _Kind(ref.live_tag["swa"].shape[0], full_to_swa.shape[0])
         self.did = np.full(0, -1, dtype=np.int64)
         self.refs: dict[int, object] = {}
@@ -118,17 +152,21 @@ class IncrementalReads:
             return
         tr = truth.transferred
         # (one cut per kind over all its touched slots: the same entries end the same ranges at the same minimum)
-        full, swa = [truth.freed_full], [truth.freed_swa]
-        if tr is not None:
-            full.append(tr.full_slots)
-            swa.append(tr.swa_slots)
-        cut_f, cut_s = _joined(full), _joined(swa)
-        step_f, step_s = _joined(full + [truth.full_slots]), _joined(swa + [truth.swa_slots])
+        if tr is None:
+            cut_f, cut_s = truth.freed_full, truth.freed_swa
+        else:
+            cut_f, cut_s = _joined([truth.freed_full, tr.full_slots]), _joined([truth.freed_swa, tr.swa_slots])
+        step = None
+        mapping = truth.mapping_changed
         for st in self._states.values():
-            stepping = st.ref is stepping_ref
-            st.full.cut(step_f if stepping else cut_f)
-            st.swa.cut(step_s if stepping else cut_s)
-            st.swa.cut(truth.mapping_changed, by_full=True)
+            if st.ref is stepping_ref:
+                if step is None:    # (made once, for the first stepping state)
+                    step = _joined([cut_f, truth.full_slots]), _joined([cut_s, truth.swa_slots])
+                st.full.cut(step[0])
+                st.swa.cut_both(step[1], mapping)
+            else:
+                st.full.cut(cut_f)
+                st.swa.cut_both(cut_s, mapping)
 
     def table(self, ref, rq, window: int, full_to_swa: np.ndarray, rows: dict) -> ReadTable:
         """The base ``read_ids`` table of the batch's requests without their clean entries (and the new
@@ -146,7 +184,7 @@ class IncrementalReads:
         except IndexError:                  # (a request id past the arrays: they grow first)
             st.grow(int(rids.max()) + 1)
             same = st.did[rids] == ids
-        req = (rids, same, bool(same.all()), seq, {})
+        req = (rids, same, np.count_nonzero(same) == same.shape[0], seq, {})   # (count_nonzero: cheaper than all())
         full, full_ok = self._kind(st.full, ref, "full", rq, req, None, None, rows["full"])
         swa, swa_ok = self._kind(st.swa, ref, "swa", rq, req, start, full_to_swa, rows["swa"])
         st.did[rids] = ids
@@ -166,12 +204,17 @@ class IncrementalReads:
         range holds ``start`` (None: 0 everywhere, full layers)."""
         rids, same, all_same, seq, memo = req
         hi = st.dhi[rids]
+        # (every request's RequestSlots the same as at its last table, the usual case: no ``same`` in the masks)
         if start is None:       # (a full kind's dlo is 0 wherever its did matches, and -1 elsewhere)
-            first = np.where(same & (hi > 0), np.minimum(hi, seq), 0)
-            self.entries_skipped += int(first.sum())
+            held = hi > 0 if all_same else same & (hi > 0)
+            first = np.where(held, np.minimum(hi, seq), 0)
+            self.entries_skipped += int(np.add.reduce(first))
         else:
-            first = np.where(same & (st.dlo[rids] <= start) & (start < hi), np.minimum(hi, seq), start)
-            self.entries_skipped += int((first - start).sum())
+            held = (st.dlo[rids] <= start) & (start < hi)
+            if not all_same:
+                held &= same
+            first = np.where(held, np.minimum(hi, seq), start)
+            self.entries_skipped += int(np.add.reduce(first)) - int(np.add.reduce(start))
         g = self._gather(rq.slots, seq, first, memo, rq.tag_bases, rids)
         lens, indptr, fidx = g[:3]
         idx = fidx if mapping is None else mapping[fidx]
@@ -219,27 +262,31 @@ class IncrementalReads:
         hi = min(rows, live_tag.shape[0])
         if self.fast and idx.size and idx.dtype == np.int64 and int(idx.view(np.uint64).max()) < hi:
             # (every slot in range: as unsigned, a negative one is past every row)
-            bad = np.flatnonzero(live_tag[idx] != want)
+            bad = live_tag[idx] != want
+            bad = np.flatnonzero(bad) if np.count_nonzero(bad) else _EMPTY    # (count_nonzero: cheaper)
         else:
             inr = (idx >= 0) & (idx < hi)
             bad = np.flatnonzero(~(inr & (live_tag[np.where(inr, idx, 0)] == want)))
         if bad.size == 0:                           # (all clean: every new entry records its owner)
-            st.rid[idx] = rid_of
-            st.pos[idx] = pos
+            o = _owner(rid_of, pos)
+            st.own[idx] = o
             if fidx is not None:
-                st.frid[fidx] = rid_of
-                st.fpos[fidx] = pos
+                st.fown[fidx] = o
             return first + lens, True
         stop = indptr[1:].copy()                    # per request, its first stale entry (flat), else its end
         uniq, at = np.unique(row_of[bad], return_index=True)
         stop[uniq] = bad[at]
         clean = np.arange(idx.shape[0], dtype=np.int64) < stop[row_of]
-        st.rid[idx[clean]] = rid_of[clean]
-        st.pos[idx[clean]] = pos[clean]
+        o = _owner(rid_of[clean], pos[clean])
+        st.own[idx[clean]] = o
         if fidx is not None:
-            st.frid[fidx[clean]] = rid_of[clean]
-            st.fpos[fidx[clean]] = pos[clean]
+            st.fown[fidx[clean]] = o
         return first + (stop - indptr[:-1]), False
+
+
+def _owner(rid: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The owner entries of (request id, position) pairs (ids below 2**31, positions below 2**32)."""
+    return (rid << 32) | pos
 
 
 def _joined(parts: list) -> np.ndarray:
