@@ -42,15 +42,20 @@ def _checked_free(state: np.ndarray, pages: np.ndarray, order: np.ndarray) -> No
     if np.count_nonzero(state[pages]):      # (count_nonzero: a fraction of .any()'s call cost)
         raise RuntimeError(f"double free of pages {pages[state[pages] < 0][:8].tolist()}")
     k = pages.size
-    own = order[:k] if k <= order.size else -1 - np.arange(k, dtype=np.int64)
+    own = order[:k] if k <= order.size else -1 - np.arange(k, dtype=order.dtype)
     state[pages] = own
     if np.count_nonzero(state[pages] != own):
         state[pages] = 0
         raise RuntimeError("double free of pages []")
 
 
+#: a free list's page states and order scratch: int32 (half the cache lines of int64 where a free's pages are
+#: scattered over the list; a pool holds fewer than 2**31 pages)
+_STATE = np.int32
+
+
 def _order_scratch(num_pages: int) -> np.ndarray:
-    return -1 - np.arange(num_pages + 1, dtype=np.int64)
+    return -1 - np.arange(num_pages + 1, dtype=_STATE)
 
 
 class _PageStack:
@@ -62,7 +67,7 @@ class _PageStack:
         self._stack = np.arange(num_pages, 0, -1, dtype=np.int64)
         self._top = num_pages
         # per page: 0 live (handed out), negative free (the reserved page 0 counts as free)
-        self._state = np.full(num_pages + 1, -1, dtype=np.int64)
+        self._state = np.full(num_pages + 1, -1, dtype=_STATE)
         self._order = _order_scratch(num_pages)     # scratch of _checked_free
 
     @property
@@ -104,7 +109,7 @@ class _PageQueue:
     def __init__(self, num_pages: int, initial: Optional[np.ndarray] = None):
         self.num_pages = num_pages
         self._ring = np.zeros(max(num_pages, 1), dtype=np.int64)
-        self._state = np.zeros(num_pages + 1, dtype=np.int64)     # as _PageStack's
+        self._state = np.zeros(num_pages + 1, dtype=_STATE)     # as _PageStack's
         self._state[0] = -1
         self._order = _order_scratch(num_pages)
         pages = np.arange(1, num_pages + 1, dtype=np.int64) if initial is None else initial

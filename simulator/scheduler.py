@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from operator import ge
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -87,13 +88,19 @@ def _decode_candidates(eviction):
     the class that defines ``decode_point`` or a subclass of it, neither replaced on the instance; else None
     (ask every request)."""
     fn = getattr(eviction, "decode_candidates", None)
-    if fn is None or "decode_point" in getattr(eviction, "__dict__", {}) \
-            or "decode_candidates" in getattr(eviction, "__dict__", {}):
+    if fn is None:
         return None
-    mro = type(eviction).__mro__
-    where = {name: next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
-             for name in ("decode_point", "decode_candidates")}
-    return fn if where["decode_candidates"] <= where["decode_point"] else None
+    own = getattr(eviction, "__dict__", None)
+    if own and ("decode_point" in own or "decode_candidates" in own):
+        return None
+    # (the first class of the MRO that defines either name: one loop, asked at every decode step)
+    for c in type(eviction).__mro__:
+        d = c.__dict__
+        if "decode_candidates" in d:
+            return fn
+        if "decode_point" in d:
+            return None
+    return fn
 
 
 class Scheduler:
@@ -411,7 +418,7 @@ class Scheduler:
         k = len(reqs)
         slots = [r.slots for r in reqs]
         lengths = [s.length for s in slots]
-        if k > a._full.free or k > a._swa.free or any(n >= s.capacity for n, s in zip(lengths, slots)):
+        if k > a._full.free or k > a._swa.free or any(map(ge, lengths, [s.capacity for s in slots])):
             return False
         new_full = a._full.pop(k)
         new_swa = self._vector_swa_pops(reqs, evict)    # evictions keep every length
@@ -625,9 +632,11 @@ class Scheduler:
         tokens per request); plain decode and extend batches choose their graphs as before.
         """
         eng = self.sc.engine
-        tags_a = np.concatenate(tags)
-        full_a = np.concatenate(full)
-        swa_a = np.concatenate(swa)
+        if self._block is not None and len(tags) == 1:
+            # (a vectorised decode part alone: its own arrays, made for this batch and held by no one else)
+            tags_a, full_a, swa_a = tags[0], full[0], swa[0]
+        else:
+            tags_a, full_a, swa_a = np.concatenate(tags), np.concatenate(full), np.concatenate(swa)
         real = int(full_a.shape[0])
         # DP attention: every rank pads to the largest token count over the ranks (pad value in loc)
         dp_len = real

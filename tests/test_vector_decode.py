@@ -118,3 +118,61 @@ def test_decode_candidates_only_where_they_answer_for_the_decode_point_in_force(
     own.decode_point = lambda ctx, **kw: None
     assert _decode_candidates(own) is None
     assert _decode_candidates(object()) is None
+
+
+def test_decode_candidates_agree_with_the_mro_formula():
+    """The one-loop MRO scan gives what the first-index formula gave (the class that defines decode_candidates
+    at or before the one that defines decode_point), over subclasses, mixins, slots classes, instance attributes."""
+    import numpy as np
+
+    from simulator.release_model import MidYear2026Eviction, Sglang0523Eviction
+    from simulator.scheduler import _decode_candidates
+
+    def formula(eviction):
+        fn = getattr(eviction, "decode_candidates", None)
+        if fn is None or "decode_point" in getattr(eviction, "__dict__", {}) \
+                or "decode_candidates" in getattr(eviction, "__dict__", {}):
+            return None
+        mro = type(eviction).__mro__
+        where = {name: next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
+                 for name in ("decode_point", "decode_candidates")}
+        return fn if where["decode_candidates"] <= where["decode_point"] else None
+
+    def point(self, ctx, **kw):
+        return None
+
+    def cands(self, ctx, decoded):
+        return np.zeros(decoded.shape, dtype=bool)
+
+    class Point(MidYear2026Eviction):
+        decode_point = point
+
+    class Cands(MidYear2026Eviction):
+        decode_candidates = cands
+
+    class Mixin:
+        decode_candidates = cands
+
+    class MixedFirst(Mixin, Point):
+        pass
+
+    class MixedLast(Point, Mixin):
+        pass
+
+    class CandsOnly:
+        decode_candidates = cands
+
+    class Neither:
+        pass
+
+    class Slotted(MidYear2026Eviction):
+        __slots__ = ()
+
+    objs = [MidYear2026Eviction(), Sglang0523Eviction(), Point(), Cands(), MixedFirst(), MixedLast(), CandsOnly(),
+            Neither(), Slotted()]
+    for o in (MidYear2026Eviction(), Cands()):
+        o.decode_candidates = lambda ctx, decoded: decoded > 0
+        objs.append(o)
+    for o in objs:
+        got, want = _decode_candidates(o), formula(o)
+        assert (got is None) == (want is None) and (got is None or got == want), type(o).__name__
