@@ -246,6 +246,20 @@ def _phases(sc, runs: int) -> int:
         accs[f"{cls or mod}.{name}"] = acc = [0.0, 0]
         saved.append((owner, name, fn))
         setattr(owner, name, _timed(fn, acc))
+    by_graph: dict[str, list] = {}          # the runner's step time by the batch's graph path
+    from cuda_path.step import GpuStepRunner
+    call = GpuStepRunner.__dict__["__call__"]
+
+    def per_graph(self, run, batch, truth):
+        t0 = time.perf_counter()
+        try:
+            return call(self, run, batch, truth)
+        finally:
+            acc = by_graph.setdefault(batch.graph, [0.0, 0])
+            acc[0] += time.perf_counter() - t0
+            acc[1] += 1
+    saved.append((GpuStepRunner, "__call__", call))
+    GpuStepRunner.__call__ = per_graph
     accs["Scheduler.steps (each next)"] = sacc = [0.0, 0]
     saved.append((Scheduler, "steps", Scheduler.__dict__["steps"]))
     Scheduler.steps = _timed_steps(Scheduler.__dict__["steps"], sacc)
@@ -255,14 +269,17 @@ def _phases(sc, runs: int) -> int:
         for _ in range(runs):
             for acc in accs.values():
                 acc[0], acc[1] = 0.0, 0
+            by_graph.clear()
             _, secs = one_run(sc, "cuda")
             totals.append(secs)
             for k, acc in accs.items():
                 per[k].append((acc[0], acc[1]))
     finally:
-        for owner, name, fn in saved:
+        for owner, name, fn in reversed(saved):     # (the last wrapped first: __call__ is wrapped twice)
             setattr(owner, name, fn)
     total = statistics.median(totals)
+    print("# the runner's steps by graph path (the last run): " + ", ".join(
+        f"{g} {n} steps {1e6 * t / max(n, 1):.0f} us each ({t:.3f} s)" for g, (t, n) in by_graph.items()))
     print(f"# host phases, median of {runs} timed runs (runs {', '.join(f'{t:.2f}' for t in totals)} s)")
     for k, v in per.items():
         secs = statistics.median(x[0] for x in v)

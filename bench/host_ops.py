@@ -60,6 +60,19 @@ def main() -> int:
         x.add_(1)
     parts = [torch.empty(64, dtype=torch.int64, device=dev) for _ in range(8)]
     srcs = [torch.ones(64, dtype=torch.int64, device=dev) for _ in range(8)]
+    try:                        # a Triton launch (the store and the checker are Triton kernels)
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def _add_one(x_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+        def triton_launch():
+            _add_one[(1,)](x, 256, BLOCK=256)
+    except ImportError:
+        triton_launch = None
     ops = {
         "python call": lambda: None,
         "numpy add (4096 int64)": lambda: host + 1,
@@ -79,6 +92,8 @@ def main() -> int:
         "torch.from_numpy (4096)": lambda: torch.from_numpy(host),
         "torch.empty(256, cuda)": lambda: torch.empty(256, dtype=torch.int64, device=dev),
     }
+    if triton_launch is not None:
+        ops["Triton kernel launch (one block)"] = triton_launch
     figures = {}
     with torch.inference_mode():
         for name, fn in ops.items():

@@ -421,14 +421,16 @@ class GpuStepRunner:
     def _plans(self, run, side, batch, truth, at, read_in, host: bool) -> list["_Plan"]:
         """Every backend's :meth:`_plan`, in order. On host metadata a backend whose metadata init is provably
         an earlier backend's (:func:`_twin_key`: the same design class with the base, backend-blind hooks,
-        and the same spec but for its name) takes that backend's results instead of running the hooks again:
+        and the same spec but for its name; of its window graphs, whether they hold the step's graph) takes
+        that backend's results instead of running the hooks again:
         the same values, with its own context (and, where its spec's ``slices_swa_loc`` is the same too, the
         same write locations)."""
         plans: list[_Plan] = []
         firsts: dict[tuple, _Plan] = {}
+        graph = batch.graph
         for name, b in side.boundaries.items():
             facts = self._facts(b) if host else None
-            key = facts.twin_key if host else None
+            key = None if facts is None or facts.twin_key is None else (facts.twin_key, graph in facts.window_graphs)
             twin = firsts.get(key) if key is not None else None
             p = self._plan(run, side, name, b, facts, batch, truth, at, read_in, twin)
             if key is not None and twin is None and p.failure is None:
@@ -510,7 +512,8 @@ class GpuStepRunner:
             hb = copy.copy(boundary)      # the same design instance and spec; static buffers of its own
             hb.device, hb._static = CPU, {}
             got = self._host_b[id(boundary)] = _Facts(boundary, hb, _twin_key(hb), _base_read_ids(hb.design),
-                                                      hb.spec.slices_swa_loc, hb.layer_free_write_loc())
+                                                      hb.spec.slices_swa_loc, hb.layer_free_write_loc(),
+                                                      hb.spec.window_graphs)
         return got
 
     def _device_meta(self, leads: list["_Plan"], got: list, batch) -> list[tuple]:
@@ -841,6 +844,7 @@ class _Facts:
     base_reads: bool                            # :func:`_base_read_ids` of its design
     slices: bool                                # its spec's slices_swa_loc
     layer_free: bool                            # its design's make_write_loc is layer-free
+    window_graphs: frozenset                    # its spec's (a twin's step key holds whether the step's is in it)
 
 
 class _Rows:
@@ -985,15 +989,17 @@ def _twin_key(boundary) -> Optional[tuple]:
     (:data:`_BLIND_HOOKS`, a layer-free ``make_write_loc``; none set on the instance, so no instance state is
     read): the design's class, its static SWA buffers' dtype and release (each backend has its own instance), the
     run's engine, the boundary's settings and its spec but for its name (and ``slices_swa_loc``, which only the
-    write location reads). Equal keys: equal metadata for equal inputs, static buffers included (the base
-    fills rewrite them whole up to the padded length, so no earlier replay shows through). None: its own."""
+    write location reads, and ``window_graphs``, which metadata init reads only as whether the step's graph is
+    in it: :meth:`GpuStepRunner._plans` adds that). Equal keys: equal metadata for equal inputs, static buffers
+    included (the base fills rewrite them whole up to the padded length, so no earlier replay shows through, nor
+    a step a backend took a twin's metadata and left its own buffers as they were). None: its own."""
     d = boundary.design
     if not boundary.layer_free_write_loc() or any(getattr(type(d), h, None) is not f or h in getattr(d, "__dict__", {})
                                                    for h, f in _BLIND_HOOKS.items()):
         return None
     sp = boundary.spec
     return (type(d), d.graph_swa_dtype, id(release_of(d)), id(boundary.engine), boundary.side, boundary.page_size,
-            boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers, sp.window_graphs)
+            boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers)
 
 
 def _padded_expected(batch, truth: BatchTruth) -> Optional[np.ndarray]:
