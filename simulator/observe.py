@@ -153,10 +153,12 @@ class NullObserver:
 
 class ObserverFanout:
     """Forwards every call to several observers, in order (a list of crossings, ``on_boundaries``: the whole
-    list to each observer in turn, through :func:`boundary_sink`; observers keep no state in common)."""
+    list to each observer in turn, through its :func:`boundary_sink`, resolved at the first such list; observers
+    keep no state in common)."""
 
     def __init__(self, observers: Sequence[RunObserver]):
         self._observers = tuple(observers)
+        self._sinks: Optional[tuple] = None
 
     def on_run_start(self, run: RunInfo) -> None:
         for o in self._observers:
@@ -171,8 +173,11 @@ class ObserverFanout:
             o.on_boundary(*args)
 
     def on_boundaries(self, rows: Sequence[tuple]) -> None:
-        for o in self._observers:
-            boundary_sink(o)(rows)
+        sinks = self._sinks
+        if sinks is None:       # (a GPU step hands over each backend's rows: once per backend and step)
+            sinks = self._sinks = tuple(boundary_sink(o) for o in self._observers)
+        for sink in sinks:
+            sink(rows)
 
     def on_findings(self, findings: Sequence[Finding]) -> None:
         for o in self._observers:
