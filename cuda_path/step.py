@@ -250,17 +250,19 @@ class _Queue:
         self.calls: Sequence[tuple] = []
 
     def on_boundary(self, *args) -> None:
-        if not isinstance(self.calls, list):
-            self.calls = list(self.calls)
-        self.calls.append(args)
+        self._list().append(args)
 
     def on_boundaries(self, rows) -> None:
         if not self.calls and isinstance(rows, BackendRows):
             self.calls = rows
-            return
+        else:
+            self._list().extend(rows)
+
+    def _list(self) -> list:
+        """The observations as a list (a lone batch kept as it came made one now: more come)."""
         if not isinstance(self.calls, list):
             self.calls = list(self.calls)
-        self.calls.extend(rows)
+        return self.calls
 
 
 class GpuStepRunner:
@@ -689,12 +691,13 @@ class GpuStepRunner:
             self._zeros = torch.zeros(256, dtype=torch.int64, device=dev)
             self._scratch = torch.zeros(1, dtype=torch.int64, device=dev)
         self._expected = None
-        if staged is None:
-            return [(self._out, self._zeros)]
-        n = batch.padded_len
-        buf = self._static_expected(n, dev)
-        self._expected = {"full": buf[:n], "swa": buf[n:]}
-        return [(self._out, self._zeros), (buf, staged)]
+        copies = [(self._out, self._zeros)]
+        if staged is not None:
+            n = batch.padded_len
+            buf = self._static_expected(n, dev)
+            self._expected = {"full": buf[:n], "swa": buf[n:]}
+            copies.append((buf, staged))
+        return copies
 
     def _static_expected(self, n: int, dev) -> torch.Tensor:
         """The static expected slots of capture size ``n``: full then SWA, ``n`` each (graphs read their addresses)."""
@@ -886,32 +889,27 @@ def _call_kinds(calls: Sequence[tuple], layers) -> Optional[dict]:
     if len(calls) != len(layers):
         return None
     tails = getattr(calls, "tails", None)
-    if isinstance(tails, EvenlyTimed):
+    if isinstance(tails, EvenlyTimed):      # (the kinds hold no times: those of any one replay of the graph)
         got = _STATIC_KINDS.get(id(tails.static))
         if got is None or got[0] is not tails.static or got[1] is not layers:
             if len(_STATIC_KINDS) >= 4096:      # (graphs of runs gone: their parts are kept only until here)
                 _STATIC_KINDS.clear()
-            got = _STATIC_KINDS[id(tails.static)] = (tails.static, layers, _static_kinds(tails.static, layers))
+            got = _STATIC_KINDS[id(tails.static)] = (tails.static, layers, _kinds_of(calls, layers))
         return got[2]
-    got: dict[str, tuple] = {}
-    for li, c in zip(layers, calls):
-        t = c[3:7] + (c[9],)
-        if c[2] != li.layer or got.setdefault(li.kind, t) != t:
-            return None
-    return got
+    return _kinds_of(calls, layers)
 
 
-#: id(an EvenlyTimed's static part) -> (that part, the layers, :func:`_static_kinds` of them): kept with the part
+#: id(an EvenlyTimed's static part) -> (that part, the layers, :func:`_kinds_of` their rows): kept with the part
 #: (a graph's, alive while its graph is) so that an id is never taken for another's
 _STATIC_KINDS: dict[int, tuple] = {}
 
 
-def _static_kinds(static: Sequence[tuple], layers) -> Optional[dict]:
-    """:func:`_call_kinds` of rows whose tails are ``static[i]`` and a time, with no error."""
+def _kinds_of(calls: Sequence[tuple], layers) -> Optional[dict]:
+    """:func:`_call_kinds` row by row (as many rows as layers)."""
     got: dict[str, tuple] = {}
-    for li, o in zip(layers, static):
-        t = o[1:5] + (None,)
-        if o[0] != li.layer or got.setdefault(li.kind, t) != t:
+    for li, c in zip(layers, calls):
+        t = c[3:7] + (c[9],)
+        if c[2] != li.layer or got.setdefault(li.kind, t) != t:
             return None
     return got
 
