@@ -652,20 +652,7 @@ class Scheduler:
             dp_len, basis, prefill_graph = plan.tokens, plan.graph_basis, plan.prefill_graph
         else:
             basis, prefill_graph = dp_len, True
-        graph, padded = "eager", dp_len
-        if mode == "decode" and eng.cuda_graph:
-            cap = smallest_capture(eng.cuda_graph_bs, basis)
-            if cap is not None:
-                graph, padded = "decode_graph", cap
-        elif mode in ("extend", "mixed") and eng.piecewise_cuda_graph:
-            cap = smallest_capture(eng.piecewise_capture_sizes, basis) if prefill_graph else None
-            if cap is not None:
-                graph, padded = "piecewise", cap
-        elif graph_kind is not None and eng.cuda_graph:
-            # captured per batch size (requests), num_draft_tokens rows each for TARGET_VERIFY / DRAFT_EXTEND
-            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-basis // per_request)))
-            if cap is not None:
-                graph, padded = graph_kind, cap * per_request
+        graph, padded = self._graph_of(mode, basis, prefill_graph, num_requests, per_request, graph_kind, dp_len)
         if self.pad_to_capture and graph in STATIC_GRAPHS:
             dp_len = padded
         if dp_len == real:
@@ -685,6 +672,26 @@ class Scheduler:
         )
         self._clear_pending()
         return batch, truth
+
+    def _graph_of(self, mode: str, basis: int, prefill_graph: bool, num_requests: int, per_request: int,
+                  graph_kind: Optional[str], dp_len: int) -> tuple[str, int]:
+        """The batch's graph path and its padded rows: a captured graph's size (``basis``: the tokens the choice
+        is made on), or ("eager", ``dp_len``) where none fits."""
+        eng = self.sc.engine
+        if mode == "decode" and eng.cuda_graph:
+            cap = smallest_capture(eng.cuda_graph_bs, basis)
+            if cap is not None:
+                return "decode_graph", cap
+        elif mode in ("extend", "mixed") and eng.piecewise_cuda_graph:
+            cap = smallest_capture(eng.piecewise_capture_sizes, basis) if prefill_graph else None
+            if cap is not None:
+                return "piecewise", cap
+        elif graph_kind is not None and eng.cuda_graph:
+            # captured per batch size (requests), num_draft_tokens rows each for TARGET_VERIFY / DRAFT_EXTEND
+            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-basis // per_request)))
+            if cap is not None:
+                return graph_kind, cap * per_request
+        return "eager", dp_len
 
     #: the read check's content keys (None: each request's own tags); a sharing scheduler sets its own
     _content_keys = None
