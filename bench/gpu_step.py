@@ -377,10 +377,27 @@ def _torch_profile(sc, top: int) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def scenario_arguments(ap: argparse.ArgumentParser) -> None:
+    """--scenario and --quick (bench/host_knobs.py takes them too: :func:`cuda_scenario`)."""
     ap.add_argument("--scenario", default=str(ROOT / "scenarios/scale.toml"))
     ap.add_argument("--quick", action="store_true", help="200 requests instead of the scenario's count")
+
+
+def cuda_scenario(args, bench: str):
+    """The scenario the arguments name (:func:`scenario_arguments`), or None with a message where there is no CUDA
+    device."""
+    if not torch.cuda.is_available():
+        print(f"{bench} needs a CUDA device", file=sys.stderr)
+        return None
+    sc = load_scenario(args.scenario)
+    if args.quick:
+        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
+    return sc
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scenario_arguments(ap)
     ap.add_argument("--warm", type=int, default=3, metavar="N",
                     help="warm runs after the cold one (default 3): the figure is their median")
     ap.add_argument("--compare-cpu", action="store_true", help="also run on the CPU and compare the findings")
@@ -397,12 +414,9 @@ def main() -> int:
                     help="instead: one warm-up run, then one with the main thread's stack sampled every 0.2 ms; print "
                          "the top N lines (self) and functions (inclusive) of this repository by share of the run")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/gpu_step.py needs a CUDA device", file=sys.stderr)
+    sc = cuda_scenario(args, "bench/gpu_step.py")
+    if sc is None:
         return 2
-    sc = load_scenario(args.scenario)
-    if args.quick:
-        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
     if args.profile:
         return _profile(sc, args.profile, args.profile_out)
     if args.torch_profile:

@@ -22,7 +22,6 @@ CPU, and ends with one line holding a JSON object of the figures.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import json
 import os
@@ -38,8 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_step import host_cpu, one_run  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
+from gpu_step import cuda_scenario, host_cpu, one_run, scenario_arguments  # noqa: E402
 
 
 @contextmanager
@@ -68,18 +66,14 @@ SETTINGS = ("base", "pin", "nogc", "threads1", "all")
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", default=str(ROOT / "scenarios/scale.toml"))
-    ap.add_argument("--quick", action="store_true", help="200 requests instead of the scenario's count")
+    scenario_arguments(ap)
     ap.add_argument("--rounds", type=int, default=4, metavar="N", help="rounds of every setting (default 4)")
     ap.add_argument("--cpu", type=int, default=None, metavar="K",
                     help="the CPU 'pin' uses (default: the highest the process may run on)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        print("bench/host_knobs.py needs a CUDA device", file=sys.stderr)
+    sc = cuda_scenario(args, "bench/host_knobs.py")
+    if sc is None:
         return 2
-    sc = load_scenario(args.scenario)
-    if args.quick:
-        sc = dataclasses.replace(sc, workload=dataclasses.replace(sc.workload, requests=200))
     cpu = max(os.sched_getaffinity(0)) if args.cpu is None else args.cpu
     one_run(sc, "cuda")     # cold: compiles and captures
     times: dict[str, list[float]] = {s: [] for s in SETTINGS}
