@@ -194,10 +194,10 @@ PHASES = [("cuda_path.step", "GpuStepRunner", m) for m in (
     "_launch_verdicts", "_calls", "_read_verdicts", "_deliver")] + [
     ("cuda_path.read_cache", "IncrementalReads", "note_step"), ("cuda_path.read_cache", "IncrementalReads", "table"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_decode"), ("cuda_path.graphs", "CudaGraphExecutor", "_run_piecewise"),
-    ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.reference", "ReferencePool", "apply_writes"),
-    ("simulator.reference", "ReferencePool", "apply_frees"), ("cuda_path.step", "_Staging", "put"),
+    ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.oracle.reference", "ReferencePool", "apply_writes"),
+    ("simulator.oracle.reference", "ReferencePool", "apply_frees"), ("cuda_path.step", "_Staging", "put"),
     ("cuda_path.step", "GpuStepRunner", "_begin_verdicts"), ("cuda_path.step", "GpuStepRunner", "_verdict"),
-    ("simulator.run", "Run", "_record_step"), ("simulator.backends", "BackendBoundary", "init_metadata")] + [
+    ("simulator.run", "Run", "_record_step"), ("simulator.engine_model.backends", "BackendBoundary", "init_metadata")] + [
     ("cuda_path.step", None, f) for f in ("host_tag_words", "stage_views", "stage_pack", "_copy_all", "_put_rows",
                                           "_plan_by_kind", "_observations", "_padded_expected")]
 
@@ -235,7 +235,7 @@ def _phases(sc, runs: int) -> int:
     unlike cProfile's per-call cost, which inflates Python-heavy code): per phase its median over the runs."""
     import importlib
 
-    from simulator.scheduler import Scheduler
+    from simulator.scheduling.scheduler import Scheduler
 
     one_run(sc, "cuda")
     accs = {}

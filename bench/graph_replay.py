@@ -60,7 +60,7 @@ def bench(name, body):
     print(f"{name:28s} replay() host {host:7.1f} us   replay+sync {(time.perf_counter() - t) / k * 1e6:7.1f} us", flush=True)
 
 from cuda_path.pool import TaggedKVPool
-from simulator.kvrows import encode_rows
+from simulator.oracle.kvrows import encode_rows
 m = sc.model
 pool = TaggedKVPool(m, 65536, 52429, device="cuda", geometry="real", store_impl="triton")
 kinds = list(pool.shape)

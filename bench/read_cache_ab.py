@@ -31,7 +31,7 @@ import cuda_path.step as step_mod  # noqa: E402
 from cuda_path.pool import TaggedKVPool  # noqa: E402
 from cuda_path.step import StepwiseExecutor  # noqa: E402
 from simulator.designs import load_design  # noqa: E402
-from simulator.execute import EagerExecutor  # noqa: E402
+from simulator.core.eager import EagerExecutor  # noqa: E402
 from simulator.run import run_simulation  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 

@@ -97,9 +97,9 @@ def _tag_check_kernel(tags, tag_stride, slots, expected, mismatches, n, BLOCK: t
 
 def paired_copy(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The split caches' rows in a paired allocation (cuda_path.pool.paired_views, one layer), each K row's
-    tail tag lanes set to its head's (what simulator/kvrows.py's rows carry)."""
+    tail tag lanes set to its head's (what simulator/oracle/kvrows.py's rows carry)."""
     from cuda_path.pool import SECTOR, paired_offsets, paired_views
-    from simulator.kvrows import TAG_LANES
+    from simulator.oracle.kvrows import TAG_LANES
 
     rows, heads, dim = k_cache.shape
     width = k_cache.element_size()

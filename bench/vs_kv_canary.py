@@ -1,7 +1,7 @@
 """slotscope beside SGLang's own KV checker (kv_canary), per bug and per fault (issue 15 points 3 and 4).
 
 Runs the known-bug corpus (scenarios/corpus.toml, each case under its buggy design), every ``--inject`` kind
-(simulator/faults.py, on smoke at PROB 1 as tests/test_faults.py does) and the shipped scenarios (under their
+(simulator/plugins/faults.py, on smoke at PROB 1 as tests/test_faults.py does) and the shipped scenarios (under their
 own designs; the bug scenarios the corpus already runs are not run twice) through slotscope and, in the same
 run, through the canary's own CPU torch references of each cached SGLang release (engine_path/canary.py:
 plan, verify before each forward, write after it, over the same req_to_token, full_to_swa and pool rows), in
@@ -189,7 +189,7 @@ def fault_row(kind: str, refs, tmp: Path) -> dict:
 
 
 def fault_rows(refs, quick: bool, only=None) -> list[dict]:
-    from simulator.faults import FAULT_KINDS
+    from simulator.plugins.faults import FAULT_KINDS
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,7 @@ W = {
 
 
 def _chooser(name: str):
-    from simulator.timeline import earliest_chooser
+    from simulator.scheduling.timeline import earliest_chooser
 
     if name == "seed":
         return None
@@ -51,8 +51,8 @@ def one(job: tuple) -> dict:
 
     from cuda_path.pool import TaggedKVPool
     from simulator.designs import load_design
-    from simulator.execute import EagerExecutor
-    from simulator.observe import NullObserver
+    from simulator.core.eager import EagerExecutor
+    from simulator.core.observe import NullObserver
     from simulator.run import Run
     from simulator.scenario import load_scenario
 

@@ -9,9 +9,9 @@ boundary mid-sector) it reads K's *tail* tag and V's head tag, side by side in o
 vector load: one random sector per (layer, slot) instead of two, the rate the device's memory bounds.
 
 Why the tail is as good as the head: rows wide enough for the paired layout carry the same tag encoding in
-their first and last ``TAG_LANES`` lanes (simulator/kvrows.py ``encode_rows``), and the pool's rows are only
+their first and last ``TAG_LANES`` lanes (simulator/oracle/kvrows.py ``encode_rows``), and the pool's rows are only
 ever written whole: the stores (cuda_path/store.py, triton_store.py) write whole rows, a pool-class copy
-(simulator/pool.py, ``TaggedKVPool.clone``) copies a whole pool, and faults and other partial writes go
+(simulator/memory/pool.py, ``TaggedKVPool.clone``) copies a whole pool, and faults and other partial writes go
 through the run's own step, never the GPU step runner (``GpuStepRunner.__call__`` returns None on
 ``run.faults``), and store whole rows too. So a row's tail tag always equals its head tag, a paired check
 finds exactly the slots a split check finds, and the verdict stays exactly "the checker would find nothing".
@@ -74,7 +74,7 @@ def _tag_mismatch_kernel(k_words, v_words, layers, slots, want, out, n, k_layer_
 def mark_paired(k: torch.Tensor, v: torch.Tensor, pair: torch.Tensor) -> None:
     """Mark ``k``/``v`` (a paired pool's views) for the one-load check: ``pair`` is the int64 ``[layers, rows,
     2 * words]`` view of each slot's K tail tag words followed by its V head tag words (row stride a multiple
-    of 32 bytes). Only rows that carry their tag at both ends may be marked (simulator/kvrows.py)."""
+    of 32 bytes). Only rows that carry their tag at both ends may be marked (simulator/oracle/kvrows.py)."""
     setattr(k, _PAIR, (v, pair))
 
 

@@ -30,13 +30,14 @@ from typing import Optional
 
 import torch
 
-from simulator.checker import LayerWrite
-from simulator.designs import Design, SGLangPre29460
-from simulator.execute import BackendStep, EagerExecutor, loc_shapes, prepare_write, rows_for
-from simulator.kvrows import TAG_LANES, encode_rows
-from simulator.observe import BackendRows, EvenlyTimed, boundary_sink
+from simulator.oracle.checker import LayerWrite
+from simulator.designs.base import Design
+from simulator.designs.sglang import SGLangPre29460
+from simulator.core.eager import BackendStep, EagerExecutor, loc_shapes, prepare_write, rows_for
+from simulator.oracle.kvrows import TAG_LANES, encode_rows
+from simulator.core.observe import BackendRows, EvenlyTimed, boundary_sink
 from simulator.records import PAD_TAG
-from simulator.pool import KVLengthMismatch
+from simulator.memory.pool import KVLengthMismatch
 
 from .pool import TaggedKVPool
 
@@ -133,7 +134,7 @@ _PIECES: dict[tuple, _Piece] = {}
 
 
 class CudaGraphExecutor:
-    """A :class:`simulator.execute.LayerExecutor` that runs decode and piecewise batches in CUDA graphs."""
+    """A :class:`simulator.core.eager.LayerExecutor` that runs decode and piecewise batches in CUDA graphs."""
 
     def __init__(self) -> None:
         self.eager = EagerExecutor()

@@ -8,7 +8,7 @@ so that the checker reads the tag lanes of every layer at a set of slots in one 
 Two layouts (``layout=``): ``split`` gives K and V an allocation each, ``[layers, rows, heads, dim]`` (SGLang's
 layout); ``paired`` gives each kind ONE allocation ``[layers, rows, S]``, a slot's K row at byte ``o`` and its
 V row right after it, ``o`` chosen so that the K/V boundary falls at byte 16 of a 32-byte sector and ``S`` a
-multiple of 32 bytes. Rows that wide carry the tag at both ends (simulator/kvrows.py), so K's tail tag and
+multiple of 32 bytes. Rows that wide carry the tag at both ends (simulator/oracle/kvrows.py), so K's tail tag and
 V's head tag (16 bytes each in bf16/fp16, 8 in fp8) lie in one aligned 32-byte sector: the GPU checker
 (cuda_path/check_kernel.py) reads one sector per slot instead of two. ``k[kind]``/``v[kind]`` are
 ``[layers, rows, heads, dim]`` views either way (strided in ``paired``). The default: ``paired`` for real
@@ -21,8 +21,9 @@ from typing import Optional
 import numpy as np
 import torch
 
-from simulator.kvrows import MIN_ROW_WIDTH, TAG_LANES, TAIL_TAG_MIN_WIDTH, decode_tags, encode_rows, row_dtype, set_layer_lane, tag_lanes
-from simulator.models import Model
+from simulator.oracle.kvrows import (MIN_ROW_WIDTH, TAG_LANES, TAIL_TAG_MIN_WIDTH, decode_tags, encode_rows,
+                                     row_dtype, set_layer_lane, tag_lanes)
+from simulator.scenario.models import Model
 
 from .store import STORE_IMPLS, new_error_buffer, store_kv, store_kv_layers_torch
 
@@ -66,7 +67,7 @@ def paired_views(buf: torch.Tensor, heads: int, kd: int, vd: int) -> tuple[torch
     """K and V ``[layers, rows, heads, dim]`` views into a paired allocation ``buf`` (``[layers, rows, S]``,
     S from :func:`paired_offsets`, its first byte on a sector boundary), marked for the checker's one-load
     check (cuda_path/check_kernel.py reads K's tail tag and V's head tag together). Only for rows that carry
-    their tag at both ends (simulator/kvrows.py, width >= TAIL_TAG_MIN_WIDTH)."""
+    their tag at both ends (simulator/oracle/kvrows.py, width >= TAIL_TAG_MIN_WIDTH)."""
     from .check_kernel import mark_paired
 
     width = buf.element_size()
@@ -136,7 +137,7 @@ def estimate_bytes(model: Model, full_rows: int, swa_rows: int, geometry: str = 
 
 
 class TaggedKVPool:
-    """Implements :class:`simulator.pool.PoolWriter` with torch tensors on any device."""
+    """Implements :class:`simulator.memory.pool.PoolWriter` with torch tensors on any device."""
 
     def __init__(self, model: Model, full_rows: int, swa_rows: int, *, device: torch.device | str = "cpu",
                  geometry: str = "real", store_impl: str = "torch", skip_index: Optional[int] = 0,
@@ -194,7 +195,7 @@ class TaggedKVPool:
         self.k[kind], self.v[kind] = paired_views(self.kv[kind], *self.shape[kind])
 
     def clone(self) -> "TaggedKVPool":
-        """A copy that shares nothing written later (simulator.pool.PoolClasses' copy on divergence): K, V and
+        """A copy that shares nothing written later (simulator.memory.pool.PoolClasses' copy on divergence): K, V and
         error buffers copied; a paired pool's one allocation per kind copied whole, its views made anew."""
         import copy
 

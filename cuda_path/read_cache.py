@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from simulator.designs import ReadIds, ReadTable
+from simulator.designs.types import ReadIds, ReadTable
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 _FULL = attrgetter("full")

@@ -11,7 +11,7 @@ kind. :class:`GpuStepRunner` (the run's ``step_runner``) runs the same step in t
    host copies of the same inputs: the read check is a host comparison with the oracle, so the table
    never has to cross) and, where the design's ``make_write_loc`` is layer-free, each kind's write
    location; nothing is written yet;
-2. the backends of each pool class (:class:`simulator.pool.PoolClasses`, as the CPU's ``SharedStep``:
+2. the backends of each pool class (:class:`simulator.memory.pool.PoolClasses`, as the CPU's ``SharedStep``:
    one physical pool per class of backends whose writes were identical so far) whose targets are equal
    by value form a group (device targets that could be equal cross in one copy first: a synchronisation
    that host metadata does not need); a class whose members differ splits (copy on divergence: the pool
@@ -41,16 +41,18 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from simulator.batch import BatchTruth, ForwardBatch
-from simulator.checker import LayerWrite
-from simulator.designs import Design, HookFailure, ReadIds, ReadTable, call_hook, check_read_table
-from simulator.execute import BackendStep, loc_shapes, prepare_write_at
-from simulator.kvrows import tag_lanes
-from simulator.observe import BackendRows, EvenlyTimed, boundary_sink
-from simulator.pool import KVLengthMismatch, PoolClasses, check_lengths
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
+from simulator.oracle.checker import LayerWrite
+from simulator.designs.base import Design
+from simulator.designs.checks import HookFailure, call_hook, check_read_table
+from simulator.designs.types import ReadIds, ReadTable
+from simulator.core.eager import BackendStep, loc_shapes, prepare_write_at
+from simulator.oracle.kvrows import tag_lanes
+from simulator.core.observe import BackendRows, EvenlyTimed, boundary_sink
+from simulator.memory.pool import KVLengthMismatch, PoolClasses, check_lengths
 from simulator.records import DRAFT_MODES, PAD_TAG, FINDING_CLASSES, STATIC_GRAPHS, StepRecord
-from simulator.release_model import release_of
-from simulator.run import _ReadCheck
+from simulator.engine_model.release_model import release_of
+from simulator.core.reads import _ReadCheck
 
 from .check_kernel import verdict
 from .read_cache import IncrementalReads
@@ -169,7 +171,7 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _nibble_bits(storage: torch.dtype) -> Optional[tuple]:
-    """[lanes, 16] of :func:`simulator.kvrows.tag_lanes`' bits: the lanes of the tags whose code (tag + 2)
+    """[lanes, 16] of :func:`simulator.oracle.kvrows.tag_lanes`' bits: the lanes of the tags whose code (tag + 2)
     holds nibble j in every lane, as integers of the storage's size (and :func:`_byte_table`). Checked once
     against ``tag_lanes`` on tags incl. 0, PAD_TAG and large ones; None where it does not reproduce them
     (then the host asks ``tag_lanes`` itself)."""
@@ -289,7 +291,7 @@ class GpuStepRunner:
         self._expected: Optional[dict] = None
         self._scratch: Optional[torch.Tensor] = None
         self._staging = _Staging()
-        self._sink: Optional[tuple] = None               # (run.obs, simulator.observe.boundary_sink of it)
+        self._sink: Optional[tuple] = None               # (run.obs, simulator.core.observe.boundary_sink of it)
         self._reads = IncrementalReads()
         self._classes: dict[int, tuple] = {}             # id(side) -> (side, PoolClasses)
         self._host: dict[int, tuple] = {}                # id(side) -> (side, metadata on the host)
@@ -303,7 +305,7 @@ class GpuStepRunner:
     # ------------------------------------------------------------------ the run's seam
 
     def classes(self, side) -> PoolClasses:
-        """The pool classes of a model side (simulator/pool.py): made at the side's first step here."""
+        """The pool classes of a model side (simulator/memory/pool.py): made at the side's first step here."""
         got = self._classes.get(id(side))
         if got is None or got[0] is not side:
             got = self._classes[id(side)] = (side, PoolClasses(side.pools))

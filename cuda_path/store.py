@@ -22,7 +22,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from simulator.pool import KVLengthMismatch, check_lengths
+from simulator.memory.pool import KVLengthMismatch, check_lengths
 
 __all__ = ["KVLengthMismatch", "NO_POSITION", "STORE_IMPLS", "new_error_buffer", "check_lengths", "store_kv",
            "store_kv_torch", "store_kv_layers_torch"]

@@ -1,6 +1,6 @@
 """The release's ``SWATokenToKVPoolAllocator`` behind the simulator's allocator interface.
 
-:class:`EngineAllocator` has the methods and properties of ``simulator.allocator.HybridAllocator``
+:class:`EngineAllocator` has the methods and properties of ``simulator.memory.allocator.HybridAllocator``
 (``extend``, ``evict_swa``, ``truncate``, ``free``, ``full_to_swa``, sizes and counts), so the
 scheduler runs on it unchanged, and the oracle learns ownership from the real allocator: every slot
 in ``RequestSlots.full`` is what the release's allocator returned, every slot in ``RequestSlots.swa``
@@ -35,7 +35,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from simulator.allocator import HybridAllocator, OutOfSlots, OverFree, RequestSlots
+from simulator.memory.allocator import HybridAllocator, OutOfSlots, OverFree, RequestSlots
 
 from .api import ReleaseAPI
 from .errors import EngineError
@@ -78,7 +78,7 @@ class EngineAllocator:
         self.requested_free_order: Optional[str] = None
         self._in_group = False
         self._rules: dict = {}
-        #: the radix cache's hooks at a free group's end (simulator/prefix_cache.py), as HybridAllocator's
+        #: the radix cache's hooks at a free group's end (simulator/scheduling/prefix_cache.py), as HybridAllocator's
         self.group_end_hooks: list = []
         self._row_frees = 0             # rows freed through the release's free_kv_row_segments
         #: calls made into the release, by kind (what a run's report can say the engine did)
@@ -284,7 +284,7 @@ class EngineAllocator:
         slots.length = 0
         slots.swa_evicted = 0
 
-    # --- the radix cache's free paths (simulator/prefix_cache.py runs these through the release) ----------
+    # --- the radix cache's free paths (simulator/scheduling/prefix_cache.py runs these through the release) ----------
     #: PrefixCache delegates its frees to the release's free paths (free_swa_segment, free_swa, free_full,
     #: free) instead of pushing pages itself; what they free is read from the mapping before each call
     release_frees = True

@@ -10,7 +10,7 @@ stage; the HEAD buffer's own stamps, taken before the forward wrote the bytes, a
 (``launch_canary_plan_kernels_torch_reference``, ``launch_canary_verify_kernel_torch_reference``,
 ``launch_canary_write_kernel_torch_reference``), over the same ``req_to_token``, ``full_to_swa`` and pool
 rows the run's backends use: one shadow per (backend, model side, pool kind), K only, layer 0 of each kind.
-It implements ``simulator.observe.ForwardObserver``; nothing here models the canary, it is the release's
+It implements ``simulator.core.observe.ForwardObserver``; nothing here models the canary, it is the release's
 code. Its sweep of radix-held slots and its token oracle are not driven.
 
 The references live in ``sglang.kernels.ops.kv_canary`` (0.5.22 and later, where the launchers fall back to

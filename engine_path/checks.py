@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from simulator.allocator import RequestSlots
+from simulator.memory.allocator import RequestSlots
 
 from .allocator import EngineAllocator
 from .api import load
@@ -64,7 +64,7 @@ def allocator_run(page_size: int, seed: int = 0, ops: int = 300) -> dict:
     the model's allocator invariants asserted after every operation; returns what was done."""
     import numpy as np
 
-    from simulator.allocator import OutOfSlots
+    from simulator.memory.allocator import OutOfSlots
 
     api = load()
     alloc = EngineAllocator(api, 512, 384, page_size)
@@ -130,11 +130,11 @@ def scenario_run(path: str, backends: Optional[list[str]] = None, max_steps: Opt
 
 
 def shared_step_run(path: str) -> dict:
-    """A shipped scenario with the release in the write path twice: through the shared step (simulator.execute
+    """A shipped scenario with the release in the write path twice: through the shared step (simulator.core.eager
     SharedStep: one release pool per class of backends with the same writes, the release's store once per class
     and layer, its errors every member's) and through the run's own step (every backend on its own release pool
     and store, layer after layer). The findings of each in order, the counts, the classes and the stores."""
-    from simulator.execute import EagerExecutor
+    from simulator.core.eager import EagerExecutor
     from simulator.run import run_simulation
     from simulator.scenario import load_scenario
 
@@ -287,7 +287,7 @@ def allocator_differential(page_size: int, order: str, seed: int = 0, ops: int =
     the first operation where the slots handed out differ (None: identical throughout)."""
     import numpy as np
 
-    from simulator.allocator import HybridAllocator, OutOfSlots
+    from simulator.memory.allocator import HybridAllocator, OutOfSlots
 
     api = load()
     model = HybridAllocator(512, 384, page_size, free_order=order)
@@ -342,8 +342,8 @@ def design_hooks() -> dict:
     built it, translate equals the mapping."""
     import copy
 
-    from simulator.backends import BACKEND_SPECS
-    from simulator.designs import KVWriteLoc as SimKVWriteLoc
+    from simulator.engine_model.backends import BACKEND_SPECS
+    from simulator.designs.types import KVWriteLoc as SimKVWriteLoc
 
     from .runtime import EngineRuntime
 
@@ -376,7 +376,7 @@ def graph_buffers() -> dict:
     head and tail after the hook, whose code refreshed it, and whether it equals the model's refresh."""
     from types import SimpleNamespace
 
-    from simulator.designs import Design
+    from simulator.designs.base import Design
 
     from .runtime import EngineRuntime
 

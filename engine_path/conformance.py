@@ -58,7 +58,7 @@ def _ints(a) -> list:
 #: ``own_path`` False: the scenario's own path is not compared at all (conform cannot say it conforms).
 #: (engine.pd_decode is compared: the decode node's pre-allocation and finish run through the release.)
 _OVERLAP_REASON = ("engine.overlap", True,
-                   "where the host's writes land inside forward k (the overlap timeline, simulator/timeline.py) is "
+                   "where the host's writes land inside forward k (the overlap timeline, simulator/scheduling/timeline.py) is "
                    "the simulator's model on both sides and has no release code to compare with",
                    "the overlap scheduler's decisions (the token past the end, the extra room) and every allocator "
                    "call; each forward's ids are recorded under the mapping at its scheduling")
@@ -76,8 +76,8 @@ def _side(o: dict, sc, model_design, info: dict):
     """(allocator, design) of one side; the engine side's in the release's process. ``pool.unified``: the
     model's unified pool / the release's ``UnifiedSWATokenToKVPoolAllocator``, under the model design on
     both sides (as ``slotscope run --engine`` runs it: the allocator is the release's, the write locations ours)."""
-    from simulator.allocator import HybridAllocator
-    from simulator.unified_run import model_unified_pool
+    from simulator.memory.allocator import HybridAllocator
+    from simulator.plugins.unified import model_unified_pool
 
     pc = sc.pool
     unified = pc.unified
@@ -132,8 +132,8 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     """The per-step records of ``path`` (see the module docstring). ``options``: ``design`` (model design
     name; its release drives the scheduler on both sides), ``page_size``, ``max_steps``, ``engine`` (bool),
     ``backends`` (list)."""
-    from simulator.designs import design_padding, load_design
-    from simulator.release_model import release_of
+    from simulator.designs.loading import design_padding, load_design
+    from simulator.engine_model.release_model import release_of
     from simulator.run import make_scheduler, run_padding, scheduler_kind
     from simulator.scenario import load_scenario
 
@@ -164,7 +164,7 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
 
 def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[list, Optional[str], dict]:
     """Every forward's record, what stopped the side (if anything did), and each backend's SWA id source."""
-    from simulator.speculative import side_boundaries
+    from simulator.core.sides import side_boundaries
 
     pc = sc.pool
     device = torch.device("cpu")
@@ -206,7 +206,7 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[l
 
 
 class _UnifiedBind:
-    """``pool.unified``: each forward bound as the run's :class:`~simulator.unified_run.UnifiedPlan` binds it (the
+    """``pool.unified``: each forward bound as the run's :class:`~simulator.plugins.unified.UnifiedPlan` binds it (the
     boundary flush, the in-flight window pinned, ``out_cache_loc`` to physical full ids, the physical mapping),
     recording what the allocator did since the previous forward in physical ids, sorted per step (the model
     emits events per call, the release's adapter per page-table diff: their order within a step is not its)."""

@@ -33,7 +33,8 @@ from typing import Any, Optional
 
 import torch
 
-from simulator.designs import Design, KVWriteLoc
+from simulator.designs.base import Design
+from simulator.designs.types import KVWriteLoc
 
 from .api import ReleaseAPI
 from .graphbuf import GraphBufferCode

@@ -31,7 +31,7 @@ from typing import Optional
 
 import torch
 
-from simulator.allocator import RequestSlots
+from simulator.memory.allocator import RequestSlots
 
 from .allocator import EngineAllocator
 from .errors import EngineError

@@ -44,7 +44,7 @@ REGISTRY_MODULE = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 DECODE_RUNNER_MODULE = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 TRITON_MODULE = "sglang.srt.layers.attention.triton_backend"
 
-#: graph runners (simulator.designs.graph_runner) whose out_cache_loc refresh is the registry's
+#: graph runners (simulator.designs.types.graph_runner) whose out_cache_loc refresh is the registry's
 REGISTRY_RUNNERS = ("decode", "target_verify")
 #: what the engine-pieces list says for each refresh the release runs
 #: (no quotes or angle brackets: the report prints them as they are, HTML-escaped)

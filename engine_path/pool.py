@@ -4,7 +4,7 @@
 of the release: every store goes through the release's ``SWAKVPool.set_kv_buffer`` (its layer
 routing: full layers at ``loc``, SWA layers assert ``swa_loc`` and write there) and the sub-pool's
 own store (on a CPU the torch fallback ``k_cache[loc] = k``), and the checker reads the tags back
-from the pool's own K/V buffers. Rows are the simulator's tagged rows (simulator.kvrows), made in
+from the pool's own K/V buffers. Rows are the simulator's tagged rows (simulator.oracle.kvrows), made in
 the pool's dtype so the release's store never casts or scales them.
 
 On CUDA (``--device cuda``) the sub-pools' buffers are CUDA tensors and the store is the release's
@@ -29,8 +29,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from simulator.kvrows import TAG_LANES, decode_tags, encode_rows, set_layer_lane, tag_lanes
-from simulator.pool import KVLengthMismatch
+from simulator.oracle.kvrows import TAG_LANES, decode_tags, encode_rows, set_layer_lane, tag_lanes
+from simulator.memory.pool import KVLengthMismatch
 
 from .api import ReleaseAPI
 from .errors import EngineError
@@ -145,9 +145,9 @@ def _is_shape_error(e: BaseException) -> bool:
 class EnginePool:
     """``PoolWriter`` over the release's ``SWAKVPool``: real routing, real store, real buffers."""
 
-    #: the release's store makes the length check (torch's own shape error): simulator.execute.SharedStep runs
+    #: the release's store makes the length check (torch's own shape error): simulator.core.shared.SharedStep runs
     #: no check of ours in front of it and calls it per layer once for each class of backends whose pools hold
-    #: the same contents (simulator.pool.PoolClasses, through :meth:`clone`), the store's error every member's
+    #: the same contents (simulator.memory.pool.PoolClasses, through :meth:`clone`), the store's error every member's
     store_checks_lengths = True
 
     def __init__(self, api: ReleaseAPI, *, full_size: int, swa_size: int, page_size: int,

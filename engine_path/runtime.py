@@ -66,7 +66,7 @@ class EngineRuntime:
         built: set = set()      # the sizes a pool of this factory was built with
 
         # A pool of sizes already built is built when first used: on the CPU the run keeps one pool per class
-        # of backends (simulator.pool.PoolClasses), so the other backends' pools are never used, and a release
+        # of backends (simulator.memory.pool.PoolClasses), so the other backends' pools are never used, and a release
         # constructor for each of them was most of a short run's time (the first pool still fails at set-up).
 
         def make_pool(full_rows: int, swa_rows: int, skip_index: Optional[int] = None) -> EnginePool:

@@ -3,7 +3,7 @@
 :class:`UnifiedEngineAllocator` drives SGLang 0.5.23's ``UnifiedSWATokenToKVPoolAllocator`` (built by the
 release's own ``init_unified_swa_pools`` on the CPU, with the scenario model's full and SWA layer geometry,
 so the byte budget splits as the engine's would) at the scenario's page size, with the interface
-``simulator/unified_run.py`` expects of :class:`simulator.unified_pool.UnifiedPool`:
+``simulator/plugins/unified.py`` expects of :class:`simulator.memory.unified_pool.UnifiedPool`:
 
 * ``extend`` -> at page size 1 ``alloc(n)``; at page size > 1 ``alloc_decode`` for one token past a non-empty
   prefix, else ``alloc_extend`` (a batch of one request; ``last_loc`` -1 for an empty prefix), as engine_path's
@@ -33,9 +33,9 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from simulator.allocator import OutOfSlots, RequestSlots
-from simulator.prefix_cache import SlotEvent
-from simulator.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND
+from simulator.memory.allocator import OutOfSlots, RequestSlots
+from simulator.memory.events import SlotEvent
+from simulator.memory.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND
 
 from .errors import EngineError
 
@@ -329,7 +329,7 @@ class UnifiedEngineRuntime:
 
     def allocator_factory(self, cfg) -> UnifiedEngineAllocator:
         """The run loop's seam: the scenario's pool config -> the release's allocator over the model's budget."""
-        from simulator.unified_run import model_unified_pool
+        from simulator.plugins.unified import model_unified_pool
 
         budget = model_unified_pool(self.scenario, self.design).budget_bytes
         self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget)
@@ -412,16 +412,16 @@ def _ops(rng, page_size: int, ops: int):
 
 
 def differential(page_size: int, seed: int = 0, ops: int = 400) -> dict:
-    """The same operations (:func:`_ops`) on the model's :class:`~simulator.unified_pool.UnifiedPool` and on the
+    """The same operations (:func:`_ops`) on the model's :class:`~simulator.memory.unified_pool.UnifiedPool` and on the
     release's unified allocator (u1's Gemma-like model, whose unequal entries put the full side's first virtual
     id past the sink floor, on a tight budget): the first operation where the ids handed out, either side's page
     tables, the counts or the ownership events differ (None: identical throughout), and what the run went through."""
     import dataclasses
     from pathlib import Path
 
-    from simulator.designs import load_design
+    from simulator.designs.loading import load_design
     from simulator.scenario import load_scenario
-    from simulator.unified_run import model_unified_pool
+    from simulator.plugins.unified import model_unified_pool
 
     sc = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "u1-unified-swa-table.toml")
     full = 640 if page_size == 1 else 96 * page_size                # tight: refusals and urgent flushes happen

@@ -1,4 +1,4 @@
-"""The report's fault table (--inject, simulator/faults.py): which faults were detected, in which finding
+"""The report's fault table (--inject, simulator/plugins/faults.py): which faults were detected, in which finding
 class, how many steps later. Read from the run directory's faults.jsonl; None when the run injected none."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Why: with the radix cache on (``engine.radix_cache``, docs/SHARING.md) a finding
 story of ownership: a tree node took a slot from the request that wrote it, a tombstone or an eviction
 freed it, a request was given it, and then a free on behalf of someone who no longer held it (R3's stale
 mapping, R7's flush, R8's sink) gave it away under a reader. The run records every slot event and
-allocation of the cache (simulator/prefix_cache.py's ``SlotEvent``s, the scheduler's allocations); the
+allocation of the cache (simulator/scheduling/prefix_cache.py's ``SlotEvent``s, the scheduler's allocations); the
 summary's ``radix.ownership`` holds those that touched the first finding's slot (``SharingScheduler.
 ownership``). This module draws them as one lane per owner (a bar while the owner held the slot, a marker
 where it was given, freed or read) and says in words who held it, who freed it and who was given it.

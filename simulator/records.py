@@ -114,7 +114,7 @@ class StepRecord:
     t_start_ns: int = 0
     t_end_ns: int = 0
     #: engine.overlap: the forward's timeline (barrier, layers, [kind, request, landing point, entries] per
-    #: scheduler write: simulator.timeline.Landing.record); None (and left out of steps.jsonl) otherwise
+    #: scheduler write: simulator.scheduling.timeline.Landing.record); None (and left out of steps.jsonl) otherwise
     timeline: Optional[dict] = None
 
     def to_json(self) -> dict[str, Any]:

@@ -24,20 +24,23 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from .allocator import HybridAllocator, RequestSlots
-from .batch import BatchRequests, BatchTruth, ForwardBatch
-from .designs import Design, HookFailure, design_padding
-from .execute import BackendStep, EagerExecutor, LayerExecutor
-from .observe import ForwardObserver, ForwardView, NullObserver, RunObserver
-from .overlap import overlap_driver
-from .padding_convention import PaddingConvention
-from .pool import PoolWriter
-from .release_model import release_of
-from .records import DRAFT_MODES, FINDING_CLASSES, Finding, LayerInfo, RunInfo, StepRecord
-from .scenario import PoolConfig, Scenario, ScenarioError
-from .scheduler import Scheduler
-from .speculative import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
-from .workload import make_requests
+from simulator.memory.allocator import HybridAllocator, RequestSlots
+from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch
+from simulator.designs.base import Design
+from simulator.designs.checks import HookFailure
+from simulator.designs.loading import design_padding
+from simulator.core.eager import BackendStep, EagerExecutor, LayerExecutor
+from simulator.core.observe import ForwardObserver, ForwardView, NullObserver, RunObserver
+from simulator.plugins.overlap import overlap_driver
+from simulator.engine_model.padding_convention import PaddingConvention
+from simulator.memory.pool import PoolWriter
+from simulator.engine_model.release_model import release_of
+from simulator.records import DRAFT_MODES, FINDING_CLASSES, Finding, LayerInfo, RunInfo, StepRecord
+from simulator.scenario import PoolConfig, Scenario, ScenarioError
+from simulator.scheduling.scheduler import Scheduler
+from simulator.core.sides import DraftPoolFactory, ModelSide, build_draft_side, build_target_side
+from simulator.scheduling.workload import make_requests
+from simulator.core.reads import _ReadCheck
 
 PoolFactory = Callable[[int, int, Optional[int]], PoolWriter]   # (full_rows, swa_rows, skip_index)
 Progress = Callable[[int, int, int], None]                      # (step, finished requests, total requests)
@@ -128,11 +131,11 @@ def make_scheduler(scenario: Scenario, alloc, design: Design, rng: np.random.Gen
     kw = dict(pad_value=pad_value, pad_to_capture=pad_to_capture, release=release_of(design))
     if kind == "radix":
         # issue 12 point 1: the radix cache between the scheduler and the allocator (opt-in)
-        from .sharing_run import SharingScheduler
+        from simulator.scheduling.sharing import SharingScheduler
         return SharingScheduler(scenario, alloc, requests, rng, sharing=getattr(design, "sharing", None), **kw)
     if kind == "pd_decode":
         # a PD decode node: SWA-tail pre-allocation, the transferred KV, the chunk cache's frees
-        from .pd_decode import PDDecodeScheduler
+        from simulator.scheduling.pd_decode import PDDecodeScheduler
         return PDDecodeScheduler(scenario, alloc, requests, rng, sharing=getattr(design, "sharing", None), **kw)
     return Scheduler(scenario, alloc, requests, rng, **kw)
 
@@ -174,14 +177,14 @@ class Run:
         self.mapping = torch.from_numpy(alloc.physical_full_to_swa() if pool_cfg.unified else alloc.full_to_swa)
         if device.type != "cpu":
             self.mapping = self.mapping.to(device)
-        #: pool.unified: the per-forward plan between virtual and physical ids (simulator/unified_run.py)
+        #: pool.unified: the per-forward plan between virtual and physical ids (simulator/plugins/unified.py)
         self.unified = None
         if pool_cfg.unified:
-            from .unified_run import UnifiedPlan
+            from simulator.plugins.unified import UnifiedPlan
             self.unified = UnifiedPlan(self)
-        #: engine.overlap: the timeline driver (simulator/overlap.py; it gives the run a mapping of its own)
+        #: engine.overlap: the timeline driver (simulator/plugins/overlap.py; it gives the run a mapping of its own)
         self.overlap = overlap_driver(self, scenario, release_of(design))
-        #: --inject: the fault injector (simulator/faults.py); None: no faults, no content check
+        #: --inject: the fault injector (simulator/plugins/faults.py); None: no faults, no content check
         self.faults = None
         #: called around each backend forward (observe.ForwardObserver: bench/vs_kv_canary.py's canary)
         self.forward_observer: Optional[ForwardObserver] = None
@@ -274,7 +277,7 @@ class Run:
         self.sync_mapping(truth.mapping_changed)
 
     def write_transfer(self, tr) -> None:
-        """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/pd_decode.py), written
+        """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/scheduling/pd_decode.py), written
         into every pool of every side outside the backends, as the transfer engine writes them: each distinct
         pool once (backends of one pool class share it), every layer of a kind; no write is counted or checked.
         A pool smaller than the slots (a draft pool sized below the target's, B3's mistake) takes the rows it
@@ -413,63 +416,11 @@ class Run:
         return rec
 
 
-_KIND_COUNTS: dict[int, tuple] = {}
-
-
-def _kind_counts(layers) -> dict[str, int]:
-    """Per kind, how many of ``layers`` are of it (made once per layers tuple: a read check is made per forward)."""
-    got = _KIND_COUNTS.get(id(layers))
-    if got is None or got[0] is not layers:
-        got = _KIND_COUNTS[id(layers)] = (layers, {k: sum(1 for li in layers if li.kind == k) for k in ("full", "swa")})
-    return got[1]
-
-
-class _ReadCheck:
-    """One backend forward's read checking: each kind's table against the reference, once per ownership
-    epoch (so once per forward unless a timeline changes ownership between layers)."""
-
-    __slots__ = ("side", "backend", "batch", "truth", "table", "pool", "found", "_epoch", "_reported", "_left")
-
-    def __init__(self, side: ModelSide, backend: str, batch: ForwardBatch, truth: BatchTruth, table, pool):
-        self.side, self.backend, self.batch, self.truth, self.table, self.pool = side, backend, batch, truth, table, pool
-        self.found: list[Finding] = []
-        self._epoch: dict[str, int] = {}
-        self._reported: dict[str, np.ndarray] = {}
-        # per kind, the layers still to run (the count a finding names)
-        self._left = dict(_kind_counts(side.layers))
-
-    def at_layer(self, layer: LayerInfo) -> None:
-        kind = layer.kind
-        if self._epoch.get(kind) != self.side.reference.epoch:
-            self._check(kind, layer.layer, self._left[kind])
-        self._left[kind] -= 1
-
-    def finish(self) -> None:
-        """Kinds no layer hook checked (an executor that does not call it per layer): check them now."""
-        for kind in ("full", "swa"):
-            if kind not in self._epoch and self._left[kind] > 0:
-                first = next(li.layer for li in self.side.layers if li.kind == kind)
-                self._check(kind, first, self._left[kind])
-
-    def _check(self, kind: str, layer: int, n_layers: int) -> None:
-        self._epoch[kind] = self.side.reference.epoch
-        ids = self.table.of(kind)
-        if ids is None:
-            return
-        found, bad = self.side.checker.check_reads(
-            self.batch.step, self.backend, kind, ids, self.batch.requests, self.truth.content_keys,
-            self.pool.rows(kind), layer, n_layers, self._reported.get(kind))
-        if found:
-            self.found.extend(found)
-            prev = self._reported.get(kind)
-            self._reported[kind] = bad if prev is None else np.concatenate([prev, bad])
-
-
 def _model_allocator(scenario: Scenario, design: Design):
     """The modelled allocator of a scenario: the static hybrid pool, or the unified pool (pool.unified)."""
     cfg = scenario.pool
     if cfg.unified:
-        from .unified_run import model_unified_pool
+        from simulator.plugins.unified import model_unified_pool
         return model_unified_pool(scenario, design)
     return HybridAllocator(cfg.full_size, cfg.swa_size, cfg.page_size)
 
@@ -503,7 +454,7 @@ def run_simulation(
     run.forward_observer = forward_observer
     run.obs.on_run_start(run.info)
     if faults is not None:
-        # --inject (simulator/faults.py): not on an overlap timeline, whose step is the driver's
+        # --inject (simulator/plugins/faults.py): not on an overlap timeline, whose step is the driver's
         if run.overlap is not None:
             raise ValueError("--inject is not modelled on an overlap timeline (engine.overlap)")
         run.faults, run._content_seen, run._fault_side = faults, {}, run.target

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from engine_path.errors import EngineError
-from simulator.designs import BUILTIN_DESIGNS, DesignError
+from simulator.designs.catalogue import BUILTIN_DESIGNS
+from simulator.designs.types import DesignError
 from simulator.scenario import BACKENDS, MAX_SEED, ScenarioError
 
 from . import __version__
@@ -122,7 +123,7 @@ def _add_run(sub) -> None:
                    help="stop after N forward steps (N >= 1); a run cut there is marked incomplete, never clean")
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
-                        "faults.jsonl with what detected them; repeatable (simulator/faults.py FAULT_KINDS)")
+                        "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 

@@ -140,7 +140,8 @@ def _known_match(first: Optional[dict], allowed: list[str]) -> Optional[str]:
 
 
 def _default_design(version: str, explicit: Optional[str]) -> str:
-    from simulator.designs import BUILTIN_DESIGNS, DesignError
+    from simulator.designs.catalogue import BUILTIN_DESIGNS
+    from simulator.designs.types import DesignError
 
     if explicit:
         return explicit
@@ -160,7 +161,7 @@ def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, 
     from engine_path.conformance import trace
     from engine_path.errors import EngineError
     from engine_path.releases import parse_spec
-    from simulator.designs import load_design
+    from simulator.designs.loading import load_design
     from simulator.scenario import ScenarioError, load_scenario
 
     spec = parse_spec(engine)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from simulator.designs import BUILTIN_DESIGNS
+from simulator.designs.catalogue import BUILTIN_DESIGNS
 from simulator.records import FINDING_CLASSES
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, load_scenario, parse_scenario, tomllib
-from simulator.toml_write import dumps
+from simulator.scenario.toml_write import dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "scenarios" / "corpus.toml"

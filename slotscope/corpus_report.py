@@ -73,7 +73,7 @@ every backend. A cell shows the finding class seen (the expected one when presen
 
 
 def _view(o: Outcome) -> dict:
-    from simulator.designs import BUILTIN_DESIGNS
+    from simulator.designs.catalogue import BUILTIN_DESIGNS
 
     backends = o.backends
     first = {}

@@ -68,8 +68,8 @@ def check_scenario(scenario, spec=None) -> None:
     node's row free (``ReleaseBehaviour.pd_row_free``: sglang-0.5.23's). The decode node's pre-allocation
     (``alloc_extend_swa_tail``) and finish (``free_kv_row_segments``) then run through the release; the
     mid-2026 node's free paths (the A1 / A2 switches) are the model's only. An installed sglang (no version
-    pinned) is checked once imported, by the scheduler (simulator/pd_decode.py), with the same exit."""
-    from simulator.release_model import release_of
+    pinned) is checked once imported, by the scheduler (simulator/scheduling/pd_decode.py), with the same exit."""
+    from simulator.engine_model.release_model import release_of
     from simulator.run import scheduler_kind
     from simulator.scenario import ScenarioError
 
@@ -116,7 +116,7 @@ def release_model_design(version: str):
     """Our model of the release (``sglang-VERSION``), for the parts of an engine run that stay ours
     (backend metadata beyond the SWA ids, the scheduler's release behaviour); None when slotscope has
     no model of that release (the base backend specs and the mid-2026 behaviour are used then)."""
-    from simulator.designs import BUILTIN_DESIGNS
+    from simulator.designs.catalogue import BUILTIN_DESIGNS
 
     cls = BUILTIN_DESIGNS.get(f"sglang-{version}")
     return None if cls is None else cls()

@@ -9,7 +9,7 @@ sizes and ratio), the overlap timeline (WAR barrier, platform), the radix prefix
 system prompts and multi-turn conversations, and retraction (``engine.reserve = "none"``); fill loads
 whose pools are sized to take every page of the full or the SWA pool (:func:`fit_fill`), and knobs of
 different groups coupled where they only act together (:meth:`Generator.couple`). Each draw
-is TOML data written with :mod:`simulator.toml_write` and read back by ``parse_scenario``: the
+is TOML data written with :mod:`simulator.scenario.toml_write` and read back by ``parse_scenario``: the
 scenario validator decides what is a scenario, and a draw it refuses (or that the scheduler or the
 resource check refuses before the first step) is counted as rejected and never run.
 
@@ -39,9 +39,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from simulator.models import PRESETS
+from simulator.scenario.models import PRESETS
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, parse_scenario
-from simulator.toml_write import dumps
+from simulator.scenario.toml_write import dumps
 
 from .minimize import stalled
 from .rundir import UsageError
@@ -58,7 +58,7 @@ DRAFT_SHARES = ("half", "page-short", "quarter", "same")
 #: the WAR barriers drawn: the design's release decides, or one that orders every scheduler write (an explicit
 #: weaker one, none / loop_top / read_done_after_metadata, fails every design: it is what the W designs model)
 BARRIERS = ("release", "release", "release", "release", "after_launch", "coarse")
-#: backend groups: how each backend builds swa_loc (simulator/backends.py's specs)
+#: backend groups: how each backend builds swa_loc (simulator/engine_model/backends.py's specs)
 BACKEND_GROUP = {"flashinfer": "plan", "triton": "plan-noDE", "flashattention": "plan", "trtllm_mha": "plan-slices",
                  "aiter": "translate", "xpu": "translate", "torch_native": "translate", "musa": "plan"}
 
@@ -658,7 +658,7 @@ def target_of(sc: Scenario, finding):
 
 def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[Scenario, int]:
     """The smallest scenario that still shows the finding (slotscope/minimize.py's search)."""
-    from simulator.designs import load_design
+    from simulator.designs.loading import load_design
 
     from .minimize import Minimizer
 
@@ -702,7 +702,7 @@ def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optiona
     """Search until the first failing scenario or the end of the budget (no outputs written)."""
     import torch
 
-    from simulator.designs import load_design
+    from simulator.designs.loading import load_design
 
     torch.set_num_threads(1)
     load_design(design)                  # a bad --design is bad input before anything runs

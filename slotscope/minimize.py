@@ -38,13 +38,16 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from simulator.designs import BUILTIN_DESIGNS, Design, DesignError, load_design
-from simulator.models import format_pattern
-from simulator.observe import NullObserver
-from simulator.padding import default_decode_capture_sizes, speculative_decode_capture_sizes
+from simulator.designs.catalogue import BUILTIN_DESIGNS
+from simulator.designs.base import Design
+from simulator.designs.types import DesignError
+from simulator.designs.loading import load_design
+from simulator.scenario.models import format_pattern
+from simulator.core.observe import NullObserver
+from simulator.scenario.capture import default_decode_capture_sizes, speculative_decode_capture_sizes
 from simulator.records import Finding
 from simulator.scenario import EngineConfig, Scenario, ScenarioError, SpeculativeConfig, parse_scenario
-from simulator.workload import make_requests
+from simulator.scheduling.workload import make_requests
 
 from .pipeline import UsageError
 
@@ -73,7 +76,7 @@ class _Reproduced(Exception):
     pass
 
 
-#: the scheduler's words for a scenario whose pools can never admit a waiting request (simulator/scheduler.py)
+#: the scheduler's words for a scenario whose pools can never admit a waiting request (simulator/scheduling/scheduler.py)
 STALLED = "scheduler stalled"
 
 

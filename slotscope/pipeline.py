@@ -32,8 +32,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from simulator.designs import Design, load_design
-from simulator.observe import ObserverFanout, RunObserver
+from simulator.designs.base import Design
+from simulator.designs.loading import load_design
+from simulator.core.observe import ObserverFanout, RunObserver
 from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult, run_simulation
 from simulator.scenario import MAX_SEED, Scenario, load_scenario
@@ -88,7 +89,7 @@ class ShapeTimeline:
             self.rows.append((step, backend, kind, loc_len, swa_loc_len))
 
     def on_boundaries(self, rows) -> None:
-        """:meth:`on_boundary` for each row, in order (simulator.observe.boundary_sink); one backend's rows of one
+        """:meth:`on_boundary` for each row, in order (simulator.core.observe.boundary_sink); one backend's rows of one
         step (a ``BackendRows``) are read only up to each kind's first."""
         kind, seen, out = self._kind, self._seen, self.rows
         head = getattr(rows, "head", None)
@@ -204,8 +205,8 @@ class RunOptions:
     engine: Optional[str] = None          # "sglang" / "sglang==VERSION": the release in the write path
     quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
-    inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/faults.py)
-    forward_observer: Any = None          # simulator.observe.ForwardObserver (bench/vs_kv_canary.py)
+    inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/plugins/faults.py)
+    forward_observer: Any = None          # simulator.core.observe.ForwardObserver (bench/vs_kv_canary.py)
 
 
 @dataclass
@@ -321,7 +322,7 @@ class _Setup:
     extra: dict[str, Any]
     opts: RunOptions
     runtime: Any = None                   # engine_path.runtime.EngineRuntime of an engine run
-    faults: Any = None                    # --inject: simulator.faults.FaultInjector
+    faults: Any = None                    # --inject: simulator.plugins.faults.FaultInjector
 
     @property
     def engine(self) -> Optional[dict[str, Any]]:
@@ -424,7 +425,7 @@ def _simulate(su: _Setup, observer: RunObserver, progress: _ProgressTracker) -> 
         executor = CudaGraphExecutor()
     su.extra["cuda_graphs"] = executor is not None
     if su.opts.inject:
-        from simulator.faults import FaultInjector, parse_inject
+        from simulator.plugins.faults import FaultInjector, parse_inject
 
         try:
             kinds = parse_inject(su.opts.inject)
@@ -588,7 +589,7 @@ class _RunWriter:
         t1 = time.perf_counter()
         summary = summary_of(self.su.scenario, self.su.design, result, incomplete, self.su.engine)
         if self.su.faults is not None:
-            # --inject: every fault, and what detected it (simulator/faults.py)
+            # --inject: every fault, and what detected it (simulator/plugins/faults.py)
             summary["faults"] = self.su.faults.summary()
             write_atomic(self.out / "faults.jsonl", self.su.faults.jsonl())
         write_json_atomic(self.out / "summary.json", summary)

@@ -17,10 +17,10 @@ from typing import Optional
 import torch
 
 from cuda_path.pool import estimate_bytes, pool_layout, row_shape, slot_bytes
-from simulator.kvrows import MIN_ROW_WIDTH
-from simulator.models import Model
+from simulator.oracle.kvrows import MIN_ROW_WIDTH
+from simulator.scenario.models import Model
 from simulator.scenario import Scenario, ScenarioError
-from simulator.speculative import draft_model
+from simulator.core.sides import draft_model
 
 GIB = 2**30
 #: set to 1 to skip the comparison with available memory (a VM whose memory grows as it is used, swap)

@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from simulator.scenario import PRESETS, RequestSpec, ScenarioError, load_scenario, parse_scenario, scenario_data
+from simulator.scenario.models import PRESETS
+from simulator.scenario import RequestSpec, ScenarioError, load_scenario, parse_scenario, scenario_data
 
 from .pipeline import UsageError
 
@@ -209,7 +210,7 @@ def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, de
     data["name"] = name
     data["description"] = description
     data["workload"] = {"request": [_request_table(s) for s in specs]}
-    from simulator.toml_write import dumps
+    from simulator.scenario.toml_write import dumps
 
     draft = parse_scenario(dumps(data), f"<replay {name}>")
     text = draft.to_toml(defaults=False)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, load_scenario, parse_scenario
-from simulator.models import PRESETS
+from simulator.scenario.models import PRESETS
 
 from .rundir import UsageError
 
@@ -148,7 +148,8 @@ def _sources(data: dict, path: Path) -> list[tuple[str, Scenario]]:
 
 
 def _runners(data: dict, path: Path) -> list[tuple[str, str]]:
-    from simulator.designs import DesignError, load_design
+    from simulator.designs.types import DesignError
+    from simulator.designs.loading import load_design
 
     out: list[tuple[str, str]] = []
     for i, d in enumerate(_list(data, path, "designs", str)):

@@ -2,8 +2,8 @@
 ``tests/conform_designs.py:ClassName``, in this process and in the release's)."""
 from dataclasses import replace
 
-from simulator.release_designs import SGLang0523
-from simulator.release_model import SGLANG_0_5_23, FreeLists
+from simulator.designs.releases import SGLang0523
+from simulator.engine_model.release_model import SGLANG_0_5_23, FreeLists
 
 
 class LifoAtPage1(SGLang0523):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from simulator.allocator import HybridAllocator, OutOfSlots, RequestSlots
+from simulator.memory.allocator import HybridAllocator, OutOfSlots, RequestSlots
 
 ops = st.lists(
     st.one_of(

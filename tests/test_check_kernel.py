@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from cuda_path.pool import TaggedKVPool
-from simulator.kvrows import tag_lanes
+from simulator.oracle.kvrows import tag_lanes
 
 from helpers import scenario
 

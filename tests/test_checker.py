@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from cuda_path.pool import TaggedKVPool
-from simulator.batch import BatchTruth
-from simulator.checker import Checker, LayerWrite
-from simulator.kvrows import pad_tags
-from simulator.models import KVGeometry, Model
-from simulator.pool import KVLengthMismatch
+from simulator.scheduling.batch import BatchTruth
+from simulator.oracle.checker import Checker, LayerWrite
+from simulator.oracle.kvrows import pad_tags
+from simulator.scenario.models import KVGeometry, Model
+from simulator.memory.pool import KVLengthMismatch
 from simulator.records import Owner
-from simulator.reference import ReferencePool
+from simulator.oracle.reference import ReferencePool
 
 E = np.zeros(0, dtype=np.int64)
 MODEL = Model("t", ("swa", "full"), window=4, full=KVGeometry(1, 16, 16), swa=KVGeometry(1, 16, 16))

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from cuda_path.pool import TaggedKVPool
-from simulator.backends import BACKEND_SPECS, BackendSpec
-from simulator.designs import (GRAPH_RUNNERS, Design, DesignError, KVWriteLoc, SGLangPost29460, SGLangPre24743,
-                               graph_runner, load_design)
-from simulator.padding_convention import DUMMY, PADDING_CONVENTIONS, SKIP_MINUS_1, SLOT0, SLOT0_ABSORB
+from simulator.engine_model.backends import BACKEND_SPECS, BackendSpec
+from simulator.designs import GRAPH_RUNNERS, Design, DesignError, KVWriteLoc, graph_runner, load_design
+from simulator.designs.sglang import SGLangPost29460, SGLangPre24743
+from simulator.engine_model.padding_convention import DUMMY, PADDING_CONVENTIONS, SKIP_MINUS_1, SLOT0, SLOT0_ABSORB
 from simulator.records import FINDING_CLASSES
 from simulator.run import RunResult, run_simulation
 

@@ -32,7 +32,7 @@ def _drive(alloc) -> list:
     """Run :data:`SEQUENCE` on one allocator; each step's (full ids, SWA ids, swa_evicted) and the whole mapping."""
     import numpy as np
 
-    from simulator.allocator import RequestSlots
+    from simulator.memory.allocator import RequestSlots
 
     rows, out = {}, []
     for op in SEQUENCE:
@@ -73,7 +73,7 @@ def run(engine_releases):
 
 
 def test_alloc_extend_swa_tail_gives_the_models_ids(run):
-    from simulator.allocator import HybridAllocator
+    from simulator.memory.allocator import HybridAllocator
 
     model = HybridAllocator(2048, 1024, 16, free_order="head")
     want = _drive(model)

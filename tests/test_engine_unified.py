@@ -4,7 +4,7 @@ scenarios/u2-unified-tombstone-escape.toml (pool.unified, page size 1) runs 70 f
 ``UnifiedSWATokenToKVPoolAllocator`` (engine_path.unified.UnifiedEngineAllocator, built by the release's
 ``init_unified_swa_pools`` on the CPU over the model's byte budget): every allocation, SWA tombstone, free,
 free group, translation and compaction is the release's, and the oracle learns ownership from its page tables.
-The same run on the model (simulator/unified_pool.py) is compared with it: the same virtual ids at every step,
+The same run on the model (simulator/memory/unified_pool.py) is compared with it: the same virtual ids at every step,
 the same live counts after every forward, clean on both, and the same 479 compaction page moves (the release's
 lazy compaction, flushed at each scheduler boundary as the model's is). Under the U1 and U2 designs the release is what
 allocates and translates, so both stay clean: 0.5.23 has both fixes in its own code (its SWA page table
@@ -30,7 +30,7 @@ def _run(sc, design_name, allocator_factory=None, max_steps=None):
     """One run, recording the virtual ids the scheduler handed to each forward."""
     from cuda_path.pool import TaggedKVPool
     from simulator.designs import load_design
-    from simulator.observe import NullObserver
+    from simulator.core.observe import NullObserver
     from simulator.run import run_simulation
 
     design = load_design(design_name)
@@ -82,7 +82,7 @@ def child(u2: str, u1: str) -> dict:
     # the release's own fixes, probed on its allocator: the SWA table spans the virtual ids (U1), and a
     # tombstoned, negative or out-of-range id translates to the sink (U2)
     a = runtimes["sglang-0.5.23-unified"].allocator
-    from simulator.allocator import RequestSlots
+    from simulator.memory.allocator import RequestSlots
     r = RequestSlots(8)
     v = a.extend(r, 4)
     a.evict_swa(r, 2)

@@ -1,4 +1,4 @@
-"""--inject (simulator/faults.py): every kind injects on a small shipped scenario and every fault is detected;
+"""--inject (simulator/plugins/faults.py): every kind injects on a small shipped scenario and every fault is detected;
 the same seed gives byte-identical faults.jsonl."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.faults import FAULT_KINDS, parse_inject
+from simulator.plugins.faults import FAULT_KINDS, parse_inject
 from simulator.scenario import load_scenario
 from slotscope.pipeline import RunOptions, run_scenario
 from slotscope.rundir import UsageError

@@ -8,7 +8,7 @@ import torch
 from cuda_path.graphs import CudaGraphExecutor
 from cuda_path.pool import TaggedKVPool
 from simulator.designs import load_design
-from simulator.observe import NullObserver
+from simulator.core.observe import NullObserver
 from simulator.run import run_simulation
 from simulator.scenario import BACKENDS
 
@@ -111,7 +111,7 @@ def test_out_of_range_on_gpu_is_reported_and_context_survives():
 
 def test_gpu_check_kernel_matches_the_torch_comparison():
     from cuda_path.check_kernel import tag_mismatches
-    from simulator.kvrows import tag_lanes
+    from simulator.oracle.kvrows import tag_lanes
 
     sc = scenario("smoke")
     pool = TaggedKVPool(sc.model, 4096, 2048, device="cuda", store_impl="triton")

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from simulator.scenario import load_scenario, parse_scenario, tomllib
-from simulator.toml_write import dumps
+from simulator.scenario.toml_write import dumps
 from slotscope.cli import main
 
 from helpers import ROOT
@@ -178,7 +178,7 @@ def test_a_candidate_that_stalls_the_scheduler_does_not_reproduce(b2_run, capsys
     import simulator.run as run_mod
     from slotscope.minimize import STALLED
 
-    assert f'RuntimeError("{STALLED}:' in (ROOT / "simulator" / "scheduler.py").read_text()   # the real words
+    assert f'RuntimeError("{STALLED}:' in (ROOT / "simulator" / "scheduling" / "scheduler.py").read_text()   # the real words
     real = run_mod.run_simulation
     calls = []
 

@@ -1,11 +1,11 @@
-"""simulator.observe.boundary_sink: a list of crossings reaches every observer exactly as one on_boundary
+"""simulator.core.observe.boundary_sink: a list of crossings reaches every observer exactly as one on_boundary
 call per row would (ShapeTimeline's own on_boundaries, the fanout, the loop default for observers without one),
 and so does a BackendRows (one backend's rows of one step, made when read)."""
 from __future__ import annotations
 
 import itertools
 
-from simulator.observe import BackendRows, NullObserver, ObserverFanout, boundary_sink
+from simulator.core.observe import BackendRows, NullObserver, ObserverFanout, boundary_sink
 from slotscope.pipeline import ShapeTimeline
 
 
@@ -132,7 +132,7 @@ def test_backend_rows_of_one_kind_only_and_after_plain_rows():
 
 
 def test_evenly_timed_rows_are_the_replays_per_layer_tuples():
-    from simulator.observe import EvenlyTimed
+    from simulator.core.observe import EvenlyTimed
 
     static = tuple((layer, 8, -1 if layer % 2 else 8, "torch.int64", "" if layer % 2 else "torch.int32")
                    for layer in range(6))
@@ -156,7 +156,7 @@ def test_evenly_timed_rows_are_the_replays_per_layer_tuples():
 
 def test_step_runner_queue_keeps_a_lone_batch_and_gives_the_same_rows_and_kinds():
     from cuda_path.step import _call_kinds, _Queue
-    from simulator.observe import EvenlyTimed
+    from simulator.core.observe import EvenlyTimed
     from simulator.records import LayerInfo
 
     layers = tuple(LayerInfo(i, "swa" if i % 2 else "full", i // 2) for i in range(6))

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from cuda_path.pool import TaggedKVPool
-from simulator.allocator import HybridAllocator
+from simulator.memory.allocator import HybridAllocator
 from simulator.designs import Design, load_design
 from simulator.records import PAD_TAG, STATIC_GRAPHS
-from simulator.padding_convention import PADDING_CONVENTIONS
+from simulator.engine_model.padding_convention import PADDING_CONVENTIONS
 from simulator.run import run_simulation
-from simulator.scheduler import Scheduler
-from simulator.workload import make_requests
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import scenario, tiny
 
@@ -57,7 +57,7 @@ def run_keeping_pools(sc, design: Design):
         return pool
 
     result = run_simulation(sc, design, make)
-    # backends whose writes are identical share one physical pool (simulator/pool.py's PoolClasses): the pools
+    # backends whose writes are identical share one physical pool (simulator/memory/pool.py's PoolClasses): the pools
     # the run wrote are the ones holding any row; every backend's contents are one of them
     written = [p for p, rows in pools if bool((p.read_tags("full", torch.arange(rows))[0] != 0).any())]
     assert written, "the run wrote no pool"

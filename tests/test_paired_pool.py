@@ -11,9 +11,9 @@ import torch
 
 from cuda_path.check_kernel import pair_words, tag_mismatches, verdict
 from cuda_path.pool import SECTOR, TaggedKVPool, estimate_bytes
-from simulator.kvrows import TAG_LANES, TAIL_TAG_MIN_WIDTH, decode_tags, encode_rows, tag_lanes
-from simulator.models import PRESETS
-from simulator.pool import clone_pool
+from simulator.oracle.kvrows import TAG_LANES, TAIL_TAG_MIN_WIDTH, decode_tags, encode_rows, tag_lanes
+from simulator.scenario.models import PRESETS
+from simulator.memory.pool import clone_pool
 
 from helpers import scenario
 

@@ -1,13 +1,13 @@
-"""The PD decode node (engine.pd_decode, simulator/pd_decode.py): validation, the SWA-tail length, the transfer's
+"""The PD decode node (engine.pd_decode, simulator/scheduling/pd_decode.py): validation, the SWA-tail length, the transfer's
 ownership in the oracle, and the switches A1 / A2 on its paths (corpus rows A1, A2: tests/test_pinned_counts.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from simulator.batch import BatchTruth, Transfer
-from simulator.pd_decode import swa_tail_len
-from simulator.reference import ReferencePool
+from simulator.scheduling.batch import BatchTruth, Transfer
+from simulator.scheduling.pd_decode import swa_tail_len
+from simulator.oracle.reference import ReferencePool
 from simulator.scenario import ScenarioError, parse_scenario
 
 from helpers import ROOT
@@ -41,7 +41,7 @@ def test_pd_decode_refuses_what_it_does_not_run_with(page, extra, field, words):
 
 def test_pd_decode_parses_and_round_trips():
     from simulator.scenario import scenario_data
-    from simulator.toml_write import dumps
+    from simulator.scenario.toml_write import dumps
 
     sc = parse_scenario(BASE.format(page=16, extra=""), "x.toml")
     assert sc.engine.pd_decode is True and sc.engine.radix_cache is False
@@ -85,7 +85,7 @@ def test_a2_first_divergent_slot_history_shows_the_foreign_free(tmp_path):
 def test_the_mid_2026_decode_node_refuses_an_engine_allocator():
     """The mid-2026 node's free paths (the A1 / A2 switches) are the model's only: another allocator than the
     model's is refused under that release behaviour (0.5.23's row free runs on an engine's: test_engine_pd.py)."""
-    from simulator.pd_decode import PDDecodeScheduler
+    from simulator.scheduling.pd_decode import PDDecodeScheduler
     from simulator.scenario import load_scenario
 
     sc = load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml")
@@ -99,7 +99,7 @@ def test_page_1_allocates_both_pools_for_the_prompt_and_transfers_the_window():
     and the window's SWA slots; the prompt's other SWA slots are allocated (mapped) and evicted later; A1 / A2
     cannot arise: the buggy state runs clean over all 48 requests."""
     from slotscope.pipeline import RunOptions, run_scenario
-    from simulator.allocator import HybridAllocator
+    from simulator.memory.allocator import HybridAllocator
     from simulator.designs import load_design
     from simulator.run import make_scheduler
     from simulator.scenario import load_scenario
@@ -155,8 +155,8 @@ def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
 
     from cuda_path.pool import TaggedKVPool
     from simulator.designs import load_design
-    from simulator.execute import EagerExecutor
-    from simulator.observe import NullObserver
+    from simulator.core.eager import EagerExecutor
+    from simulator.core.observe import NullObserver
     from simulator.run import Run
     from simulator.scenario import load_scenario
 

@@ -130,7 +130,7 @@ PINNED_CORPUS = {
     ("B4", "fixed"): pinned("sglang-pr-29858", steps=104,
         every=(282, {}, None)),
     # The W-series (engine.overlap = true; docs/OVERLAP.md): L 4 (W5: 8) layers, writes = L x forwards on every
-    # backend. The counts are where the seed's landing stream (simulator.timeline.landing_rng) put a mapping clear
+    # backend. The counts are where the seed's landing stream (simulator.scheduling.timeline.landing_rng) put a mapping clear
     # before metadata init (W1, W2, W7: the token's SWA write to slot 0, 2 or 4 padding_slot, one per SWA layer;
     # its window reads through the cleared entry, stale_read) or between trtllm_mha's SWA layers (W5: the late
     # layers' writes to slot 0, padding_slot, and the token's layers disagreeing, torn_write). The fixes: clean.
@@ -275,7 +275,7 @@ def test_path_scenario_counts_are_pinned(key):
 
 
 # A1 (#27779) and A2 (#25805) under the state that had them: a PD decode node of May 2026 (engine.pd_decode,
-# simulator/pd_decode.py; corpus rows A1, A2). A1 lives in the token-level paged free_swa (PrefixCache.
+# simulator/scheduling/pd_decode.py; corpus rows A1, A2). A1 lives in the token-level paged free_swa (PrefixCache.
 # _resolve_tokens, reached through free), A2 in alloc_extend_swa_tail (PrefixCache.extend_swa_tail): the decode
 # node's finish and its pre-allocation call them once per request. On R8's paged radix scenario (no decode node)
 # neither is called: every free there is a segment free.
@@ -283,7 +283,7 @@ A_SWITCH_PATHS = ("_resolve_tokens", "free_swa", "free", "extend_swa_tail")
 
 
 def _count_switch_paths(monkeypatch) -> dict[str, int]:
-    from simulator import prefix_cache
+    from simulator.scheduling import prefix_cache
 
     calls: dict[str, int] = dict.fromkeys(A_SWITCH_PATHS, 0)
     for name in A_SWITCH_PATHS:
@@ -324,7 +324,7 @@ def test_a_switches_are_not_reached_without_a_decode_node(monkeypatch):
     import tomllib
 
     from simulator.scenario import parse_scenario
-    from simulator.toml_write import dumps
+    from simulator.scenario.toml_write import dumps
 
     calls = _count_switch_paths(monkeypatch)
     data = tomllib.loads((ROOT / "scenarios" / "r8-sink-free-list.toml").read_text())

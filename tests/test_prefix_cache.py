@@ -1,4 +1,4 @@
-"""The radix prefix cache (simulator/prefix_cache.py): hand-computed cases for matching, recovery
+"""The radix prefix cache (simulator/scheduling/prefix_cache.py): hand-computed cases for matching, recovery
 (locked and unlocked), grouped frees, release and each bug switch, and a state machine over random
 inserts, matches, evictions and releases that checks the tree + allocator invariants after every step."""
 from __future__ import annotations
@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from simulator.allocator import HybridAllocator, OverFree, RequestSlots
-from simulator.prefix_cache import (ADOPT, AVAILABLE, BUG_SWITCHES, FIXED, FREE, MAP, SGLANG_0_5_23,
-                                    CachedRequest, OwnershipLedger, PrefixCache, bugs_of, with_bug)
+from simulator.memory.allocator import HybridAllocator, OverFree, RequestSlots
+from simulator.memory.events import ADOPT, AVAILABLE, FREE, MAP
+from simulator.engine_model.sharing import BUG_SWITCHES, FIXED, SGLANG_0_5_23, bugs_of, with_bug
+from simulator.scheduling.prefix_cache import CachedRequest, OwnershipLedger, PrefixCache
 
 W = 4          # the sliding window of the hand-computed cases
 
@@ -576,7 +577,7 @@ def test_a_sharing_workload_through_the_cache(page, order):
     prefill, decode with out-of-window frees, finish; later turns after their previous turn): prefixes
     are hit, the ledger fed by the events agrees with the tree, invariants hold throughout."""
     from simulator.scenario import parse_scenario
-    from simulator.workload import make_requests
+    from simulator.scheduling.workload import make_requests
 
     sc = parse_scenario('[model]\npreset = "gpt-oss-20b"\n[pool]\nfull_size = 4096\n[workload]\nrequests = 6\n'
                         'prompt_len = { dist = "uniform", min = 20, max = 60 }\noutput_len = 20\n'

@@ -157,7 +157,7 @@ def test_decode_shortcuts_give_the_general_paths_tables(name):
     from cuda_path.pool import TaggedKVPool
     from cuda_path.step import StepwiseExecutor
     from simulator.designs import load_design
-    from simulator.execute import EagerExecutor
+    from simulator.core.eager import EagerExecutor
     from simulator.run import run_simulation
 
     sc = scenario(name)

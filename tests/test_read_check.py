@@ -189,8 +189,8 @@ class RetranslatePerLayer(Design):
 def run_with_seam(design: Design, before_layer, text: str = ONE):
     """The run loop by hand, with a timeline callback at the seam (Run.before_layer)."""
     from cuda_path.pool import TaggedKVPool
-    from simulator.execute import EagerExecutor
-    from simulator.observe import NullObserver
+    from simulator.core.eager import EagerExecutor
+    from simulator.core.observe import NullObserver
     from simulator.run import Run
 
     sc = tiny(text)
@@ -262,7 +262,7 @@ def test_a_mapping_repointed_before_the_next_metadata_read_is_a_stale_read():
 def test_ownership_changed_between_layers_rechecks_the_later_layers_reads():
     """A timeline free lands before SWA layer 2 of step 5 (pos 12 decoding, window [10, 13)): the slot of
     pos 11 is freed for the oracle; layer 2's reads are checked again and find it; restored before layer 3."""
-    from simulator.batch import BatchTruth
+    from simulator.scheduling.batch import BatchTruth
 
     E = np.zeros(0, dtype=np.int64)
 

@@ -1,11 +1,11 @@
-"""The oracle's device mirror is written when asked for, not at every step (simulator/reference.py):
+"""The oracle's device mirror is written when asked for, not at every step (simulator/oracle/reference.py):
 what it holds when asked equals the host array, whatever the writes, their repeats and their order."""
 import numpy as np
 import torch
 
-from simulator import reference as ref_mod
-from simulator.batch import BatchTruth, Transfer
-from simulator.reference import ReferencePool
+from simulator.oracle import reference as ref_mod
+from simulator.scheduling.batch import BatchTruth, Transfer
+from simulator.oracle.reference import ReferencePool
 
 E = np.zeros(0, dtype=np.int64)
 

@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import simulator.release_designs  # noqa: F401  (registers sglang-0.5.23 even before designs.py imports it)
+
 import simulator.run as run_mod
-from simulator.allocator import HybridAllocator, RequestSlots
-from simulator.release_model import (MID_2026, SGLANG_0_5_23, DpPaddingModes, EvictionContext, FreeLists,
-                                     MaxPadding, ReleaseBehaviour, Sglang0523Eviction, release_of)
-from simulator.scheduler import Scheduler
-from simulator.workload import make_requests
+from simulator.memory.allocator import HybridAllocator, RequestSlots
+from simulator.engine_model.release_model import (MID_2026, SGLANG_0_5_23, DpPaddingModes, EvictionContext,
+                                                  FreeLists, MaxPadding, ReleaseBehaviour, Sglang0523Eviction,
+                                                  release_of)
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import ROOT, simulate, tiny
 
@@ -416,7 +417,7 @@ class _RuleAllocator(HybridAllocator):
     calls: list
 
     def evict_out_of_window(self, slots, prefix_len, window):
-        from simulator.release_model import eviction_end
+        from simulator.engine_model.release_model import eviction_end
 
         self.calls.append((slots.swa_evicted, prefix_len, window))
         self.evict_swa(slots, eviction_end(prefix_len, window, self.page_size))

@@ -19,7 +19,7 @@ from reports.data import load_run
 from reports.explain import first_divergence
 from reports.html import render_report, write_report
 from reports.timeline import step_timeline, timeline_view
-from simulator.timeline import slot_runs
+from simulator.scheduling.timeline import slot_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 

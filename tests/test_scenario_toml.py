@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from simulator.models import PRESETS
+from simulator.scenario.models import PRESETS
 from simulator.scenario import BACKENDS, EngineConfig, ScenarioError, load_scenario, parse_scenario
-from simulator.toml_write import dumps
+from simulator.scenario.toml_write import dumps
 
 from helpers import ROOT
 
@@ -232,7 +232,7 @@ def test_sharing_fields_round_trip_and_token_identity():
 
 
 def test_generated_sharing_is_deterministic_and_leaves_plain_workloads_alone():
-    from simulator.workload import make_requests
+    from simulator.scheduling.workload import make_requests
 
     base = 'name = "g"\n[model]\npreset = "gpt-oss-20b"\n[pool]\nfull_size = 4096\n[workload]\nrequests = 6\n'
     plain = parse_scenario(base + 'arrival = "poisson"\nrate = 0.5\nprompt_len = { dist = "uniform", min = 5, max = 50 }\n')

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.allocator import HybridAllocator
-from simulator.padding import (default_decode_capture_sizes, default_piecewise_capture_sizes,
-                               smallest_capture, speculative_decode_capture_sizes)
-from simulator.scheduler import Scheduler
-from simulator.workload import make_requests
+from simulator.memory.allocator import HybridAllocator
+from simulator.scenario.capture import (default_decode_capture_sizes, default_piecewise_capture_sizes,
+                                        smallest_capture, speculative_decode_capture_sizes)
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import tiny
 

@@ -1,24 +1,24 @@
-"""Runs with the radix cache on (``engine.radix_cache``, issue 12 point 1): simulator/sharing_run.py's
+"""Runs with the radix cache on (``engine.radix_cache``, issue 12 point 1): simulator/scheduling/sharing.py's
 SharingScheduler over scenarios/sharing-system-prompt.toml, exact counts.
 
 The scenario (seed 8): 24 conversations, 55 requests in all, 2 system prompts, page size 1, a small pool.
 Scheduler-only runs (no backends) pin what the cache does; full runs (one backend, read checking on) pin
 what the oracle finds under the fixed design; each bug's shipped scenario (scenarios/r2-..., r3-..., r7-...,
 r8-...) pins what its buggy design gives and that the fix is clean. The designs are registered
-(simulator/radix_designs.py: SGLang 0.5.23 with the cache's switches).
+(simulator/designs/radix.py: SGLang 0.5.23 with the cache's switches).
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from simulator.allocator import HybridAllocator
+from simulator.memory.allocator import HybridAllocator
 from simulator.designs import load_design
-from simulator.prefix_cache import FIXED, SGLANG_0_5_23, with_bug
-from simulator.release_model import release_of
-from simulator.scheduler import Scheduler
-from simulator.sharing_run import SharingScheduler
-from simulator.workload import make_requests
+from simulator.engine_model.sharing import FIXED, SGLANG_0_5_23, with_bug
+from simulator.engine_model.release_model import release_of
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.sharing import SharingScheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import scenario, simulate
 
@@ -45,7 +45,7 @@ def test_the_knob_is_off_by_default_and_on_in_the_sharing_scenario():
 
 def test_the_radix_designs_are_registered_on_0523():
     from simulator.designs import BUILTIN_DESIGNS
-    from simulator.prefix_cache import bugs_of
+    from simulator.engine_model.sharing import bugs_of
     for bug in ("R2", "R3", "R7", "A1", "A2"):
         d = BUILTIN_DESIGNS[f"radix-{bug.lower()}"]()
         assert bugs_of(d.sharing) == (bug,) and d.release.name == load_design("sglang-0.5.23").release.name

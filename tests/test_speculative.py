@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.allocator import HybridAllocator, RequestSlots
-from simulator.padding import speculative_decode_capture_sizes
+from simulator.memory.allocator import HybridAllocator, RequestSlots
+from simulator.scenario.capture import speculative_decode_capture_sizes
 from simulator.records import DRAFT_MODES
 from simulator.scenario import BACKENDS, ScenarioError
-from simulator.scheduler import Scheduler
-from simulator.workload import make_requests
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import scenario, simulate, tiny
 

@@ -1,6 +1,6 @@
 """The CPU speed levers of issue 13 trade no exactness.
 
-The eager executor runs CPU steps on shared pools (simulator/execute.py SharedStep): one physical pool per class
+The eager executor runs CPU steps on shared pools (simulator/core/eager.py SharedStep): one physical pool per class
 of backends whose writes were identical so far, split on the first difference (copy on divergence), the layers
 of a kind that write one target in one store (cuda_path/store.py store_kv_layers_torch), a layer-free
 ``make_write_loc`` asked once per kind. Each test runs the same scenario through that step and through the
@@ -14,11 +14,13 @@ import torch
 
 from cuda_path.pool import TaggedKVPool
 from cuda_path.store import new_error_buffer, store_kv_layers_torch, store_kv_torch
-from simulator.backends import BACKEND_SPECS, BackendBoundary
-from simulator.designs import SGLangPost29460, SGLangPre29460, load_design
-from simulator.execute import EagerExecutor
-from simulator.kvrows import TAG_LANES, encode_rows, set_layer_lane
-from simulator.pool import KVLengthMismatch
+from simulator.engine_model.backends import BACKEND_SPECS
+from simulator.core.boundary import BackendBoundary
+from simulator.designs.sglang import SGLangPost29460, SGLangPre29460
+from simulator.designs import load_design
+from simulator.core.eager import EagerExecutor
+from simulator.oracle.kvrows import TAG_LANES, encode_rows, set_layer_lane
+from simulator.memory.pool import KVLengthMismatch
 from simulator.run import run_simulation
 
 from helpers import scenario

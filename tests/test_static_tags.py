@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from cuda_path.graphs import _StaticTags
-from simulator.kvrows import pad_tags
+from simulator.oracle.kvrows import pad_tags
 
 
 def test_static_tags_hold_pad_tags_after_every_fill():

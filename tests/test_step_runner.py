@@ -9,8 +9,8 @@ import torch
 from cuda_path.pool import TaggedKVPool
 from cuda_path.step import StepwiseExecutor
 from simulator.designs import load_design
-from simulator.execute import EagerExecutor
-from simulator.observe import NullObserver
+from simulator.core.eager import EagerExecutor
+from simulator.core.observe import NullObserver
 from simulator.run import run_simulation
 
 from helpers import scenario
@@ -158,7 +158,7 @@ def _own_and_shared(design, name="smoke", host=True):
 def test_step_runner_writes_once_per_class_of_backends():
     """A clean run: the eight backends stay one class on one pool; each step is written once (one forward
     of the executor, one verdict), not once per backend."""
-    from simulator.designs import SGLangPost29460
+    from simulator.designs.sglang import SGLangPost29460
 
     r, runner, runs = _own_and_shared(SGLangPost29460())
     assert r.total_findings == 0
@@ -195,7 +195,8 @@ def test_base_read_table_from_slots_is_the_base_hooks(name):
     import torch
 
     from cuda_path.step import _base_read_table
-    from simulator.designs import Design, check_read_table
+    from simulator.designs import Design
+    from simulator.designs.checks import check_read_table
     from simulator.run import Run
 
     sc = scenario(name)

@@ -9,7 +9,7 @@ import torch
 
 from cuda_path import step
 from cuda_path.step import _Staging, host_tag_words, stage_layout, stage_pack, stage_views
-from simulator.kvrows import tag_lanes
+from simulator.oracle.kvrows import tag_lanes
 from simulator.records import PAD_TAG
 
 

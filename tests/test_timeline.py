@@ -1,4 +1,4 @@
-"""The overlap scheduler's timeline (simulator/timeline.py, simulator/overlap.py), retraction, and the W-series.
+"""The overlap scheduler's timeline (simulator/scheduling/timeline.py, simulator/plugins/overlap.py), retraction, and the W-series.
 
 docs/OVERLAP.md explains the model; the table of orderings under which each W bug reproduces is
 ``test_orderings_that_reproduce_each_w_bug`` below (and the same table in the doc).
@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from simulator.designs import load_design
-from simulator.execute import EagerExecutor
-from simulator.observe import NullObserver
+from simulator.core.eager import EagerExecutor
+from simulator.core.observe import NullObserver
 from simulator.records import FINDING_CLASSES
 from simulator.run import Run
-from simulator.timeline import (BARRIERS, END_POINT, Journal, SchedWrite, earliest_chooser, landing_rng,
-                                latest_chooser, plan, points, random_chooser, resolve_barrier)
+from simulator.scheduling.timeline import (BARRIERS, END_POINT, Journal, SchedWrite, earliest_chooser, landing_rng,
+                                           latest_chooser, plan, points, random_chooser, resolve_barrier)
 
 from helpers import tiny
 
@@ -344,7 +344,7 @@ def test_chunked_prefill_keeps_the_overlap_guard_so_w1_reaches_no_live_token():
     in-flight chunk still reads, but mid-2026's maybe_evict_swa already guarded that (no eviction for the
     first two extend batches, then against prefix_len - chunked_prefill_size). So every finding is on a
     token SGLang drops; the fixed barrier is clean."""
-    from simulator.release_model import EvictionContext, MidYear2026Eviction
+    from simulator.engine_model.release_model import EvictionContext, MidYear2026Eviction
 
     ev = MidYear2026Eviction()
     on = EvictionContext(window=128, page_size=1, chunked_prefill_size=64, overlap=True)

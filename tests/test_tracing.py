@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from simulator.observe import NullObserver
+from simulator.core.observe import NullObserver
 from simulator.records import Finding, LayerInfo, RunInfo, StepRecord
 from tracing import attributes as A
 from tracing import synthetic as S

@@ -3,7 +3,7 @@
 * A differential (engine_path.unified.differential, in the release's own process): the same random operations
   (admit, grow, evict, truncate, grouped and plain frees, in-flight windows and lazy flushes), then a pressure
   phase that makes the release run its urgent, allocation-time flush, on the model's
-  :class:`~simulator.unified_pool.UnifiedPool` and on the release's ``UnifiedSWATokenToKVPoolAllocator``, at page
+  :class:`~simulator.memory.unified_pool.UnifiedPool` and on the release's ``UnifiedSWATokenToKVPoolAllocator``, at page
   sizes 1 and 16: after every operation the ids handed out, both sides' page tables, the used and available
   counts and the ownership events are identical.
 * ``slotscope conform`` of u1 and u2 at page sizes 1 and 16 (four runs, two at a time): every step conforms, exit 0,

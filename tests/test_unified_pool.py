@@ -1,6 +1,6 @@
-"""The unified pool (simulator/unified_pool.py): a state machine over its virtual / physical invariants at
+"""The unified pool (simulator/memory/unified_pool.py): a state machine over its virtual / physical invariants at
 page sizes 1 and 4, the exact U1 and U2 cases, the write door, and P7's design pair; and ``pool.unified`` in the
-run loop (simulator/unified_run.py): validation, a compacting run that is clean, U2 on the page-table backends,
+run loop (simulator/plugins/unified.py): validation, a compacting run that is clean, U2 on the page-table backends,
 a broken compaction copy caught by the oracle, U1's run ending at the device-side assert."""
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import torch
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from simulator.allocator import OutOfSlots, RequestSlots
-from simulator.backends import BACKEND_SPECS
+from simulator.memory.allocator import OutOfSlots, RequestSlots
+from simulator.engine_model.backends import BACKEND_SPECS
 from simulator.designs import BUILTIN_DESIGNS, BoundaryContext
-from simulator.padding_convention import SLOT0
+from simulator.engine_model.padding_convention import SLOT0
 from simulator.scenario import PoolConfig
-from simulator.unified_pool import (BIND, MOVE, TOMBSTONE, UNBIND, UNIFIED_0_5_23, IndexOutOfRange, PhysicalLoc,
-                                    UnifiedPool, UnmarkedWriteLoc, check_physical_write_loc, unified_bugs_of,
-                                    with_unified_bug)
+from simulator.memory.unified_pool import (BIND, MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, PhysicalLoc, UnifiedPool,
+                                           UnmarkedWriteLoc, check_physical_write_loc)
+from simulator.engine_model.unified import UNIFIED_0_5_23, unified_bugs_of, with_unified_bug
 
 
 # --------------------------------------------------------------------------- the state machine
@@ -358,7 +358,7 @@ def test_unified_run_compacts_and_is_clean_and_u2_escapes_on_page_table_backends
 
 def test_a_broken_compaction_copy_is_caught(monkeypatch):
     """If the pools under test did not get the moved pages' rows, every moved live slot is a stale_read."""
-    import simulator.unified_run as ur
+    import simulator.plugins.unified as ur
 
     orig = ur.UnifiedPlan._move
 

@@ -9,10 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from simulator.allocator import HybridAllocator
-from simulator.release_model import MID_2026, SGLANG_0_5_23
-from simulator.scheduler import Scheduler
-from simulator.workload import make_requests
+from simulator.memory.allocator import HybridAllocator
+from simulator.engine_model.release_model import MID_2026, SGLANG_0_5_23
+from simulator.scheduling.scheduler import Scheduler
+from simulator.scheduling.workload import make_requests
 
 from helpers import tiny
 
@@ -96,8 +96,8 @@ def test_decode_candidates_only_where_they_answer_for_the_decode_point_in_force(
     given its own, is asked about every request)."""
     import numpy as np
 
-    from simulator.release_model import EvictionContext, MidYear2026Eviction
-    from simulator.scheduler import _decode_candidates
+    from simulator.engine_model.release_model import EvictionContext, MidYear2026Eviction
+    from simulator.scheduling.scheduler import _decode_candidates
 
     base = MidYear2026Eviction()
     ctx = EvictionContext(window=4, page_size=1, chunked_prefill_size=64)
@@ -125,8 +125,8 @@ def test_decode_candidates_agree_with_the_mro_formula():
     at or before the one that defines decode_point), over subclasses, mixins, slots classes, instance attributes."""
     import numpy as np
 
-    from simulator.release_model import MidYear2026Eviction, Sglang0523Eviction
-    from simulator.scheduler import _decode_candidates
+    from simulator.engine_model.release_model import MidYear2026Eviction, Sglang0523Eviction
+    from simulator.scheduling.scheduler import _decode_candidates
 
     def formula(eviction):
         fn = getattr(eviction, "decode_candidates", None)

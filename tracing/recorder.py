@@ -62,7 +62,7 @@ class Boundary:
 
 
 class BoundaryRecorder:
-    """A :class:`simulator.observe.RunObserver` that buffers everything for later span emission.
+    """A :class:`simulator.core.observe.RunObserver` that buffers everything for later span emission.
 
     Columns are parallel ``array`` objects indexed by row (one row per ``on_boundary`` call);
     error texts are rare, so they live in a dict keyed by row. Findings are counted per

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-from simulator.observe import NullObserver
+from simulator.core.observe import NullObserver
 from simulator.records import RunInfo
 
 from .levels import OFF, parse_level

@@ -11,7 +11,7 @@ Every hook of simulator.designs.Design is shown; the ones this fix does not chan
 import torch
 
 from simulator.designs import Design, KVWriteLoc
-from simulator.padding_convention import SLOT0
+from simulator.engine_model.padding_convention import SLOT0
 
 
 class StrictSlice(Design):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from simulator.designs import load_design
-from simulator.release_model import MID_2026
+from simulator.engine_model.release_model import MID_2026
 
 Strict = type(load_design("kvwriteloc-strict"))
 

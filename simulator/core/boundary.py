@@ -1,0 +1,157 @@
+"""The attention-backend boundary: where each backend's metadata, static buffers and per-layer write location are made."""
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Optional
+import torch
+from simulator.scheduling.batch import ForwardBatch
+from simulator.designs.types import BoundaryContext, DesignError, KVWriteLoc, ReadTable, graph_runner
+from simulator.designs.base import Design
+from simulator.designs.sglang import SGLangPre29460
+from simulator.designs.checks import call_hook, check_index, check_read_table, check_write_loc
+from simulator.designs.loading import design_padding
+from simulator.records import STATIC_GRAPHS
+from simulator.engine_model.release_model import release_of
+from simulator.scenario import EngineConfig
+from simulator.engine_model.backends import BackendSpec
+
+
+#: ``make_write_loc`` implementations that look at neither the layer nor any state (only at ``loc`` and
+#: ``swa_loc``): one call per kind and forward gives what a call per layer would
+LAYER_FREE_WRITE_LOC = frozenset({Design.make_write_loc, SGLangPre29460.make_write_loc})
+
+
+#: ``read_ids`` implementations that look only at their tensors and ``ctx.window``: backends of a step with
+#: the same window get the same table (one object: the checker checks it once)
+PURE_READ_IDS = frozenset({Design.read_ids})
+
+
+@dataclass(slots=True)
+class ForwardMetadata:
+    """What a backend keeps for one forward: the locations layers will see."""
+
+    layer_loc: torch.Tensor            # out_cache_loc as a layer sees it (narrowed under PCG)
+    swa_loc: torch.Tensor              # metadata.swa_out_cache_loc (padding included)
+    rows: int                          # rows of K and V a layer produces (= len(layer_loc))
+    ctx: BoundaryContext               # the forward's context (layer None)
+    window: bool = True                # window (SWA) indices were built: else SWA layers get loc as swa_loc
+
+
+class BackendBoundary:
+    """One backend of one model side across a run: its design instance, spec and static buffers."""
+
+    def __init__(self, spec: BackendSpec, design: Design, engine: EngineConfig, device: torch.device, *,
+                 side: str = "target", page_size: int = 1, swa_pad: int = 0):
+        self.design = design
+        try:
+            self.spec = design.backend_spec(spec)
+        except Exception as e:
+            raise DesignError(f"design {design.name}: backend_spec({spec.name}) raised {type(e).__name__}: {e}") from e
+        if not isinstance(self.spec, BackendSpec):
+            raise DesignError(f"design {design.name}: backend_spec({spec.name}) returned "
+                              f"{type(self.spec).__name__}, not a BackendSpec")
+        self.padding = design_padding(design)
+        self.engine = engine
+        self.device = device
+        self.side = side
+        self.page_size = page_size
+        self.swa_pad = swa_pad
+        self.window = 0          # the model side's SWA window (set by the run)
+        max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
+        sp = engine.speculative
+        # rows of a graph: one per request, or num_draft_tokens per request for TARGET_VERIFY / DRAFT_EXTEND
+        self.max_rows = max_bs * (sp.num_draft_tokens if sp.enabled else 1)
+        # each graph runner's static buffers, allocated at its first replay and reused like the engine's
+        self._static: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def context(self, batch: ForwardBatch, full_to_swa: Optional[torch.Tensor] = None) -> BoundaryContext:
+        return BoundaryContext(
+            step=batch.step, backend=self.spec.name, side=self.side, mode=batch.mode, graph=batch.graph,
+            runner=graph_runner(batch.mode, batch.graph), page_size=self.page_size,
+            num_token_non_padded=batch.num_token_non_padded, dp_padded_len=batch.dp_padded_len,
+            padded_len=batch.padded_len, spec=self.spec, padding=self.padding, loc_pad=batch.pad_value,
+            swa_pad=self.swa_pad, window=self.window, full_to_swa=full_to_swa)
+
+    def init_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor,
+                      full_to_swa: torch.Tensor) -> ForwardMetadata:
+        """Metadata init of one forward; raises HookFailure when a design hook fails (the forward is skipped).
+
+        ``full_to_swa`` is the live mapping tensor: per-layer hooks see it as ``ctx.full_to_swa``."""
+        ctx = self.context(batch, full_to_swa)
+        if batch.graph in STATIC_GRAPHS:
+            return self._replay_metadata(batch, out_cache_loc, full_to_swa, ctx)
+        real = batch.num_token_non_padded
+        swa = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+        window = batch.graph in self.spec.window_graphs
+        if batch.graph == "piecewise":
+            if self.engine.piecewise_shrink:
+                # each attention layer narrows out_cache_loc (and Q/K/V) to the real token count
+                loc = out_cache_loc[:real]
+            else:
+                # no narrowing: the layer runs on the piece's static buffer, padded to the capture size
+                loc = torch.full((batch.padded_len,), batch.pad_value, dtype=out_cache_loc.dtype, device=self.device)
+                loc[:real] = out_cache_loc[:real]
+            return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
+        # eager DP-padded extends are narrowed per layer too where the release does it (0.5.23)
+        rows = release_of(self.design).eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
+        loc = out_cache_loc if rows is None else out_cache_loc[:rows]
+        return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
+
+    def _swa_ids(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
+        swa = call_hook("translate", self.design.translate, out_cache_loc, full_to_swa, ctx)
+        return check_index(swa, self.device, "translate", "swa_loc")
+
+    def _replay_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor,
+                         ctx: BoundaryContext) -> ForwardMetadata:
+        """A graph runner's replay: the static buffers the backend refreshes, then views of them."""
+        loc_buf, swa_buf = self.static_buffers(batch.graph)
+        padded = batch.padded_len
+        refreshed = self.spec.static_buffers
+        if "loc" in refreshed:
+            call_hook("fill_graph_loc_buffer", self.design.fill_graph_loc_buffer, loc_buf, out_cache_loc, padded, ctx)
+        if "swa_loc" in refreshed:
+            translated = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+            call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
+        return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
+                               window=batch.graph in self.spec.window_graphs)
+
+    def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
+                   extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
+                   shared: Optional[dict] = None) -> ReadTable:
+        """The forward's read ids (metadata init, after the write locations); raises HookFailure when
+        ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids.
+        ``shared``: a step's tables by window, for a design whose ``read_ids`` is one of :data:`PURE_READ_IDS`
+        (computed by the first backend of the step that asks, the same object for the others)."""
+        pure = shared is not None and getattr(self.design.read_ids, "__func__", None) in PURE_READ_IDS
+        table = shared.get(self.window) if pure else None
+        if table is None:
+            table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
+                              meta.ctx)
+            table = check_read_table(table, int(seq_lens.shape[0]), self.device)
+            if pure:
+                shared[self.window] = table
+        if not meta.window and table.full is not None:
+            table = ReadTable(full=table.full, swa=table.full)
+        return table
+
+    def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(loc, swa_loc) static buffers of a graph runner, allocated zeroed at its first replay, then reused."""
+        bufs = self._static.get(graph)
+        if bufs is None:
+            bufs = self._static[graph] = (
+                torch.zeros(self.max_rows, dtype=torch.int64, device=self.device),
+                torch.zeros(self.max_rows, dtype=self.design.graph_swa_dtype, device=self.device))
+        return bufs
+
+    def layer_free_write_loc(self) -> bool:
+        """The design's ``make_write_loc`` is one of :data:`LAYER_FREE_WRITE_LOC` (a layer's result is its kind's)."""
+        return getattr(self.design.make_write_loc, "__func__", None) in LAYER_FREE_WRITE_LOC
+
+    def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
+        """One layer's write location; raises HookFailure when make_write_loc fails or returns a bad index."""
+        loc = meta.layer_loc
+        # without window indices (B4) an SWA layer addresses the SWA pool with the full-pool loc
+        swa: Optional[torch.Tensor] = meta.swa_loc if meta.window or kind != "swa" else loc
+        if self.spec.slices_swa_loc and swa is not None and swa.shape[0] > loc.shape[0]:
+            swa = swa[: loc.shape[0]]
+        wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
+        return check_write_loc(wl, kind, self.device)

@@ -1,0 +1,117 @@
+"""The run loop under the overlap scheduler (``engine.overlap = true``; docs/OVERLAP.md).
+
+:class:`OverlapDriver` pulls the scheduler one decision ahead: before forward k runs, the scheduler
+forms batch k+1, and every mapping write it makes on the way (the frees of requests whose finish the
+previous result showed, out-of-window ``free_swa``, retraction, allocation) is a discrete
+:class:`~simulator.scheduling.timeline.SchedWrite` of a :class:`~simulator.scheduling.timeline.Journal`. The writes go
+through the allocator's interface only (``extend``, ``evict_swa``, ``free``, ``full_to_swa``), so an
+engine's allocator (engine_path's ``EngineAllocator``) serves unchanged.
+
+The backends read a device-visible mapping of the run's own (``Run.mapping``, no longer the
+allocator's array): forward k starts with every write of the decisions before it landed, and each
+write racing forward k lands at the point :func:`~simulator.scheduling.timeline.plan` chose. Every backend runs
+forward k under the same landings: the device mapping's touched entries are put back to their value at
+the forward's start before each backend. The reference pool learns the frees of batch k+1 when step
+k+1 starts, as without overlap (a free moves no K/V).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
+from simulator.records import DRAFT_MODES
+from simulator.scheduling.timeline import (Journal, Landing, SchedWrite, landing_rng, plan, random_chooser,
+                                           resolve_barrier)
+
+
+class OverlapDriver:
+    def __init__(self, run, seed: int, release, engine, chooser=None):
+        self.run = run
+        self.barrier = resolve_barrier(engine.war_barrier, dict(release.war_barriers), engine.platform)
+        self.choose = chooser if chooser is not None else random_chooser(landing_rng(seed))
+        self.journal = Journal(run.alloc)
+        run.scheduler.journal = self.journal
+        # the device-visible mapping: the allocator's values as the GPU has them
+        run.mapping = torch.from_numpy(run.alloc.full_to_swa.copy()).to(run.device)
+        self._pending: dict[int, tuple[Landing, tuple, tuple[int, int]]] = {}
+        self.landings: list[Landing] = []     # every forward's, in order (tests, reports)
+
+    # ------------------------------------------------------------------ the lookahead
+
+    def pairs(self, steps: Iterator[tuple[ForwardBatch, BatchTruth]]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        """The scheduler's forwards, each with the writes the host made while forward k was in flight."""
+        cur = next(steps, None)
+        self._land_all(self.journal.take())        # the first decision races no forward
+        while cur is not None:
+            batch, truth = cur
+            run = self.run
+            # what forward k's metadata init reads of req_to_token, taken before the scheduler runs on
+            read_in = (run._read_inputs(batch.requests)
+                       if run.read_check and batch.requests is not None else None)
+            used = (run.alloc.full_used, run.alloc.swa_used)
+            nxt = next(steps, None)
+            writes = self.journal.take()
+            side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
+            landing = plan(writes, self.barrier, batch.mode, batch.graph, len(side.layers), self.choose)
+            self._pending[batch.step] = (landing, (read_in,), used)
+            yield batch, truth
+            cur = nxt
+
+    # ------------------------------------------------------------------ one forward
+
+    def step(self, batch: ForwardBatch, truth: BatchTruth):
+        run = self.run
+        landing, (read_in,), used = self._pending.pop(batch.step)
+        self.landings.append(landing)
+        t_start = run.now()
+        side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
+        for m in run.sides:
+            m.reference.apply_frees(truth)
+        side.reference.apply_writes(truth)
+        loc = torch.from_numpy(batch.out_cache_loc).to(run.device)
+        tags = torch.from_numpy(truth.tags).to(run.device)
+        rows_cache: dict = {}
+        touched = np.unique(np.concatenate([w.full for w in landing.writes])) if landing.writes else None
+        start = None if touched is None else run.mapping[torch.from_numpy(touched).to(run.device)].clone()
+        position = {li.layer: i for i, li in enumerate(side.layers)}
+        by_point: dict[int, list[SchedWrite]] = {}
+        for w, a in zip(landing.writes, landing.at):
+            by_point.setdefault(a, []).append(w)
+        end = len(landing.pts) - 1
+        saved = run.before_layer
+        for name in side.boundaries:
+            if touched is not None:
+                run.mapping[torch.from_numpy(touched).to(run.device)] = start
+            self._land_range(by_point, 0, 0)                     # before metadata init
+
+            def before_layer(b, backend, layer, _pos=position):
+                i = _pos[layer.layer]
+                if i == 0:
+                    self._land_range(by_point, 1, 2)             # after metadata (in-graph, read-done)
+                else:
+                    self._land_range(by_point, i + 2, i + 2)     # before layer i
+            run.before_layer = before_layer if landing.writes else saved
+            run._backend_forward(side, name, batch, truth, loc, tags, rows_cache, read_in)
+        run.before_layer = saved
+        self._land_range(by_point, 0, end)                       # whatever the last backend left: all of it
+        rec = run._record_step(batch, t_start, timeline=landing.record(), used=used)
+        return rec
+
+    def _land_range(self, by_point: dict[int, list[SchedWrite]], lo: int, hi: int) -> None:
+        for p in range(lo, hi + 1):
+            self._land_all(by_point.get(p, ()))
+
+    def _land_all(self, writes) -> None:
+        mapping, dev = self.run.mapping, self.run.device
+        for w in writes:
+            mapping[torch.from_numpy(w.full).to(dev)] = torch.from_numpy(w.values).to(dev)
+
+
+def overlap_driver(run, scenario, release, chooser=None) -> Optional[OverlapDriver]:
+    """The driver when the scenario runs the overlap scheduler, else None (the sequential loop)."""
+    if not scenario.engine.overlap:
+        return None
+    return OverlapDriver(run, scenario.seed, release, scenario.engine, chooser)

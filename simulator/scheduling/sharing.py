@@ -1,0 +1,363 @@
+"""The scheduler with the radix cache on (``engine.radix_cache = true``; docs/SHARING.md, issue 12 point 1).
+
+:class:`SharingScheduler` is the plain :class:`~simulator.scheduling.scheduler.Scheduler` with a
+:class:`~simulator.scheduling.prefix_cache.PrefixCache` between it and the allocator:
+
+* admission matches the request's prompt (all but its last token) in the tree, takes the matched
+  slots into the request's row and locks them; only the unmatched part is reserved and written. When
+  the pools (the requests' reservations plus what the tree holds) cannot take the rest, the tree
+  evicts (unlocked leaves, then SWA tombstones) before the admission is refused;
+* after each prefill chunk (once its forward ran) ``cache_unfinished``, at the finish
+  ``cache_finished`` (prompt + output - 1 tokens), on retraction ``release``; request-side SWA
+  eviction is ``free_out_of_window``;
+* a conversation's turn k > 1 waits for turn k-1's finish plus its ``think_time``.
+
+The oracle: a slot's expected tag is its token *content* (content ids interned into small tags, so
+two requests writing the same content at the same position write the same tag, and a request that
+matched a prefix reads the tag the prefix's writer wrote). Every :class:`~simulator.memory.events.SlotEvent`
+reaches the step's truth in order: ``free`` ends the slot's liveness (whoever it was freed for: a
+free of a slot someone still reads is what the read check then reports), ``map`` changes the
+expected mapping; the read check's content keys come from the content ids of each (request,
+position).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Optional
+
+import numpy as np
+
+from simulator.memory.allocator import HybridAllocator, OverFree, RequestSlots
+from simulator.scheduling.batch import BatchRequests
+from simulator.engine_model.sharing import FIXED, SharingBehaviour
+from simulator.scheduling.prefix_cache import CachedRequest, PrefixCache
+from simulator.records import Owner
+from simulator.engine_model.release_model import ReleaseBehaviour, eviction_end
+from simulator.scenario import RequestSpec, Scenario, ScenarioError
+from simulator.scheduling.scheduler import Request, Scheduler
+
+#: free causes that are SWA eviction (the slot's last owner was evicted, not finished)
+_EVICTION_CAUSES = ("out_of_window", "tombstone")
+
+
+class SharingScheduler(Scheduler):
+    def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
+                 rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
+                 release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
+        eng = scenario.engine
+        if eng.speculative.enabled or eng.overlap:
+            raise ScenarioError(f"{scenario.source}: engine.radix_cache is not modelled with speculative "
+                                "decoding or the overlap scheduler yet")
+        if not isinstance(allocator, HybridAllocator) and not getattr(allocator, "release_frees", False):
+            raise ScenarioError(f"{scenario.source}: engine.radix_cache runs on the modelled allocator or on an "
+                                "engine allocator that runs the release's free paths (engine_path.allocator)")
+        # later turns wait for the previous turn: hold them back from the arrival queue
+        first = [r for r in requests if r.turn <= 1]
+        self._later = {(r.conversation, r.turn): r for r in requests if r.turn > 1}
+        super().__init__(scenario, allocator, first, rng, pad_value=pad_value, pad_to_capture=pad_to_capture,
+                         release=release)
+        self.total_requests = len(requests)
+        self._check_fits(list(self._later.values()))
+        self.sharing = sharing if sharing is not None else FIXED
+        if eng.cache_linker and not self.sharing.linker_frees_tombstones:
+            # #38519's trigger: an external cache linker frees evicted leaves' SWA side, tombstones included
+            self.sharing = replace(self.sharing, name=f"{self.sharing.name}+cache-linker", linker_frees_tombstones=True)
+        self.cache = PrefixCache(allocator, self.window, self.sharing)
+        self._ready: list[tuple[int, int, RequestSpec]] = []      # (step, order, spec): a turn that may arrive
+        self._creq: dict[int, CachedRequest] = {}
+        self._cached_len: dict[int, int] = {}
+        self._tag_rows: list[np.ndarray] = []                      # per rid: the tag of each position
+        self._intern: dict[int, int] = {}
+        self._tag_owner: list[tuple[int, int]] = [(-1, -1)]        # tag -> (first rid, position)
+        self._batch_rids: list[int] = []
+        self._content_keys = self._keys
+        #: counters for the summary: prefix-hit tokens, tombstones, recoveries, tree evictions
+        self.hit_tokens = 0
+        self.counts: Counter = Counter()
+        #: where the run ended early: the SWA or full allocator's capacity assert (SGLang's
+        #: ``available_size() <= size``), which kills the engine; None when the run ran to its end
+        self.stopped: Optional[dict] = None
+        #: every slot event and allocation, in order: (step, kind, pool, cause, owner, slots, peers); the
+        #: ownership history of the first divergent slot is read from it (:meth:`ownership`)
+        self._log: list[tuple] = []
+
+    # ------------------------------------------------------------------ tags
+
+    def _tags_of(self, rid: int, spec: RequestSpec, total: int) -> np.ndarray:
+        ids = spec.tokens(0, spec.total_len).tolist()
+        out = np.empty(total, dtype=np.int64)
+        intern, owners = self._intern, self._tag_owner
+        for p, cid in enumerate(ids):
+            t = intern.get(cid)
+            if t is None:
+                t = intern[cid] = len(owners)
+                owners.append((rid, p))
+            out[p] = t
+        for p in range(len(ids), total):        # positions past the content (none without extra room)
+            out[p] = len(owners)
+            owners.append((rid, p))
+        return out
+
+    def owner_of(self, tag: int) -> Owner:
+        if tag <= 0 or tag >= len(self._tag_owner):
+            return Owner(tag)
+        rid, pos = self._tag_owner[tag]
+        return Owner(tag, request=rid, position=pos)
+
+    def _keys(self, requests: BatchRequests, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        out = np.zeros(rows.shape[0], dtype=np.int64)
+        for r in np.unique(rows).tolist():
+            m = rows == r
+            out[m] = self._tag_rows[int(requests.rids[r])][positions[m]]
+        return out
+
+    def _batch_requests(self, tags: list) -> BatchRequests:
+        rids = np.asarray(self._batch_rids, dtype=np.int64)
+        self._batch_rids = []
+        slots = tuple(self._slots_by_rid[r] for r in rids.tolist())
+        n = np.fromiter((t.shape[0] for t in tags), dtype=np.int64, count=len(tags))
+        seq = np.fromiter((s.length for s in slots), dtype=np.int64, count=len(slots))
+        return BatchRequests(rids=rids, seq_lens=seq, extend_lens=n, slots=slots,
+                             tag_bases=np.zeros(len(slots), dtype=np.int64))
+
+    # ------------------------------------------------------------------ events -> truth
+
+    def _collect_events(self) -> None:
+        for ev in self.cache.drain_events():
+            self.counts[f"{ev.kind}:{ev.pool}:{ev.cause}"] += 1
+            self._log.append((self._step, ev.kind, ev.pool, ev.cause, None if ev.owner is None else str(ev.owner),
+                              ev.slots, ev.peers))
+            if ev.kind == "free":
+                if ev.pool == "full":
+                    self._freed_full.append(ev.slots)
+                else:
+                    self._freed_swa.append(ev.slots)
+                    if ev.cause.split("@")[0] in _EVICTION_CAUSES:
+                        self._evicted_swa.append(ev.slots)
+            elif ev.kind == "map":
+                self._mapping_changed.append(ev.slots)
+
+    def _make_batch(self, step, mode, num_requests, tags, full, swa, per_request=1, graph_kind=None):
+        self._collect_events()
+        return super()._make_batch(step, mode, num_requests, tags, full, swa, per_request, graph_kind)
+
+    # ------------------------------------------------------------------ turns
+
+    def done(self) -> bool:
+        return super().done() and not self._ready and not self._later
+
+    def _arrive_turns(self) -> None:
+        if not self._ready:
+            return
+        self._ready.sort(key=lambda x: (x[0], x[1]))
+        while self._ready and self._ready[0][0] <= self._step:
+            self.waiting.append(self._ready.pop(0)[2])
+
+    def _turn_finished(self, spec: RequestSpec) -> None:
+        nxt = self._later.pop((spec.conversation, spec.turn + 1), None) if spec.conversation else None
+        if nxt is not None:
+            at = max(nxt.arrival_step, self._step + nxt.think_time)
+            self._ready.append((at, nxt.uid, nxt))
+
+    # ------------------------------------------------------------------ admission and release
+
+    def _tree_held(self) -> tuple[int, int]:
+        full = swa = 0
+        for n in self.cache.nodes.values():
+            full += len(n.full)
+            if n.swa is not None:
+                swa += len(n.swa)
+        return full, swa
+
+    def _short(self, full_need: int, swa_need: int) -> tuple[int, int]:
+        """How many full / SWA slots an admission reserving ``full_need`` / ``swa_need`` is short of (> 0)."""
+        tf, ts = self._tree_held()
+        return (self._full_reserved + tf + full_need - self.alloc.full_size,
+                self._swa_reserved + ts + swa_need - self.alloc.swa_size)
+
+    def _fit(self, creq: CachedRequest, matched: int, total: int,
+             prefill_len: int) -> Optional[tuple[int, int, int]]:
+        """The matched length and the full / SWA reservations of an admission whose match is ``matched``,
+        after evicting the tree for room; None (the match's lock undone) when it does not fit."""
+        need = (total if self.reserve_whole else prefill_len) - matched
+        full_need, swa_need = self._pages(need) * self.page, self._swa_need(need)
+        df, ds = self._short(full_need, swa_need)
+        if df <= 0 and ds <= 0:
+            return matched, full_need, swa_need
+        self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
+        self.counts["evict_calls"] += 1
+        df, ds = self._short(full_need, swa_need)
+        if df <= 0 and ds <= 0:
+            return matched, full_need, swa_need
+        self.cache.release(creq)     # undo the match's lock: nothing of the request's own is held
+        if matched == 0 or self.running:
+            return None
+        # nothing runs: the matched path (locked by this admission only) may be what does not fit
+        # beside the request's own need; admit it computing everything, after evicting the tree
+        self.cache.admit(creq, 0)
+        need = total if self.reserve_whole else prefill_len
+        full_need, swa_need = self._pages(need) * self.page, self._swa_need(need)
+        df, ds = self._short(full_need, swa_need)
+        self.cache.evict(full_tokens=max(df, 0), swa_tokens=max(ds, 0))
+        df, ds = self._short(full_need, swa_need)
+        if df > 0 or ds > 0:
+            self.cache.release(creq)
+            return None
+        self.counts["admit_unmatched"] += 1
+        return 0, full_need, swa_need
+
+    def _try_admit(self, item) -> Optional[Request]:
+        if len(self.running) >= self.sc.engine.max_running_requests:
+            return None
+        retracted = item if isinstance(item, Request) else None
+        spec = item.spec if retracted is not None else item
+        total = spec.prompt_len + spec.output_len + self._extra
+        prefill_len = spec.prompt_len if retracted is None else retracted.prefill_len
+        rid = self._next_rid if retracted is None else retracted.rid
+        slots = RequestSlots(max(total, 1))
+        tag_row = self._tags_of(rid, spec, max(total, 1)) if retracted is None else self._tag_rows[rid]
+        creq = CachedRequest(rid, slots, spec.tokens(0, spec.total_len))
+        fit = self._fit(creq, self.cache.admit(creq, max(prefill_len - 1, 0)).length, total, prefill_len)
+        if fit is None:
+            return None
+        matched, full_need, swa_need = fit
+        self._full_reserved += full_need
+        self._swa_reserved += swa_need
+        self.hit_tokens += matched
+        self._creq[rid] = creq
+        self._cached_len[rid] = matched
+        if retracted is not None:
+            retracted.slots = slots
+            retracted.full_reserve, retracted.swa_reserve = full_need, swa_need
+            retracted.prefilled = matched
+            self._slots_by_rid[rid] = slots
+            return retracted
+        req = Request(rid=rid, spec=spec, slots=slots, tag_base=0, swa_reserve=swa_need, full_reserve=full_need,
+                      lag=self.overlap, prefilled=matched)
+        self._tag_rows.append(tag_row)
+        self._tag_bases.append(0)
+        self._slots_by_rid.append(slots)
+        self._next_rid += 1
+        return req
+
+    def _release(self, req: Request, kind: str = "free") -> None:
+        creq = self._creq.pop(req.rid)
+        if kind == "free":
+            kv_len = min(req.slots.length, req.spec.prompt_len + req.spec.output_len - 1)
+            self.cache.cache_finished(creq, kv_len)
+            self.finished_count += 1
+            self._turn_finished(req.spec)
+        else:
+            self.cache.release(creq)
+        self._full_reserved -= req.full_reserve
+        self._swa_reserved -= req.swa_reserve
+
+    def _retract(self, req: Request) -> None:
+        super()._retract(req)
+        self._cached_len.pop(req.rid, None)
+
+    # ------------------------------------------------------------------ steps
+
+    def steps(self):
+        """The plain scheduler's steps; an over-free (the allocator's capacity assert, which kills SGLang's
+        engine) ends them cleanly, recorded in :attr:`stopped` and the summary, instead of raising."""
+        try:
+            yield from super().steps()
+        except OverFree as e:
+            self._collect_events()
+            self.stopped = {"step": self._step, "class": "over_free", "assert": "available_size() <= size",
+                            "message": str(e)}
+
+    def _schedule(self):
+        self._arrive_turns()
+        # the previous forward's result (process_batch_result_prefill): one free group over its requests
+        # in batch order, a mixed batch's extend requests first (merge_batch): each chunked request's
+        # checkpoint (its out-of-window SWA freed, then its KV so far inserted), then the finishes
+        with self.alloc.free_group(self._grouped):
+            for r in self.running:
+                if not r.finished and not r.prefill_done and r.prefilled > self._cached_len.get(r.rid, 0):
+                    self._checkpoint(r)
+            self._release_finished()
+        yield from super()._schedule()
+
+    def _checkpoint(self, r: Request) -> None:
+        """``checkpoint_into_tree`` of an unfinished request: ``free_out_of_window_slots(req, key - 1)``
+        (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, on by default), then the insert."""
+        creq, L = self._creq[r.rid], r.slots.length
+        if L > 0:
+            margin = -(-max(self.window, self.page) // self.page) * self.page     # ceil_align(max(window, page))
+            self.cache.free_out_of_window(creq, max(L - 1 - margin, 0))
+        self.cache.cache_unfinished(creq, L)
+        self._cached_len[r.rid] = r.prefilled
+
+    def _evict_extend(self, req: Request) -> None:
+        """0.5.23 frees no out-of-window SWA at extend when the cache shares prefixes (prepare_for_extend's
+        ``not supports_prefix_sharing()`` gate): the checkpoint does (:meth:`_checkpoint`)."""
+
+    def _lazy_evict(self, req: Request, prefix_len: int) -> None:
+        end = eviction_end(prefix_len, self.window, self.page)
+        self.cache.free_out_of_window(self._creq[req.rid], end)
+
+    def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
+        s = req.slots
+        start = s.length
+        k = self.alloc.pages_needed(s, n) * self.page
+        if k > self.alloc.full_free or k > self.alloc.swa_free:
+            # alloc_token_slots: the tree evicts (unlocked leaves, then SWA tombstones) before allocating
+            self.cache.evict(full_tokens=max(0, k - self.alloc.full_free), swa_tokens=max(0, k - self.alloc.swa_free))
+            self.counts["evict_calls:alloc"] += 1
+        new_full = self.alloc.extend(s, n)
+        self._collect_events()          # what the tree did before this allocation comes first in the log
+        who = f"request:{req.rid}"
+        self._log.append((self._step, "alloc", "full", "alloc", who, new_full.copy(), None))
+        self._log.append((self._step, "alloc", "swa", "alloc", who, s.swa[start:start + n].copy(), None))
+        tags.append(self._tag_rows[req.rid][start:start + n].copy())
+        full.append(new_full)
+        swa.append(s.swa[start:start + n].copy())
+        self._batch_rids.append(req.rid)
+
+    #: the most events an ownership history keeps (the first ones, and the last ones past the cap)
+    OWNERSHIP_EVENTS = 400
+
+    def ownership(self, pool: str, slot: int) -> list[list]:
+        """Every event that touched ``slot`` of ``pool`` in order, as [step, kind, cause, owner, peer]:
+        ``alloc`` (given to a request), ``adopt`` (a tree node holds it), ``free`` (given up on behalf of
+        the owner named), ``available`` (in the free list), ``lock`` / ``unlock`` (a request reads it),
+        ``map`` (a full id now maps to it, or, for a full slot, to ``peer``)."""
+        out: list[list] = []
+        for step, kind, p, cause, owner, slots, peers in self._log:
+            if kind == "map" and pool == "swa":
+                # a full id re-pointed at this slot (a mapping cleared to 0 is no news for the sink)
+                hit = np.flatnonzero(peers == slot) if peers is not None and slot != 0 else ()
+                out += [[step, "map", cause, owner, int(slots[i])] for i in hit[:1]]
+            elif p == pool and np.any(slots == slot):
+                peer = int(peers[np.flatnonzero(slots == slot)[0]]) if peers is not None else None
+                out.append([step, kind, cause, owner, peer])
+        cap = self.OWNERSHIP_EVENTS
+        return out if len(out) <= cap else out[:cap // 2] + out[-cap // 2:]
+
+    def ownership_summary(self, findings: Optional[list]) -> dict:
+        """``{"ownership": ...}``: the history of the first finding's slot (the first divergent slot), or {}."""
+        first = next((f for f in findings or () if f.slot >= 0 and f.kind in ("full", "swa")), None)
+        if first is None:
+            return {}
+        hist = self.ownership(first.kind, first.slot)
+        return {"ownership": {"pool": first.kind, "slot": int(first.slot), "step": int(first.step),
+                              "backend": first.backend, "class": first.cls, "message": first.message[:300],
+                              "truncated": len(hist) == self.OWNERSHIP_EVENTS and len(self._log) > 0,
+                              "events": hist}}
+
+    def summary(self, findings: Optional[list] = None) -> dict:
+        """What the summary's ``radix`` entry holds: prefix-hit tokens, SWA tombstones made, recoveries
+        over a tombstone, tree leaves evicted, every event count by kind:cause, where the run stopped
+        (``stopped``, an over-free) and, given the run's findings, the ``ownership`` history of the first
+        finding's slot (the first divergent slot): reports/ownership.py draws it."""
+        c = self.counts
+        out = {} if self.stopped is None else {"stopped": dict(self.stopped)}
+        out.update(self.ownership_summary(findings))
+        return {**out, "hit_tokens": self.hit_tokens,
+                "tombstones": c["free:swa:tombstone"] + c["free:swa:tombstone@flush"],
+                "recoveries": c["adopt:swa:recover"] + c["adopt:swa:recover_locked"],
+                "evicted_leaves": c["free:full:evict_leaf"],
+                "events": dict(sorted(c.items()))}
