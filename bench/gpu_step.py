@@ -190,16 +190,18 @@ def _profile(sc, top: int, out) -> int:
 
 #: (module, class, method): the host phases --phases times (inclusive: a phase's time holds the phases it calls)
 PHASES = [("cuda_path.step", "GpuStepRunner", m) for m in (
-    "__call__", "_groups", "_plans", "_read_table", "_signatures", "_stage", "_mirror", "_device_meta", "_forward",
-    "_launch_verdicts", "_calls", "_read_verdicts", "_deliver")] + [
+    "truth", "plan", "write", "verdict", "_groups", "_plans", "_read_table", "_signatures", "_stage", "_device_meta",
+    "_forward", "_calls", "_findings")] + [("cuda_path.verdicts", "DeviceVerdicts", m) for m in (
+    "mirror", "begin", "launch", "read", "verdict")] + [
     ("cuda_path.read_cache", "IncrementalReads", "note_step"), ("cuda_path.read_cache", "IncrementalReads", "table"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_decode"), ("cuda_path.graphs", "CudaGraphExecutor", "_run_piecewise"),
     ("cuda_path.graphs", "CudaGraphExecutor", "_run_grouped"), ("simulator.oracle.reference", "ReferencePool", "apply_writes"),
-    ("simulator.oracle.reference", "ReferencePool", "apply_frees"), ("cuda_path.step", "_Staging", "put"),
-    ("cuda_path.step", "GpuStepRunner", "_begin_verdicts"), ("cuda_path.step", "GpuStepRunner", "_verdict"),
-    ("simulator.run", "Run", "_record_step"), ("simulator.engine_model.backends", "BackendBoundary", "init_metadata")] + [
-    ("cuda_path.step", None, f) for f in ("host_tag_words", "stage_views", "stage_pack", "_copy_all", "_put_rows",
-                                          "_plan_by_kind", "_observations", "_padded_expected")]
+    ("simulator.oracle.reference", "ReferencePool", "apply_frees"), ("cuda_path.staging", "Staging", "put"),
+    ("simulator.core.delivery", None, "deliver"), ("simulator.core.run", "Run", "record_step"),
+    ("simulator.core.boundary", "BackendBoundary", "init_metadata")] + [
+    ("cuda_path.step", None, f) for f in ("host_tag_words", "copy_all", "put_rows", "plan_by_kind", "observations_of",
+                                          "padded_expected")] + [
+    ("cuda_path.staging", None, f) for f in ("stage_views", "stage_pack")]
 
 
 def _timed(fn, acc: list):
@@ -246,20 +248,20 @@ def _phases(sc, runs: int) -> int:
         accs[f"{cls or mod}.{name}"] = acc = [0.0, 0]
         saved.append((owner, name, fn))
         setattr(owner, name, _timed(fn, acc))
-    by_graph: dict[str, list] = {}          # the runner's step time by the batch's graph path
-    from cuda_path.step import GpuStepRunner
-    call = GpuStepRunner.__dict__["__call__"]
+    by_graph: dict[str, list] = {}          # a step's time (the pipeline's) by the batch's graph path
+    from simulator.core.pipeline import StepPipeline
+    call = StepPipeline.__dict__["step"]
 
-    def per_graph(self, run, batch, truth):
+    def per_graph(self, batch, truth):
         t0 = time.perf_counter()
         try:
-            return call(self, run, batch, truth)
+            return call(self, batch, truth)
         finally:
             acc = by_graph.setdefault(batch.graph, [0.0, 0])
             acc[0] += time.perf_counter() - t0
             acc[1] += 1
-    saved.append((GpuStepRunner, "__call__", call))
-    GpuStepRunner.__call__ = per_graph
+    saved.append((StepPipeline, "step", call))
+    StepPipeline.step = per_graph
     accs["Scheduler.steps (each next)"] = sacc = [0.0, 0]
     saved.append((Scheduler, "steps", Scheduler.__dict__["steps"]))
     Scheduler.steps = _timed_steps(Scheduler.__dict__["steps"], sacc)
@@ -275,10 +277,10 @@ def _phases(sc, runs: int) -> int:
             for k, acc in accs.items():
                 per[k].append((acc[0], acc[1]))
     finally:
-        for owner, name, fn in reversed(saved):     # (the last wrapped first: __call__ is wrapped twice)
+        for owner, name, fn in reversed(saved):     # (the last wrapped first)
             setattr(owner, name, fn)
     total = statistics.median(totals)
-    print("# the runner's steps by graph path (the last run): " + ", ".join(
+    print("# the pipeline's steps by graph path (the last run): " + ", ".join(
         f"{g} {n} steps {1e6 * t / max(n, 1):.0f} us each ({t:.3f} s)" for g, (t, n) in by_graph.items()))
     print(f"# host phases, median of {runs} timed runs (runs {', '.join(f'{t:.2f}' for t in totals)} s)")
     for k, v in per.items():

@@ -52,8 +52,8 @@ def one(job: tuple) -> dict:
     from cuda_path.pool import TaggedKVPool
     from simulator.designs import load_design
     from simulator.core.eager import EagerExecutor
-    from simulator.core.observe import NullObserver
-    from simulator.run import Run
+    from simulator.plugins.overlap import OverlapDriver
+    from simulator.run import make_run
     from simulator.scenario import load_scenario
 
     torch.set_num_threads(1)
@@ -67,18 +67,18 @@ def one(job: tuple) -> dict:
     def make(full_rows, swa_rows, skip):
         return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", skip_index=skip)
 
-    run = Run(sc, load_design(design), make, device=torch.device("cpu"), observer=NullObserver(),
-              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    run = make_run(sc, load_design(design), make, executor=EagerExecutor())
+    overlap = run.plugin(OverlapDriver)
     c = _chooser(choose)
     if c is not None:
-        run.overlap.choose = c
+        overlap.choose = c
     steps = []
-    for batch, truth in run.overlap.pairs(run.scheduler.steps()):
+    for batch, truth in run.stream():
         run.step(batch, truth)
         steps.append(batch.step)
     res = run.result()
-    landing = dict(zip(steps, run.overlap.landings))
-    pts = run.overlap.landings[0].pts if run.overlap.landings else ()
+    landing = dict(zip(steps, overlap.landings))
+    pts = overlap.landings[0].pts if overlap.landings else ()
     counts = {b: {k: n for k, n in s.findings.items() if n} for b, s in res.backends.items()}
     whose = {"live": 0, "dropped": 0, "no request": 0}
     for f in res.findings:
@@ -90,12 +90,12 @@ def one(job: tuple) -> dict:
         gone = {w.rid for w in ld.writes if w.kind in ("free", "retract")} if ld is not None else set()
         whose["dropped" if rid in gone else "live"] += 1
     first = {b: s.first_finding for b, s in res.backends.items()}
-    return {"scenario": scen, "design": design, "barrier": run.overlap.barrier, "choose": choose,
+    return {"scenario": scen, "design": design, "barrier": overlap.barrier, "choose": choose,
             "point": _point_name(choose, pts),
             "steps": len(res.steps), "counts": counts, "whose": whose,
             "first": {b: (f.step, f.layer, f.cls) if f is not None else None for b, f in first.items()},
             "retractions": run.scheduler.retractions,
-            "writes": sum(len(ld.writes) for ld in run.overlap.landings)}
+            "writes": sum(len(ld.writes) for ld in overlap.landings)}
 
 
 def _point_name(choose: str, pts) -> str:

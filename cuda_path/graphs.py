@@ -30,26 +30,22 @@ from typing import Optional
 
 import torch
 
-from simulator.oracle.checker import LayerWrite
-from simulator.designs.base import Design
-from simulator.designs.sglang import SGLangPre29460
-from simulator.core.eager import BackendStep, EagerExecutor, loc_shapes, prepare_write, rows_for
-from simulator.oracle.kvrows import TAG_LANES, encode_rows
+from simulator.core.eager import EagerExecutor
 from simulator.core.observe import BackendRows, EvenlyTimed, boundary_sink
-from simulator.records import PAD_TAG
+from simulator.core.writes import BackendStep, loc_shapes, prepare_write, rows_for
+from simulator.designs.base import declared
 from simulator.memory.pool import KVLengthMismatch
+from simulator.oracle.checker import LayerWrite
+from simulator.oracle.kvrows import TAG_LANES, encode_rows
+from simulator.records import PAD_TAG
 
 from .pool import TaggedKVPool
-
-
-#: ``make_write_loc`` implementations that look only at ``loc`` and ``swa_loc`` (not at the layer, the
-#: context or any state): one call per kind and forward gives what a call per layer gives
-LAYER_FREE_WRITE_LOC = frozenset({Design.make_write_loc, SGLangPre29460.make_write_loc})
+from .step import GpuStepRunner
 
 
 def _layer_free(design) -> bool:
-    return getattr(type(design), "make_write_loc", None) in LAYER_FREE_WRITE_LOC \
-        and "make_write_loc" not in getattr(design, "__dict__", {})
+    """The design's ``make_write_loc`` is declared ``layer_free`` (simulator.designs.base.declare)."""
+    return declared(design.make_write_loc, "layer_free")
 
 
 @contextlib.contextmanager
@@ -162,17 +158,15 @@ class CudaGraphExecutor:
             return self._run_piecewise(s)
         return self._run_grouped(s, {})
 
-    def run_step(self, run, batch, truth):
-        """A whole step (cuda_path.step.GpuStepRunner) when the run is on CUDA; None: the run's own step."""
-        if run.device.type != "cuda" or not all(isinstance(p, TaggedKVPool) for m in run.sides
-                                                for p in m.pools.values()):
-            return None
+    @property
+    def stepwise(self):
+        """The whole-step executor (cuda_path.step.GpuStepRunner) of CUDA runs on Triton-store pools, made on first
+        use; the pipeline asks it to take each step."""
         if self.steps is None:
-            from .step import GpuStepRunner
             # a proxy: no reference cycle, so a finished run's graphs are freed at once, never by a
             # garbage collection that could fall inside a later capture
-            self.steps = GpuStepRunner(weakref.proxy(self))
-        return self.steps(run, batch, truth)
+            self.steps = GpuStepRunner(weakref.proxy(self), require_cuda=True, pool_type=TaggedKVPool)
+        return self.steps
 
     # ------------------------------------------------------------------ decode graphs
 

@@ -25,7 +25,7 @@ from simulator.oracle.kvrows import (MIN_ROW_WIDTH, TAG_LANES, TAIL_TAG_MIN_WIDT
                                      row_dtype, set_layer_lane, tag_lanes)
 from simulator.scenario.models import Model
 
-from .store import STORE_IMPLS, new_error_buffer, store_kv, store_kv_layers_torch
+from .store import STORE_IMPLS, new_error_buffer, store_kv_layers_torch, store_kv_torch
 
 GEOMETRIES = ("real", "compact")
 LAYOUTS = ("split", "paired")
@@ -134,6 +134,33 @@ def estimate_bytes(model: Model, full_rows: int, swa_rows: int, geometry: str = 
     rows = {"full": full_rows, "swa": swa_rows}
     return pools * sum(model.count(kind) * rows[kind] * slot_bytes(model, kind, geometry, layout)
                        for kind in ("full", "swa"))
+
+
+def store_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    skip_index: Optional[int],
+    err: torch.Tensor,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
+    impl: str = "torch",
+) -> None:
+    """One layer's store through the chosen implementation (``torch``, cuda_path/store.py; or ``triton``,
+    cuda_path/triton_store.py, imported on first use)."""
+    if impl == "torch":
+        store_kv_torch(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
+                       k_scale=k_scale, v_scale=v_scale)
+    elif impl == "triton":
+        from .triton_store import store_kv_triton
+
+        store_kv_triton(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
+                        k_scale=k_scale, v_scale=v_scale)
+    else:
+        raise ValueError(f"unknown store impl {impl!r}; choose one of {', '.join(STORE_IMPLS)}")
 
 
 class TaggedKVPool:

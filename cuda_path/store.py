@@ -24,7 +24,7 @@ import torch
 
 from simulator.memory.pool import KVLengthMismatch, check_lengths
 
-__all__ = ["KVLengthMismatch", "NO_POSITION", "STORE_IMPLS", "new_error_buffer", "check_lengths", "store_kv",
+__all__ = ["KVLengthMismatch", "NO_POSITION", "STORE_IMPLS", "new_error_buffer", "check_lengths",
            "store_kv_torch", "store_kv_layers_torch"]
 
 #: Sentinel stored in err[1] while no out-of-range index was seen.
@@ -172,29 +172,3 @@ def _stacked(x: torch.Tensor, stamps: torch.Tensor, lane: int) -> torch.Tensor:
     out = x.unsqueeze(0).expand(n_layers, *x.shape).contiguous()
     out.view(n_layers, n, -1)[:, :, lane] = stamps[:, None].to(x.dtype)
     return out.view(n_layers * n, *x.shape[1:])
-
-
-def store_kv(
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    loc: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    skip_index: Optional[int],
-    err: torch.Tensor,
-    k_scale: Optional[float] = None,
-    v_scale: Optional[float] = None,
-    impl: str = "torch",
-) -> None:
-    """Dispatch to the chosen implementation (``torch`` or ``triton``)."""
-    if impl == "torch":
-        store_kv_torch(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
-                       k_scale=k_scale, v_scale=v_scale)
-    elif impl == "triton":
-        from .triton_store import store_kv_triton
-
-        store_kv_triton(k_cache, v_cache, loc, k, v, skip_index=skip_index, err=err,
-                        k_scale=k_scale, v_scale=v_scale)
-    else:
-        raise ValueError(f"unknown store impl {impl!r}; choose one of {', '.join(STORE_IMPLS)}")

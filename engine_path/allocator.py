@@ -43,7 +43,12 @@ from .pool import build_swa_pool
 
 
 class EngineAllocator:
-    """``HybridAllocator``'s interface over the release's SWA allocator."""
+    """``HybridAllocator``'s interface (simulator.memory.protocols.SlotAllocator) over the release's SWA allocator."""
+
+    @property
+    def source(self) -> str:
+        """Whose code this is (run.json's ``sources.allocator``): the release's."""
+        return f"{self.api.info.name} {self.api.info.version}"
 
     def __init__(self, api: ReleaseAPI, full_size: int, swa_size: int, page_size: int = 1, *,
                  need_sort: bool = False, device: str = "cpu", kvcache=None):

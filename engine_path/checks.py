@@ -142,7 +142,11 @@ def shared_step_run(path: str) -> dict:
     from .runtime import EngineRuntime
 
     class OwnSteps(EagerExecutor):
-        run_step = None
+        """The eager executor without its shared-pool step: every step per forward."""
+
+        def __init__(self):
+            super().__init__()
+            self.stepwise = None
 
     api = load()
     sc = load_scenario(path)
@@ -163,7 +167,7 @@ def shared_step_run(path: str) -> dict:
                                  allocator_factory=rt.allocator_factory)
             classes = None
             if how == "shared":
-                (_, pc), = executor.shared._classes.values()
+                (_, pc), = executor.stepwise._classes.values()
                 groups: dict[int, list[str]] = {}
                 for name, cid in pc.of.items():
                     groups.setdefault(cid, []).append(name)

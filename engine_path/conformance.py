@@ -92,14 +92,14 @@ def _side(o: dict, sc, model_design, info: dict):
         if unified:
             from .unified import UnifiedEngineAllocator
 
-            return UnifiedEngineAllocator(sc.model, pc, model_unified_pool(sc, model_design).budget_bytes), model_design
+            return UnifiedEngineAllocator(sc.model, pc, model_unified_pool(sc, model_design.release.unified_pool).budget_bytes), model_design
         # the parts that stay ours (backend metadata beyond the SWA ids, the boundary's eager narrowing)
         # come from the model design on this side too
         rt = EngineRuntime(api, model=model_design)
         return rt.allocator_factory(pc), rt.design
     info["side"] = "model"
     if unified:
-        return model_unified_pool(sc, model_design), model_design
+        return model_unified_pool(sc, model_design.release.unified_pool), model_design
     return HybridAllocator(pc.full_size, pc.swa_size, pc.page_size), model_design
 
 
@@ -153,7 +153,8 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     # the scenario's own scheduler (the run's choice, simulator.run.make_scheduler) where both sides can run it;
     # the scheduler's decisions are the model design's on both sides
     kind = scheduler_kind(sc)
-    sched = make_scheduler(sc, alloc, model_design, rng, pad.pad_value, pad.convention.dummy_request, kind=kind)
+    sched = make_scheduler(sc, alloc, model_design.release, rng, pad.pad_value, pad.convention.dummy_request,
+                           kind=kind)
     info["scheduler"] = type(sched).__name__
     steps, info["stopped"], info["swa_ids"] = _records(sc, design, alloc, sched, pad, o.get("max_steps"))
     info["radix"] = _radix_summary(sched)

@@ -55,7 +55,7 @@ class EngineDesign(Design):
         #: ours (window graphs, own slicing) and the release behaviour the boundary asks (eager
         #: narrowing) come from it; None: the base spec, the engine "as it is" (B4 open), mid-2026
         self.model = model
-        if model is not None and getattr(model, "release", None) is not None:
+        if model is not None:
             self.release = model.release
         self.name = f"sglang-{api.info.version}"
         #: the release's graph static-buffer refresh, where it runs on a CPU (shared by every copy)

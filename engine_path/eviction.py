@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from simulator.memory.allocator import RequestSlots
 
-from .allocator import EngineAllocator
 from .errors import EngineError
+
+if TYPE_CHECKING:
+    from .allocator import EngineAllocator
 
 
 class _ReqToTokenView:

@@ -74,9 +74,12 @@ def build_unified(model, budget_bytes: int, page_size: int = 1, lazy_compaction:
 
 
 class UnifiedEngineAllocator:
-    """The run loop's unified-pool interface over the release's ``UnifiedSWATokenToKVPoolAllocator``."""
+    """The run loop's unified-pool interface (simulator.memory.protocols.UnifiedAllocator) over the release's
+    ``UnifiedSWATokenToKVPoolAllocator``."""
 
     free_order = "engine"
+    #: whose code this is (run.json's ``sources.allocator``; its runtime names the release)
+    source = "engine"
 
     def __init__(self, model, pool_cfg, budget_bytes: int):
         self.page_size = p = pool_cfg.page_size
@@ -331,8 +334,9 @@ class UnifiedEngineRuntime:
         """The run loop's seam: the scenario's pool config -> the release's allocator over the model's budget."""
         from simulator.plugins.unified import model_unified_pool
 
-        budget = model_unified_pool(self.scenario, self.design).budget_bytes
+        budget = model_unified_pool(self.scenario, self.design.release.unified_pool).budget_bytes
         self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget)
+        self.allocator.source = f"{self.api.info.name} {self.api.info.version}"
         return self.allocator
 
     def describe(self) -> dict:
@@ -426,7 +430,7 @@ def differential(page_size: int, seed: int = 0, ops: int = 400) -> dict:
     sc = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / "u1-unified-swa-table.toml")
     full = 640 if page_size == 1 else 96 * page_size                # tight: refusals and urgent flushes happen
     sc = dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, full_size=full, page_size=page_size))
-    pool = model_unified_pool(sc, load_design("sglang-0.5.23"))
+    pool = model_unified_pool(sc, load_design("sglang-0.5.23").release.unified_pool)
     eng = UnifiedEngineAllocator(sc.model, sc.pool, pool.budget_bytes)
     rng = np.random.default_rng(seed)
     sides: tuple[list, list] = ([], [])

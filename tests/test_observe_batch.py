@@ -155,7 +155,7 @@ def test_evenly_timed_rows_are_the_replays_per_layer_tuples():
 
 
 def test_step_runner_queue_keeps_a_lone_batch_and_gives_the_same_rows_and_kinds():
-    from cuda_path.step import _call_kinds, _Queue
+    from cuda_path.observations import ObservationQueue as _Queue, call_kinds as _call_kinds
     from simulator.core.observe import EvenlyTimed
     from simulator.records import LayerInfo
 

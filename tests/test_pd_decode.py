@@ -107,7 +107,7 @@ def test_page_1_allocates_both_pools_for_the_prompt_and_transfers_the_window():
     sc = _at_page(load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml").with_overrides(
         backends=("triton",)), 1)
     alloc = HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1)
-    sched = make_scheduler(sc, alloc, load_design("sglang-0.5.23"), np.random.default_rng(sc.seed), 0, False)
+    sched = make_scheduler(sc, alloc, load_design("sglang-0.5.23").release, np.random.default_rng(sc.seed), 0, False)
     for batch, truth in sched.steps():
         tr = truth.transferred
         if tr is not None and tr.full_slots.size >= 400:
@@ -156,8 +156,7 @@ def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
     from cuda_path.pool import TaggedKVPool
     from simulator.designs import load_design
     from simulator.core.eager import EagerExecutor
-    from simulator.core.observe import NullObserver
-    from simulator.run import Run
+    from simulator.run import make_run
     from simulator.scenario import load_scenario
 
     sc = load_scenario(ROOT / "scenarios" / "a2-pd-decode-swa-tail.toml").with_overrides(backends=("triton",))
@@ -166,8 +165,7 @@ def test_the_transfer_writes_its_rows_into_every_pool_of_both_sides():
         return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", geometry="compact", store_impl="torch",
                             skip_index=skip)
 
-    run = Run(sc, load_design("pd-decode-post-25805"), make, device=torch.device("cpu"), observer=NullObserver(),
-              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    run = make_run(sc, load_design("pd-decode-post-25805"), make, executor=EagerExecutor())
     for batch, truth in run.scheduler.steps():      # up to the first transfer of a long prompt (a non-tail part)
         run.step(batch, truth)
         tr = truth.transferred

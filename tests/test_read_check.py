@@ -187,21 +187,30 @@ class RetranslatePerLayer(Design):
 
 
 def run_with_seam(design: Design, before_layer, text: str = ONE):
-    """The run loop by hand, with a timeline callback at the seam (Run.before_layer)."""
+    """The run loop by hand, with a timeline's callback at the layer seam: a plug-in whose ``before_layer`` hook
+    lands the scheduler's writes between a forward's layers (as the overlap timeline's does)."""
     from cuda_path.pool import TaggedKVPool
     from simulator.core.eager import EagerExecutor
-    from simulator.core.observe import NullObserver
-    from simulator.run import Run
+    from simulator.core.plugins import StepPlugin
+    from simulator.run import make_run
 
     sc = tiny(text)
 
     def make(full_rows, swa_rows, skip):
         return TaggedKVPool(sc.model, full_rows, swa_rows, geometry="compact", skip_index=skip)
 
-    run = Run(sc, design, make, device=torch.device("cpu"), observer=NullObserver(), executor=EagerExecutor(),
-              make_draft_pool=None, info_extra={}, version="0")
-    run.before_layer = lambda batch, backend, layer: before_layer(run, batch, backend, layer)
-    for batch, truth in run.scheduler.steps():
+    class Seam(StepPlugin):
+        name = "test-seam"
+
+        def interleaves(self, ctx, f):
+            return True
+
+        def before_layer(self, ctx, f, layer):
+            before_layer(ctx.run, ctx.batch, f.name, layer)
+
+    run = make_run(sc, design, make, executor=EagerExecutor())
+    run.install(Seam())
+    for batch, truth in run.stream():
         run.step(batch, truth)
     return run.result()
 

@@ -85,7 +85,7 @@ def both(design, sc="smoke"):
 
 
 def classes(executor) -> list[list[str]]:
-    (_, pc), = executor.shared._classes.values()
+    (_, pc), = executor.stepwise._classes.values()
     out: dict[int, list[str]] = {}
     for name, cid in pc.of.items():
         out.setdefault(cid, []).append(name)

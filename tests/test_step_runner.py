@@ -77,14 +77,19 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
         assert runner.verdict_reads == len(own.steps) and runner.exact_checks == 0
 
 
-def test_step_runner_leaves_fault_injection_to_the_runs_own_step():
+def test_step_runner_leaves_fault_injection_to_the_per_forward_grain():
+    """A plug-in that acts between backends (fault injection) is not stepwise: the runner declines its steps."""
+    from simulator.plugins.faults import FaultInjector
+    from simulator.run import make_run
+
+    sc = scenario("smoke")
+    make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
     ex = StepwiseExecutor(EagerExecutor())
-
-    class _Run:
-        faults = object()
-        before_layer = None
-
-    assert ex.run_step(_Run(), None, None) is None
+    for faults, takes in ((None, True), (FaultInjector({"drop_write": 1.0}, sc.seed), False)):
+        run = make_run(sc, load_design(sc.design), make, executor=ex, faults=faults)
+        assert run.pipeline.stepwise is ex.runner
+        batch, truth = next(run.stream())
+        assert ex.runner.takes(run.pipeline.begin(batch, truth)) is takes
 
 
 class _GroupedOnCpu:
@@ -189,20 +194,19 @@ def test_step_runner_reports_a_bug_on_one_layer_of_one_backend_there_alone():
 
 @pytest.mark.parametrize("name", ["smoke", "b1-pcg-dp-padding"])
 def test_base_read_table_from_slots_is_the_base_hooks(name):
-    """cuda_path.step._base_read_table (no dense req_to_token) gives Design.read_ids' table: same values, dtypes."""
+    """cuda_path.plans.base_read_table (no dense req_to_token) gives Design.read_ids' table: same values, dtypes."""
     import dataclasses
 
     import torch
 
-    from cuda_path.step import _base_read_table
+    from cuda_path.plans import base_read_table as _base_read_table
     from simulator.designs import Design
     from simulator.designs.checks import check_read_table
-    from simulator.run import Run
+    from simulator.run import make_run
 
     sc = scenario(name)
     make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
-    run = Run(sc, load_design(sc.design), make, device=torch.device("cpu"), observer=NullObserver(),
-              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    run = make_run(sc, load_design(sc.design), make, executor=EagerExecutor())
     boundary = next(iter(run.target.boundaries.values()))
     checked = 0
     for batch, truth in run.scheduler.steps():
@@ -281,11 +285,13 @@ class _UnsharingStepwise(StepwiseExecutor):
             assert all(p.twin is None and p.meta.ctx.backend == p.name and p.meta.ctx.spec is p.boundary.spec
                        and p.meta.layer_loc.device.type == "cpu" for p in twins)
         self.runner._twin_metas = counted
+        takes = self.runner.takes
 
-    def run_step(self, run, batch, truth):
-        if batch.step == self.at:
-            self.runner._unshare(run)
-        return super().run_step(run, batch, truth)
+        def unshared_at(ctx):
+            if ctx.batch.step == self.at:
+                self.runner._unshare(ctx.run)
+            return takes(ctx)
+        self.runner.takes = unshared_at
 
 
 @pytest.mark.parametrize("name, design", [("b1-pcg-dp-padding", "sglang-pre-29460"), ("smoke", None)])

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from cuda_path import step
-from cuda_path.step import _Staging, host_tag_words, stage_layout, stage_pack, stage_views
+from cuda_path import tag_words as step
+from cuda_path.staging import Staging, stage_layout, stage_pack, stage_views
+from cuda_path.tag_words import host_tag_words
 from simulator.oracle.kvrows import tag_lanes
 from simulator.records import PAD_TAG
 
@@ -71,13 +72,13 @@ def test_staged_bytes_give_each_array_back_in_its_dtype():
 
 
 def test_staging_off_cuda_is_the_host_arrays():
-    _check(_Staging().put(_arrays(), torch.device("cpu")), _arrays())
+    _check(Staging().put(_arrays(), torch.device("cpu")), _arrays())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_staging_on_cuda_is_one_copy_per_put_in_each_dtype():
-    staging, dev = _Staging(), torch.device("cuda")
-    for rep in range(2 * _Staging.RING + 1):         # the ring wraps: each buffer filled again after its copy
+    staging, dev = Staging(), torch.device("cuda")
+    for rep in range(2 * Staging.RING + 1):         # the ring wraps: each buffer filled again after its copy
         arrays = [a + rep if a.dtype != np.bool_ else a for a in _arrays()]
         got = staging.put(arrays, dev)
         assert all(t.device.type == "cuda" for t in got)
@@ -86,13 +87,13 @@ def test_staging_on_cuda_is_one_copy_per_put_in_each_dtype():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_staging_records_an_event_only_for_a_copy_no_read_waited_for():
-    staging, dev = _Staging(), torch.device("cuda")
-    for rep in range(2 * _Staging.RING + 1):         # a read after each copy (the runner's verdict read): no event
+    staging, dev = Staging(), torch.device("cuda")
+    for rep in range(2 * Staging.RING + 1):         # a read after each copy (the runner's verdict read): no event
         arrays = [a + rep if a.dtype != np.bool_ else a for a in _arrays()]
         got = staging.put(arrays, dev)
         _check(got, arrays)                          # (reads the device: waits for the copy)
         staging.synced()
-    assert staging._events == [None] * _Staging.RING
+    assert staging._events == [None] * Staging.RING
     first = staging.put(_arrays(), dev)              # no read after it: the next put marks it with an event
     second = staging.put([a + 1 if a.dtype != np.bool_ else a for a in _arrays()], dev)
     assert sum(e is not None for e in staging._events) == 1

@@ -16,12 +16,8 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
-from cuda_path.store import (  # noqa: E402
-    NO_POSITION,
-    KVLengthMismatch,
-    new_error_buffer,
-    store_kv,
-)
+from cuda_path.pool import store_kv  # noqa: E402
+from cuda_path.store import NO_POSITION, KVLengthMismatch, new_error_buffer  # noqa: E402
 
 triton_store = pytest.importorskip("cuda_path.triton_store")
 

@@ -15,9 +15,9 @@ import torch
 
 from simulator.designs import load_design
 from simulator.core.eager import EagerExecutor
-from simulator.core.observe import NullObserver
 from simulator.records import FINDING_CLASSES
-from simulator.run import Run
+from simulator.plugins.overlap import OverlapDriver
+from simulator.run import make_run
 from simulator.scheduling.timeline import (BARRIERS, END_POINT, Journal, SchedWrite, earliest_chooser, landing_rng,
                                            latest_chooser, plan, points, random_chooser, resolve_barrier)
 
@@ -150,14 +150,12 @@ def _run(sc, design: str, chooser=None, setup=None):
     def make(full_rows, swa_rows, skip):
         return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", skip_index=skip)
 
-    run = Run(sc, load_design(design), make, device=torch.device("cpu"), observer=NullObserver(),
-              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    run = make_run(sc, load_design(design), make, executor=EagerExecutor())
     if chooser is not None:
-        run.overlap.choose = chooser
+        run.plugin(OverlapDriver).choose = chooser
     if setup is not None:
         setup(run)
-    source = run.scheduler.steps() if run.overlap is None else run.overlap.pairs(run.scheduler.steps())
-    for batch, truth in source:
+    for batch, truth in run.stream():
         run.step(batch, truth)
     return run, run.result()
 
@@ -239,8 +237,7 @@ def test_retraction_releases_requeues_and_prefills_again():
     def make(full_rows, swa_rows, skip):
         return TaggedKVPool(sc.model, full_rows, swa_rows, device="cpu", skip_index=skip)
 
-    run = Run(sc, load_design("sglang-post-33587"), make, device=torch.device("cpu"), observer=NullObserver(),
-              executor=EagerExecutor(), make_draft_pool=None, info_extra={}, version="0")
+    run = make_run(sc, load_design("sglang-post-33587"), make, executor=EagerExecutor())
     sch = run.scheduler
     seen = []
     orig = sch._retract
@@ -297,11 +294,11 @@ def test_same_seed_gives_byte_identical_run_files_under_overlap(tmp_path):
 
 
 def _landing_points(run) -> list[tuple]:
-    return [tuple(ld.at) for ld in run.overlap.landings]
+    return [tuple(ld.at) for ld in run.plugin(OverlapDriver).landings]
 
 
 def _writes(run) -> list[tuple]:
-    return [(w.kind, w.rid, w.full.tolist(), w.values.tolist()) for ld in run.overlap.landings for w in ld.writes]
+    return [(w.kind, w.rid, w.full.tolist(), w.values.tolist()) for ld in run.plugin(OverlapDriver).landings for w in ld.writes]
 
 
 def test_different_landing_seeds_give_different_orders_of_the_same_writes():
@@ -328,7 +325,7 @@ def _live_and_dropped(run, res) -> tuple[int, int]:
     """Findings on a request whose free (its finish, seen one batch late) or retraction races that very
     forward (SGLang drops that token's output) vs on any other request."""
     gone = {rec.step: {w.rid for w in ld.writes if w.kind in ("free", "retract")}
-            for rec, ld in zip(res.steps, run.overlap.landings)}
+            for rec, ld in zip(res.steps, run.plugin(OverlapDriver).landings)}
     live = dropped = 0
     for f in res.findings:
         if f.expected.request in gone[f.step]:
@@ -375,7 +372,7 @@ overlap = true
 """)
     run, res = _run(sc, "sglang-pre-26380", earliest_chooser)
     assert len(res.steps) == 98
-    assert sum(1 for ld in run.overlap.landings for w in ld.writes if w.kind == "free_swa") == 25
+    assert sum(1 for ld in run.plugin(OverlapDriver).landings for w in ld.writes if w.kind == "free_swa") == 25
     assert _counts(res) == {b: {"padding_slot": 12, "stale_read": 768} for b in ("flashinfer", "trtllm_mha")}
     assert _live_and_dropped(run, res) == (0, 1560)
     assert not any(_counts(_run(sc, "sglang-post-33587", earliest_chooser)[1]).values())

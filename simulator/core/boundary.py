@@ -1,28 +1,27 @@
-"""The attention-backend boundary: where each backend's metadata, static buffers and per-layer write location are made."""
+"""The attention-backend boundary: where each backend's metadata, static buffers and per-layer write location
+are made, and the seam where the source of a backend's behaviour plugs in.
+
+A :class:`BackendSource` makes one :class:`Boundary` per (backend, model side): the model's
+(:class:`ModelBackends`: each backend's :class:`~simulator.engine_model.backends.BackendSpec` run by a
+:class:`BackendBoundary`) or, in engine mode, a release's own backends. The executors call a boundary only
+through :class:`Boundary`.
+"""
 from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
+
 import torch
-from simulator.scheduling.batch import ForwardBatch
-from simulator.designs.types import BoundaryContext, DesignError, KVWriteLoc, ReadTable, graph_runner
-from simulator.designs.base import Design
-from simulator.designs.sglang import SGLangPre29460
+
+from simulator.designs.base import Design, declared
 from simulator.designs.checks import call_hook, check_index, check_read_table, check_write_loc
 from simulator.designs.loading import design_padding
-from simulator.records import STATIC_GRAPHS
+from simulator.designs.types import BoundaryContext, DesignError, KVWriteLoc, ReadTable, graph_runner
+from simulator.engine_model.backends import BACKEND_SPECS, BackendSpec
 from simulator.engine_model.release_model import release_of
+from simulator.records import STATIC_GRAPHS
 from simulator.scenario import EngineConfig
-from simulator.engine_model.backends import BackendSpec
-
-
-#: ``make_write_loc`` implementations that look at neither the layer nor any state (only at ``loc`` and
-#: ``swa_loc``): one call per kind and forward gives what a call per layer would
-LAYER_FREE_WRITE_LOC = frozenset({Design.make_write_loc, SGLangPre29460.make_write_loc})
-
-
-#: ``read_ids`` implementations that look only at their tensors and ``ctx.window``: backends of a step with
-#: the same window get the same table (one object: the checker checks it once)
-PURE_READ_IDS = frozenset({Design.read_ids})
+from simulator.scheduling.batch import ForwardBatch
 
 
 @dataclass(slots=True)
@@ -119,9 +118,9 @@ class BackendBoundary:
                    shared: Optional[dict] = None) -> ReadTable:
         """The forward's read ids (metadata init, after the write locations); raises HookFailure when
         ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids.
-        ``shared``: a step's tables by window, for a design whose ``read_ids`` is one of :data:`PURE_READ_IDS`
-        (computed by the first backend of the step that asks, the same object for the others)."""
-        pure = shared is not None and getattr(self.design.read_ids, "__func__", None) in PURE_READ_IDS
+        ``shared``: a step's tables by window, for a design whose ``read_ids`` is declared ``pure`` (computed by
+        the first backend of the step that asks, the same object for the others)."""
+        pure = shared is not None and declared(self.design.read_ids, "pure")
         table = shared.get(self.window) if pure else None
         if table is None:
             table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
@@ -143,8 +142,8 @@ class BackendBoundary:
         return bufs
 
     def layer_free_write_loc(self) -> bool:
-        """The design's ``make_write_loc`` is one of :data:`LAYER_FREE_WRITE_LOC` (a layer's result is its kind's)."""
-        return getattr(self.design.make_write_loc, "__func__", None) in LAYER_FREE_WRITE_LOC
+        """The design's ``make_write_loc`` is declared ``layer_free`` (a layer's result is its kind's)."""
+        return declared(self.design.make_write_loc, "layer_free")
 
     def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
         """One layer's write location; raises HookFailure when make_write_loc fails or returns a bad index."""
@@ -155,3 +154,50 @@ class BackendBoundary:
             swa = swa[: loc.shape[0]]
         wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
         return check_write_loc(wl, kind, self.device)
+
+
+class Boundary(Protocol):
+    """What the executors ask of one backend of one model side across a run (:class:`BackendBoundary` is the
+    model's)."""
+
+    design: Design           # its own instance of the run's design
+    spec: BackendSpec        # the backend as the engine runs it (after the design's ``backend_spec``)
+    window: int              # the side's SWA window (set by the run)
+
+    def context(self, batch: ForwardBatch, full_to_swa: Optional[torch.Tensor] = None) -> BoundaryContext: ...
+
+    def init_metadata(self, batch: ForwardBatch, out_cache_loc: torch.Tensor,
+                      full_to_swa: torch.Tensor) -> ForwardMetadata: ...
+
+    def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
+                   extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
+                   shared: Optional[dict] = None) -> ReadTable: ...
+
+    def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc: ...
+
+    def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def layer_free_write_loc(self) -> bool: ...
+
+
+class BackendSource(Protocol):
+    """Where each backend's behaviour comes from; ``name`` is run.json's ``sources.backends``."""
+
+    name: str
+
+    def boundary(self, backend: str, design: Design, engine: EngineConfig, device: torch.device, *, side: str,
+                 page_size: int, swa_pad: int) -> Boundary: ...
+
+
+class ModelBackends:
+    """The model's backends: each one's :data:`~simulator.engine_model.backends.BACKEND_SPECS` entry."""
+
+    name = "model"
+
+    def __init__(self, specs: Optional[dict[str, BackendSpec]] = None):
+        self.specs = BACKEND_SPECS if specs is None else specs
+
+    def boundary(self, backend: str, design: Design, engine: EngineConfig, device: torch.device, *, side: str,
+                 page_size: int, swa_pad: int) -> BackendBoundary:
+        return BackendBoundary(self.specs[backend], design, engine, device, side=side, page_size=page_size,
+                               swa_pad=swa_pad)

@@ -1,10 +1,11 @@
 """The read check of one backend forward: each layer kind's read table against the oracle, once per ownership epoch."""
 from __future__ import annotations
-import numpy as np
-from simulator.scheduling.batch import BatchTruth, ForwardBatch
-from simulator.records import Finding, LayerInfo
-from simulator.core.sides import ModelSide
 
+import numpy as np
+
+from simulator.core.sides import ModelSide
+from simulator.records import Finding, LayerInfo
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
 
 _KIND_COUNTS: dict[int, tuple] = {}
 
@@ -17,7 +18,7 @@ def _kind_counts(layers) -> dict[str, int]:
     return got[1]
 
 
-class _ReadCheck:
+class ReadCheck:
     """One backend forward's read checking: each kind's table against the reference, once per ownership
     epoch (so once per forward unless a timeline changes ownership between layers)."""
 

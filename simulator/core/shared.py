@@ -1,56 +1,58 @@
 """Whole steps on the CPU's shared pools: one write per class of backends whose pools hold the same contents."""
 from __future__ import annotations
+
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
+
 import torch
-from simulator.scheduling.batch import ForwardBatch
-from simulator.oracle.checker import LayerWrite
-from simulator.designs.checks import HookFailure
-from simulator.oracle.kvrows import pad_tags
+
+from simulator.core.context import Forward, StepContext
+from simulator.core.delivery import count_writes
+from simulator.core.pipeline import plan_forward, truth_phase
+from simulator.core.writes import dtype_name, prepare_write_at
 from simulator.memory.pool import KVLengthMismatch, PoolClasses, PoolWriter, check_lengths
-from simulator.records import DRAFT_MODES, StepRecord
-from simulator.core.eager import dtype_name, prepare_write_at
+from simulator.oracle.checker import LayerWrite
+from simulator.oracle.kvrows import pad_tags
 
 
 @dataclass(slots=True)
-class _Forward:
-    """One backend's forward of a step between its layers (phase 1) and its findings (phase 3)."""
+class _Plan:
+    """What the shared step keeps of one backend's forward between its plan and its verdict."""
 
-    name: str
-    writes: Optional[list[LayerWrite]] = None
-    failure: Optional[tuple] = None            # (HookFailure, boundary): a per-forward hook failed
-    reads: object = None                       # run._ReadCheck, or None
-    calls: object = field(default_factory=list)   # the boundary observations (_observations), with the findings
     signature: tuple = ()
     #: a pool whose store checks lengths itself (``store_checks_lengths``): the rows each layer's store gets
     rows: Optional[int] = None
+    #: its boundary observations (a list, or (per kind, layers, time) where every layer of a kind is alike)
+    calls: object = field(default_factory=list)
+    #: its group's first backend (the one that writes and runs the checker)
+    lead: str = ""
 
 
 class SharedStep:
-    """A step on the CPU as the run's own step makes it, with the same findings, counts and observations in
+    """A step on the CPU as the per-forward grain makes it, with the same findings, counts and observations in
     the same order, but each write made once for every backend whose pool holds the same contents:
 
-    1. per backend in order: metadata init and read ids (the design's hooks), then per layer the read check
-       and the write location (a design whose ``make_write_loc`` looks at no layer is asked once per kind,
-       :data:`~simulator.core.boundary.LAYER_FREE_WRITE_LOC`); the store's length check; nothing is stored yet;
-    2. the backends of each pool class (:class:`~simulator.memory.pool.PoolClasses`) with the same writes (the same
-       targets by value, the same failures) form a group; a class whose members differ splits (copy on
-       divergence); each group's pool takes its writes once, the layers of a kind that write one target
-       in one store (``store_layers``); a pool whose store checks lengths itself (``store_checks_lengths``, a
-       release's own pool: engine_path.pool.EnginePool) gets no length check of ours in phase 1 and each layer's
-       store once per group, with the forward's own rows, its error (its own text) every member's
-       (:func:`_store_checked`);
-    3. per backend in order: its observations, then its findings: the first of a group runs the checker, the
-       others take its findings under their own name (same pool, same writes: the same findings).
+    * plan: per backend in order, metadata init and read ids (the design's hooks), then per layer the read
+      check and the write location (a ``make_write_loc`` declared ``layer_free`` is asked once per kind); the
+      store's length check; nothing is stored yet;
+    * write: the backends of each pool class (:class:`~simulator.memory.pool.PoolClasses`) with the same writes
+      (the same targets by value, the same failures) form a group; a class whose members differ splits (copy on
+      divergence); each group's pool takes its writes once, the layers of a kind that write one target in one
+      store (``store_layers``); a pool whose store checks lengths itself (``store_checks_lengths``, a release's
+      own pool: engine_path.pool.EnginePool) gets no length check of ours in the plan and each layer's store
+      once per group, with the forward's own rows, its error (its own text) every member's
+      (:func:`_store_checked`);
+    * verdict: the first of a group runs the checker, the others take its findings under their own name (same
+      pool, same writes: the same findings); the pipeline delivers them, backend by backend.
 
-    Steps it does not model return None (the run's own step): another device, fault injection, an overlap
-    timeline, the unified pool, a forward observer."""
+    It takes a step only on the CPU, where every plug-in is stepwise and every pool shares writes."""
 
     def __init__(self) -> None:
         self._classes: dict[int, tuple[object, PoolClasses]] = {}
         self.canon = _Canonical()
         self._writes: dict[tuple, list[LayerWrite]] = {}    # a step's by-kind writes, by signature
+        self._plans: dict[str, _Plan] = {}
 
     def classes(self, side) -> PoolClasses:
         got = self._classes.get(id(side))
@@ -58,97 +60,87 @@ class SharedStep:
             got = self._classes[id(side)] = (side, PoolClasses(side.pools))
         return got[1]
 
-    def __call__(self, run, batch: ForwardBatch, truth) -> Optional[StepRecord]:
-        if (run.device.type != "cpu" or run.faults is not None or run.before_layer is not None
-                or getattr(run, "unified", None) is not None or getattr(run, "forward_observer", None) is not None
-                or any(not getattr(p, "shared_writes", True) for p in run.target.pools.values())):
-            return None     # (a pool with shared_writes False stores per backend)
-        t_start = run.now()
+    # ------------------------------------------------------------------ the phases
+
+    def takes(self, ctx: StepContext) -> bool:
+        run = ctx.run
+        # (a pool with shared_writes False stores per backend)
+        return (run.device.type == "cpu" and run.plugins.stepwise
+                and all(getattr(p, "shared_writes", True) for p in run.target.pools.values()))
+
+    def truth(self, ctx: StepContext) -> None:
+        truth_phase(ctx)
+
+    def plan(self, ctx: StepContext) -> None:
         self.canon.reset()
         self._writes.clear()
-        side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
-        run._apply_truth(side, truth)
-        loc = torch.from_numpy(batch.out_cache_loc)
-        tags = torch.from_numpy(truth.tags)
-        read_in = run._read_inputs(batch.requests) if run.read_check and batch.requests is not None else None
+        self._plans = {}
         tables: dict = {}
-        forwards = [self._forward(run, side, name, batch, truth, loc, read_in, tables) for name in side.boundaries]
-        classes = self.classes(side)
-        groups = classes.partition([(d.name, d.signature) for d in forwards])
-        by_name = {d.name: d for d in forwards}
-        rows_cache: dict = {}
+        for name in ctx.side.boundaries:
+            ctx.forwards.append(self._forward(ctx, name, tables))
+
+    def write(self, ctx: StepContext) -> None:
+        side, plans = ctx.side, self._plans
+        groups = self.classes(side).partition([(f.name, plans[f.name].signature) for f in ctx.forwards])
+        by_name = {f.name: f for f in ctx.forwards}
+        for f in ctx.forwards:          # (a class that split gave its new members a pool of their own)
+            f.pool = side.pools[f.name]
+            if f.reads is not None:
+                f.reads.pool = f.pool
         for names in groups:
             lead = by_name[names[0]]
-            if lead.rows is not None:
-                _store_checked(side.pools[names[0]], [by_name[n] for n in names], tags, rows_cache, run.now)
+            if plans[lead.name].rows is not None:
+                _store_checked(side.pools[names[0]], [(by_name[n], plans[n]) for n in names], ctx.tags,
+                               ctx.rows_cache, ctx.run.now)
             elif lead.writes is not None:
-                _store_writes(side.pools[names[0]], side.layers, lead.writes, tags, rows_cache, self.canon)
-        leader = {n: names[0] for names in groups for n in names}
+                _store_writes(side.pools[names[0]], side.layers, lead.writes, ctx.tags, ctx.rows_cache, self.canon)
+            for n in names:
+                plans[n].lead = names[0]
+
+    def verdict(self, ctx: StepContext) -> None:
+        run, side, step = ctx.run, ctx.side, ctx.batch.step
         raw: dict[str, list] = {}
-        for d in forwards:
-            self._deliver(run, side, batch, truth, d, leader[d.name], raw)
-        return run._record_step(batch, t_start)
+        for f in ctx.forwards:
+            plan = self._plans[f.name]
+            f.observations = _observations(step, f.name, plan.calls)
+            if f.failure is not None:
+                continue
+            if plan.lead == f.name:
+                f.raw = raw[f.name] = side.checker.collect(step, f.name, f.pool, ctx.truth, f.writes, run.pad_slots)
+            else:
+                f.raw = [dataclasses.replace(x, backend=f.name) for x in raw[plan.lead]]
 
-    def _forward(self, run, side, name, batch, truth, loc, read_in, tables: dict) -> _Forward:
-        from simulator.core.reads import _ReadCheck
+    # ------------------------------------------------------------------ one backend's plan
 
+    def _forward(self, ctx: StepContext, name: str, tables: dict) -> Forward:
+        run, side, batch = ctx.run, ctx.side, ctx.batch
         boundary, pool = side.boundaries[name], side.pools[name]
-        d = _Forward(name)
-        try:
-            meta = boundary.init_metadata(batch, loc, run.mapping)
-            table = None if read_in is None else boundary.read_table(meta, *read_in, run.mapping, tables)
-        except HookFailure as f:
-            d.failure, d.signature = (f, boundary), ("failed", name)
-            return d
-        if table is not None:
-            d.reads = _ReadCheck(side, name, batch, truth, table, pool)
+        f = Forward(name, boundary, pool)
+        plan = self._plans[name] = _Plan()
+        if not plan_forward(ctx, f, tables):
+            plan.signature = ("failed", name)
+            return f
         checked = getattr(pool, "store_checks_lengths", False)      # the store's own length check, no host one
-        per_kind = (_plan_by_kind(run, boundary, meta, side.layers, d)
+        per_kind = (_plan_by_kind(run, boundary, f, side.layers, plan)
                     if not checked and boundary.layer_free_write_loc() else None)
         if per_kind is not None:
             # every layer of a kind writes its kind's target: the signature and the writes follow from the kinds
-            d.signature = sig = ("by_kind",) + tuple((k, None if w[1] else self.canon.id(w[0]), w[1])
-                                                     for k, w in per_kind.items())
-            d.writes = self._writes.get(sig)
-            if d.writes is None:
-                d.writes = self._writes[sig] = _writes_by_kind(side.layers, per_kind)
-            n_writes = len(d.writes)
+            plan.signature = sig = ("by_kind",) + tuple((k, None if w[1] else self.canon.id(w[0]), w[1])
+                                                        for k, w in per_kind.items())
+            f.writes = self._writes.get(sig)
+            if f.writes is None:
+                f.writes = self._writes[sig] = _writes_by_kind(side.layers, per_kind)
+            n_writes = len(f.writes)
         else:
-            d.writes = _plan_layers(run, boundary, meta, side.layers, d, batch.step, check=not checked)
-            d.signature = _signature(d.writes, self.canon)
+            f.writes = _plan_layers(run, boundary, f, side.layers, plan, batch.step, check=not checked)
+            plan.signature = _signature(f.writes, self.canon)
             if checked:
-                d.rows = meta.rows
-                d.signature = (("rows", meta.rows),) + d.signature
-            n_writes = sum(1 for w in d.writes if w.error_class != "design_error" or w.error is None)
+                plan.rows = f.meta.rows
+                plan.signature = (("rows", f.meta.rows),) + plan.signature
+            n_writes = count_writes(f.writes)
         run.crossings += len(side.layers)
         run.stats[name].writes += n_writes
-        return d
-
-    @staticmethod
-    def _deliver(run, side, batch, truth, d: _Forward, lead: str, raw: dict) -> None:
-        name = d.name
-        on_boundary = run.obs.on_boundary
-        for args in _observations(batch.step, name, d.calls):
-            on_boundary(*args)
-        if d.failure is not None:
-            f, boundary = d.failure
-            text = f.describe(boundary.design.name, boundary.context(batch), -1)
-            kind = f.kind or ("full" if f.hook in ("fill_graph_loc_buffer", "read_ids") else "swa")
-            run._count(side, name, *side.checker.design_error(batch.step, name, kind, text))
-            return
-        if lead == name:
-            raw[name] = side.checker.collect(batch.step, name, side.pools[name], truth, d.writes, run.pad_slots)
-            mine = raw[name]
-        else:
-            mine = [dataclasses.replace(f, backend=name) for f in raw[lead]]
-        found, counts = side.checker.emit_all(mine)
-        if d.reads is not None:
-            d.reads.finish()
-            if d.reads.found:
-                more, more_counts = side.checker.emit_all(d.reads.found)
-                found = found + more
-                counts = {c: n + more_counts[c] for c, n in counts.items()}
-        run._count(side, name, found, counts)
+        return f
 
 
 class _Rows:
@@ -160,14 +152,15 @@ class _Rows:
         self.shape = (n,)
 
 
-def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int, check: bool = True) -> list[LayerWrite]:
+def _plan_layers(run, boundary, f: Forward, layers, plan: _Plan, step: int, check: bool = True) -> list[LayerWrite]:
     """Phase 1 of a backend: per layer the read check, the write location and the store's length check (not
     with ``check`` False: the store makes its own), and the observation the store would make; nothing is
     stored."""
     writes: list[LayerWrite] = []
+    meta = f.meta
     rows = _Rows(meta.rows)
-    reads = d.reads
-    obs = d.calls = []
+    reads = f.reads
+    obs = plan.calls = []
     seen = set()
     for layer in layers:
         kind = layer.kind
@@ -182,7 +175,7 @@ def _plan_layers(run, boundary, meta, layers, d: _Forward, step: int, check: boo
             continue
         target, err, seen_obs = w
         t = run.now()
-        obs.append((step, d.name, layer.layer, *seen_obs, t, t, err))
+        obs.append((step, f.name, layer.layer, *seen_obs, t, t, err))
         writes.append(LayerWrite(layer.layer, kind, layer.index, None if err else target, err))
     return writes
 
@@ -205,22 +198,23 @@ def _write_of(boundary, meta, layer, rows, check: bool = True) -> tuple | LayerW
                          "" if swa is None else dtype_name(swa.dtype))
 
 
-def _plan_by_kind(run, boundary, meta, layers, d: _Forward) -> Optional[dict[str, tuple]]:
+def _plan_by_kind(run, boundary, f: Forward, layers, plan: _Plan) -> Optional[dict[str, tuple]]:
     """:func:`_plan_layers` for a layer-free ``make_write_loc``: asked at the first layer of each kind, its
     result (:func:`_write_of`) is every layer's of that kind. None when it failed there (then every layer is
     asked, as usual: the read checks already made are not made again)."""
+    meta = f.meta
     rows = _Rows(meta.rows)
     per_kind: dict[str, tuple] = {}
     for layer in layers:
         if layer.kind in per_kind:
             continue
-        if d.reads is not None:
-            d.reads.at_layer(layer)
+        if f.reads is not None:
+            f.reads.at_layer(layer)
         w = _write_of(boundary, meta, layer, rows)
         if isinstance(w, LayerWrite):
             return None
         per_kind[layer.kind] = w
-    d.calls = (per_kind, layers, run.now())
+    plan.calls = (per_kind, layers, run.now())
     return per_kind
 
 
@@ -314,13 +308,14 @@ def _store_writes(pool: PoolWriter, layers, writes: list[LayerWrite], tags: torc
             pool.store(kind, index, target, k, v)
 
 
-def _store_checked(pool: PoolWriter, members: list[_Forward], tags: torch.Tensor, rows_cache: dict, now) -> None:
+def _store_checked(pool: PoolWriter, members: list[tuple[Forward, _Plan]], tags: torch.Tensor, rows_cache: dict,
+                   now) -> None:
     """A group's writes into a pool whose store checks lengths itself: each layer's ``store`` once for the
     group, with rows of the forward's own length (as the run's own step makes them, :func:`rows_for`); where
     the store raises its length error, that error (its own text) becomes every member's write and observation
     of the layer, as each member's own store would have raised it (same pool contents, same call)."""
-    lead = members[0]
-    n = lead.rows
+    lead, lead_plan = members[0]
+    n = lead_plan.rows
     done: dict[int, tuple] = {}          # layer -> (t0, t1, error)
     for w in lead.writes:
         if w.target is None:
@@ -337,7 +332,7 @@ def _store_checked(pool: PoolWriter, members: list[_Forward], tags: torch.Tensor
         except KVLengthMismatch as e:
             err = str(e)
         done[w.layer] = (t0, now(), err)
-    for d in members:
-        d.writes = [w if w.target is None or done[w.layer][2] is None else
-                    LayerWrite(w.layer, w.kind, w.index, None, done[w.layer][2]) for w in d.writes]
-        d.calls = [c[:-3] + done[c[2]] if c[2] in done else c for c in d.calls]
+    for f, plan in members:
+        f.writes = [w if w.target is None or done[w.layer][2] is None else
+                    LayerWrite(w.layer, w.kind, w.index, None, done[w.layer][2]) for w in f.writes]
+        plan.calls = [c[:-3] + done[c[2]] if c[2] in done else c for c in plan.calls]

@@ -17,18 +17,17 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from simulator.memory.allocator import HybridAllocator
-from simulator.engine_model.backends import BACKEND_SPECS
-from simulator.core.boundary import BackendBoundary
-from simulator.oracle.checker import Checker
+from simulator.core.boundary import BackendSource, Boundary, ModelBackends
 from simulator.designs.base import Design
-from simulator.designs.types import DesignError
 from simulator.designs.loading import design_instance
-from simulator.scenario.models import Model
+from simulator.designs.types import DesignError
+from simulator.memory.allocator import HybridAllocator
 from simulator.memory.pool import PoolWriter
-from simulator.records import LayerInfo
+from simulator.oracle.checker import Checker
 from simulator.oracle.reference import ReferencePool
+from simulator.records import LayerInfo
 from simulator.scenario import Scenario, ScenarioError
+from simulator.scenario.models import Model
 
 #: A pool under test for a given model: (model, full_rows, swa_rows, skip_index) -> PoolWriter.
 DraftPoolFactory = Callable[[Model, int, int, Optional[int]], PoolWriter]
@@ -39,7 +38,7 @@ class ModelSide:
     """One model's half of a run: per backend its boundary and pool under test; one oracle and checker."""
 
     layers: tuple[LayerInfo, ...]
-    boundaries: dict[str, BackendBoundary]
+    boundaries: dict[str, Boundary]
     pools: dict[str, PoolWriter]
     reference: ReferencePool
     checker: Checker
@@ -59,20 +58,23 @@ def draft_layers(target: Model, draft: Model) -> tuple[LayerInfo, ...]:
 
 
 def side_boundaries(scenario: Scenario, design: Design, side: str, device: torch.device, page_size: int,
-                    swa_pad: int) -> dict[str, BackendBoundary]:
-    """One boundary per backend for a model side, each with its own instance of the design."""
-    return {b: BackendBoundary(BACKEND_SPECS[b], design_instance(design), scenario.engine, device, side=side,
-                               page_size=page_size, swa_pad=swa_pad)
+                    swa_pad: int, backends: Optional[BackendSource] = None) -> dict[str, Boundary]:
+    """One boundary per backend for a model side (from ``backends``: the model's by default), each with its own
+    instance of the design."""
+    source = backends if backends is not None else ModelBackends()
+    return {b: source.boundary(b, design_instance(design), scenario.engine, device, side=side, page_size=page_size,
+                               swa_pad=swa_pad)
             for b in scenario.backends}
 
 
 def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
                       make_pool: Callable[[int, int, Optional[int]], PoolWriter], skip_index: Optional[int],
-                      owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int) -> ModelSide:
+                      owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int,
+                      backends: Optional[BackendSource] = None) -> ModelSide:
     reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
     return ModelSide(
         layers=scenario.model.layers(),
-        boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad),
+        boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad, backends),
         pools={b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends},
         reference=reference, checker=Checker(reference, owner_of, reserved))
 
@@ -94,7 +96,8 @@ def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario)
 def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
                      make_pool: Callable[[int, int, Optional[int]], PoolWriter],
                      make_draft_pool: Optional[DraftPoolFactory], skip_index: Optional[int],
-                     owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int) -> ModelSide:
+                     owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int,
+                     backends: Optional[BackendSource] = None) -> ModelSide:
     target = scenario.model
     draft = draft_model(target, scenario)
     full_size, swa_size = draft_pool_sizes(design, alloc, scenario)
@@ -118,5 +121,6 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
     reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
     checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
     return ModelSide(layers=draft_layers(target, draft),
-                     boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad), pools=pools,
+                     boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad, backends),
+                     pools=pools,
                      reference=reference, checker=checker)

@@ -13,12 +13,12 @@ design file needs (docs/GUIDE.md). The modules:
   them (``sglang``, ``corpus``, ``releases``, ``radix``, ``unified``, ``eagle_preplan``);
 * :mod:`~simulator.designs.loading`: ``--design NAME`` or ``path/to/file.py:ClassName``.
 """
-from .base import Design
+from .base import DECLARATIONS, Design, declare, declared
 from .catalogue import BUILTIN_DESIGNS
 from .loading import design_instance, design_padding, load_design
 from .tables import gather, prefix_reads, read_ranges
 from .types import GRAPH_RUNNERS, BoundaryContext, DesignError, KVWriteLoc, ReadIds, ReadTable, graph_runner
 
-__all__ = ["BUILTIN_DESIGNS", "BoundaryContext", "Design", "DesignError", "GRAPH_RUNNERS", "KVWriteLoc", "ReadIds",
-           "ReadTable", "design_instance", "design_padding", "gather", "graph_runner", "load_design", "prefix_reads",
-           "read_ranges"]
+__all__ = ["BUILTIN_DESIGNS", "BoundaryContext", "DECLARATIONS", "Design", "DesignError", "GRAPH_RUNNERS",
+           "KVWriteLoc", "ReadIds", "ReadTable", "declare", "declared", "design_instance", "design_padding", "gather",
+           "graph_runner", "load_design", "prefix_reads", "read_ranges"]

@@ -1,7 +1,8 @@
-"""Designs: the write-location logic under test, and the protocol its hooks follow.
+"""The design interface: the hooks a design overrides, and what a hook declares about itself.
 
-A design models the fix (or the bug) under test; the engine it runs in is modelled by the backend
-specs (:mod:`simulator.engine_model.backends`). Its hooks, each called with a :class:`BoundaryContext`:
+A design models the fix (or the bug) under test; the engine it runs in is the engine model: each
+backend's behaviour (:mod:`simulator.engine_model.backends`) and the release (:class:`Release`, the one
+value a design declares about its engine). Its hooks, each called with a :class:`BoundaryContext`:
 
 ==========================  ====================================================  ===========================
 hook                        when                                                  SGLang history it models
@@ -15,31 +16,66 @@ hook                        when                                                
 ``backend_spec``            once per boundary at set-up                            an engine fix (#29858)
 ==========================  ====================================================  ===========================
 
-and ``padding``, the :class:`~simulator.engine_model.padding_convention.PaddingConvention` it pads with. What a
-hook returns is checked as a kernel would check it (an index must be a 1-D int32 / int64 tensor on
-the run's device); a wrong type, or an exception raised by a hook, becomes a ``design_error``
-finding at that boundary and the run goes on. ``KeyboardInterrupt`` and ``SystemExit`` propagate.
+and three declared values: ``padding`` (the :class:`~simulator.engine_model.padding_convention.PaddingConvention`
+it pads with), ``graph_swa_dtype`` and ``release``. What a hook returns is checked as a kernel would check it
+(an index must be a 1-D int32 / int64 tensor on the run's device); a wrong type, or an exception raised by a
+hook, becomes a ``design_error`` finding at that boundary and the run goes on. ``KeyboardInterrupt`` and
+``SystemExit`` propagate.
+
+**Declarations.** The run takes faster paths where a hook says it may (:func:`declare`): a
+``make_write_loc`` declared ``"layer_free"`` (its result for a layer is its kind's: it reads ``loc``,
+``swa_loc`` and the forward's context, not the layer) is asked once per kind and forward; a
+``translate``, ``fill_graph_*`` or ``read_ids`` declared ``"pure"`` (it reads its tensors and the
+context's per-forward values alone: no backend name, no state) gives backends of equal inputs one result;
+a ``read_ids`` declared ``"base_reads"`` computes the base formula, which the GPU step runner builds
+incrementally. The base hooks carry these declarations; an override carries none unless it declares them
+(an undeclared override is always right, only slower). run.json's ``sources`` says which paths each run took.
 
 The run makes one instance of the design per (backend, model side), a deep copy of the one it was
-given, so per-backend state set in ``__init__`` or by a hook needs no keying by backend. The bug
-corpus's designs beyond SGLang's own states live in :mod:`simulator.designs.corpus`.
+given, so per-backend state set in ``__init__`` or by a hook needs no keying by backend. The catalogue of
+built-in designs is :mod:`simulator.designs.catalogue`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
-from simulator.engine_model.padding_convention import (PADDING_CONVENTIONS, SLOT0, PaddingConvention,
-                                                       padding_convention)
 from simulator.designs.tables import gather, prefix_reads, read_ranges
 from simulator.designs.types import BoundaryContext, DesignError, KVWriteLoc, ReadIds, ReadTable
+from simulator.engine_model.padding_convention import SLOT0, PaddingConvention, padding_convention
+from simulator.engine_model.release import MID_2026_RELEASE, Release
+from simulator.engine_model.release_model import ReleaseBehaviour
 
 if TYPE_CHECKING:
     from simulator.engine_model.backends import BackendSpec
 
-__all__ = ["BoundaryContext", "Design", "DesignError", "HookFailure", "KVWriteLoc", "GRAPH_RUNNERS", "graph_runner",
-           "ReadIds", "ReadTable", "read_ranges", "prefix_reads", "load_design", "BUILTIN_DESIGNS", "PaddingConvention", "PADDING_CONVENTIONS"]
+#: what a hook may declare about itself (see the module docstring)
+DECLARATIONS = {
+    "layer_free": "make_write_loc: a layer's result is its kind's (one call per kind and forward)",
+    "pure": ("translate / fill_graph_* / read_ids: its result depends on its tensor arguments and the forward's "
+             "context alone (no backend name, no state; a fill rewrites buffer[:padded] whole)"),
+    "base_reads": "read_ids: the base formula (the whole prefix; the window of every new token)",
+}
+
+
+def declare(*facts: str) -> Callable[[Callable], Callable]:
+    """Mark a hook with what it declares about itself (names of :data:`DECLARATIONS`)."""
+    bad = [f for f in facts if f not in DECLARATIONS]
+    if bad:
+        raise DesignError(f"declare: unknown declaration(s) {', '.join(map(repr, bad))} "
+                          f"(one of {', '.join(DECLARATIONS)})")
+
+    def mark(fn: Callable) -> Callable:
+        fn.__slotscope_declares__ = frozenset(facts) | getattr(fn, "__slotscope_declares__", frozenset())
+        return fn
+    return mark
+
+
+def declared(hook: Any, fact: str) -> bool:
+    """Whether a hook (a bound method, or a function set on the instance) declares ``fact``."""
+    fn = getattr(hook, "__func__", hook)
+    return fact in getattr(fn, "__slotscope_declares__", ())
 
 
 class Design:
@@ -62,6 +98,9 @@ class Design:
     padding: PaddingConvention = SLOT0
     #: dtype of the graph runners' static SWA-location buffers
     graph_swa_dtype: torch.dtype = torch.int32
+    #: the engine release it runs in (engine_model.release.Release; a ReleaseBehaviour alone is taken as that
+    #: release's behaviour, the rest inherited)
+    release: Release = MID_2026_RELEASE
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -70,7 +109,19 @@ class Design:
                 cls.padding = padding_convention(cls.padding)
             except ValueError as e:
                 raise DesignError(f"design {cls.__name__}: padding: {e}") from None
+        rel = cls.__dict__.get("release")
+        if isinstance(rel, ReleaseBehaviour):
+            parent = next(c.__dict__["release"] for c in cls.__mro__[1:] if "release" in c.__dict__)
+            cls.release = parent.but(behaviour=rel)
+        elif rel is not None and not isinstance(rel, Release):
+            raise DesignError(f"design {cls.__name__}: release must be a Release (simulator.engine_model.release) "
+                              f"or a ReleaseBehaviour, not {type(rel).__name__}")
+        for legacy in ("sharing", "unified"):
+            if legacy in cls.__dict__:
+                raise DesignError(f"design {cls.__name__}: {legacy} is a fact of the release: declare it as "
+                                  f"release = Release(..., {legacy}=...) (simulator.engine_model.release)")
 
+    @declare("pure")
     def translate(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
         """Metadata init, once per forward per backend: ``out_cache_loc`` (padding included) -> SWA slots.
 
@@ -80,6 +131,7 @@ class Design:
         """
         return gather(full_to_swa, out_cache_loc)
 
+    @declare("pure")
     def fill_graph_loc_buffer(self, buffer: torch.Tensor, loc: torch.Tensor, padded: int, ctx: BoundaryContext) -> None:
         """Graph replay: refresh the static full-pool ``loc`` buffer (int64) in place, return None.
 
@@ -90,6 +142,7 @@ class Design:
         buffer[:n].copy_(loc)
         buffer[n:padded].fill_(ctx.loc_pad)
 
+    @declare("pure")
     def fill_graph_swa_buffer(self, buffer: torch.Tensor, swa_loc: torch.Tensor, padded: int,
                               ctx: BoundaryContext) -> None:
         """Graph replay: refresh the static SWA-location buffer (``graph_swa_dtype``) in place, return None.
@@ -101,6 +154,7 @@ class Design:
         buffer[:n].copy_(swa_loc)
         buffer[n:padded].fill_(ctx.swa_pad)
 
+    @declare("pure", "base_reads")
     def read_ids(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor, extend_lens: torch.Tensor,
                  full_to_swa: torch.Tensor, ctx: BoundaryContext) -> ReadTable:
         """Metadata init, once per forward per backend: the slots the forward's attention reads.
@@ -119,6 +173,7 @@ class Design:
         window = read_ranges(req_to_token, start, seq_lens)
         return ReadTable(full=full, swa=ReadIds(window.indptr, gather(full_to_swa, window.indices), window.start))
 
+    @declare("layer_free")
     def make_write_loc(self, loc: torch.Tensor, swa_loc: Optional[torch.Tensor], ctx: BoundaryContext) -> KVWriteLoc:
         """Every layer: the ``KVWriteLoc`` the pool gets. The post-#29460 one keeps ``swa_loc[:len(loc)]``.
 

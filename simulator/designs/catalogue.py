@@ -12,7 +12,8 @@ from .corpus import (MiniSglangDummy, MiniSglangDummyPre24743, SGLangPR29858, SG
 from .eagle_preplan import DotsEaglePreplan, DotsEaglePreplanRebuild
 from .radix import (PDDecodePost25805, PDDecodePost27779, PDDecodePre25805, PDDecodePre25805Post27779, Radix0523,
                     RadixA1, RadixA2, RadixFixed, RadixR2, RadixR3, RadixR7, RadixR8)
-from .releases import SGLang0523, SGLang0523WarBarrier, SGLangPost33587, SGLangPre26380, SGLangPre31687, SGLangPre33587
+from .releases import (SGLang0523, SGLang0523WarBarrier, SGLangPost33587, SGLangPre26380, SGLangPre31687,
+                       SGLangPre33587)
 from .sglang import SGLangPost29460, SGLangPre24743, SGLangPre29460
 from .unified import Unified0523, UnifiedPre35933, UnifiedPre37560
 

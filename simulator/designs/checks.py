@@ -1,7 +1,10 @@
 """The run's side of the hook protocol: a hook's failure, and the checks on what it returns (as a kernel would check it)."""
 from __future__ import annotations
+
 from typing import Any, Callable, Optional
+
 import torch
+
 from simulator.designs.types import BoundaryContext, KVWriteLoc, ReadIds, ReadTable
 
 

@@ -1,15 +1,16 @@
 """Loading a design: by name from the catalogue, or a user's file.py:ClassName; one instance per backend."""
 from __future__ import annotations
+
 import copy
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Optional
-from simulator.engine_model.padding_convention import (PaddingConvention,
-                                                       padding_convention)
+
 from simulator.designs.base import Design
 from simulator.designs.catalogue import BUILTIN_DESIGNS
 from simulator.designs.types import DesignError
+from simulator.engine_model.padding_convention import PaddingConvention, padding_convention
 
 
 def design_instance(design: Design) -> Design:

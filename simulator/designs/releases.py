@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from simulator.designs.base import Design
-from simulator.engine_model.sharing import SGLANG_0_5_23 as SHARING_0_5_23
+from simulator.engine_model.release import SGLANG_0_5_23_RELEASE
 from simulator.engine_model.release_model import SGLANG_0_5_23
 
 
@@ -26,9 +26,8 @@ class SGLang0523(Design):
                    "int64 graph SWA buffers zeroed past the batch; KVWriteLoc cuts a longer swa_loc.")
     #: 0.5.23's graph SWA buffers are int64 again (the #24743 tail zeroing stays)
     graph_swa_dtype = torch.int64
-    release = SGLANG_0_5_23
-    #: the radix cache's free paths as 0.5.23 has them (engine.radix_cache): R8's unfiltered SWA free
-    sharing = SHARING_0_5_23
+    #: 0.5.23's behaviour, and its radix cache's free paths (engine.radix_cache): R8's unfiltered SWA free
+    release = SGLANG_0_5_23_RELEASE
 
 
 # ---------------------------------------------------------------------------- the overlap scheduler's barrier

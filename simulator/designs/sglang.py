@@ -1,7 +1,9 @@
 """SGLang's write-location states around the corpus's first fixes: #29460 (B1) and #24743 (B2)."""
 from __future__ import annotations
+
 import torch
-from simulator.designs.base import Design
+
+from simulator.designs.base import Design, declare
 from simulator.designs.types import KVWriteLoc
 
 
@@ -21,6 +23,7 @@ class SGLangPre29460(Design):
     description = ("No slicing of swa_loc in KVWriteLoc; only trtllm_mha sliced its own swa_loc (#29457). "
                    "B1: swa_loc longer than loc under piecewise graphs with DP-attention padding.")
 
+    @declare("layer_free")
     def make_write_loc(self, loc, swa_loc, ctx):
         return KVWriteLoc(loc, swa_loc)
 

@@ -1,8 +1,11 @@
 """Tables a design builds its answers with: host gathers, read ranges, the full layers' prefix."""
 from __future__ import annotations
+
 from typing import Optional
+
 import numpy as np
 import torch
+
 from simulator.designs.types import ReadIds
 
 

@@ -1,10 +1,13 @@
 """The values a design's hooks take and return: write locations, read tables, the boundary context."""
 from __future__ import annotations
+
 from dataclasses import dataclass, field
 from typing import Optional
+
 import torch
-from simulator.engine_model.padding_convention import (PaddingConvention)
+
 from simulator.engine_model.backends import BackendSpec
+from simulator.engine_model.padding_convention import PaddingConvention
 
 
 class DesignError(RuntimeError):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-
 from simulator.records import GRAPH_PATHS
 from simulator.scenario import BACKENDS
 

@@ -322,11 +322,11 @@ SGLANG_0_5_23 = ReleaseBehaviour(
 
 
 def release_of(design: object) -> ReleaseBehaviour:
-    """The release a design runs in: its ``release`` attribute, or mid-2026 when it has none."""
-    rel = getattr(design, "release", None)
-    if rel is None:
-        return MID_2026
-    if not isinstance(rel, ReleaseBehaviour):
-        raise TypeError(f"design {getattr(design, 'name', design)!r}: release must be a ReleaseBehaviour, "
+    """The release behaviour of a design's declared release (``design.release``: an
+    :class:`~simulator.engine_model.release.Release`)."""
+    rel = design.release
+    behaviour = getattr(rel, "behaviour", None)
+    if not isinstance(behaviour, ReleaseBehaviour):
+        raise TypeError(f"design {getattr(design, 'name', design)!r}: release must be a Release, "
                         f"got {type(rel).__name__}")
-    return rel
+    return behaviour

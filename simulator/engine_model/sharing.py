@@ -1,5 +1,6 @@
 """The radix cache's and the decode node's free paths as one release has them: one switch per modelled bug (R2, R3, R7, R8, A1, A2; docs/SHARING.md, "Bug switches")."""
 from __future__ import annotations
+
 from dataclasses import dataclass, replace
 
 

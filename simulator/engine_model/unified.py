@@ -1,5 +1,6 @@
 """The unified pool as one release has it: one switch per modelled bug (U1, U2; docs/SHARING.md, "The unified pool")."""
 from __future__ import annotations
+
 from dataclasses import dataclass, replace
 
 

@@ -247,6 +247,11 @@ class RequestSlots:
 
 
 class HybridAllocator:
+    """The model's static hybrid pool (memory.protocols.SlotAllocator): page stacks per sub-pool, ``full_to_swa``."""
+
+    #: whose code this is (run.json's ``sources.allocator``)
+    source = "model"
+
     def __init__(self, full_size: int, swa_size: int, page_size: int = 1, free_order: str = "lifo"):
         if full_size % page_size or swa_size % page_size:
             raise ValueError("pool sizes must be multiples of page_size")

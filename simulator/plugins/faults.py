@@ -26,7 +26,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
-from simulator.records import STATIC_GRAPHS, Finding
+from simulator.core.plugins import StepPlugin
+from simulator.core.writes import store_layer
+from simulator.records import FINDING_CLASSES, STATIC_GRAPHS, Finding
 
 DEFAULT_PROB = 0.05
 BOGUS_TAG = (1 << 31) - 7        # a tag no token has: a corrupted row reads as "tag N", never a real owner
@@ -80,7 +82,7 @@ def _owner(run, kind: str, slot: int) -> tuple[int, int] | None:
 
 
 def run_side(run):
-    return run._fault_side
+    return run.side
 
 
 def _corrupt_row(pool, kind: str, layer, slot: int, v_only: bool = False, tag: Optional[int] = None) -> None:
@@ -388,8 +390,12 @@ def parse_inject(specs) -> dict[str, float]:
     return out
 
 
-class FaultInjector:
-    """The run's faults: plans per step, applies them at the seams, logs them, matches detections."""
+class FaultInjector(StepPlugin):
+    """The run's faults: plans per step, applies them at the seams, logs them, matches detections. As a
+    plug-in of the step pipeline it also runs the content check: the pool under test's rows at each
+    forward's read set (and at freed slots, and every live slot at the run's end) against the oracle."""
+
+    name = "faults"
 
     def __init__(self, kinds: dict[str, float], seed: int):
         self.kinds = {k: kinds[k] for k in FAULT_KINDS if k in kinds}
@@ -399,6 +405,69 @@ class FaultInjector:
         self.truth = None
         self.last_graph_target: dict[tuple[str, str], torch.Tensor] = {}
         self._next: dict[tuple[str, str], torch.Tensor] = {}
+        self._seen: dict[str, set] = {}         # per backend: the (kind, slot, layer) the content check reported
+        self._freed: dict = {}                  # this step's freed slots per kind, with their last owner's tag
+        self._mapping = None                    # the run's mapping while a step reads a faulted copy
+
+    # the pipeline's hooks ----------------------------------------------------------------------------
+    def before_truth(self, ctx) -> None:
+        # the content check's freed slots, with their last owner's tag (before the oracle forgets it)
+        ref, truth = ctx.side.reference, ctx.truth
+        self._freed = {k: (f, ref.expected[k][f].copy()) for k, f in (("full", truth.freed_full),
+                                                                      ("swa", truth.freed_swa))}
+
+    def read_inputs(self, ctx) -> None:
+        run = ctx.run
+        self._mapping = run.mapping
+        ctx.read_in, run.mapping = self.begin_step(run, ctx.batch, ctx.truth, ctx.read_in)
+
+    def end_step(self, ctx) -> None:
+        if self._mapping is not None:
+            ctx.run.mapping, self._mapping = self._mapping, None
+
+    def before_forward(self, ctx, f) -> None:
+        run, side = ctx.run, ctx.side
+        self.pool_faults(run, ctx.batch, ctx.truth, f.name, f.pool)
+        freed = [x for kind, (slots, ftags) in self._freed.items()
+                 for x in side.checker.check_contents(ctx.batch.step, f.name, kind, f.pool, slots, side.layers,
+                                                      self._seen.setdefault(f.name, set()), tags=ftags)]
+        if freed:
+            run.count(side, f.name, *side.checker.emit_all(freed))
+
+    def store(self, ctx, f) -> Optional[Callable]:
+        return self.write_hook(ctx.run, f.name, ctx.side.layers)
+
+    def after_forward(self, ctx, f, found, counts):
+        self.after_faults(ctx.run, ctx.batch, ctx.truth, f.name, f.pool)
+        return self.content_check(ctx.side, f.name, ctx.batch.step, f.pool, f.table, found, counts)
+
+    def end_run(self, run) -> None:
+        """Every live slot of every pool checked once, then each fault matched with its first detection."""
+        step = run.steps[-1].step if run.steps else 0
+        for side in run.sides:
+            for name in side.boundaries:
+                run.count(side, name, *self.content_check(side, name, step, side.pools[name], None, [],
+                                                          dict.fromkeys(FINDING_CLASSES, 0), sweep=True))
+        self.detect(run.findings)
+
+    def content_check(self, side, name, step, pool, table, found, counts, sweep: bool = False):
+        """The pool under test's rows at the read set (every live slot at the final sweep) against the
+        reference, after the forward; a difference is a stale_read (checker.check_contents)."""
+        for kind in ("full", "swa"):
+            if sweep:
+                slots = np.flatnonzero(side.reference.live[kind])
+            else:
+                ids = None if table is None else table.of(kind)
+                if ids is None:
+                    continue
+                slots = np.unique(ids.indices.cpu().numpy().astype(np.int64))
+            more = side.checker.check_contents(step, name, kind, pool, slots, side.layers,
+                                               self._seen.setdefault(name, set()), sweep)
+            if more:
+                m, mc = side.checker.emit_all(more)
+                found = found + m
+                counts = {c: n + mc[c] for c, n in counts.items()}
+        return found, counts
 
     # seams -------------------------------------------------------------------------------------------
     def begin_step(self, run, batch, truth, read_in):
@@ -425,12 +494,12 @@ class FaultInjector:
     def _for_backend(self, run, name: str, backend: str) -> bool:
         return self._fires(name) and list(run.stats)[self.plans[name].backend] == backend
 
-    def before_forward(self, run, batch, truth, backend, pool):
+    def pool_faults(self, run, batch, truth, backend, pool):
         for name, kind in FAULT_KINDS.items():
             if kind.seam == "pool" and self._for_backend(run, name, backend):
                 self._log(kind.apply(self, run, batch, truth, self.plans[name], backend, pool))
 
-    def after_forward(self, run, batch, truth, backend, pool):
+    def after_faults(self, run, batch, truth, backend, pool):
         for name, kind in FAULT_KINDS.items():
             if kind.seam == "after" and self._for_backend(run, name, backend):
                 self._log(kind.apply(self, run, batch, truth, self.plans[name], backend, pool))
@@ -446,7 +515,6 @@ class FaultInjector:
         for n in names:
             ls = list(layers)
             chosen[n] = ls[self.plans[n].layer % len(ls)].layer
-        from simulator.core.eager import store_layer
 
         def write(s, layer, wl, target, k, v):
             if s.batch.graph in STATIC_GRAPHS and layer.layer == next(li.layer for li in layers

@@ -16,18 +16,26 @@ k+1 starts, as without overlap (a free moves no K/V).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
-from simulator.scheduling.batch import BatchTruth, ForwardBatch
+from simulator.core.plugins import StepPlugin
 from simulator.records import DRAFT_MODES
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
 from simulator.scheduling.timeline import (Journal, Landing, SchedWrite, landing_rng, plan, random_chooser,
                                            resolve_barrier)
 
 
-class OverlapDriver:
+class OverlapDriver(StepPlugin):
+    """The overlap scheduler's timeline as a plug-in of the step pipeline (see the module docstring)."""
+
+    name = "overlap"
+    #: the backends read the driver's device mapping, not the allocator's
+    owns_mapping = True
+
     def __init__(self, run, seed: int, release, engine, chooser=None):
         self.run = run
         self.barrier = resolve_barrier(engine.war_barrier, dict(release.war_barriers), engine.platform)
@@ -38,8 +46,12 @@ class OverlapDriver:
         run.mapping = torch.from_numpy(run.alloc.full_to_swa.copy()).to(run.device)
         self._pending: dict[int, tuple[Landing, tuple, tuple[int, int]]] = {}
         self.landings: list[Landing] = []     # every forward's, in order (tests, reports)
+        self._step: Optional[_Step] = None
 
     # ------------------------------------------------------------------ the lookahead
+
+    def source(self, run, steps: Iterator[tuple[ForwardBatch, BatchTruth]]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        return self.pairs(steps)
 
     def pairs(self, steps: Iterator[tuple[ForwardBatch, BatchTruth]]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The scheduler's forwards, each with the writes the host made while forward k was in flight."""
@@ -49,7 +61,7 @@ class OverlapDriver:
             batch, truth = cur
             run = self.run
             # what forward k's metadata init reads of req_to_token, taken before the scheduler runs on
-            read_in = (run._read_inputs(batch.requests)
+            read_in = (run.read_inputs(batch.requests)
                        if run.read_check and batch.requests is not None else None)
             used = (run.alloc.full_used, run.alloc.swa_used)
             nxt = next(steps, None)
@@ -62,43 +74,47 @@ class OverlapDriver:
 
     # ------------------------------------------------------------------ one forward
 
-    def step(self, batch: ForwardBatch, truth: BatchTruth):
-        run = self.run
-        landing, (read_in,), used = self._pending.pop(batch.step)
+    def bind(self, ctx) -> None:
+        landing, (read_in,), used = self._pending.pop(ctx.batch.step)
         self.landings.append(landing)
-        t_start = run.now()
-        side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
-        for m in run.sides:
-            m.reference.apply_frees(truth)
-        side.reference.apply_writes(truth)
-        loc = torch.from_numpy(batch.out_cache_loc).to(run.device)
-        tags = torch.from_numpy(truth.tags).to(run.device)
-        rows_cache: dict = {}
-        touched = np.unique(np.concatenate([w.full for w in landing.writes])) if landing.writes else None
-        start = None if touched is None else run.mapping[torch.from_numpy(touched).to(run.device)].clone()
-        position = {li.layer: i for i, li in enumerate(side.layers)}
-        by_point: dict[int, list[SchedWrite]] = {}
-        for w, a in zip(landing.writes, landing.at):
-            by_point.setdefault(a, []).append(w)
-        end = len(landing.pts) - 1
-        saved = run.before_layer
-        for name in side.boundaries:
-            if touched is not None:
-                run.mapping[torch.from_numpy(touched).to(run.device)] = start
-            self._land_range(by_point, 0, 0)                     # before metadata init
+        self._step = _Step(landing, read_in, used)
 
-            def before_layer(b, backend, layer, _pos=position):
-                i = _pos[layer.layer]
-                if i == 0:
-                    self._land_range(by_point, 1, 2)             # after metadata (in-graph, read-done)
-                else:
-                    self._land_range(by_point, i + 2, i + 2)     # before layer i
-            run.before_layer = before_layer if landing.writes else saved
-            run._backend_forward(side, name, batch, truth, loc, tags, rows_cache, read_in)
-        run.before_layer = saved
-        self._land_range(by_point, 0, end)                       # whatever the last backend left: all of it
-        rec = run._record_step(batch, t_start, timeline=landing.record(), used=used)
-        return rec
+    def read_inputs(self, ctx) -> None:
+        """The read inputs taken when the forward was scheduled; the mapping's entries the landings touch, as the
+        forward starts (every backend runs the forward under the same landings)."""
+        st, run = self._step, self.run
+        ctx.read_in = st.read_in
+        landing = st.landing
+        if landing.writes:
+            st.touched = torch.from_numpy(np.unique(np.concatenate([w.full for w in landing.writes]))).to(run.device)
+            st.start = run.mapping[st.touched].clone()
+        st.position = {li.layer: i for i, li in enumerate(ctx.side.layers)}
+        for w, a in zip(landing.writes, landing.at):
+            st.by_point.setdefault(a, []).append(w)
+
+    def before_forward(self, ctx, f) -> None:
+        st = self._step
+        if st.touched is not None:
+            self.run.mapping[st.touched] = st.start
+        self._land_range(st.by_point, 0, 0)                     # before metadata init
+
+    def interleaves(self, ctx, f) -> bool:
+        return bool(self._step.landing.writes)
+
+    def before_layer(self, ctx, f, layer) -> None:
+        st = self._step
+        i = st.position[layer.layer]
+        if i == 0:
+            self._land_range(st.by_point, 1, 2)             # after metadata (in-graph, read-done)
+        else:
+            self._land_range(st.by_point, i + 2, i + 2)     # before layer i
+
+    def end_step(self, ctx) -> None:
+        st, self._step = self._step, None
+        if st is None:
+            return
+        self._land_range(st.by_point, 0, len(st.landing.pts) - 1)     # whatever the last backend left: all of it
+        ctx.record.update(timeline=st.landing.record(), used=st.used)
 
     def _land_range(self, by_point: dict[int, list[SchedWrite]], lo: int, hi: int) -> None:
         for p in range(lo, hi + 1):
@@ -108,6 +124,19 @@ class OverlapDriver:
         mapping, dev = self.run.mapping, self.run.device
         for w in writes:
             mapping[torch.from_numpy(w.full).to(dev)] = torch.from_numpy(w.values).to(dev)
+
+
+@dataclass(slots=True)
+class _Step:
+    """The forward in flight: its landing (which write lands at which point), what it read when scheduled."""
+
+    landing: Landing
+    read_in: object
+    used: tuple[int, int]
+    touched: Optional[torch.Tensor] = None         # the mapping entries its landings write (device)
+    start: Optional[torch.Tensor] = None           # their values as the forward started
+    position: dict = field(default_factory=dict)   # global layer id -> its index in the side's layers
+    by_point: dict = field(default_factory=dict)   # landing point -> the writes landing there
 
 
 def overlap_driver(run, scenario, release, chooser=None) -> Optional[OverlapDriver]:

@@ -34,10 +34,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from simulator.scheduling.batch import BatchTruth, ForwardBatch
-from simulator.records import Finding
+from simulator.core.plugins import StepPlugin
 from simulator.memory.unified_pool import ENTRY_ALIGN_BYTES, MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, UnifiedPool
-from simulator.engine_model.unified import UNIFIED_0_5_23
+from simulator.records import Finding
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
 
 #: backends whose SWA page table spans each request's whole row (read_table of the translator)
 WHOLE_ROW_SWA_TABLE = frozenset({"flashattention", "musa"})
@@ -54,17 +54,23 @@ def bytes_per_token(model, kind: str) -> int:
     return -(-raw // ENTRY_ALIGN_BYTES) * ENTRY_ALIGN_BYTES
 
 
-def model_unified_pool(scenario, design) -> UnifiedPool:
+def model_unified_pool(scenario, behaviour) -> UnifiedPool:
     """The model's unified pool for a scenario: the static pool's bytes as one budget, page costs from the
-    model's layers, the behaviour from the design's ``unified`` attribute (0.5.23 when absent)."""
-    behaviour = getattr(design, "unified", None) or UNIFIED_0_5_23
+    model's layers, the release's unified pool behaviour (``Release.unified_pool``)."""
     m = scenario.model
     return UnifiedPool.from_pool_config(scenario.pool, max(1, bytes_per_token(m, "full")),
                                         max(1, bytes_per_token(m, "swa")), behaviour)
 
 
-class UnifiedPlan:
-    """One run's bridge between the scheduler's virtual ids and the physical ids of the rest (see above)."""
+class UnifiedPlan(StepPlugin):
+    """One run's bridge between the scheduler's virtual ids and the physical ids of the rest (see above), as a
+    plug-in of the step pipeline: it binds each step, translates its read inputs, checks the page-table
+    backends' read door, ends the run at a device-side assert and reports its counters (run.json's
+    ``extra.unified``)."""
+
+    name = "unified"
+    #: the backends read the plan's physical mapping (made at each bind)
+    owns_mapping = True
 
     def __init__(self, run):
         self.run = run
@@ -128,11 +134,24 @@ class UnifiedPlan:
                 found = side.checker.check_contents(step, name, kind, pool, dst, side.layers,
                                                     self._seen.setdefault(name, set()))
                 if found:
-                    self.run._count(side, name, *side.checker.emit_all(found))
+                    self.run.count(side, name, *side.checker.emit_all(found))
 
     # ------------------------------------------------------------------ one forward
 
-    def bind(self, batch: ForwardBatch, truth: BatchTruth) -> tuple[ForwardBatch, BatchTruth]:
+    # ------------------------------------------------------------------ the pipeline's hooks
+
+    def source(self, run, steps: Iterator) -> Iterator:
+        return self.guard(steps)     # a device-side index assert (U1) ends the run
+
+    def bind(self, ctx) -> None:
+        ctx.batch, ctx.truth = self.bind_ids(ctx.batch, ctx.truth)     # virtual ids -> physical (the plan's bind)
+
+    def read_inputs(self, ctx) -> None:
+        if ctx.read_in is not None:
+            ctx.read_in = self.physical_read_inputs(ctx.read_in)
+        self.read_door(ctx.side, ctx.batch)
+
+    def bind_ids(self, batch: ForwardBatch, truth: BatchTruth) -> tuple[ForwardBatch, BatchTruth]:
         """The step's batch and truth in physical ids (frees and moves applied to the oracle already)."""
         a = self.alloc
         # the scheduler's boundary flush (lazy compaction), the previous forward's window still pinned (under the
@@ -154,7 +173,7 @@ class UnifiedPlan:
         self.run.mapping = mapping if self.run.device.type == "cpu" else mapping.to(self.run.device)
         return batch, truth
 
-    def read_inputs(self, read_in):
+    def physical_read_inputs(self, read_in):
         """``req_to_token`` rows translated to physical full ids (zeros past a row's length: the sink)."""
         rtt, seq_lens, extend_lens = read_in
         phys = self.alloc.translate_kv_loc(rtt.cpu().numpy().ravel(), "full").reshape(tuple(rtt.shape))
@@ -183,7 +202,7 @@ class UnifiedPlan:
                    for rid, pos, slot, virt, k in found]
             if out:
                 self.door_findings += len(out)
-                self.run._count(side, name, *side.checker.emit_all(out))
+                self.run.count(side, name, *side.checker.emit_all(out))
 
     # ------------------------------------------------------------------ the run's end
 
@@ -199,12 +218,12 @@ class UnifiedPlan:
             side = self.run.target
             for name in side.boundaries:
                 msg = f"the engine dies: {f} (a device-side index assert; the scheduler is gone)"
-                self.run._count(side, name, *side.checker.emit_all(
+                self.run.count(side, name, *side.checker.emit_all(
                     [Finding(step, name, -1, "swa", "out_of_range", f.index, None, None, msg)]))
         finally:
             self.alloc.set_inflight_forward(None)
 
-    def summary(self) -> dict:
+    def run_extra(self, run=None) -> dict:
         a = self.alloc
         return {"moves": self.moves, "pinned_moves": self.pinned_moves, "read_door_findings": self.door_findings, "died": self.died,
                 "num_virtual_ids": int(a.num_virtual_ids), "full_pages": int(a.full.num_pages)
