@@ -68,8 +68,7 @@ from simulator.memory.allocator import OutOfSlots, RequestSlots
 from simulator.memory.events import SlotEvent
 from simulator.engine_model.unified import UNIFIED_0_5_23, UnifiedBehaviour
 
-__all__ = ["UnifiedBehaviour", "UNIFIED_0_5_23", "UNIFIED_BUG_SWITCHES", "with_unified_bug", "unified_bugs_of",
-           "UnifiedPool", "PhysicalLoc", "OutOfRange", "IndexOutOfRange", "UnmarkedWriteLoc",
+__all__ = ["UnifiedBehaviour", "UNIFIED_0_5_23", "UnifiedPool", "PhysicalLoc", "OutOfRange", "IndexOutOfRange", "UnmarkedWriteLoc",
            "check_physical_write_loc", "BIND", "MOVE", "UNBIND", "TOMBSTONE"]
 
 #: event kinds of the unified pool (AVAILABLE is the prefix cache's: pages back in a free list)
@@ -77,9 +76,6 @@ BIND = "bind"            # physical ``slots`` of ``pool`` now hold virtual ``pee
 MOVE = "move"            # compaction: the content of physical ``slots`` moved to physical ``peers``
 UNBIND = "unbind"        # physical ``slots`` given up by virtual ``peers`` (a free, a truncation)
 TOMBSTONE = "tombstone"  # SWA side: virtual ``peers`` left the window; their physical ``slots`` are given up
-
-
-# --------------------------------------------------------------------------- behaviour switches
 
 
 # --------------------------------------------------------------------------- findings and the write door
