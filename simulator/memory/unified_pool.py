@@ -55,22 +55,29 @@ ids it hands out are virtual. ``pool.unified = true`` runs it in the loop throug
 :class:`simulator.plugins.unified.UnifiedPlan` (which also drives engine_path's adapter of the release's own
 unified allocator through the same interface: ``translate_kv_loc``, ``physical_full_to_swa``,
 ``set_inflight_forward``, ``flush_opportunistic``, ``drain_events``).
+
+Here: the composite (minting, binding on both sides, capacity, frees, the in-flight window) with the
+allocator API. One end of the buffer and the virtual id FIFO are :mod:`simulator.memory.unified_pages`;
+translation and the write door :mod:`simulator.memory.unified_translation`; the invariants the tests check
+:mod:`simulator.memory.unified_invariants`.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
 
 from simulator.memory.allocator import OutOfSlots, RequestSlots
 from simulator.memory.events import SlotEvent
+from simulator.memory.unified_invariants import check_unified_invariants
+from simulator.memory.unified_pages import BufferEnd, VirtualPageIds
+from simulator.memory.unified_translation import (IndexOutOfRange, OutOfRange, PhysicalLoc, UnmarkedWriteLoc,
+                                                  VirtualToPhysical, check_physical_write_loc)
 from simulator.engine_model.unified import UNIFIED_0_5_23, UnifiedBehaviour
 
-__all__ = ["UnifiedBehaviour", "UNIFIED_0_5_23", "UNIFIED_BUG_SWITCHES", "with_unified_bug", "unified_bugs_of",
-           "UnifiedPool", "PhysicalLoc", "OutOfRange", "IndexOutOfRange", "UnmarkedWriteLoc",
-           "check_physical_write_loc", "BIND", "MOVE", "UNBIND", "TOMBSTONE"]
+__all__ = ["UnifiedBehaviour", "UNIFIED_0_5_23", "UnifiedPool", "PhysicalLoc", "OutOfRange", "IndexOutOfRange",
+           "UnmarkedWriteLoc", "check_physical_write_loc", "BIND", "MOVE", "UNBIND", "TOMBSTONE"]
 
 #: event kinds of the unified pool (AVAILABLE is the prefix cache's: pages back in a free list)
 BIND = "bind"            # physical ``slots`` of ``pool`` now hold virtual ``peers``
@@ -78,210 +85,13 @@ MOVE = "move"            # compaction: the content of physical ``slots`` moved t
 UNBIND = "unbind"        # physical ``slots`` given up by virtual ``peers`` (a free, a truncation)
 TOMBSTONE = "tombstone"  # SWA side: virtual ``peers`` left the window; their physical ``slots`` are given up
 
-
-# --------------------------------------------------------------------------- behaviour switches
-
-
-# --------------------------------------------------------------------------- findings and the write door
-
-@dataclass(frozen=True, slots=True)
-class OutOfRange:
-    """An index past a table or buffer (the device-side index assert): where, the index, the table's length,
-    and the virtual token id that produced it."""
-
-    where: str        # "swa.v2p.bind" | "swa.v2p.translate" | "full.write" | "swa.write" | ...
-    index: int
-    length: int
-    token: int
-
-    def __str__(self) -> str:
-        return (f"out_of_range{' (negative)' if self.index < 0 else ''}: {self.where} index {self.index} "
-                f"of a table of {self.length} (virtual token {self.token})")
-
-
-class IndexOutOfRange(IndexError):
-    """Raised where the GPU would raise a device-side index assert; carries the :class:`OutOfRange`."""
-
-    def __init__(self, finding: OutOfRange):
-        super().__init__(str(finding))
-        self.finding = finding
-
-
-class UnmarkedWriteLoc(TypeError):
-    """A write location not marked physical reached a unified pool (0.5.23 ``_check_physical_write_loc``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PhysicalLoc:
-    """Write ids of one sub-pool, marked physical (0.5.23 ``KVWriteLoc.physical``)."""
-
-    pool: str               # "full" | "swa"
-    ids: np.ndarray         # physical token ids in that sub-pool
-    virtual: np.ndarray     # the virtual ids they were translated from
-
-
-def check_physical_write_loc(loc, pool: str) -> np.ndarray:
-    """The write door: the ids a store may write at, or :class:`UnmarkedWriteLoc`."""
-    if not isinstance(loc, PhysicalLoc):
-        raise UnmarkedWriteLoc(f"the {pool} sub-pool of a unified pool takes physical write locations only; got an "
-                               f"unmarked {type(loc).__name__} (virtual ids written as physical land in the wrong slot)")
-    if loc.pool != pool:
-        raise UnmarkedWriteLoc(f"a {loc.pool} physical write location handed to the {pool} sub-pool")
-    return loc.ids
-
-
-# --------------------------------------------------------------------------- one sub-pool (one end of the buffer)
-
 #: the release's entry alignment (``layout/token_major.py``: one slot's bytes over all its layers, rounded up)
 ENTRY_ALIGN_BYTES = 32
-#: the release's cap on the moves of one non-urgent flush (``SGLANG_LAZY_COMPACTION_MAX_MOVES_PER_CALL``)
-MAX_MOVES_PER_FLUSH = 4096
-
-
-class _End:
-    """One sub-pool: an end of the buffer growing ``up`` (SWA) or ``down`` (FULL), its page tables, its
-    watermark, its holes (the lazy free list, in list order) and its live page count."""
-
-    def __init__(self, name: str, direction: str, token_bytes: int, page_size: int, budget: int, floor: int,
-                 table_len: int):
-        self.name, self.direction, self.page_size = name, direction, page_size
-        self.token_bytes = token_bytes
-        self.page_bytes = token_bytes * page_size
-        self.max_slots = budget // token_bytes
-        self.num_pages = self.max_slots // page_size
-        min_slot = -(-floor // token_bytes)
-        self.min_page = -(-min_slot // page_size)
-        if self.num_pages <= self.min_page:
-            raise ValueError(f"a budget of {budget} bytes leaves the {name} side no page past its sink floor")
-        self.wm = self.min_page if direction == "up" else self.num_pages - 1
-        self.v2p = np.full(table_len, -1, dtype=np.int64)      # the last entry: the -1 sentinel
-        self.v2p[0] = 0
-        self.p2v = np.full(self.num_pages + 1, -1, dtype=np.int64)
-        self.p2v[0] = 0
-        self.holes: list[int] = []
-        self.live = 0
-
-    # ---- extent
-    def span(self) -> int:
-        """Pages between the side's end and its watermark (live pages and holes)."""
-        return self.wm - self.min_page if self.direction == "up" else self.num_pages - 1 - self.wm
-
-    def index_room(self) -> int:
-        return self.num_pages - self.min_page - self.span()
-
-    def low_bytes(self) -> int:
-        return self.min_page * self.page_bytes if self.direction == "up" else (self.wm + 1) * self.page_bytes
-
-    def high_bytes(self) -> int:
-        return self.wm * self.page_bytes if self.direction == "up" else self.num_pages * self.page_bytes
-
-    def in_span(self) -> np.ndarray:
-        if self.direction == "up":
-            return np.arange(self.min_page, self.wm, dtype=np.int64)
-        return np.arange(self.wm + 1, self.num_pages, dtype=np.int64)
-
-    # ---- hand-out
-    def extend_watermark(self, n: int, peer: "_End") -> bool:
-        """Advance the watermark by n pages unless it leaves the index space or crosses the peer's frontier."""
-        if self.direction == "up":
-            new = self.wm + n
-            if new > self.num_pages or new > peer.low_bytes() // self.page_bytes:
-                return False
-        else:
-            new = self.wm - n
-            if new < self.min_page - 1 or new + 1 < peer.high_bytes() // self.page_bytes:
-                return False
-        self.wm = new
-        return True
-
-    def take(self, n: int, peer: "_End") -> Optional[list[int]]:
-        """n physical pages: new pages past the watermark (ascending) when there are no holes; else the holes
-        nearest the end first, then new pages for what they lack (SWA ascending, FULL descending)."""
-        if not self.holes:
-            old = self.wm
-            if not self.extend_watermark(n, peer):
-                return None
-            start = old if self.direction == "up" else old - n + 1
-            return list(range(start, start + n))
-        drain = min(n, len(self.holes))
-        more = n - drain
-        if more and not self.extend_watermark(more, peer):
-            return None
-        if drain == len(self.holes):
-            taken, self.holes = self.holes, []
-        else:
-            self.holes.sort()
-            if self.direction == "up":
-                taken, self.holes = self.holes[:drain], self.holes[drain:]
-            else:
-                taken, self.holes = self.holes[len(self.holes) - drain:], self.holes[:len(self.holes) - drain]
-        if self.direction == "up":
-            return taken + list(range(self.wm - more, self.wm))
-        return taken + list(range(self.wm + more, self.wm, -1))
-
-    def available_pages(self, extra_gap_bytes: int, gap_bytes: int) -> int:
-        """Pages this side alone could take now (``_available_tokens`` in pages)."""
-        return min((gap_bytes + extra_gap_bytes) // self.page_bytes, self.index_room()) + len(self.holes)
-
-    # ---- compaction
-    def _absorb(self) -> list[int]:
-        """Holes next to the watermark: the watermark retreats past them. Returns the interior holes, sorted."""
-        holes = sorted(self.holes)
-        if self.direction == "up":
-            while holes and holes[-1] == self.wm - 1:
-                holes.pop()
-                self.wm -= 1
-        else:
-            k = 0
-            while k < len(holes) and holes[k] == self.wm + 1 + k:
-                k += 1
-            holes = holes[k:]
-            self.wm += k
-        return holes
-
-    def _survivors(self, holes: list[int]) -> Iterator[int]:
-        """The span's live pages, farthest from the side's end first."""
-        skip = set(holes)
-        pages = range(self.wm - 1, self.min_page - 1, -1) if self.direction == "up" else \
-            range(self.wm + 1, self.num_pages)
-        return (p for p in pages if p not in skip)
-
-    def flush(self, urgent: bool, write_pages) -> list[tuple[int, int]]:
-        """One compaction pass (``_flush``); returns the (src, dst) page moves, already applied to the tables.
-        ``write_pages()``: the in-flight forward's physical pages on this side (asked once, non-urgent only)."""
-        holes = self._absorb()
-        full_pack = urgent and bool(holes)
-        dsts = holes if self.direction == "up" else holes[::-1]
-        write_set: Optional[set] = set() if full_pack else None
-        moves: list[tuple[int, int]] = []
-        for src, dst in zip(self._survivors(holes), dsts):
-            if write_set is None:
-                write_set = write_pages()
-            if src in write_set:
-                break                                  # non-urgent: the in-flight window stops the walk
-            if (src < dst) if self.direction == "up" else (src > dst):
-                break                                  # crossed: the rest is packed
-            moves.append((src, dst))
-            if not urgent and len(moves) >= MAX_MOVES_PER_FLUSH:
-                break
-        for src, dst in moves:
-            v = int(self.p2v[src])
-            self.v2p[v] = dst
-            self.p2v[dst] = v
-            self.p2v[src] = -1
-        if full_pack:
-            self.wm += -len(holes) if self.direction == "up" else len(holes)
-            self.holes = []
-        else:
-            k = len(moves)
-            rest = holes[k:] if self.direction == "up" else holes[:len(holes) - k]
-            self.holes = rest + [s for s, _ in moves]
-        return moves
 
 
 # --------------------------------------------------------------------------- the pool
 
-class UnifiedPool:
+class UnifiedPool(VirtualToPhysical):
     """A unified hybrid SWA pool with :class:`~simulator.memory.allocator.HybridAllocator`'s API; ids are virtual.
 
     ``full_page_bytes`` / ``swa_page_bytes``: the bytes of one page of each side (all its layers' K and V,
@@ -302,10 +112,9 @@ class UnifiedPool:
         self.num_virtual_ids = full_pages
         swa_pages = (budget_bytes // sb) // page_size
         swa_table = swa_pages + 1 if behaviour.swa_table_own_size else full_pages + 1
-        self.full = _End("full", "down", fb, page_size, budget_bytes, floor, full_pages + 1)
-        self.swa = _End("swa", "up", sb, page_size, budget_bytes, floor, swa_table)
-        self._free_virtual: list[int] = list(range(self.full.min_page, full_pages))   # FIFO: head first
-        self._vhead = 0
+        self.full = BufferEnd("full", "down", fb, page_size, budget_bytes, floor, full_pages + 1)
+        self.swa = BufferEnd("swa", "up", sb, page_size, budget_bytes, floor, swa_table)
+        self._virtual = VirtualPageIds(self.full.min_page, full_pages)
         self._inflight: Optional[np.ndarray] = None     # the in-flight forward's virtual write window
         self.events: list[SlotEvent] = []
         self.findings: list[OutOfRange] = []            # out_of_range records (bind, translate, write door)
@@ -317,7 +126,7 @@ class UnifiedPool:
         self._empty_gap = self._gap()
         self._cap_full = min(self._empty_gap // self.full.page_bytes, self.full.index_room()) * page_size
         self._cap_swa = min(min(self._empty_gap // self.swa.page_bytes, self.swa.index_room()) * page_size,
-                            len(self._free_virtual) * page_size)
+                            self._virtual.free_count() * page_size)
         #: the scheduler's limits (full, SWA tokens): the static split the budget was made from, when known
         #: (from_pool_config); else each side's capacity on the empty pool
         self.split: Optional[tuple[int, int]] = None
@@ -344,7 +153,7 @@ class UnifiedPool:
 
     # ---- events
 
-    def _emit(self, kind: str, side: _End, phys_pages, virt_pages, cause: str, to_pages=None) -> None:
+    def _emit(self, kind: str, side: BufferEnd, phys_pages, virt_pages, cause: str, to_pages=None) -> None:
         if not self.record_events or len(phys_pages) == 0:
             return
         p = self.page_size
@@ -390,9 +199,6 @@ class UnifiedPool:
         """The free bytes between the SWA side's frontier and the FULL side's."""
         return max(0, self.full.low_bytes() - self.swa.high_bytes())
 
-    def _vfree(self) -> int:
-        return len(self._free_virtual) - self._vhead
-
     @property
     def full_free(self) -> int:
         """The release's ``full_available_size``: the empty pool's capacity less what is live, capped by what
@@ -430,7 +236,7 @@ class UnifiedPool:
             froom, sroom = fcap - f.live, scap - s.live
             gap = self._empty_gap - f.live * f.page_bytes - s.live * s.page_bytes
         else:
-            vroom, fh, sh = self._vfree(), len(f.holes), len(s.holes)
+            vroom, fh, sh = self._virtual.free_count(), len(f.holes), len(s.holes)
             froom, sroom, gap = f.index_room(), s.index_room(), self._gap()
         if k > vroom or k > fh + froom or k > sh + sroom:
             return False
@@ -457,7 +263,7 @@ class UnifiedPool:
             if k > self.full.available_pages(0, self._gap()):
                 raise OutOfSlots(f"need {k} full pages; the full side has room for "
                                  f"{self.full.available_pages(0, self._gap())}")
-        virt = self._mint(k)
+        virt = self._virtual.mint(k)
         fp = self.full.take(k, self.swa)
         if fp is None:
             raise OutOfSlots(f"the full side could not take {k} pages")
@@ -468,18 +274,7 @@ class UnifiedPool:
         self._bind(self.swa, virt, sp, cause)
         return virt
 
-    def _mint(self, k: int) -> np.ndarray:
-        """Mint k virtual pages from the FULL side's free ids (FIFO)."""
-        if k > self._vfree():
-            raise OutOfSlots(f"asked for {k} virtual pages, {self._vfree()} free")
-        v = np.asarray(self._free_virtual[self._vhead:self._vhead + k], dtype=np.int64)
-        self._vhead += k
-        if self._vhead > 4096 and self._vhead * 2 > len(self._free_virtual):
-            self._free_virtual = self._free_virtual[self._vhead:]
-            self._vhead = 0
-        return v
-
-    def _bind(self, side: _End, virt: np.ndarray, phys: list[int], cause: str) -> None:
+    def _bind(self, side: BufferEnd, virt: np.ndarray, phys: list[int], cause: str) -> None:
         ph = np.asarray(phys, dtype=np.int64)
         side.v2p[virt] = ph
         side.p2v[ph] = virt
@@ -510,10 +305,9 @@ class UnifiedPool:
         if room and slots.swa[start - 1] == 0:
             raise RuntimeError("the SWA page of a request's last token was evicted")
         if k:
-            if self._vfree() < k:
-                raise OutOfSlots(f"need {k} virtual pages; {self._vfree()} free")
-            self._check_swa_table(np.asarray(self._free_virtual[self._vhead:self._vhead + k], dtype=np.int64),
-                                  "swa.v2p.bind")          # before anything changes
+            if self._virtual.free_count() < k:
+                raise OutOfSlots(f"need {k} virtual pages; {self._virtual.free_count()} free")
+            self._check_swa_table(self._virtual.peek(k), "swa.v2p.bind")     # before anything changes
             virt = self._alloc_pages(k, "extend")
         ids = np.empty(n, dtype=np.int64)
         if room:
@@ -526,14 +320,14 @@ class UnifiedPool:
         slots.length = start + n
         return ids.copy()
 
-    def _side_free(self, side: _End, tokens: np.ndarray, kind: str, cause: str) -> None:
+    def _side_free(self, side: BufferEnd, tokens: np.ndarray, kind: str, cause: str) -> None:
         """Free the pages of ``tokens`` on one side (``_free_lazy``): unbound, their physical pages holes."""
         pages = tokens // self.page_size if self.page_size == 1 else np.unique(tokens // self.page_size)
         phys = side.v2p[pages].copy()
         side.v2p[pages] = -1
         side.p2v[phys] = -1
         if side is self.full:
-            self._free_virtual.extend(int(v) for v in pages)
+            self._virtual.give_back(pages)
         side.holes.extend(int(x) for x in phys)
         side.live -= phys.size
         self._emit(kind, side, phys, pages, cause)
@@ -629,13 +423,13 @@ class UnifiedPool:
         v = self._inflight[self._inflight >= 0] // self.page_size
         return frozenset(np.unique(v).tolist())
 
-    def _write_pages(self, side: _End) -> set:
+    def _write_pages(self, side: BufferEnd) -> set:
         if self._inflight is None:
             return set()
         pool = "full" if side is self.full else "swa"
         return set(np.unique(self.translate_kv_loc(self._inflight, pool) // self.page_size).tolist())
 
-    def _flush(self, side: _End, urgent: bool) -> int:
+    def _flush(self, side: BufferEnd, urgent: bool) -> int:
         self.urgent_flushes += urgent
         moves = side.flush(urgent, lambda: self._write_pages(side))
         if moves:
@@ -656,96 +450,8 @@ class UnifiedPool:
         """A non-urgent compaction pass of both sides (:meth:`flush_opportunistic`)."""
         return self.flush_opportunistic()
 
-    # ---- translation and the write door
-
-    def _table(self, pool: str) -> np.ndarray:
-        return (self.full if pool == "full" else self.swa).v2p
-
-    def translate_kv_loc(self, loc: np.ndarray, pool: str = "full") -> np.ndarray:
-        """Virtual token ids -> physical token ids of ``pool``: ``max(v2p[t // ps] * ps + t % ps, 0)``; negative
-        ids and pages past the table go to 0, the sink. With U2 the raw lookup escapes (-1 -> -ps .. -1),
-        and with U1 an SWA index past the table is recorded and raised."""
-        loc = np.asarray(loc, dtype=np.int64)
-        p, table = self.page_size, self._table(pool)
-        page, off = np.floor_divide(loc, p), np.mod(loc, p)
-        if self.behaviour.swa_table_own_size and pool == "swa" and bool((page >= table.shape[0]).any()):
-            bad = int(np.flatnonzero(page >= table.shape[0])[0])
-            finding = OutOfRange("swa.v2p.translate", int(page[bad]), table.shape[0], int(loc[bad]))
-            self.findings.append(finding)
-            raise IndexOutOfRange(finding)
-        inside = (page >= 0) & (page < table.shape[0])
-        raw = table[np.where(inside, page, 0)] * p + off
-        if self.behaviour.unclamped_translate:
-            return np.where(inside, raw, 0)
-        return np.where(inside & (loc >= 0), np.maximum(raw, 0), 0)
-
-    def physical_full_to_swa(self) -> np.ndarray:
-        """Per *physical* full slot, the SWA physical slot of the same virtual token (0: none; the last
-        entry the -1 sentinel): the static pool's ``full_to_swa`` in physical terms, what the design hooks
-        of a forward whose ``out_cache_loc`` was bound physical translate through (the plan's SWA ids)."""
-        p = self.page_size
-        out = np.zeros(self.full_rows + 1, dtype=np.int64)
-        out[-1] = -1
-        bound = np.flatnonzero(self.full.v2p[1:] > 0) + 1
-        if self.behaviour.swa_table_own_size:
-            bound = bound[bound < self.swa.v2p.shape[0]]
-        if bound.size:
-            offs = np.arange(p, dtype=np.int64)
-            virt = (bound[:, None] * p + offs).ravel()
-            phys = (self.full.v2p[bound][:, None] * p + offs).ravel()
-            out[phys] = self.translate_kv_loc(virt, "swa")
-        return out
-
-    @property
-    def full_to_swa(self) -> np.ndarray:
-        """A view like HybridAllocator's mapping: per virtual token id, its SWA physical slot (0: none)."""
-        ids = np.arange(self.num_virtual_ids * self.page_size, dtype=np.int64)
-        if self.behaviour.swa_table_own_size:
-            ids = ids[: self.swa.v2p.shape[0] * self.page_size]
-        out = self.translate_kv_loc(ids, "swa")
-        return np.concatenate([out, np.asarray([-1], dtype=np.int64)])
-
-    def write_loc(self, virtual_loc: np.ndarray, pool: str) -> PhysicalLoc:
-        """The forward's write ids for ``pool``, marked physical; a negative or past-the-buffer id is
-        recorded as an :class:`OutOfRange` finding (the store would index out of bounds)."""
-        virtual_loc = np.asarray(virtual_loc, dtype=np.int64)
-        ids = self.translate_kv_loc(virtual_loc, pool)
-        rows = self.full_rows if pool == "full" else self.swa_rows
-        bad = np.flatnonzero((ids < 0) | (ids >= rows))
-        if bad.size:
-            self.findings.append(OutOfRange(f"{pool}.write", int(ids[bad[0]]), rows, int(virtual_loc[bad[0]])))
-        return PhysicalLoc(pool, ids, virtual_loc.copy())
-
     # ---- invariants (tests)
 
     def check_invariants(self, requests: list[RequestSlots] = ()) -> None:
-        for side in (self.full, self.swa):
-            v2p, p2v = side.v2p, side.p2v
-            bound = np.flatnonzero(v2p[1:] > 0) + 1
-            phys = v2p[bound]
-            assert np.unique(phys).size == phys.size, f"{side.name}: a physical page bound twice"
-            assert (p2v[phys] == bound).all(), f"{side.name}: p2v disagrees with v2p"
-            owned = np.flatnonzero(p2v[1:] >= 0) + 1
-            assert owned.size == phys.size == side.live, f"{side.name}: {owned.size} owned, {side.live} live"
-            assert v2p[0] == 0 and p2v[0] == 0, f"{side.name}: the sink moved"
-            span = set(side.in_span().tolist())
-            assert set(owned.tolist()) <= span, f"{side.name}: a live page outside the span"
-            assert len(set(side.holes)) == len(side.holes), f"{side.name}: a hole listed twice"
-            assert set(side.holes) <= span - set(owned.tolist()), f"{side.name}: a hole that is live or outside"
-            assert side.span() == side.live + len(side.holes), f"{side.name}: span is not live + holes"
-        assert self.swa.high_bytes() <= self.full.low_bytes(), "the two sides cross"
-        assert self.bytes_in_use() <= self.budget_bytes, "the byte budget is exceeded"
-        # every SWA-bound virtual page is bound on the full side
-        swa_bound = np.flatnonzero(self.swa.v2p[1:] > 0) + 1
-        assert (self.full.v2p[swa_bound] > 0).all(), "an SWA page bound to a virtual page the full side lacks"
-        p = self.page_size
-        seen: set[int] = set()
-        for r in requests:
-            virt = r.full[: r.length:p] // p
-            assert not seen.intersection(virt.tolist()), "a virtual page live in two requests"
-            seen.update(virt.tolist())
-            assert (self.full.v2p[virt] > 0).all(), "a request's virtual page is not bound full-side"
-            first = (r.swa_evicted - r.swa_evicted % p) // p
-            assert (self.swa.v2p[virt[first:]] > 0).all(), "a live window page is not bound SWA-side"
-            ev = virt[: r.swa_evicted // p]
-            assert (self.swa.v2p[ev] == -1).all(), "a tombstoned page still owns an SWA page"
+        """:func:`~simulator.memory.unified_invariants.check_unified_invariants` of this pool."""
+        check_unified_invariants(self, requests)

@@ -1,0 +1,314 @@
+"""The scenario as the run sees it: frozen dataclasses, the values its fields allow, and their defaults.
+
+Nothing here reads TOML (:mod:`simulator.scenario.parse` does, and :mod:`simulator.scenario.data` writes it
+back), so everything downstream of the parser depends only on these types. A :class:`Scenario` is built
+once, validated, and never changed: command-line overrides make a new one (:meth:`Scenario.with_overrides`).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional
+
+from simulator.scenario.models import KVGeometry, Model
+from simulator.scenario.capture import default_decode_capture_sizes, default_piecewise_capture_sizes
+
+#: the design a scenario runs when it names none: the model of the newest release, SGLang 0.5.23
+DEFAULT_DESIGN = "sglang-0.5.23"
+
+BACKENDS: tuple[str, ...] = (
+    "flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa",
+)
+ARRIVALS = ("all_at_once", "poisson")
+SPEC_ALGORITHMS = ("eagle",)
+DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
+MAX_SEED = 2**63 - 1
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the file and field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Distribution:
+    """A length distribution: fixed, uniform [min, max], lognormal clipped to [min, max], or choice."""
+
+    dist: str
+    value: int = 0
+    min: int = 1
+    max: int = 1
+    mean: float = 0.0
+    sigma: float = 1.0
+    values: tuple[int, ...] = ()
+    weights: tuple[float, ...] = ()
+
+    def sample(self, rng, n: int):
+        import numpy as np
+
+        if self.dist == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.dist == "uniform":
+            return rng.integers(self.min, self.max + 1, size=n, dtype=np.int64)
+        if self.dist == "lognormal":
+            x = rng.lognormal(self.mean, self.sigma, size=n)
+            return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+        p = np.asarray(self.weights, dtype=float) if self.weights else None
+        if p is not None:
+            p = p / p.sum()
+        return rng.choice(np.asarray(self.values, dtype=np.int64), size=n, p=p)
+
+    def to_toml(self) -> dict[str, Any]:
+        if self.dist == "fixed":
+            return {"dist": "fixed", "value": self.value}
+        if self.dist == "uniform":
+            return {"dist": "uniform", "min": self.min, "max": self.max}
+        if self.dist == "lognormal":
+            return {"dist": "lognormal", "mean": self.mean, "sigma": self.sigma, "min": self.min, "max": self.max}
+        d: dict[str, Any] = {"dist": "choice", "values": list(self.values)}
+        if self.weights:
+            d["weights"] = list(self.weights)
+        return d
+
+
+CUSTOM_MODEL = Model(name="custom", layer_kinds=(), window=0, full=KVGeometry(8, 128, 128),
+                     swa=KVGeometry(8, 128, 128))   # the base of a model given without a preset
+DEFAULT_PROMPT_LEN = Distribution("fixed", value=128)
+DEFAULT_OUTPUT_LEN = Distribution("fixed", value=16)
+DEFAULT_DP_OTHER_TOKENS = Distribution("uniform", min=0, max=512)
+DEFAULT_SYSTEM_PROMPT_LEN = Distribution("fixed", value=256)
+ONE_TURN = Distribution("fixed", value=1)
+NO_THINK_TIME = Distribution("fixed", value=0)
+
+_MASK63 = (1 << 63) - 1
+
+
+def _source_id(name: str) -> int:
+    """A stable 64-bit id of a token source (a prefix group, a conversation, a request)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def content_ids(source: str, lo: int, hi: int):
+    """Deterministic token-content ids of positions [lo, hi) of ``source``: equal (source, position),
+    equal id; different ones collide with probability about 2^-63 (a splitmix64 of the two)."""
+    import numpy as np
+
+    z = np.arange(lo, hi, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(_source_id(source))
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z & np.uint64(_MASK63)).astype(np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One request. Token *content* (what prefix matching compares) is not stored: :meth:`tokens`
+    computes it. Positions [0, prefix_len) are the prefix group's; a conversation's turns share every
+    position (turn k's prompt is turn k-1's prompt and output, then its own message); other positions
+    are the request's own (keyed by ``uid``, the request's index in the workload)."""
+
+    arrival_step: int
+    prompt_len: int
+    output_len: int
+    prefix_group: Optional[str] = None     # the first prefix_len tokens are this group's
+    prefix_len: int = 0
+    conversation: Optional[str] = None     # a turn of this conversation
+    turn: int = 0                          # 1, 2, ... within the conversation (0: not a turn)
+    think_time: int = 0                    # turn > 1: steps after the previous turn finished, at least
+    uid: int = field(default=-1, compare=False)
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+    @property
+    def content_key(self) -> str:
+        """The source of the positions past the prefix group's."""
+        if self.conversation is not None:
+            return f"conversation:{self.conversation}"
+        if self.uid < 0:
+            raise ValueError("a request outside a conversation needs its uid (make_requests sets it) for its tokens")
+        return f"request:{self.uid}"
+
+    def tokens(self, lo: int = 0, hi: Optional[int] = None):
+        """Content ids of positions [lo, hi) (default: the prompt and the output)."""
+        import numpy as np
+
+        hi = self.total_len if hi is None else hi
+        if not 0 <= lo <= hi:
+            raise ValueError(f"bad token range [{lo}, {hi})")
+        cut = min(max(self.prefix_len if self.prefix_group is not None else 0, lo), hi)
+        parts = []
+        if cut > lo:
+            parts.append(content_ids(f"group:{self.prefix_group}", lo, cut))
+        if hi > cut:
+            parts.append(content_ids(self.content_key, cut, hi))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    full_size: int
+    swa_ratio: float = 0.8
+    page_size: int = 1
+    unified: bool = False      # 0.5.23's unified memory pool (simulator/memory/unified_pool.py); docs/SHARING.md
+
+    @property
+    def swa_size(self) -> int:
+        size = int(self.full_size * self.swa_ratio)
+        return size - size % self.page_size
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    requests: int = 0
+    arrival: str = "all_at_once"
+    rate: float = 1.0                          # poisson: mean arrivals per step
+    prompt_len: Distribution = DEFAULT_PROMPT_LEN
+    output_len: Distribution = DEFAULT_OUTPUT_LEN
+    explicit: tuple[RequestSpec, ...] = ()     # when given, replaces the generated requests
+    # sharing (generated requests): system prompts and multi-turn conversations
+    system_prompts: int = 0                    # distinct shared system prompts
+    system_prompt_len: Distribution = DEFAULT_SYSTEM_PROMPT_LEN
+    share: float = 1.0                         # fraction of requests that start with a system prompt
+    turns: Distribution = ONE_TURN             # turns per conversation (each generated request is turn 1)
+    think_time: Distribution = NO_THINK_TIME   # steps between a turn's finish and the next turn's arrival
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """EAGLE-style speculative decoding (chain drafting, topk 1) with a draft model that has its own pools.
+
+    The draft shares the target's allocator (SGLang's draft worker shares its token-to-KV allocator): its
+    full layers are addressed by ``out_cache_loc``, its SWA layers by ``full_to_swa[out_cache_loc]``. So
+    its pools must hold at least as many slots as the target's; B3 (#17630) is a draft pool sized smaller.
+    """
+
+    enabled: bool = False
+    algorithm: str = "eagle"
+    num_draft_tokens: int = 4                 # tokens verified per request per round (num_steps + 1)
+    accept_rate: float = 0.7                  # chance each drafted token is accepted; the chain stops at a reject
+    draft_layers: tuple[str, ...] = ("full",)
+    draft_full_size: Optional[int] = None     # None: the target's pool.full_size
+    draft_swa_ratio: Optional[float] = None   # None: the target's pool.swa_ratio
+
+    @property
+    def num_steps(self) -> int:
+        """Draft decode forwards per round (EAGLE's speculative_num_steps, topk 1)."""
+        return self.num_draft_tokens - 1
+
+    def draft_pool(self, target: "PoolConfig") -> "PoolConfig":
+        """The draft's pool sizes as configured (a design may enlarge them: see Design.size_draft_pools)."""
+        return PoolConfig(
+            full_size=self.draft_full_size if self.draft_full_size is not None else target.full_size,
+            swa_ratio=self.draft_swa_ratio if self.draft_swa_ratio is not None else target.swa_ratio,
+            page_size=target.page_size,
+        )
+
+
+NO_SPECULATIVE = SpeculativeConfig()
+
+
+#: engine.war_barrier values ("release": the design's release chooses; the rest: simulator.scheduling.timeline.BARRIERS)
+WAR_BARRIERS = ("release", "none", "loop_top", "read_done_after_metadata", "after_launch", "coarse")
+PLATFORMS = ("cuda", "rocm")
+RESERVES = ("whole", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    chunked_prefill_size: int = 8192
+    max_running_requests: int = 1024
+    mixed_chunk: bool = False
+    dp_size: int = 1
+    dp_other_tokens: Distribution = DEFAULT_DP_OTHER_TOKENS
+    piecewise_cuda_graph: bool = False
+    piecewise_capture_sizes: tuple[int, ...] = field(default_factory=default_piecewise_capture_sizes)
+    piecewise_shrink: bool = True
+    cuda_graph: bool = True
+    cuda_graph_bs: tuple[int, ...] = field(default_factory=default_decode_capture_sizes)
+    speculative: SpeculativeConfig = NO_SPECULATIVE
+    #: attention-TP size under DP attention: SGLang 0.5.23 aligns every rank's token count to it
+    attn_tp_size: int = 1
+    #: SGLANG_SWA_EVICTION_INTERVAL: tokens past the window a request accumulates before SGLang 0.5.23
+    #: evicts them in decode (read by the 0.5.23 release model only)
+    swa_eviction_interval: int = 128
+    #: the radix prefix cache (simulator/scheduling/prefix_cache.py); SGLang's default is on, slotscope's stays off
+    #: until the scheduler uses it, so existing scenarios keep their results
+    radix_cache: bool = False
+    #: an external cache linker is attached to the radix cache (#38519's trigger of R8): evicting a leaf
+    #: frees its SWA side through ``free_swa_segment`` even when the leaf is a tombstone (docs/SHARING.md)
+    cache_linker: bool = False
+    #: a PD-disaggregated decode node (simulator/scheduling/pd_decode.py): each request arrives with its prompt's KV
+    #: computed by a prefill node and transferred; the node allocates it by SWA tail (full slots for the
+    #: whole prompt, SWA slots for the window's pages only: ``alloc_extend_swa_tail``) and decodes. The
+    #: node runs the chunk cache (no radix tree), as decode nodes did in mid-2026. At page size 1 there is no
+    #: SWA-tail allocation (the release's ``_uses_swa_tail_prealloc`` needs page_size > 1): both pools are
+    #: allocated for the whole prompt, the transfer fills the window's SWA rows, eviction frees the rest
+    pd_decode: bool = False
+    #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
+    #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
+    #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
+    overlap: bool = False
+    #: the overlap scheduler's WAR barrier: "release" (the design's release decides, per platform) or one
+    #: of simulator.scheduling.timeline.BARRIERS (none, loop_top, read_done_after_metadata, after_launch, coarse)
+    war_barrier: str = "release"
+    #: the accelerator platform: 0.5.23 enables the WAR barrier on CUDA only (ROCm: W7)
+    platform: str = "cuda"
+    #: what admission reserves: "whole" (prompt and output, so allocation never fails) or "none" (the
+    #: prompt only; decode grows each request and retracts requests when the pools run out)
+    reserve: str = "whole"
+    #: check every forward's reads (the backends' read tables) against the oracle: stale_read findings
+    read_check: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    description: str
+    seed: int
+    design: str
+    backends: tuple[str, ...]
+    model: Model
+    pool: PoolConfig
+    workload: WorkloadConfig
+    engine: EngineConfig
+    max_steps: Optional[int] = None            # stop after this many forward steps (None: run to the end)
+    # the real engine in the write path ("sglang" or "sglang==VERSION"; None: the design's model).
+    # Checked by slotscope (engine_path.releases.parse_spec), never imported here.
+    engine_release: Optional[str] = None
+    # where the scenario came from and its text: provenance, not part of the experiment (not compared)
+    source: str = field(default="<inline>", compare=False)
+    raw: str = field(default="", compare=False)   # the file's text, for the scenario hash
+
+    @property
+    def hash(self) -> str:
+        return hashlib.sha256(self.raw.encode()).hexdigest()[:16]
+
+    def with_overrides(self, *, design: Optional[str] = None, backends: Optional[tuple[str, ...]] = None,
+                       seed: Optional[int] = None, max_steps: Optional[int] = None,
+                       engine_release: Optional[str] = None) -> "Scenario":
+        """The scenario with command-line overrides; None keeps the file's value."""
+        if seed is not None and not (isinstance(seed, int) and 0 <= seed <= MAX_SEED):
+            raise ScenarioError(f"seed must be an integer in [0, 2^63), got {seed!r}")
+        if max_steps is not None and not (isinstance(max_steps, int) and max_steps >= 1):
+            raise ScenarioError(f"max_steps must be an integer >= 1, got {max_steps!r}")
+        return replace(
+            self,
+            design=design if design is not None else self.design,
+            backends=tuple(backends) if backends is not None else self.backends,
+            seed=seed if seed is not None else self.seed,
+            max_steps=max_steps if max_steps is not None else self.max_steps,
+            engine_release=engine_release if engine_release is not None else self.engine_release,
+        )
+
+    def to_toml(self, *, defaults: bool = True) -> str:
+        """The scenario as TOML text that :func:`parse_scenario` reads back to an equal scenario.
+
+        With ``defaults=True`` every field is written explicitly (the model as a layer pattern, window,
+        dtype and geometries; the engine's capture-size lists); with ``defaults=False`` fields equal to
+        what the parser would fill in are left out, for a shorter file that still round-trips.
+        """
+        from simulator.scenario.data import scenario_data
+        from simulator.scenario.toml_write import dumps
+
+        return dumps(scenario_data(self, defaults=defaults))
