@@ -98,6 +98,9 @@ class UnifiedPool(VirtualToPhysical):
     ``page_size`` entries); with ``budget_bytes`` they decide each side's pages and its sink floor.
     """
 
+    #: whose code this is (run.json's ``sources.allocator``)
+    source = "model"
+
     def __init__(self, budget_bytes: int, full_page_bytes: int, swa_page_bytes: int, page_size: int = 1,
                  behaviour: UnifiedBehaviour = UNIFIED_0_5_23):
         if min(budget_bytes, full_page_bytes, swa_page_bytes, page_size) <= 0:
