@@ -311,25 +311,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             chunked, decoding = self._sweep()
 
         eng = self.sc.engine
-        prefill: list[tuple[Request, int]] = []
-        budget = eng.chunked_prefill_size
-        for r in chunked:  # an in-progress chunked request continues first
-            if budget > 0:
-                take = min(r.prefill_len - r.prefilled, budget)
-                prefill.append((r, take))
-                budget -= take
-        while self.waiting and budget > 0:
-            req = self._try_admit(self.waiting[0])
-            if req is None:
-                break
-            self.waiting.popleft()
-            self.running.append(req)
-            if req.decodes:
-                decoding.append(req)
-            take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
-            prefill.append((req, take))
-            budget -= take
-
+        prefill = self._take_prefill(chunked, decoding)
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
@@ -350,6 +332,30 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
         if self.spec is not None:
             # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
             yield self._draft_batch(batch, truth)
+
+    def _take_prefill(self, chunked: list[Request], decoding: list[Request]) -> list[tuple[Request, int]]:
+        """The batch's prefill chunks, (request, tokens), within ``chunked_prefill_size``: the in-progress
+        chunked requests continue first, then the waiting queue's head is admitted while the budget lasts.
+        An admitted request that already decodes is appended to ``decoding``."""
+        prefill: list[tuple[Request, int]] = []
+        budget = self.sc.engine.chunked_prefill_size
+        for r in chunked:
+            if budget > 0:
+                take = min(r.prefill_len - r.prefilled, budget)
+                prefill.append((r, take))
+                budget -= take
+        while self.waiting and budget > 0:
+            req = self._try_admit(self.waiting[0])
+            if req is None:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.decodes:
+                decoding.append(req)
+            take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
+            prefill.append((req, take))
+            budget -= take
+        return prefill
 
     def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> None:
         """A batch's evictions and allocations: the prefill chunks, then one token per decoding request."""
