@@ -12,7 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from simulator.memory.allocator import HybridAllocator, OverFree, RequestSlots
 from simulator.memory.events import ADOPT, AVAILABLE, FREE, MAP
 from simulator.engine_model.sharing import BUG_SWITCHES, FIXED, SGLANG_0_5_23, bugs_of, with_bug
-from simulator.scheduling.prefix_cache import CachedRequest, OwnershipLedger, PrefixCache
+from simulator.scheduling.ownership_ledger import OwnershipLedger
+from simulator.scheduling.prefix_cache import CachedRequest, PrefixCache
 
 W = 4          # the sliding window of the hand-computed cases
 

@@ -97,7 +97,7 @@ def test_decode_candidates_only_where_they_answer_for_the_decode_point_in_force(
     import numpy as np
 
     from simulator.engine_model.release_model import EvictionContext, MidYear2026Eviction
-    from simulator.scheduling.scheduler import _decode_candidates
+    from simulator.scheduling.vector_decode import _decode_candidates
 
     base = MidYear2026Eviction()
     ctx = EvictionContext(window=4, page_size=1, chunked_prefill_size=64)
@@ -126,7 +126,7 @@ def test_decode_candidates_agree_with_the_mro_formula():
     import numpy as np
 
     from simulator.engine_model.release_model import MidYear2026Eviction, Sglang0523Eviction
-    from simulator.scheduling.scheduler import _decode_candidates
+    from simulator.scheduling.vector_decode import _decode_candidates
 
     def formula(eviction):
         fn = getattr(eviction, "decode_candidates", None)

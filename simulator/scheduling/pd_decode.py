@@ -43,19 +43,20 @@ the radix cache's).
 """
 from __future__ import annotations
 
-from collections import Counter
+from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
-from simulator.memory.allocator import HybridAllocator, OverFree
+from simulator.memory.allocator import HybridAllocator
 from simulator.scheduling.batch import Transfer
 from simulator.engine_model.sharing import FIXED, SharingBehaviour
+from simulator.scheduling.cache_log import CacheLog
 from simulator.scheduling.prefix_cache import CachedRequest, PrefixCache
 from simulator.engine_model.release_model import MID_2026, ReleaseBehaviour
 from simulator.scenario import RequestSpec, Scenario, ScenarioError
 from simulator.scheduling.scheduler import Request, Scheduler
-from simulator.scheduling.sharing import SharingScheduler
+
 
 def swa_tail_len(seq_len: int, window: int, page: int) -> int:
     """``_swa_tail_len``: the positions from the page holding the window's first token to the end."""
@@ -63,7 +64,7 @@ def swa_tail_len(seq_len: int, window: int, page: int) -> int:
     return seq_len - (start - start % page)
 
 
-class PDDecodeScheduler(Scheduler):
+class PDDecodeScheduler(CacheLog, Scheduler):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
                  release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
@@ -79,15 +80,11 @@ class PDDecodeScheduler(Scheduler):
         super().__init__(scenario, allocator, requests, rng, pad_value=pad_value, pad_to_capture=pad_to_capture,
                          release=rel)
         self.sharing = sharing if sharing is not None else FIXED
-        #: the free paths and SWA-tail allocation of the switches (the tree is not used: a chunk cache)
-        self.cache = PrefixCache(allocator, self.window, self.sharing)
+        #: the free paths and SWA-tail allocation of the switches (the tree is not used: a chunk cache); its
+        #: events and this node's own allocations and frees are logged as the radix scheduler's
+        self._open_log(PrefixCache(allocator, self.window, self.sharing))
         self._creq: dict[int, CachedRequest] = {}
         self._transfer: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        self.counts: Counter = Counter()
-        self.stopped: Optional[dict] = None
-        #: every free-path event and allocation, in order (the radix scheduler's log): the first divergent
-        #: slot's ownership history in the summary (reports/ownership.py)
-        self._log: list[tuple] = []
 
     # ------------------------------------------------------------------ admission: pre-allocation + transfer
 
@@ -177,9 +174,8 @@ class PDDecodeScheduler(Scheduler):
         live = s.swa[lo:n:p]
         swa_pages = ((live[live > 0] // p)[:, None] * p + offs).ravel()
         rows = pages.ravel()
-        who = f"request:{req.rid}"
-        self._log.append((self._step, "free", "full", "release", who, rows.copy(), None))
-        self._log.append((self._step, "free", "swa", "release", who, swa_pages, None))
+        self._log_slots("free", "full", "release", req, rows.copy())
+        self._log_slots("free", "swa", "release", req, swa_pages)
         self._freed_full.append(rows.copy())
         self._freed_swa.append(swa_pages)
         self._mapping_changed.append(rows.copy())
@@ -197,58 +193,28 @@ class PDDecodeScheduler(Scheduler):
         hi = min(kept, s.length)
         ids, peers = s.full[length:hi].copy(), s.swa[length:hi].copy()
         if hi < s.length:      # whole pages past the kept one: back in the free lists
-            who = f"request:{req.rid}"
-            self._log.append((self._step, "free", "full", "reject", who, s.full[hi:s.length].copy(), None))
-            self._log.append((self._step, "free", "swa", "reject", who, s.swa[hi:s.length].copy(), None))
+            self._log_slots("free", "full", "reject", req, s.full[hi:s.length].copy())
+            self._log_slots("free", "swa", "reject", req, s.swa[hi:s.length].copy())
         super()._give_back(req, length)
         self.alloc.set_mapping(ids, peers)
         self.counts["overallocated_kept"] += int(ids.size)
-
-    def _log_alloc(self, req: Request, full: np.ndarray, swa: np.ndarray, cause: str) -> None:
-        who = f"request:{req.rid}"
-        self._log.append((self._step, "alloc", "full", cause, who, full.copy(), None))
-        self._log.append((self._step, "alloc", "swa", cause, who, np.array(swa, np.int64), None))
 
     def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
         super()._write_tokens(req, n, tags, full, swa)
         self._log_alloc(req, full[-1], swa[-1], "alloc")
 
-    def _collect_events(self) -> None:
-        for ev in self.cache.drain_events():
-            self.counts[f"{ev.kind}:{ev.pool}:{ev.cause}"] += 1
-            self._log.append((self._step, ev.kind, ev.pool, ev.cause, None if ev.owner is None else str(ev.owner),
-                              ev.slots, ev.peers))
-            if ev.kind == "free":
-                (self._freed_full if ev.pool == "full" else self._freed_swa).append(ev.slots)
-            elif ev.kind == "map":
-                self._mapping_changed.append(ev.slots)
-
     # ------------------------------------------------------------------ batches and the run
 
     def _make_batch(self, step, mode, num_requests, tags, full, swa, per_request=1, graph_kind=None):
-        self._collect_events()
+        """The batch (the cache's events collected first, :class:`~simulator.scheduling.cache_log.CacheLog`),
+        with the transfers since the previous batch in its truth."""
         tr = self._transfer
         batch, truth = super()._make_batch(step, mode, num_requests, tags, full, swa, per_request, graph_kind)
         if tr:
             self._transfer = []
             cat = [np.concatenate([t[i] for t in tr]) for i in range(4)]
-            truth = _with_transfer(truth, Transfer(*cat))
+            truth = replace(truth, transferred=Transfer(*cat))
         return batch, truth
-
-    def steps(self):
-        """The plain scheduler's steps; an over-free (the capacity assert, which kills SGLang's engine)
-        ends them cleanly, recorded in :attr:`stopped` and the summary."""
-        try:
-            yield from super().steps()
-        except OverFree as e:
-            self._collect_events()
-            self.stopped = {"step": self._step, "class": "over_free", "assert": "available_size() <= size",
-                            "message": str(e)}
-
-    #: the radix scheduler's ownership history, over this scheduler's log of the same shape
-    OWNERSHIP_EVENTS = SharingScheduler.OWNERSHIP_EVENTS
-    ownership = SharingScheduler.ownership
-    ownership_summary = SharingScheduler.ownership_summary
 
     def stale_mappings(self) -> int:
         """Full ids on free full pages whose mapping is not 0 (the entries A1 leaves, A2 may keep)."""
@@ -271,9 +237,3 @@ class PDDecodeScheduler(Scheduler):
                                      "stale_mappings_at_end": self.stale_mappings()},
                 "hit_tokens": 0, "tombstones": 0, "recoveries": 0, "evicted_leaves": 0,
                 "events": {k: v for k, v in sorted(c.items()) if ":" in k}}
-
-
-
-def _with_transfer(truth, transfer: Transfer):
-    from dataclasses import replace
-    return replace(truth, transferred=transfer)

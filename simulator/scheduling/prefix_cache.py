@@ -16,26 +16,26 @@ describes each operation and what is left out.
   positions below ``protected`` (SGLang's ``cache_protected_len``) are the tree's, the rest the request's.
 * Every change of slot ownership is appended to :attr:`PrefixCache.events` as a :class:`SlotEvent`.
 * :class:`SharingBehaviour` holds one switch per modelled bug (R2, R3, R7, R8, A1, A2).
+* The free paths (:mod:`simulator.scheduling.free_paths`), tree eviction
+  (:mod:`simulator.scheduling.tree_eviction`) and the invariant checks
+  (:mod:`simulator.scheduling.cache_invariants`) are mixins of :class:`PrefixCache`; the events' reference
+  consumer is :class:`~simulator.scheduling.ownership_ledger.OwnershipLedger`.
 """
 from __future__ import annotations
 
 import itertools
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
 from simulator.memory.allocator import HybridAllocator, RequestSlots
 from simulator.engine_model.sharing import SGLANG_0_5_23, SharingBehaviour, bugs_of
-from simulator.memory.events import ADOPT, AVAILABLE, FREE, LOCK, MAP, UNLOCK, Owner, SlotEvent
-
-
-# --------------------------------------------------------------------------- behaviour switches
-
-
-# --------------------------------------------------------------------------- events
+from simulator.memory.events import ADOPT, LOCK, MAP, UNLOCK, Owner, SlotEvent
+from simulator.scheduling.cache_invariants import InvariantChecks
+from simulator.scheduling.free_paths import FreePaths
+from simulator.scheduling.tree_eviction import TreeEviction
 
 
 # --------------------------------------------------------------------------- tree and requests
@@ -113,7 +113,7 @@ def _common(a: np.ndarray, b: np.ndarray, p: int) -> int:
     return k - k % p
 
 
-class PrefixCache:
+class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
     """The tree over an allocator. Operations mirror the 0.5.23 call sites (docs/SHARING.md)."""
 
     def __init__(self, alloc: HybridAllocator, window: int, behaviour: SharingBehaviour = SGLANG_0_5_23):
@@ -171,111 +171,7 @@ class PrefixCache:
             node.last_access = self._clock
             node = node.parent
 
-    # ------------------------------------------------------------------ free paths (allocator/swa.py)
-
-    def _push(self, pool: str, pages: np.ndarray, exact: bool = False) -> None:
-        if pages.size:
-            (self.alloc.free_full_pages if pool == "full" else self.alloc.free_swa_pages)(pages, checked=False,
-                                                                                          exact=exact)
-
-    def _pushed(self, pool: str, pages: np.ndarray, owner: Optional[Owner], cause: str, push: bool = True,
-                exact: bool = False) -> None:
-        """``exact``: page ids freed in the order given (``free_page_ids``: a segment's ``_free_swa_pages``);
-        otherwise a slot free, whose pages a paged free list takes deduplicated and ascending (``free``)."""
-        if not pages.size:
-            return
-        if push:
-            self._push(pool, pages, exact)
-        self._emit(FREE, pool, self._page_slots(pages), owner, cause)
-        if self.alloc.in_free_group:
-            self._held.append((pool, pages))
-        else:
-            self._emit(AVAILABLE, pool, self._page_slots(pages), None, cause)
-
-    def free_full(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_full`` / ``free_full_segment``: the full pages only; the mapping is not read."""
-        full = np.asarray(full, np.int64)
-        if self._release and full.size:
-            self.alloc.release_free_full(full)
-        self._pushed("full", self._pages(full), owner, cause, push=not self._release)
-
-    def free_swa_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_swa_segment`` -> ``_free_swa_pages`` over a page-aligned run of full ids: one
-        representative per page, its peer page freed and the whole page's mapping cleared."""
-        full = np.asarray(full, np.int64)
-        if not full.size:
-            return
-        reps = full[::self.p]
-        if self.b.resolve_swa_at_flush and self.alloc.in_free_group and not self._release:
-            self._deferred.append((reps.copy(), owner, cause, True))     # the ids, not a view of a row
-            return
-        self._resolve_segment(reps, owner, cause)
-
-    def _resolve_segment(self, reps: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        m = self.alloc.full_to_swa[reps].copy()
-        if self.b.filter_unmapped_swa_frees and not self._release:
-            reps, m = reps[m > 0], m[m > 0]
-        rows = self._page_slots(reps // self.p)
-        try:
-            if self._release:
-                self.alloc.release_free_swa_segment(rows)  # the release's _free_swa_pages: mapping[rep] // page
-            else:
-                self.alloc.clear_mapping(rows)
-        finally:
-            # the release clears the mapping before its capacity assert: the mapping changed either way
-            self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))
-        self._pushed("swa", m // self.p, owner, cause, push=not self._release, exact=True)
-
-    def free_swa(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_swa`` of an arbitrary set of full ids. Page 1: ``_free_swa_pages`` (unfiltered in 0.5.23).
-        Page > 1: the ids are expanded to their whole full pages, read, cleared, and the mapped SWA
-        pages freed (``_release_swa`` drops the 0 entries); with A1 only the ids given are cleared."""
-        full = np.asarray(full, np.int64)
-        if not full.size:
-            return
-        if self.b.resolve_swa_at_flush and self.alloc.in_free_group and not self._release:
-            self._deferred.append((full.copy(), owner, cause, False))
-            return
-        self._resolve_tokens(full, owner, cause)
-
-    def _resolve_tokens(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        if self.p == 1:
-            self._resolve_segment(full, owner, cause)
-            return
-        rows = full if self.b.clear_freed_tokens_only else self._page_slots(self._pages(full))
-        m = self.alloc.full_to_swa[rows].copy()
-        try:
-            if self._release:
-                self.alloc.release_free_swa(full)           # expands to pages, frees the peers > 0 (_release_swa)
-            else:
-                self.alloc.clear_mapping(rows)
-        finally:
-            self._emit(MAP, "full", rows, owner, cause, peers=np.zeros(rows.size, np.int64))   # as above
-        self._pushed("swa", self._pages(m[m > 0]), owner, cause, push=not self._release)
-
-    def free(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free``: SWA first (it reads the mapping), then full."""
-        self.free_swa(full, owner, cause)
-        self.free_full(full, owner, cause)
-
-    def free_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_segment``: ``free_swa_segment`` then the full pages."""
-        self.free_swa_segment(full, owner, cause)
-        self.free_full(full, owner, cause)
-
-    @contextmanager
-    def free_group(self) -> Iterator[None]:
-        """``free_group_begin`` ... ``free_group_end`` (the allocator's group; nested groups join)."""
-        with self.alloc.free_group():
-            yield
-
-    def _on_group_end(self) -> None:
-        deferred, self._deferred = self._deferred, []
-        for ids, owner, cause, segment in deferred:       # R7: translated now, at the flush
-            (self._resolve_segment if segment else self._resolve_tokens)(ids, owner, cause + "@flush")
-        held, self._held = self._held, []
-        for pool, pages in held:
-            self._emit(AVAILABLE, pool, self._page_slots(pages), None, "flush")
+    # ------------------------------------------------------------------ allocation (allocator/swa.py)
 
     def extend_swa_tail(self, req: CachedRequest, n: int, tail: int) -> np.ndarray:
         """``alloc_extend_swa_tail`` for an empty request (A2's switch decides the non-tail mapping)."""
@@ -545,51 +441,7 @@ class PrefixCache:
         s.swa_evicted = end
         return end - lo
 
-    # ------------------------------------------------------------------ eviction
-
-    def _leaf(self, node: Node) -> bool:
-        return node is not self.root and not node.children
-
-    def _evict_leaf(self, node: Node) -> None:
-        if node.swa is not None or self.b.linker_frees_tombstones:
-            self.free_swa_segment(node.full, node.owner, "evict_leaf")
-        self.free_full(node.full, node.owner, "evict_leaf")
-        del node.parent.children[self._ck(node.key)]
-        del self.nodes[node.id]
-
-    def _tombstone(self, node: Node) -> None:
-        if self.b.stale_tombstone_mapping:
-            # R3: the node's SWA value freed directly; its full ids keep the (now stale) mapping
-            self._pushed("swa", self._pages(node.swa), node.owner, "tombstone")
-        else:
-            self.free_swa_segment(node.full, node.owner, "tombstone")
-        node.swa = None
-
-    def evict(self, full_tokens: int = 0, swa_tokens: int = 0) -> tuple[int, int]:
-        """Tree eviction under memory pressure: unlocked leaves by LRU until ``full_tokens`` full slots
-        are freed; then SWA by LRU over nodes with live, unlocked SWA until ``swa_tokens``: a leaf with
-        unlocked Full goes whole, an internal node (or a leaf with locked Full) becomes a tombstone."""
-        freed_full = freed_swa = 0
-        while freed_full < full_tokens:
-            leaves = [n for n in self.nodes.values() if self._leaf(n) and n.full_lock == 0]
-            if not leaves:
-                break
-            victim = min(leaves, key=lambda n: (n.last_access, n.id))
-            freed_full += len(victim.full)
-            freed_swa += 0 if victim.swa is None else len(victim.swa)
-            self._evict_leaf(victim)
-        while freed_swa < swa_tokens:
-            cands = [n for n in self.nodes.values() if n is not self.root and n.swa is not None and n.swa_lock == 0]
-            if not cands:
-                break
-            victim = min(cands, key=lambda n: (n.last_access, n.id))
-            freed_swa += len(victim.swa)
-            if self._leaf(victim) and victim.full_lock == 0:
-                freed_full += len(victim.full)
-                self._evict_leaf(victim)
-            else:
-                self._tombstone(victim)
-        return freed_full, freed_swa
+    # ------------------------------------------------------------------ report
 
     def describe(self) -> list[str]:
         """The tree as indented lines (node id, tokens, full and SWA slot ranges, locks): for reports."""
@@ -609,187 +461,5 @@ class PrefixCache:
         walk(self.root, 0)
         return out
 
-    def evictable(self) -> tuple[int, int]:
-        """Full tokens in unlocked nodes, SWA tokens in live unlocked nodes."""
-        full = sum(len(n.full) for n in self.nodes.values() if n is not self.root and n.full_lock == 0)
-        swa = sum(len(n.swa) for n in self.nodes.values()
-                  if n is not self.root and n.swa is not None and n.swa_lock == 0)
-        return full, swa
 
-    # ------------------------------------------------------------------ invariants
-
-    def check_invariants(self, requests: list[CachedRequest]) -> None:
-        """Assert the ownership invariants of the tree, the requests and the allocator together:
-        no page owned twice or both owned and free, no leak, the sink never handed out nor free,
-        every mapped full id maps to its owner's live SWA slot (0 elsewhere: tombstones own no SWA
-        slot), lock counts equal to the live locks' and never negative."""
-        full_owner, swa_owner, mapped = self._check_owners(requests)
-        self._check_free_lists(full_owner, swa_owner, mapped)
-        self._check_locks(requests)
-
-    def _check_owners(self, requests: list[CachedRequest]) -> tuple[dict[int, Owner], dict[int, Owner], int]:
-        """check_invariants' owners: every node's and request's pages owned once (never the sink), the mapping
-        equal to each owner's SWA value (0 on tombstones and evicted positions); the owner tables and the
-        count of mapped full ids."""
-        p = self.p
-        mapping = self.alloc.full_to_swa
-        full_owner: dict[int, Owner] = {}
-        swa_owner: dict[int, Owner] = {}
-        mapped = 0
-
-        def own(table: dict, pages: np.ndarray, who: Owner, pool: str) -> None:
-            for pg in pages.tolist():
-                assert pg != 0, f"{who} holds the sink page in the {pool} pool"
-                assert pg not in table, f"{pool} page {pg} owned by {table.get(pg)} and {who}"
-                table[pg] = who
-
-        for node in self.nodes.values():
-            if node is self.root:
-                continue
-            assert node.full_lock >= 0 and node.swa_lock >= 0, f"{node} has a negative lock count"
-            assert len(node.key) == node.full.size and node.full.size % p == 0 and node.full.size
-            assert (node.full[::p] % p == 0).all(), f"{node}: full value not page-aligned"
-            assert node.parent.children.get(self._ck(node.key)) is node
-            own(full_owner, self._pages(node.full), node.owner, "full")
-            m = mapping[node.full]
-            if node.swa is None:
-                assert (m == 0).all(), f"tombstone {node} still maps {m[m != 0][:4].tolist()}"
-            else:
-                assert (m == node.swa).all(), f"{node}: mapping disagrees with its SWA value"
-                own(swa_owner, self._pages(node.swa), node.owner, "swa")
-                mapped += node.swa.size
-        for r in requests:
-            s = r.slots
-            lo = r.protected
-            path = self.path_full(r.lock.node) if r.lock is not None else np.zeros(0, np.int64)
-            assert path.size == lo and (s.full[:lo] == path).all(), f"request {r.rid}: prefix is not its node's path"
-            if s.length > lo:
-                own(full_owner, self._pages(s.full[lo:s.length]), r.owner, "full")
-                ev = max(lo, s.swa_evicted)
-                assert (mapping[s.full[lo:ev]] == 0).all(), f"request {r.rid}: evicted position still mapped"
-                live = s.full[ev:s.length]
-                assert (mapping[live] == s.swa[ev:s.length]).all(), f"request {r.rid}: mapping disagrees"
-                own(swa_owner, self._pages(s.swa[ev:s.length]), r.owner, "swa")
-                mapped += live.size
-        return full_owner, swa_owner, mapped
-
-    def _check_free_lists(self, full_owner: dict[int, Owner], swa_owner: dict[int, Owner], mapped: int) -> None:
-        """check_invariants' free lists: no page free twice, owned and free, or leaked; no sink; no stray mapping."""
-        p, a = self.p, self.alloc
-        mapping = a.full_to_swa
-        free_full, free_swa = a.free_pages()
-        for pool, free, owners, total in (("full", free_full, full_owner, a.full_size // p),
-                                          ("swa", free_swa, swa_owner, a.swa_size // p)):
-            assert free.size <= total, f"{pool}: {free.size} free pages of {total}"
-            assert 0 not in free.tolist(), f"the sink page is in the {pool} free list"
-            assert np.unique(free).size == free.size, f"{pool} free list holds a page twice"
-            both = set(free.tolist()) & set(owners)
-            assert not both, f"{pool} pages {sorted(both)[:4]} are owned and free"
-            assert len(owners) + free.size == total, f"{pool}: {total - len(owners) - free.size} pages leaked"
-        assert np.count_nonzero(mapping[:-1]) == mapped, "a full id maps to an SWA slot nobody owns"
-        assert mapping[-1] == -1 and mapping[0] == 0
-
-    def _check_locks(self, requests: list[CachedRequest]) -> None:
-        """check_invariants' locks: each node's full / SWA lock count equal to the live locks through it."""
-        expect_full: dict[int, int] = {}
-        expect_swa: dict[int, int] = {}
-        for r in requests:
-            if r.lock is None or r.lock.node is self.root:
-                continue
-            cur = r.lock.node
-            while cur is not self.root:
-                expect_full[cur.id] = expect_full.get(cur.id, 0) + 1
-                cur = cur.parent
-            cur = r.lock.node
-            while cur is not self.root:
-                expect_swa[cur.id] = expect_swa.get(cur.id, 0) + 1
-                if r.lock.tag is not None and r.lock.tag in cur.boundary:
-                    break
-                cur = cur.parent
-        for node in self.nodes.values():
-            if node is self.root:
-                continue
-            assert node.full_lock == expect_full.get(node.id, 0), f"{node}: full lock drifted"
-            assert node.swa_lock == expect_swa.get(node.id, 0), f"{node}: SWA lock drifted"
-
-
-class OwnershipLedger:
-    """A reference consumer of :class:`SlotEvent`: who holds each slot and who reads it, as the events
-    say; what an oracle needs. Allocations a request makes itself are given with :meth:`allocated`, in
-    order with the events: apply the events drained so far before recording the allocation after them.
-
-    ``problems`` collects, in order: ``sink_freed`` (page 0 given back), ``double_free`` (a page freed
-    while already free), ``freed_foreign`` (a slot freed on behalf of one owner while another holds it),
-    ``freed_while_read`` (a slot freed while a request reads it), ``allocated_while_owned`` (a page
-    handed out while a slot on it is held by another owner), ``sink_allocated``.
-    """
-
-    def __init__(self, page_size: int, full_pages: int, swa_pages: int):
-        self.p = page_size
-        self.free = {"full": set(range(1, full_pages + 1)), "swa": set(range(1, swa_pages + 1))}
-        self.owner: dict[str, dict[int, Owner]] = {"full": {}, "swa": {}}
-        self.readers: dict[str, dict[int, dict[Owner, int]]] = {"full": {}, "swa": {}}
-        self.problems: list[tuple] = []
-
-    def _pages(self, slots: np.ndarray) -> list[int]:
-        return sorted(set((np.asarray(slots, np.int64) // self.p).tolist()))
-
-    def allocated(self, pool: str, slots: np.ndarray, owner: Owner) -> None:
-        held = self.owner[pool]
-        for page in self._pages(slots):
-            if page == 0:
-                self.problems.append(("sink_allocated", pool, 0, owner))
-            if page in self.free[pool]:
-                self.free[pool].discard(page)
-                continue
-            others = {held[s] for s in range(page * self.p, (page + 1) * self.p) if s in held} - {owner}
-            if others:
-                self.problems.append(("allocated_while_owned", pool, page, owner, sorted(others, key=str)))
-        for s in np.asarray(slots, np.int64).tolist():
-            held[s] = owner
-
-    def apply(self, events: list[SlotEvent]) -> None:
-        for ev in events:
-            pool, slots = ev.pool, ev.slots.tolist()
-            if ev.kind == ADOPT:
-                for s in slots:
-                    self.owner[pool][s] = ev.owner
-            elif ev.kind == FREE:
-                self._freed(ev, pool, slots)
-            elif ev.kind in (LOCK, UNLOCK):
-                table = self.readers[pool]
-                for s in slots:
-                    who = table.setdefault(s, {})
-                    who[ev.owner] = who.get(ev.owner, 0) + (1 if ev.kind == LOCK else -1)
-                    if not who[ev.owner]:
-                        del who[ev.owner]
-                    if not who:
-                        del table[s]
-
-    def _freed(self, ev: SlotEvent, pool: str, slots: list[int]) -> None:
-        held, free = self.owner[pool], self.free[pool]
-        for page in self._pages(np.asarray(slots)):
-            if page == 0:
-                self.problems.append(("sink_freed", pool, 0, ev.owner, ev.cause))
-                continue
-            if page in free:
-                self.problems.append(("double_free", pool, page, ev.owner, ev.cause))
-            free.add(page)
-        for s in slots:
-            if s < self.p:
-                continue
-            cur = held.get(s)
-            if cur is not None and cur != ev.owner:
-                self.problems.append(("freed_foreign", pool, s, cur, ev.owner, ev.cause))
-            elif cur is not None:
-                del held[s]
-            readers = set(self.readers[pool].get(s, {})) - {ev.owner}
-            if readers:
-                self.problems.append(("freed_while_read", pool, s, sorted(readers, key=str), ev.owner, ev.cause))
-
-
-__all__ = [
-    "SharingBehaviour", "SGLANG_0_5_23", "FIXED", "BUG_SWITCHES", "with_bug", "bugs_of",
-    "Owner", "SlotEvent", "ADOPT", "FREE", "AVAILABLE", "MAP", "LOCK", "UNLOCK",
-    "Node", "Lock", "CachedRequest", "MatchResult", "PrefixCache", "OwnershipLedger",
-]
+__all__ = ["Node", "Lock", "CachedRequest", "MatchResult", "PrefixCache"]

@@ -24,25 +24,29 @@ forward runs under when the run loop receives it.
 What changed between engine releases (free-list order, the SWA eviction cadence, DP padding modes,
 the multi-step draft's window) is asked of a :class:`~simulator.engine_model.release_model.ReleaseBehaviour`
 (``release``; mid-2026 by default), one policy object per concern.
+
+This module holds the policy (admission, the scheduling decision, eviction, retraction, the writes);
+its mixins the rest: the speculative forwards (:mod:`simulator.scheduling.speculative`), padding and the
+oracle's truth of each batch (:mod:`simulator.scheduling.batch_making`) and the decode part written at
+once (:mod:`simulator.scheduling.vector_decode`).
 """
 from __future__ import annotations
 
 import bisect
 from collections import deque
-from operator import ge
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
 
 from simulator.memory.allocator import HybridAllocator, RequestSlots
-from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch
-from simulator.scenario.capture import smallest_capture
-from simulator.records import STATIC_GRAPHS, Owner
+from simulator.scheduling.batch import BatchTruth, ForwardBatch
+from simulator.scheduling.batch_making import BatchMaking
+from simulator.scheduling.speculative import SpeculativeRounds
+from simulator.scheduling.vector_decode import VectorDecode
+from simulator.records import Owner
 from simulator.engine_model.release_model import MID_2026, EvictionContext, ReleaseBehaviour, eviction_end
 from simulator.scenario import RequestSpec, Scenario, ScenarioError
-
-_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(slots=True)
@@ -83,27 +87,7 @@ class Request:
         return self.prefill_done and (self.decoded < self.spec.output_len or (self.lag and not self.lagged))
 
 
-def _decode_candidates(eviction):
-    """The eviction policy's ``decode_candidates`` where it answers for the ``decode_point`` in force: defined by
-    the class that defines ``decode_point`` or a subclass of it, neither replaced on the instance; else None
-    (ask every request)."""
-    fn = getattr(eviction, "decode_candidates", None)
-    if fn is None:
-        return None
-    own = getattr(eviction, "__dict__", None)
-    if own and ("decode_point" in own or "decode_candidates" in own):
-        return None
-    # (the first class of the MRO that defines either name: one loop, asked at every decode step)
-    for c in type(eviction).__mro__:
-        d = c.__dict__
-        if "decode_candidates" in d:
-            return fn
-        if "decode_point" in d:
-            return None
-    return fn
-
-
-class Scheduler:
+class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
                  release: Optional[ReleaseBehaviour] = None):
@@ -327,25 +311,7 @@ class Scheduler:
             chunked, decoding = self._sweep()
 
         eng = self.sc.engine
-        prefill: list[tuple[Request, int]] = []
-        budget = eng.chunked_prefill_size
-        for r in chunked:  # an in-progress chunked request continues first
-            if budget > 0:
-                take = min(r.prefill_len - r.prefilled, budget)
-                prefill.append((r, take))
-                budget -= take
-        while self.waiting and budget > 0:
-            req = self._try_admit(self.waiting[0])
-            if req is None:
-                break
-            self.waiting.popleft()
-            self.running.append(req)
-            if req.decodes:
-                decoding.append(req)
-            take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
-            prefill.append((req, take))
-            budget -= take
-
+        prefill = self._take_prefill(chunked, decoding)
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
@@ -366,6 +332,30 @@ class Scheduler:
         if self.spec is not None:
             # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
             yield self._draft_batch(batch, truth)
+
+    def _take_prefill(self, chunked: list[Request], decoding: list[Request]) -> list[tuple[Request, int]]:
+        """The batch's prefill chunks, (request, tokens), within ``chunked_prefill_size``: the in-progress
+        chunked requests continue first, then the waiting queue's head is admitted while the budget lasts.
+        An admitted request that already decodes is appended to ``decoding``."""
+        prefill: list[tuple[Request, int]] = []
+        budget = self.sc.engine.chunked_prefill_size
+        for r in chunked:
+            if budget > 0:
+                take = min(r.prefill_len - r.prefilled, budget)
+                prefill.append((r, take))
+                budget -= take
+        while self.waiting and budget > 0:
+            req = self._try_admit(self.waiting[0])
+            if req is None:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.decodes:
+                decoding.append(req)
+            take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
+            prefill.append((req, take))
+            budget -= take
+        return prefill
 
     def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> None:
         """A batch's evictions and allocations: the prefill chunks, then one token per decoding request."""
@@ -394,7 +384,8 @@ class Scheduler:
 
     def _decode_tokens(self, reqs: list[Request], tags, full, swa, evict: bool) -> None:
         """One token for each decoding request, in order (``evict``: each request's lazy eviction first)."""
-        if reqs and self._vector_decode(reqs, tags, full, swa, evict):
+        # (the plain scheduler only: a subclass's allocations are its own)
+        if reqs and type(self) is Scheduler and self._vector_decode(reqs, tags, full, swa, evict):
             return
         for r in reqs:
             if evict:
@@ -403,177 +394,12 @@ class Scheduler:
             self._count_decoded(r)
             r.decode_batches += 1
 
-    def _vector_decode(self, reqs: list[Request], tags, full, swa, evict: bool) -> bool:
-        """:meth:`_decode_tokens` for the plain scheduler on the model's allocator at page size 1, with the
-        same allocations in the same order: one token per request takes one page from each free list, so
-        the requests' pops are one pop of len(reqs) pages (the full list gets no frees in between; the SWA
-        list is popped up to each request whose lazy eviction may free pages, before it evicts). Appends
-        one array for the whole decode part and keeps the requests for :meth:`_batch_requests`. False
-        (nothing done): another scheduler, allocator or page size, a journal, or a request or free list
-        without room (the per-request path then raises where it would)."""
-        a = self.alloc
-        if type(self) is not Scheduler or type(a) is not HybridAllocator or self.page != 1 \
-                or self.journal is not None or self.spec is not None or self._block is not None:
-            return False
-        k = len(reqs)
-        slots = [r.slots for r in reqs]
-        lengths = [s.length for s in slots]
-        if k > a._full.free or k > a._swa.free or any(map(ge, lengths, [s.capacity for s in slots])):
-            return False
-        new_full = a._full.pop(k)
-        new_swa = self._vector_swa_pops(reqs, evict)    # evictions keep every length
-        for r, s, n, f, w in zip(reqs, slots, lengths, new_full.tolist(), new_swa.tolist()):
-            s.full[n] = f
-            s.swa[n] = w
-            s.length = n + 1
-            if r.decoded < r.spec.output_len:     # _count_decoded, inlined
-                r.decoded += 1
-            else:
-                r.lagged = True
-            r.decode_batches += 1
-        lengths = np.array(lengths, dtype=np.int64)
-        a.full_to_swa[new_full] = new_swa
-        bases = np.array([r.tag_base for r in reqs], dtype=np.int64)
-        tags.append(bases + lengths)
-        full.append(new_full)
-        swa.append(new_swa)
-        self._block = BatchRequests(rids=np.array([r.rid for r in reqs], dtype=np.int64),
-                                    seq_lens=lengths + 1, extend_lens=np.ones(k, dtype=np.int64),
-                                    slots=tuple(slots), tag_bases=bases)
-        return True
-
-    def _vector_swa_pops(self, reqs: list[Request], evict: bool) -> np.ndarray:
-        """The SWA pages of :meth:`_vector_decode`'s requests, one per request in order: popped in runs
-        up to each request whose lazy eviction may free pages (the release's :meth:`_decode_point`), which
-        evicts first. A release that names its candidates at once (``decode_candidates``: a superset of
-        the requests whose decode point is not None) is asked only about those."""
-        swa = self.alloc._swa
-        k = len(reqs)
-        if not evict:
-            return swa.pop(k)
-        candidates = _decode_candidates(self._eviction)
-        if candidates is None:
-            hits = range(k)
-        else:
-            decoded = np.array([r.decoded for r in reqs], dtype=np.int64)
-            hits = np.flatnonzero(candidates(self._ev_ctx, decoded)).tolist()
-        parts, popped = [], 0
-        for i in hits:
-            r = reqs[i]
-            point = self._decode_point(r)
-            if point is not None:
-                if i > popped:
-                    parts.append(swa.pop(i - popped))
-                    popped = i
-                self._lazy_evict(r, point)
-        parts.append(swa.pop(k - popped))
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
-
     @staticmethod
     def _count_decoded(r: Request) -> None:
         if r.decoded < r.spec.output_len:
             r.decoded += 1
         else:
             r.lagged = True      # the overlap scheduler's token past the end: its output is dropped
-
-    def _draft_batch(self, batch: ForwardBatch, truth: BatchTruth) -> tuple[ForwardBatch, BatchTruth]:
-        """DRAFT_EXTEND after a prefill: the same out_cache_loc, run eagerly by the draft model."""
-        b = ForwardBatch(step=self._step, mode="draft_extend", graph="eager", out_cache_loc=batch.out_cache_loc,
-                         num_token_non_padded=batch.num_token_non_padded, padded_len=batch.dp_padded_len,
-                         pad_value=batch.pad_value, num_requests=batch.num_requests, requests=batch.requests)
-        t = BatchTruth(tags=truth.tags, full_slots=truth.full_slots, swa_slots=truth.swa_slots,
-                       freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),
-                       evicted_swa=_cat(self._evicted_swa), mapping_changed=_cat(self._mapping_changed))
-        self._clear_pending()
-        return b, t
-
-    def _speculative_round(self, reqs: list[Request]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
-        """One EAGLE round (topk 1): draft decode steps, target verify, draft extend over the accepted tokens."""
-        spec = self.spec
-        assert spec is not None
-        d = spec.num_draft_tokens
-        with self.alloc.free_group(self._grouped):
-            for r in reqs:
-                # lazy SWA eviction by position: a round adds up to num_draft_tokens tokens at once
-                s = r.slots
-                point = self._eviction.speculative_point(self._ev_ctx, length=s.length, evicted=s.swa_evicted,
-                                                         decode_batches=r.decode_batches)
-                if point is not None:
-                    self._lazy_evict(r, point)
-                r.decode_batches += 1
-        if self.release.draft_columns:
-            yield from self._speculative_round_columns(reqs)
-            return
-        starts = [r.slots.length for r in reqs]
-        # DRAFT_DECODE: step i writes the draft's K/V of position start + i, in slots held for the round only
-        for _ in range(spec.num_steps):
-            tags, full, swa = [], [], []
-            for r in reqs:
-                self._write_tokens(r, 1, tags, full, swa)
-            yield self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
-                                   graph_kind="draft_graph")
-        for r, start in zip(reqs, starts):
-            self._give_back(r, start)
-        # TARGET_VERIFY: num_draft_tokens tokens per request, in the decode graph runner
-        tags, full, swa = [], [], []
-        for r in reqs:
-            self._write_tokens(r, d, tags, full, swa)
-        yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
-                               graph_kind="decode_graph")
-        yield self._accept_round(reqs, starts)
-
-    def _speculative_round_columns(self, reqs: list[Request]) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
-        """SGLang 0.5.23's chain draft: the round's window of num_draft_tokens slots per request is
-        allocated once (request by request), draft step i writes column i of it (position start + i of
-        every request), TARGET_VERIFY writes the whole window, then the rejected slots go back."""
-        spec = self.spec
-        assert spec is not None
-        d = spec.num_draft_tokens
-        starts = [r.slots.length for r in reqs]
-        for r in reqs:
-            new_full = self.alloc.extend(r.slots, d)
-            self._mapping_changed.append(new_full)
-        for i in range(spec.num_steps):
-            cols = [start + i for start in starts]
-            tags = [np.array([r.tag_base + c], dtype=np.int64) for r, c in zip(reqs, cols)]
-            full = [r.slots.full[c:c + 1].copy() for r, c in zip(reqs, cols)]
-            swa = [r.slots.swa[c:c + 1].copy() for r, c in zip(reqs, cols)]
-            yield self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
-                                   graph_kind="draft_graph")
-        tags = [np.arange(r.tag_base + st, r.tag_base + st + d, dtype=np.int64) for r, st in zip(reqs, starts)]
-        full = [r.slots.full[st:st + d].copy() for r, st in zip(reqs, starts)]
-        swa = [r.slots.swa[st:st + d].copy() for r, st in zip(reqs, starts)]
-        yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
-                               graph_kind="decode_graph")
-        yield self._accept_round(reqs, starts)
-
-    def _accept_round(self, reqs: list[Request], starts: list[int]) -> tuple[ForwardBatch, BatchTruth]:
-        """The end of a speculative round: each request accepts 1 + its leading accepted drafts, the rest
-        give their slots back (in one free group where the release groups frees); then DRAFT_EXTEND, the
-        draft's K/V of the accepted tokens, in the draft-extend graph runner."""
-        d = self.spec.num_draft_tokens
-        drafts_ok = self.rng.random((len(reqs), d - 1)) < self.spec.accept_rate
-        accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
-        tags, full, swa = [], [], []
-        with self.alloc.free_group(self._grouped):
-            for r, start, a in zip(reqs, starts, accepted.tolist()):
-                self._give_back(r, start + a)
-                s = r.slots
-                tags.append(np.arange(r.tag_base + start, r.tag_base + start + a, dtype=np.int64))
-                full.append(s.full[start:start + a].copy())
-                swa.append(s.swa[start:start + a].copy())
-                r.decoded += a
-        return self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
-                                graph_kind="draft_extend_graph")
-
-    def _give_back(self, req: Request, length: int) -> None:
-        s = req.slots
-        if length >= s.length:
-            return
-        self._freed_full.append(s.full[length:s.length].copy())
-        self._freed_swa.append(s.swa[length:s.length].copy())
-        self._mapping_changed.append(s.full[length:s.length].copy())
-        self.alloc.truncate(s, length)
 
     def _evict_extend(self, req: Request) -> None:
         point = self._eviction.extend_point(self._ev_ctx, prefix_len=req.prefilled, evicted=req.slots.swa_evicted,
@@ -624,114 +450,4 @@ class Scheduler:
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
 
-    def _make_batch(self, step: int, mode: str, num_requests: int, tags, full, swa, per_request: int = 1,
-                    graph_kind: Optional[str] = None):
-        """Pad a batch (DP attention, then the graph's capture size) and pair it with the oracle's truth.
 
-        ``graph_kind`` names the batch-size graph runner of a speculative forward (``per_request``
-        tokens per request); plain decode and extend batches choose their graphs as before.
-        """
-        eng = self.sc.engine
-        if self._block is not None and len(tags) == 1:
-            # (a vectorised decode part alone: its own arrays, made for this batch and held by no one else)
-            tags_a, full_a, swa_a = tags[0], full[0], swa[0]
-        else:
-            tags_a, full_a, swa_a = np.concatenate(tags), np.concatenate(full), np.concatenate(swa)
-        real = int(full_a.shape[0])
-        # DP attention: every rank pads to the largest token count over the ranks (pad value in loc)
-        dp_len = real
-        if eng.dp_size > 1:
-            others = eng.dp_other_tokens.sample(self.rng, eng.dp_size - 1)
-            if mode == "decode" or graph_kind is not None:
-                # other ranks decode too: their batch sizes, bounded like ours
-                others = np.minimum(others, max(eng.cuda_graph_bs[-1] * per_request, real))
-            extend = mode in ("extend", "mixed")
-            plan = self.release.dp_padding.plan(
-                real=real, others=others, extend=extend, dp_size=eng.dp_size, attn_tp_size=eng.attn_tp_size,
-                prefill_graph_sizes=eng.piecewise_capture_sizes if extend and eng.piecewise_cuda_graph else None)
-            dp_len, basis, prefill_graph = plan.tokens, plan.graph_basis, plan.prefill_graph
-        else:
-            basis, prefill_graph = dp_len, True
-        graph, padded = self._graph_of(mode, basis, prefill_graph, num_requests, per_request, graph_kind, dp_len)
-        if self.pad_to_capture and graph in STATIC_GRAPHS:
-            dp_len = padded
-        if dp_len == real:
-            loc = full_a.copy()
-        else:
-            loc = np.full(dp_len, self.pad_value, dtype=np.int64)
-            loc[:real] = full_a
-        batch = ForwardBatch(step=step, mode=mode, graph=graph, out_cache_loc=loc, num_token_non_padded=real,
-                             padded_len=padded, pad_value=self.pad_value, num_requests=num_requests,
-                             requests=self._batch_requests(tags))
-        truth = BatchTruth(
-            tags=tags_a, full_slots=full_a, swa_slots=swa_a,
-            freed_full=_cat(self._freed_full), freed_swa=_cat(self._freed_swa),
-            evicted_swa=_cat(self._evicted_swa),
-            mapping_changed=_cat(self._mapping_changed + [full_a]),
-            content_keys=self._content_keys,
-        )
-        self._clear_pending()
-        return batch, truth
-
-    def _graph_of(self, mode: str, basis: int, prefill_graph: bool, num_requests: int, per_request: int,
-                  graph_kind: Optional[str], dp_len: int) -> tuple[str, int]:
-        """The batch's graph path and its padded rows: a captured graph's size (``basis``: the tokens the choice
-        is made on), or ("eager", ``dp_len``) where none fits."""
-        eng = self.sc.engine
-        if mode == "decode" and eng.cuda_graph:
-            cap = smallest_capture(eng.cuda_graph_bs, basis)
-            if cap is not None:
-                return "decode_graph", cap
-        elif mode in ("extend", "mixed") and eng.piecewise_cuda_graph:
-            cap = smallest_capture(eng.piecewise_capture_sizes, basis) if prefill_graph else None
-            if cap is not None:
-                return "piecewise", cap
-        elif graph_kind is not None and eng.cuda_graph:
-            # captured per batch size (requests), num_draft_tokens rows each for TARGET_VERIFY / DRAFT_EXTEND
-            cap = smallest_capture(eng.cuda_graph_bs, max(num_requests, -(-basis // per_request)))
-            if cap is not None:
-                return graph_kind, cap * per_request
-        return "eager", dp_len
-
-    #: the read check's content keys (None: each request's own tags); a sharing scheduler sets its own
-    _content_keys = None
-
-    #: the decode part's requests when :meth:`_vector_decode` wrote it (one tag array for all of them)
-    _block: Optional[BatchRequests] = None
-
-    def _batch_requests(self, tags: list) -> BatchRequests:
-        """The batch's requests as metadata init reads them, from its per-request tag arrays (the last
-        one all of a vectorised decode part's: those requests are kept whole, :meth:`_vector_decode`)."""
-        block, self._block = self._block, None
-        if block is None:
-            return BatchRequests.from_tags(tags, self._tag_base_array(), self._slots_by_rid.__getitem__)
-        if len(tags) == 1:
-            return block
-        head = BatchRequests.from_tags(tags[:-1], self._tag_base_array(), self._slots_by_rid.__getitem__)
-        return BatchRequests(rids=np.concatenate([head.rids, block.rids]),
-                             seq_lens=np.concatenate([head.seq_lens, block.seq_lens]),
-                             extend_lens=np.concatenate([head.extend_lens, block.extend_lens]),
-                             slots=head.slots + block.slots, tag_bases=np.concatenate([head.tag_bases, block.tag_bases]))
-
-    def _tag_base_array(self) -> np.ndarray:
-        """``_tag_bases`` as an int64 array, extended by the entries appended since the last call (capacity
-        doubling) instead of converted whole at every batch."""
-        n, m = len(self._tag_bases), self._tag_count
-        if n != m:
-            if n > self._tag_array.size:
-                grown = np.zeros(max(n, 2 * self._tag_array.size, 64), dtype=np.int64)
-                grown[:m] = self._tag_array[:m]
-                self._tag_array = grown
-            self._tag_array[m:n] = self._tag_bases[m:n]
-            self._tag_count = n
-        return self._tag_array[:n]
-
-    def _clear_pending(self) -> None:
-        self._mapping_changed.clear()
-        self._freed_full.clear()
-        self._freed_swa.clear()
-        self._evicted_swa.clear()
-
-
-def _cat(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else _EMPTY

@@ -17,31 +17,28 @@ two requests writing the same content at the same position write the same tag, a
 matched a prefix reads the tag the prefix's writer wrote). Every :class:`~simulator.memory.events.SlotEvent`
 reaches the step's truth in order: ``free`` ends the slot's liveness (whoever it was freed for: a
 free of a slot someone still reads is what the read check then reports), ``map`` changes the
-expected mapping; the read check's content keys come from the content ids of each (request,
-position).
+expected mapping (:class:`~simulator.scheduling.cache_log.CacheLog`, shared with the PD decode node);
+the read check's content keys come from the content ids of each (request, position).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from typing import Optional
 
 import numpy as np
 
-from simulator.memory.allocator import HybridAllocator, OverFree, RequestSlots
+from simulator.memory.allocator import HybridAllocator, RequestSlots
 from simulator.scheduling.batch import BatchRequests
 from simulator.engine_model.sharing import FIXED, SharingBehaviour
+from simulator.scheduling.cache_log import CacheLog
 from simulator.scheduling.prefix_cache import CachedRequest, PrefixCache
 from simulator.records import Owner
 from simulator.engine_model.release_model import ReleaseBehaviour, eviction_end
 from simulator.scenario import RequestSpec, Scenario, ScenarioError
 from simulator.scheduling.scheduler import Request, Scheduler
 
-#: free causes that are SWA eviction (the slot's last owner was evicted, not finished)
-_EVICTION_CAUSES = ("out_of_window", "tombstone")
 
-
-class SharingScheduler(Scheduler):
+class SharingScheduler(CacheLog, Scheduler):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
                  release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
@@ -63,7 +60,7 @@ class SharingScheduler(Scheduler):
         if eng.cache_linker and not self.sharing.linker_frees_tombstones:
             # #38519's trigger: an external cache linker frees evicted leaves' SWA side, tombstones included
             self.sharing = replace(self.sharing, name=f"{self.sharing.name}+cache-linker", linker_frees_tombstones=True)
-        self.cache = PrefixCache(allocator, self.window, self.sharing)
+        self._open_log(PrefixCache(allocator, self.window, self.sharing))
         self._ready: list[tuple[int, int, RequestSpec]] = []      # (step, order, spec): a turn that may arrive
         self._creq: dict[int, CachedRequest] = {}
         self._cached_len: dict[int, int] = {}
@@ -72,15 +69,8 @@ class SharingScheduler(Scheduler):
         self._tag_owner: list[tuple[int, int]] = [(-1, -1)]        # tag -> (first rid, position)
         self._batch_rids: list[int] = []
         self._content_keys = self._keys
-        #: counters for the summary: prefix-hit tokens, tombstones, recoveries, tree evictions
+        #: prefix-hit tokens, for the summary (with the event counts: tombstones, recoveries, tree evictions)
         self.hit_tokens = 0
-        self.counts: Counter = Counter()
-        #: where the run ended early: the SWA or full allocator's capacity assert (SGLang's
-        #: ``available_size() <= size``), which kills the engine; None when the run ran to its end
-        self.stopped: Optional[dict] = None
-        #: every slot event and allocation, in order: (step, kind, pool, cause, owner, slots, peers); the
-        #: ownership history of the first divergent slot is read from it (:meth:`ownership`)
-        self._log: list[tuple] = []
 
     # ------------------------------------------------------------------ tags
 
@@ -120,27 +110,6 @@ class SharingScheduler(Scheduler):
         seq = np.fromiter((s.length for s in slots), dtype=np.int64, count=len(slots))
         return BatchRequests(rids=rids, seq_lens=seq, extend_lens=n, slots=slots,
                              tag_bases=np.zeros(len(slots), dtype=np.int64))
-
-    # ------------------------------------------------------------------ events -> truth
-
-    def _collect_events(self) -> None:
-        for ev in self.cache.drain_events():
-            self.counts[f"{ev.kind}:{ev.pool}:{ev.cause}"] += 1
-            self._log.append((self._step, ev.kind, ev.pool, ev.cause, None if ev.owner is None else str(ev.owner),
-                              ev.slots, ev.peers))
-            if ev.kind == "free":
-                if ev.pool == "full":
-                    self._freed_full.append(ev.slots)
-                else:
-                    self._freed_swa.append(ev.slots)
-                    if ev.cause.split("@")[0] in _EVICTION_CAUSES:
-                        self._evicted_swa.append(ev.slots)
-            elif ev.kind == "map":
-                self._mapping_changed.append(ev.slots)
-
-    def _make_batch(self, step, mode, num_requests, tags, full, swa, per_request=1, graph_kind=None):
-        self._collect_events()
-        return super()._make_batch(step, mode, num_requests, tags, full, swa, per_request, graph_kind)
 
     # ------------------------------------------------------------------ turns
 
@@ -259,16 +228,6 @@ class SharingScheduler(Scheduler):
 
     # ------------------------------------------------------------------ steps
 
-    def steps(self):
-        """The plain scheduler's steps; an over-free (the allocator's capacity assert, which kills SGLang's
-        engine) ends them cleanly, recorded in :attr:`stopped` and the summary, instead of raising."""
-        try:
-            yield from super().steps()
-        except OverFree as e:
-            self._collect_events()
-            self.stopped = {"step": self._step, "class": "over_free", "assert": "available_size() <= size",
-                            "message": str(e)}
-
     def _schedule(self):
         self._arrive_turns()
         # the previous forward's result (process_batch_result_prefill): one free group over its requests
@@ -309,44 +268,11 @@ class SharingScheduler(Scheduler):
             self.counts["evict_calls:alloc"] += 1
         new_full = self.alloc.extend(s, n)
         self._collect_events()          # what the tree did before this allocation comes first in the log
-        who = f"request:{req.rid}"
-        self._log.append((self._step, "alloc", "full", "alloc", who, new_full.copy(), None))
-        self._log.append((self._step, "alloc", "swa", "alloc", who, s.swa[start:start + n].copy(), None))
+        self._log_alloc(req, new_full, s.swa[start:start + n], "alloc")
         tags.append(self._tag_rows[req.rid][start:start + n].copy())
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
         self._batch_rids.append(req.rid)
-
-    #: the most events an ownership history keeps (the first ones, and the last ones past the cap)
-    OWNERSHIP_EVENTS = 400
-
-    def ownership(self, pool: str, slot: int) -> list[list]:
-        """Every event that touched ``slot`` of ``pool`` in order, as [step, kind, cause, owner, peer]:
-        ``alloc`` (given to a request), ``adopt`` (a tree node holds it), ``free`` (given up on behalf of
-        the owner named), ``available`` (in the free list), ``lock`` / ``unlock`` (a request reads it),
-        ``map`` (a full id now maps to it, or, for a full slot, to ``peer``)."""
-        out: list[list] = []
-        for step, kind, p, cause, owner, slots, peers in self._log:
-            if kind == "map" and pool == "swa":
-                # a full id re-pointed at this slot (a mapping cleared to 0 is no news for the sink)
-                hit = np.flatnonzero(peers == slot) if peers is not None and slot != 0 else ()
-                out += [[step, "map", cause, owner, int(slots[i])] for i in hit[:1]]
-            elif p == pool and np.any(slots == slot):
-                peer = int(peers[np.flatnonzero(slots == slot)[0]]) if peers is not None else None
-                out.append([step, kind, cause, owner, peer])
-        cap = self.OWNERSHIP_EVENTS
-        return out if len(out) <= cap else out[:cap // 2] + out[-cap // 2:]
-
-    def ownership_summary(self, findings: Optional[list]) -> dict:
-        """``{"ownership": ...}``: the history of the first finding's slot (the first divergent slot), or {}."""
-        first = next((f for f in findings or () if f.slot >= 0 and f.kind in ("full", "swa")), None)
-        if first is None:
-            return {}
-        hist = self.ownership(first.kind, first.slot)
-        return {"ownership": {"pool": first.kind, "slot": int(first.slot), "step": int(first.step),
-                              "backend": first.backend, "class": first.cls, "message": first.message[:300],
-                              "truncated": len(hist) == self.OWNERSHIP_EVENTS and len(self._log) > 0,
-                              "events": hist}}
 
     def summary(self, findings: Optional[list] = None) -> dict:
         """What the summary's ``radix`` entry holds: prefix-hit tokens, SWA tombstones made, recoveries
