@@ -30,9 +30,12 @@ without one behaves as mid-2026).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from simulator.scenario.capture import smallest_capture
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # --------------------------------------------------------------------------- free lists
 

@@ -5,8 +5,8 @@ the field takes a closed set of values, the values allowed. Unknown keys are err
 misspelt key silently ignored would run a different experiment than the one the user wrote.
 
 The modules: ``config`` (the frozen dataclasses, the values their fields allow, the defaults), ``fields``
-(typed reads of one TOML table, naming the field), ``parse`` (TOML -> ``Scenario``), ``data`` (a
-``Scenario`` back to TOML data) and ``toml_write`` (that data as text); ``models`` (model presets) and
+(typed reads of one TOML table, naming the field), ``parse`` (TOML -> ``Scenario``; ``config``'s
+``scenario_data`` writes a ``Scenario`` back to TOML data) and ``toml_write`` (that data as text); ``models`` (model presets) and
 ``capture`` (graph capture sizes). Import the names below from the package, not from its modules.
 """
 from __future__ import annotations
@@ -16,8 +16,7 @@ from simulator.scenario.config import (ARRIVALS, BACKENDS, CUSTOM_MODEL, DEFAULT
                                        DISTRIBUTIONS, MAX_SEED, NO_SPECULATIVE, NO_THINK_TIME, ONE_TURN, PLATFORMS,
                                        RESERVES, SPEC_ALGORITHMS, WAR_BARRIERS, Distribution, EngineConfig,
                                        PoolConfig, RequestSpec, Scenario, ScenarioError, SpeculativeConfig,
-                                       WorkloadConfig, content_ids)
-from simulator.scenario.data import scenario_data
+                                       WorkloadConfig, content_ids, scenario_data)
 from simulator.scenario.fields import MAX_INT
 from simulator.scenario.parse import MAX_FILE_BYTES, load_scenario, parse_scenario, tomllib
 
