@@ -141,12 +141,6 @@ def shared_step_run(path: str) -> dict:
     from .pool import EnginePool
     from .runtime import EngineRuntime
 
-    class OwnSteps(EagerExecutor):
-        """The eager executor without its shared-pool step: every step per forward."""
-
-        def __init__(self):
-            super().__init__()
-            self.stepwise = None
 
     api = load()
     sc = load_scenario(path)
@@ -160,7 +154,7 @@ def shared_step_run(path: str) -> dict:
     out = {}
     EnginePool.set_kv_buffer = counted
     try:
-        for how, executor in (("shared", EagerExecutor()), ("own", OwnSteps())):
+        for how, executor in (("shared", EagerExecutor()), ("own", EagerExecutor(shared=False))):
             stores["n"] = 0
             rt = EngineRuntime(api)
             res = run_simulation(sc, rt.design, rt.pool_factory(sc.model), device="cpu", executor=executor,

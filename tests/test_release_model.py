@@ -357,7 +357,7 @@ def test_draft_steps_without_columns_allocate_per_step():
 
 
 class _ReleaseScheduler(Scheduler):
-    """The run loop's scheduler with the design's release (until run.py passes ``release_of(design)``)."""
+    """A scheduler with a release's behaviour given (the run passes its design's ``release.behaviour``)."""
 
     release_for_test: ReleaseBehaviour = SGLANG_0_5_23
 
@@ -378,7 +378,7 @@ LIVE_0523 = {"w7-rocm-no-barrier"}
 R8_0523 = "r8-sink-free-list"
 
 
-def test_design_is_registered_with_the_release():
+def test_the_release_design_declares_its_release():
     from simulator.designs import load_design
 
     d = load_design("sglang-0.5.23")

@@ -43,14 +43,14 @@ def test_the_knob_is_off_by_default_and_on_in_the_sharing_scenario():
     assert not scenario(NAME).engine.cache_linker and scenario("r8-sink-free-list").engine.cache_linker
 
 
-def test_the_radix_designs_are_registered_on_0523():
+def test_the_radix_designs_are_0523_with_one_switch():
     from simulator.designs import BUILTIN_DESIGNS
     from simulator.engine_model.sharing import bugs_of
     for bug in ("R2", "R3", "R7", "A1", "A2"):
         d = BUILTIN_DESIGNS[f"radix-{bug.lower()}"]()
-        assert bugs_of(d.sharing) == (bug,) and d.release.name == load_design("sglang-0.5.23").release.name
-    assert bugs_of(BUILTIN_DESIGNS["radix-fixed"]().sharing) == ()
-    assert load_design("sglang-0.5.23").sharing == SGLANG_0_5_23 and bugs_of(SGLANG_0_5_23) == ("R8",)
+        assert bugs_of(d.release.sharing) == (bug,) and d.release.name == load_design("sglang-0.5.23").release.name
+    assert bugs_of(BUILTIN_DESIGNS["radix-fixed"]().release.sharing) == ()
+    assert load_design("sglang-0.5.23").release.sharing == SGLANG_0_5_23 and bugs_of(SGLANG_0_5_23) == ("R8",)
 
 
 def test_prefix_hits_tombstones_and_recoveries_happen():

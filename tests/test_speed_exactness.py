@@ -4,7 +4,7 @@ The eager executor runs CPU steps on shared pools (simulator/core/eager.py Share
 of backends whose writes were identical so far, split on the first difference (copy on divergence), the layers
 of a kind that write one target in one store (cuda_path/store.py store_kv_layers_torch), a layer-free
 ``make_write_loc`` asked once per kind. Each test runs the same scenario through that step and through the
-run's own step (an executor without ``run_step``: every backend and layer on its own pool and store) and
+per-forward step (``EagerExecutor(shared=False)``: every backend and layer on its own pool and store) and
 requires the same findings, in the same order, and the same counts; a bug on one backend or one layer only is
 reported there alone.
 """
@@ -26,10 +26,9 @@ from simulator.run import run_simulation
 from helpers import scenario
 
 
-class OwnSteps(EagerExecutor):
-    """The eager executor without its whole-step path: the run's own step, backend after backend."""
-
-    run_step = None
+def OwnSteps() -> EagerExecutor:
+    """The eager executor without its whole-step path: every step per forward, backend after backend."""
+    return EagerExecutor(shared=False)
 
 
 class TritonTranslateBug(SGLangPost29460):

@@ -145,11 +145,9 @@ def _own_and_shared(design, name="smoke", host=True):
     sc = scenario(name)
     make = lambda f, s, skip: TaggedKVPool(sc.model, f, s, geometry="compact", skip_index=skip)  # noqa: E731
 
-    class Own(EagerExecutor):
-        run_step = None            # the run's own step: every backend on its own pool
-
     own_obs, fast_obs = _Recorder(), _Recorder()
-    own = run_simulation(sc, design, make, executor=Own(), observer=own_obs)
+    # per forward: every backend on its own pool
+    own = run_simulation(sc, design, make, executor=EagerExecutor(shared=False), observer=own_obs)
     inner = _Counting()
     ex = StepwiseExecutor(inner)
     ex.runner.host_metadata = host          # metadata on host copies, as on a GPU
@@ -242,9 +240,7 @@ def test_step_runner_pools_hold_the_runs_own_contents_with_kv_transfers(host):
         return make
 
     for stepwise in (False, True):
-        class Own(EagerExecutor):
-            run_step = None
-        ex = StepwiseExecutor(EagerExecutor()) if stepwise else Own()
+        ex = StepwiseExecutor(EagerExecutor()) if stepwise else EagerExecutor(shared=False)
         if stepwise:
             ex.runner.host_metadata = host
         run_simulation(sc, load_design(sc.design), factory(stepwise), executor=ex)

@@ -94,15 +94,15 @@ def test_the_timeline_stream_is_its_own():
 
 
 def test_barrier_resolution_per_platform():
-    rel = load_design("sglang-0.5.23").release
+    rel = load_design("sglang-0.5.23").release.behaviour
     assert resolve_barrier("release", dict(rel.war_barriers), "cuda") == "after_launch"
     assert resolve_barrier("release", dict(rel.war_barriers), "rocm") == "none"          # W7
-    fixed = load_design("sglang-0.5.23-war-barrier").release
+    fixed = load_design("sglang-0.5.23-war-barrier").release.behaviour
     assert resolve_barrier("release", dict(fixed.war_barriers), "rocm") == "after_launch"
     assert resolve_barrier("coarse", dict(rel.war_barriers), "rocm") == "coarse"
-    assert load_design("sglang-pre-26380").release.war_barrier("cuda") == "none"
-    assert load_design("sglang-pre-31687").release.war_barrier("cuda") == "loop_top"
-    assert load_design("sglang-pre-33587").release.war_barrier("cuda") == "read_done_after_metadata"
+    assert load_design("sglang-pre-26380").release.behaviour.war_barrier("cuda") == "none"
+    assert load_design("sglang-pre-31687").release.behaviour.war_barrier("cuda") == "loop_top"
+    assert load_design("sglang-pre-33587").release.behaviour.war_barrier("cuda") == "read_done_after_metadata"
 
 
 def test_journal_reads_values_back_through_the_allocator_interface():

@@ -17,9 +17,10 @@ from simulator.oracle.checker import LayerWrite
 class EagerExecutor:
     """Every layer's write location built and stored from Python, one layer after another."""
 
-    def __init__(self) -> None:
-        #: the whole-step executor of the CPU's shared pools (the pipeline asks it first at every step)
-        self.stepwise = SharedStep()
+    def __init__(self, shared: bool = True) -> None:
+        #: the whole-step executor of the CPU's shared pools (the pipeline asks it first at every step); None with
+        #: ``shared`` False: every step per forward, each backend on its own pool
+        self.stepwise = SharedStep() if shared else None
 
     def run(self, s: BackendStep) -> list[LayerWrite]:
         writes: list[LayerWrite] = []
