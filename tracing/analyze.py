@@ -15,7 +15,6 @@ in the counts.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
@@ -25,12 +24,12 @@ from simulator.records import FINDING_CLASSES
 from . import attributes as A
 from .otlp_read import (TRACE_FILE, BadLine, TraceFormatError, attributes, missing_trace, norm_id,
                         read_documents)
+from .quantiles import Quantiles
 from .tables import format_table
 
 __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
 
 DIMENSIONS = ("backend", "layer_kind", "mode", "graph_path")
-EXACT_DURATIONS = 4096          # per span name; beyond this p50 comes from a log histogram
 MAX_NAMES = 10_000              # distinct foreign span names tracked; the rest fold into "(other)"
 MAX_KEYS = 1_000                # distinct backends / modes / graph paths / layer kinds per run; the rest "(other)"
 MAX_RUNS = 1_000                # distinct slotscope runs; the rest fold into one "(other runs)"
@@ -38,7 +37,6 @@ MAX_STORED_CHARS = 512          # longer names and attribute values are cut when
 TABLE_NAME_CHARS = 48           # longer names are shortened with an ellipsis in the text tables
 OTHER = "(other)"
 ELLIPSIS = "\u2026"
-_HIST_BASE = math.log(1.01)     # histogram buckets 1% wide: p50 within about 0.5%
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR")
 _MAX_BAD_KEPT = 20
 _FINDING_KEYS = tuple(A.FINDINGS_PREFIX + c for c in FINDING_CLASSES)
@@ -73,53 +71,17 @@ def _capped_row(table: dict[str, list[int]], key: str) -> list[int]:
 
 
 # -- per-name duration statistics ---------------------------------------------------------------
-class Durations:
-    """count/total/mean/max exactly; p50 exact up to EXACT_DURATIONS samples, then ~0.5%."""
+class Durations(Quantiles):
+    """One foreign span name's durations: count/total/mean/max exactly, p50 exact up to
+    quantiles.EXACT samples, then within about 0.5%."""
 
-    __slots__ = ("count", "total", "max", "exact", "hist")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.max = 0
-        self.exact: Optional[list[int]] = []
-        self.hist: Optional[dict[int, int]] = None
-
-    def add(self, d: int) -> None:
-        self.count += 1
-        self.total += d
-        if d > self.max:
-            self.max = d
-        if self.exact is not None:
-            self.exact.append(d)
-            if len(self.exact) > EXACT_DURATIONS:
-                self.hist = {}
-                for x in self.exact:
-                    self._bucket(x)
-                self.exact = None
-        else:
-            self._bucket(d)
-
-    def _bucket(self, d: int) -> None:
-        b = -1 if d <= 0 else int(math.log(d) / _HIST_BASE)
-        self.hist[b] = self.hist.get(b, 0) + 1  # type: ignore[index]
+    __slots__ = ()
 
     def p50(self) -> float:
-        if self.count == 0:
-            return 0.0
-        rank = (self.count - 1) // 2        # nearest-rank lower median
-        if self.exact is not None:
-            return float(sorted(self.exact)[rank])
-        seen = 0
-        for b in sorted(self.hist):  # type: ignore[arg-type]
-            seen += self.hist[b]  # type: ignore[index]
-            if seen > rank:
-                return 0.0 if b < 0 else math.exp((b + 0.5) * _HIST_BASE)
-        return float(self.max)
+        return self.quantile(0.5, capped=False)
 
     def to_json(self, name: str) -> dict[str, Any]:
-        return {"name": name, "count": self.count, "total_ns": self.total,
-                "mean_ns": self.total / self.count if self.count else 0.0,
+        return {"name": name, "count": self.count, "total_ns": self.total, "mean_ns": self.mean,
                 "p50_ns": self.p50(), "max_ns": self.max, "p50_exact": self.exact is not None}
 
 
