@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Optional, Union
 
-from .otlp_read import (MAX_LINE_BYTES, BadLine, TraceFormatError, _Broken, _open, _read_lines, _too_long,
-                        as_int, attributes, norm_id, read_documents, PARSE_ERRORS)
+from .otlp_read import (MAX_LINE_BYTES, PARSE_ERRORS, BadLine, BrokenLine, TraceFormatError, as_int, attributes,
+                        norm_id, open_bytes, read_documents, read_lines, too_long)
 from .quantiles import Quantiles
 
 KNOWN_EVENTS = ("request.received", "request.finished")
@@ -188,14 +188,14 @@ def _read_request_log(paths, skip_bad, max_line_bytes):
         rd.stats.files.append(path)
         received: dict[str, float] = {}
         try:
-            with _open(path) as fh:
-                for line_no, raw, length in _read_lines(fh, 0, rd.limit):
-                    if isinstance(raw, _Broken):
+            with open_bytes(path) as fh:
+                for line_no, raw, length in read_lines(fh, 0, rd.limit):
+                    if isinstance(raw, BrokenLine):
                         rd.bad(path, line_no, raw.reason)  # type: ignore[attr-defined]
                         break
                     rd.stats.lines += 1
                     if raw is None:
-                        rd.bad(path, line_no, _too_long(rd.limit, length))
+                        rd.bad(path, line_no, too_long(rd.limit, length))
                         continue
                     rec = _log_line(rd, path, line_no, raw, received)
                     if rec is not None:
