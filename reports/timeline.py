@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .data import FindingRecord, RunDirError, RunData, _json_lines
+from .data import FindingRecord, RunData
+from .runfiles import RunDirError, json_lines
 
 HEAD = ("metadata_init", "in_graph_metadata", "read_done")
 END = "forward_end"
@@ -99,7 +100,7 @@ def step_timeline(run: RunData, step: int) -> Optional[StepTimeline]:
     if not path.is_file():
         return None
     try:
-        for _, row in _json_lines(path):
+        for _, row in json_lines(path):
             if row.get("step") != step:
                 continue
             tl = row.get("timeline")
