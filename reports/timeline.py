@@ -276,7 +276,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    from .plots import _RC, _figure, _to_svg, label_text, Plot
+    from .plots import STYLE, Plot, label_text, new_figure, to_svg
 
     kinds = dict(run.provenance.layers)
     ids = [lid for lid, _ in run.provenance.layers]
@@ -289,9 +289,9 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
         if f.backend == backend and f.step == tl.step:
             per_lane.setdefault(_lane_of_layer(run, f.layer), []).append(f.cls)
     writes = tl.writes
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(STYLE):
         height = min(10.0, 1.45 + 0.22 * n)
-        fig = _figure(width, height, left=1.45, right=2.0, bottom=0.95, top=0.4)
+        fig = new_figure(width, height, left=1.45, right=2.0, bottom=0.95, top=0.4)
         ax = fig.subplots()
         for j, name in enumerate(lanes):
             kind = name.rsplit("(", 1)[-1].rstrip(")") if name.startswith("layer") else ""
@@ -334,7 +334,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
         handles.append(Patch(color="#f4b6b0", label="lane with findings"))
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (height - 1.35)),
                   ncol=len(handles), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     alt = (f"The overlap timeline of step {tl.step}: one lane per point of the forward (metadata init, in-graph "
            f"metadata, read-done, {tl.layers} layers, forward end) and a marker for each of its {len(writes)} "
            f"scheduler write(s) where it landed; lanes where {label_text(backend)} had findings are shaded.")
@@ -349,9 +349,9 @@ def timeline_view(run: RunData, div: Any, key: str = "run-timeline", width: floa
     tl = step_timeline(run, div.step)
     if tl is None:
         return None
-    from .explain import _pick_first
+    from .explain import earliest_finding
 
-    rec, _ = _pick_first(run)
+    rec, _ = earliest_finding(run)
     rec = rec if rec is not None and rec.step == div.step and rec.backend == div.backend else None
     words = timeline_words(run, tl, div.backend, div.layer, div.cls, rec)
     notes: list[str] = []
