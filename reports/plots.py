@@ -312,18 +312,24 @@ def shape_timeline(run: RunData, key: str, mark_step: Optional[int] = None, widt
             dx.set_ylim(-1, 1)
         dx.set_ylabel("swa_loc \u2212 loc")
         dx.set_xlabel("step")
-        handles = [Line2D([], [], color=GROUP_COLORS[i % len(GROUP_COLORS)], linewidth=3, label=labels[i])
-                   for i in range(len(groups))]
-        handles += [Line2D([], [], color="#333333", linewidth=1.4, label="loc"),
-                    Line2D([], [], color="#333333", linewidth=1.4, linestyle=(0, (4, 2)), label="swa_loc"),
-                    Line2D([], [], color="#555555", linewidth=0.8, linestyle=":", label="real tokens")]
-        if mark_step is not None:
-            handles.append(Line2D([], [], color="#d62728", linestyle=":", label="first divergence"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        ax.legend(handles=_shape_legend(labels[:len(groups)], mark_step is not None), loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         svg = to_svg(fig, key)
     alt = ("Per step and backend group: the lengths of loc and swa_loc at the first "
            f"{kind} layer and their difference; {len(groups)} distinct backend group(s).")
     return Plot(key, "loc vs swa_loc length", alt, svg=svg)
+
+
+def _shape_legend(group_labels: Sequence[str], marked: bool) -> list[Line2D]:
+    """The shape timeline's legend: a colour per backend group, then the line styles (and the marker)."""
+    handles = [Line2D([], [], color=GROUP_COLORS[i % len(GROUP_COLORS)], linewidth=3, label=label)
+               for i, label in enumerate(group_labels)]
+    handles += [Line2D([], [], color="#333333", linewidth=1.4, label="loc"),
+                Line2D([], [], color="#333333", linewidth=1.4, linestyle=(0, (4, 2)), label="swa_loc"),
+                Line2D([], [], color="#555555", linewidth=0.8, linestyle=":", label="real tokens")]
+    if marked:
+        handles.append(Line2D([], [], color="#d62728", linestyle=":", label="first divergence"))
+    return handles
 
 
 def _category_rgb(values: Sequence[str], steps: np.ndarray, palette: dict[str, str]) -> tuple[np.ndarray, list[Patch], str]:

@@ -268,6 +268,32 @@ def _short_label(w: LandedWrite) -> str:
     return f"{head}: full {first}{more} ({w.entries})"
 
 
+def _lanes(run: RunData, tl: StepTimeline) -> list[str]:
+    """The plot's lanes, top to bottom: the metadata points, each layer with its kind, the forward's end."""
+    kinds = dict(run.provenance.layers)
+    ids = [lid for lid, _ in run.provenance.layers]
+    layer_names = [f"layer {ids[i] if i < len(ids) else i} ({kinds.get(ids[i], '?') if i < len(ids) else '?'})"
+                   for i in range(tl.layers)]
+    return ["metadata init", "in-graph metadata", "read-done", *layer_names, "forward end"]
+
+
+def _draw_writes(ax, writes: Sequence[LandedWrite], highlight: Optional[LandedWrite], n: int) -> None:
+    """A marker per write between the lanes it landed between; labels on all of a few, else on the highlight."""
+    from .plots import label_text
+
+    label_each = len(writes) <= 10
+    for w in writes:
+        y = (_visible_from(w.point) if w.point != END else n - 1) - 0.5
+        big = highlight is not None and w.index == highlight.index
+        ax.scatter([w.index], [y], marker=KIND_MARKERS.get(w.kind, "D"), s=90 if big else 40, zorder=3,
+                   color=KIND_COLORS.get(w.kind, "#555555"), edgecolors="black" if big else "none",
+                   linewidths=1.4 if big else 0)
+        if label_each or big:
+            ax.annotate(label_text(_short_label(w)), (w.index, y), xytext=(7, 4 if w.index % 2 == 0 else -10),
+                        textcoords="offset points", fontsize=7.5, zorder=4,
+                        fontweight="bold" if big else "normal")
+
+
 def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highlight: Optional[LandedWrite],
                   width: float = 10.0):
     """One horizontal lane per forward point, the scheduler writes as markers between the lanes they landed
@@ -278,11 +304,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
 
     from .plots import STYLE, Plot, label_text, new_figure, to_svg
 
-    kinds = dict(run.provenance.layers)
-    ids = [lid for lid, _ in run.provenance.layers]
-    layer_names = [f"layer {ids[i] if i < len(ids) else i} ({kinds.get(ids[i], '?') if i < len(ids) else '?'})"
-                   for i in range(tl.layers)]
-    lanes = ["metadata init", "in-graph metadata", "read-done", *layer_names, "forward end"]
+    lanes = _lanes(run, tl)
     n = len(lanes)
     per_lane: dict[int, list[str]] = {}
     for f in run.findings:
@@ -305,17 +327,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
                 counts = {c: classes.count(c) for c in dict.fromkeys(classes)}
                 ax.text(xmax - 0.35, j, " " + ", ".join(f"{label_text(c)} {k}" for c, k in counts.items()),
                         va="center", fontsize=7.5, color="#a51d1d", clip_on=False)
-        label_each = len(writes) <= 10
-        for w in writes:
-            y = (_visible_from(w.point) if w.point != END else n - 1) - 0.5
-            big = highlight is not None and w.index == highlight.index
-            ax.scatter([w.index], [y], marker=KIND_MARKERS.get(w.kind, "D"), s=90 if big else 40, zorder=3,
-                       color=KIND_COLORS.get(w.kind, "#555555"), edgecolors="black" if big else "none",
-                       linewidths=1.4 if big else 0)
-            if label_each or big:
-                ax.annotate(label_text(_short_label(w)), (w.index, y), xytext=(7, 4 if w.index % 2 == 0 else -10),
-                            textcoords="offset points", fontsize=7.5, zorder=4,
-                            fontweight="bold" if big else "normal")
+        _draw_writes(ax, writes, highlight, n)
         ax.set_ylim(n - 0.5, -1.15)       # room above metadata init for a write landing before it
         ax.set_xlim(-0.6, xmax - 0.4)
         every = max(1, -(-n // 48))
