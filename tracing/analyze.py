@@ -26,6 +26,7 @@ from .analysis import DIMENSIONS, ELLIPSIS, MAX_STORED_CHARS, TraceAnalysis
 from .otlp_read import (TRACE_FILE, BadLine, TraceFormatError, attributes, missing_trace, norm_id,
                         read_documents)
 from .quantiles import Quantiles
+from .recorder import agrees, direction
 
 __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
 
@@ -155,11 +156,6 @@ class _Run:
 
     def backend_rank(self, backend: str) -> tuple[int, str]:
         return (self.order.get(backend, len(self.order)), backend)
-
-
-def _agrees(kind: str, loc: int, swa: int) -> bool:
-    # Same rule as tracing.recorder.agrees; repeated so the analyser has no simulator-side import.
-    return kind == "full" or swa < 0 or swa == loc
 
 
 # -- the analyser ---------------------------------------------------------------------------------
@@ -323,7 +319,7 @@ class Analyzer:
             if row is None:
                 row = by_kind[kind] = [0, 0, 0]
             row[0] += 1
-            if not _agrees(kind, loc, swa):
+            if not agrees(kind, loc, swa):
                 if swa > loc:
                     row[1] += 1
                     lo_all += 1
@@ -357,7 +353,7 @@ class Analyzer:
         mode, graph = _cut(a.get(A.MODE, "?")), _cut(a.get(A.GRAPH, "?"))
         lo = sh = 0
         first = None
-        if not _agrees(kind, loc, swa):
+        if not agrees(kind, loc, swa):
             if swa > loc:
                 lo = 1
             else:
@@ -381,7 +377,7 @@ class Analyzer:
         key = (step, run.backend_rank(backend), layer)
         return key, {"step": step, "backend": backend, "layer": layer, "layer_kind": kind,
                      "loc_len": loc, "swa_loc_len": swa,
-                     "direction": "longer" if swa > loc else "shorter",
+                     "direction": direction(loc, swa),
                      "mode": mode, "graph_path": graph,
                      "trace_id": norm_id(span.get("traceId"), 16),
                      "span_id": norm_id(span.get("spanId"), 8)}
