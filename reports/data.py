@@ -2,7 +2,8 @@
 
 Why a module of its own: the report must work on directories written by other versions, other
 machines, or edited by hand (a shared report is untrusted input). So every file is read here, once,
-with clear errors that name the file and line, and nothing downstream touches the file system.
+through runfiles.py's guarded readers, with clear errors that name the file and line, and nothing
+downstream touches the file system.
 
 A run directory is one that holds any of summary.json, run.json, steps.jsonl, findings.jsonl or the run
 lock. A run that did not finish says so: summary.json's ``incomplete`` entry (reason, message, steps
@@ -13,20 +14,20 @@ streamed files (findings.jsonl, steps.jsonl) and run.json, and says that. A miss
 counted into the (layer, step) heat map, and only the first ``detail_cap`` are kept as records.
 
 Hostile or damaged input ends in :class:`RunDirError` naming the file and line, never in a traceback:
-lines longer than ``MAX_LINE_BYTES``, JSON files larger than ``MAX_JSON_BYTES``, JSON nested too deeply,
-numbers that are not finite or not 64-bit. A last line without its newline (a kill mid-write) is left
-out with a note.
+lines longer than ``runfiles.MAX_LINE_BYTES``, JSON files larger than ``runfiles.MAX_JSON_BYTES``, JSON
+nested too deeply, numbers that are not finite or not 64-bit. A last line without its newline (a kill
+mid-write) is left out with a note.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
+
+from .runfiles import MAX_JSON_BYTES, RunDirError, int_field, json_lines, opt_float, opt_int, read_json_file
 
 #: The finding classes in the order the report lists them (the simulator's order).
 FINDING_CLASSES: tuple[str, ...] = (
@@ -38,18 +39,8 @@ DEFAULT_DETAIL_CAP = 2000
 
 UNKNOWN = "unknown"
 
-#: Longest line read from a JSON-lines file (a finding line is ~300 bytes) and largest JSON file.
-MAX_LINE_BYTES = 16 * 2**20
-MAX_JSON_BYTES = 64 * 2**20
-
 #: Files whose presence makes a directory a run directory (slotscope/rundir.py writes the lock).
 RUN_MARKERS = ("summary.json", "run.json", "steps.jsonl", "findings.jsonl", ".slotscope.lock")
-
-_INT64 = 2**63
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be reported on; the message names the file (and line)."""
 
 
 @dataclass(frozen=True)
@@ -286,95 +277,6 @@ def _str(value: Any, default: str = UNKNOWN) -> str:
     return str(value)
 
 
-def _int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise RunDirError(f"{where}: expected a number, got {value!r}"[:300])
-    if isinstance(value, float) and not math.isfinite(value):
-        raise RunDirError(f"{where}: expected a finite number, got {value!r}")
-    if not -_INT64 < value < _INT64:
-        raise RunDirError(f"{where}: number out of range (beyond 64 bits)")
-    return int(value)
-
-
-def _loads(text: str, where: str) -> Any:
-    """json.loads with every failure as RunDirError naming ``where`` (the file and line)."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{where}: not a JSON line ({e.msg}, column {e.colno})") from None
-    except RecursionError:
-        raise RunDirError(f"{where}: JSON nested too deeply") from None
-    except ValueError as e:       # e.g. an integer with more digits than Python converts
-        raise RunDirError(f"{where}: not readable JSON ({str(e)[:200]})") from None
-
-
-class _Lines:
-    """The JSON objects of a JSON-lines file, one line at a time, lines capped at MAX_LINE_BYTES.
-
-    ``cut`` is set when the last line has no newline and is not JSON (a kill mid-write): it is left out."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.cut = False
-
-    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        path = self.path
-        with open(path, "rb") as f:
-            lineno = 0
-            while True:
-                raw = f.readline(MAX_LINE_BYTES + 1)
-                if not raw:
-                    return
-                lineno += 1
-                if len(raw) > MAX_LINE_BYTES:
-                    raise RunDirError(f"{path}:{lineno}: line longer than {MAX_LINE_BYTES // 2**20} MiB "
-                                      "(not a slotscope line)")
-                text = raw.decode("utf-8", errors="replace")
-                if not text.strip():
-                    continue
-                try:
-                    row = _loads(text, f"{path}:{lineno}")
-                except RunDirError:
-                    if not raw.endswith(b"\n") and not f.read(1):
-                        self.cut = True       # the last line, cut off by a kill: leave it out
-                        return
-                    raise
-                if not isinstance(row, dict):
-                    raise RunDirError(f"{path}:{lineno}: expected a JSON object")
-                yield lineno, row
-
-
-def _json_lines(path: Path, notes: Optional[list[str]] = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    lines = _Lines(path)
-    yield from lines
-    if lines.cut and notes is not None:
-        notes.append(f"{path.name}: its last line was cut off (the run was killed while writing it) and is "
-                     "left out.")
-
-
-def _read_json_file(path: Path) -> Any:
-    """A whole JSON file (summary.json, run.json), size-capped; RunDirError naming it otherwise."""
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
-    if size > MAX_JSON_BYTES:
-        raise RunDirError(f"{path}: {size / 2**20:,.0f} MiB, larger than {MAX_JSON_BYTES // 2**20} MiB "
-                          "(not a slotscope file)")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as e:
-        raise RunDirError(f"{path}: cannot read ({e.strerror})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
-    except RecursionError:
-        raise RunDirError(f"{path}:1: JSON nested too deeply") from None
-    except ValueError as e:
-        raise RunDirError(f"{path}: not readable JSON ({str(e)[:200]})") from None
-
-
 def _owner(value: Any, where: str) -> Optional[Owner]:
     if value is None:
         return None
@@ -402,41 +304,25 @@ def _load_summary(run_dir: Path) -> Optional[dict[str, Any]]:
             raise RunDirError(f"{run_dir}: not a slotscope run directory (no summary.json, run.json, "
                               "steps.jsonl or findings.jsonl)")
         return None
-    data = _read_json_file(path)
+    data = read_json_file(path)
     if not isinstance(data, dict) or not isinstance(data.get("backends"), dict):
         raise RunDirError(f"{path}: field 'backends' must be an object of backend -> verdict")
     return data
-
-
-def _opt_float(value: Any) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        f = float(value)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _opt_int(value: Any) -> Optional[int]:
-    if isinstance(value, bool) or not isinstance(value, int) or not -_INT64 < value < _INT64:
-        return None
-    return value
 
 
 def _incomplete(summary: dict[str, Any]) -> Optional[Incomplete]:
     inc = summary.get("incomplete")
     if inc is None or inc is False:
         return None
-    max_steps = _opt_int(summary.get("max_steps"))
+    max_steps = opt_int(summary.get("max_steps"))
     if not isinstance(inc, dict):
         return Incomplete("unknown", f"the run did not finish ({str(inc)[:300]})", None, max_steps)
     reason = _str(inc.get("reason"), "error" if inc.get("error") else "unknown")[:100]
     message = inc.get("message")
     if not isinstance(message, str) or not message:
         message = f"the run failed: {inc['error']}" if inc.get("error") else "the run did not finish"
-    return Incomplete(reason, str(message)[:2000], _opt_int(inc.get("steps_done")),
-                      _opt_int(inc.get("max_steps")) or max_steps)
+    return Incomplete(reason, str(message)[:2000], opt_int(inc.get("steps_done")),
+                      opt_int(inc.get("max_steps")) or max_steps)
 
 
 def _verdicts(summary: dict[str, Any], path: Path) -> tuple[BackendVerdict, ...]:
@@ -448,13 +334,13 @@ def _verdicts(summary: dict[str, Any], path: Path) -> tuple[BackendVerdict, ...]
         found = b.get("findings") or {}
         if not isinstance(found, dict):
             raise RunDirError(f"{where}.findings: expected an object of class -> count")
-        counts = {str(c): _int(n, f"{where}.findings.{c}") for c, n in found.items()}
+        counts = {str(c): int_field(n, f"{where}.findings.{c}") for c, n in found.items()}
         ff = b.get("first_finding")
         first = None
         if isinstance(ff, dict):
-            first = FirstFinding(_int(ff.get("step"), f"{where}.first_finding.step"),
-                                 _int(ff.get("layer"), f"{where}.first_finding.layer"), str(ff.get("class")))
-        out.append(BackendVerdict(str(name), _int(b.get("writes", 0), f"{where}.writes"), counts, first))
+            first = FirstFinding(int_field(ff.get("step"), f"{where}.first_finding.step"),
+                                 int_field(ff.get("layer"), f"{where}.first_finding.layer"), str(ff.get("class")))
+        out.append(BackendVerdict(str(name), int_field(b.get("writes", 0), f"{where}.writes"), counts, first))
     return tuple(out)
 
 
@@ -475,7 +361,7 @@ def _load_run_json(run_dir: Path, notes: list[str]) -> Optional[dict[str, Any]]:
         notes.append("run.json is missing: provenance shows 'unknown'.")
         return None
     try:
-        d = _read_json_file(path)
+        d = read_json_file(path)
     except RunDirError as e:
         notes.append(f"run.json cannot be read ({str(e)[len(str(path)) + 2:][:300]}): provenance shows 'unknown'.")
         return None
@@ -488,7 +374,7 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
     layers: list[tuple[int, str]] = []
     items = d.get("layers")
     for item in items if isinstance(items, list) else ():
-        if isinstance(item, (list, tuple)) and len(item) == 2 and _opt_int(item[0]) is not None:
+        if isinstance(item, (list, tuple)) and len(item) == 2 and opt_int(item[0]) is not None:
             layers.append((int(item[0]), str(item[1])))
     timings = d.get("timings") if isinstance(d.get("timings"), dict) else {}
     run_s = timings.get("run_s")
@@ -508,7 +394,7 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
         description=_str(d.get("description"), ""), device=_str(d.get("device")),
         device_name=_str(d.get("device_name")), geometry=_str(d.get("geometry")), store=_str(d.get("store")),
         model=_str(d.get("model")), window=_str(d.get("window")), python=_str(d.get("python")),
-        torch=_str(d.get("torch")), run_s=_opt_float(run_s),
+        torch=_str(d.get("torch")), run_s=opt_float(run_s),
         layers=tuple(layers), present=True, engine=engine, engine_pieces=pieces)
 
 
@@ -522,9 +408,9 @@ def _load_steps(run_dir: Path, notes: list[str]) -> StepTable:
     modes: list[str] = []
     graphs: list[str] = []
     if path.is_file():
-        for lineno, row in _json_lines(path, notes):
+        for lineno, row in json_lines(path, notes):
             for k in _STEP_INT_FIELDS:
-                cols[k].append(_int(row.get(k, 0), f"{path}:{lineno}: field {k!r}"))
+                cols[k].append(int_field(row.get(k, 0), f"{path}:{lineno}: field {k!r}"))
             modes.append(str(row.get("mode", "?"))[:100])
             graphs.append(str(row.get("graph", "?"))[:100])
     arr = {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
@@ -536,11 +422,12 @@ def _load_shapes(run_dir: Path, notes: list[str]) -> tuple[ShapeSeries, ...]:
     if not path.is_file():
         return ()
     acc: dict[tuple[str, str], tuple[list[int], list[int], list[int]]] = {}
-    for lineno, row in _json_lines(path, notes):
+    for lineno, row in json_lines(path, notes):
         where = f"{path}:{lineno}"
         try:
             key = (str(row["backend"]), str(row["kind"]))
-            vals = (_int(row["step"], where), _int(row["loc_len"], where), _int(row["swa_loc_len"], where))
+            vals = (int_field(row["step"], where), int_field(row["loc_len"], where),
+                    int_field(row["swa_loc_len"], where))
         except KeyError as e:
             raise RunDirError(f"{where}: needs step, backend, kind, loc_len, swa_loc_len (no {e})") from None
         lists = acc.setdefault(key, ([], [], []))
@@ -552,9 +439,9 @@ def _load_shapes(run_dir: Path, notes: list[str]) -> tuple[ShapeSeries, ...]:
 
 def _finding(row: dict[str, Any], where: str) -> FindingRecord:
     return FindingRecord(
-        step=_int(row.get("step"), f"{where}: step"), backend=str(row.get("backend", "?")),
-        layer=_int(row.get("layer"), f"{where}: layer"), kind=str(row.get("kind", row.get("subpool", "?"))),
-        cls=str(row.get("class", "?")), slot=_int(row.get("slot", -1), f"{where}: slot"),
+        step=int_field(row.get("step"), f"{where}: step"), backend=str(row.get("backend", "?")),
+        layer=int_field(row.get("layer"), f"{where}: layer"), kind=str(row.get("kind", row.get("subpool", "?"))),
+        cls=str(row.get("class", "?")), slot=int_field(row.get("slot", -1), f"{where}: slot"),
         expected=_owner(row.get("expected"), f"{where}: expected"),
         observed=_owner(row.get("observed"), f"{where}: observed"), message=str(row.get("message") or ""))
 
@@ -581,10 +468,11 @@ def _load_findings(run_dir: Path, cap: int, notes: list[str]) -> _FindingScan:
     firsts: dict[str, FirstFinding] = {}
     n = 0
     if path.is_file():
-        for lineno, row in _json_lines(path, notes):
+        for lineno, row in json_lines(path, notes):
             n += 1
             where = f"{path}:{lineno}"
-            step, layer = _int(row.get("step"), f"{where}: step"), _int(row.get("layer"), f"{where}: layer")
+            step = int_field(row.get("step"), f"{where}: step")
+            layer = int_field(row.get("layer"), f"{where}: layer")
             backend, cls = str(row.get("backend", "?"))[:200], str(row.get("class", "?"))[:100]
             if len(kept) < cap:
                 kept.append(_finding(row, where))
@@ -646,13 +534,13 @@ def load_run(run_dir: str | Path, detail_cap: int = DEFAULT_DETAIL_CAP) -> RunDa
         design=_str(summary.get("design")),
         seed=_str(summary.get("seed")),
         backends=_verdicts(summary, where),
-        num_steps=_int(summary.get("steps", 0), f"{where}: steps"),
-        crossings=_int(summary.get("crossings", 0), f"{where}: crossings"),
-        findings_total=_int(summary.get("findings_total", 0), f"{where}: findings_total"),
+        num_steps=int_field(summary.get("steps", 0), f"{where}: steps"),
+        crossings=int_field(summary.get("crossings", 0), f"{where}: crossings"),
+        findings_total=int_field(summary.get("findings_total", 0), f"{where}: findings_total"),
         detail_truncated=bool(summary.get("findings_detail_truncated", False)),
         notes=tuple(notes),
         incomplete=_incomplete(summary) or _incomplete(run_json or {}),   # either file saying so is enough
-        max_steps=_opt_int(summary.get("max_steps")),
+        max_steps=opt_int(summary.get("max_steps")),
         **common,
     )
 
@@ -683,7 +571,7 @@ def _from_streams(run_dir: Path, run_json: Optional[dict[str, Any]], scan: _Find
     names = [str(n)[:200] for n in names] if isinstance(names, list) else []
     steps: StepTable = common["steps"]
     done = len(steps)
-    max_steps = _opt_int(d.get("max_steps"))
+    max_steps = opt_int(d.get("max_steps"))
     missing = "no summary.json" + ("" if run_json is not None else " and no run.json")
     holder = _live_lock_holder(run_dir)
     if holder is not None:

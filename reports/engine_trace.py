@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .html import _common, _env, _write_atomic
+from .html import environment, page_context, write_atomic
 from .plots import Plot, UnsafeFigure, envelope
 
 MODE_COLORS = {0: "#74c476", 1: "#9e9ac8", 2: "#c7c7c7"}
@@ -24,12 +24,12 @@ def _timeline(key: str, title: str, alt: str, x: np.ndarray, series: Sequence[tu
               xlabel: str, modes: Optional[np.ndarray] = None, width: float = 10.0) -> Optional[Plot]:
     import matplotlib
 
-    from .plots import _RC, _figure, _to_svg
+    from .plots import STYLE, new_figure, to_svg
 
     if x.size == 0:
         return None
-    with matplotlib.rc_context(_RC):
-        fig = _figure(width, 3.0, left=0.75, right=1.6)
+    with matplotlib.rc_context(STYLE):
+        fig = new_figure(width, 3.0, left=0.75, right=1.6)
         ax = fig.subplots(1, 1)
         for y, color, label in series:
             xx, yy = envelope(x, y.astype(np.float64))
@@ -44,7 +44,7 @@ def _timeline(key: str, title: str, alt: str, x: np.ndarray, series: Sequence[tu
         ax.set_xlabel(xlabel)
         ax.set_title(title, y=1.02)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     return Plot(key, title, alt, svg=svg)
 
 
@@ -110,14 +110,14 @@ def render_engine_report(an: Any, sources: Sequence[str] = ()) -> str:
         run_rows = [("engine", [an.run["engine"][k] for k in CMP_KEYS]),
                     ("simulator", [an.run["sim"][k] for k in CMP_KEYS])]
     title = ", ".join(Path(s).name for s in sources)[:200] or "trace"
-    return _env().get_template("engine_trace.html.j2").render(
+    return environment().get_template("engine_trace.html.j2").render(
         title=title, sources=list(sources), requests=an.requests, batches=an.batches,
         spans=sorted(st.events.items()), bad_lines=st.bad_lines, stages=an.stages,
         exact=all(s["exact"] for s in an.stages),
         unknown=sorted(st.unknown.items(), key=lambda kv: -kv[1])[:20],
-        plots=plots + [], run=an.run, run_rows=run_rows, run_plots=run_plots, notes=notes, **_common())
+        plots=plots + [], run=an.run, run_rows=run_rows, run_plots=run_plots, notes=notes, **page_context())
 
 
 def write_engine_report(an: Any, out_path: str | Path, sources: Sequence[str] = ()) -> Path:
     """Write the engine-trace report to ``out_path`` (atomically); returns the path."""
-    return _write_atomic(Path(out_path), render_engine_report(an, sources))
+    return write_atomic(Path(out_path), render_engine_report(an, sources))

@@ -64,8 +64,9 @@ def _pool(kind: str) -> str:
     return {"swa": "SWA pool", "full": "full pool"}.get(kind, f"{kind} pool")
 
 
-def _pick_first(run: RunData) -> tuple[Optional[FindingRecord], Optional[tuple[str, int, int, str]]]:
-    """The earliest finding by step (then backend order of the summary) and its summary entry."""
+def earliest_finding(run: RunData) -> tuple[Optional[FindingRecord], Optional[tuple[str, int, int, str]]]:
+    """The earliest finding by step (then backend order of the summary) and its summary entry (backend, step,
+    layer, class): where first_divergence and the overlap timeline (timeline.py) both start."""
     order = {b.name: i for i, b in enumerate(run.backends)}
     firsts = [(b.first.step, order[b.name], b.name, b.first) for b in run.backends if b.first is not None]
     if firsts:
@@ -207,7 +208,7 @@ def _why(rec: Optional[FindingRecord], cls: str, kind: str, batch: Optional[dict
 
 def first_divergence(run: RunData) -> Optional[Divergence]:
     """The earliest finding of the run explained, or None for a clean run."""
-    rec, entry = _pick_first(run)
+    rec, entry = earliest_finding(run)
     if entry is None:
         return None
     backend, step, layer, cls = entry

@@ -62,7 +62,9 @@ def _svg_filter(svg: str) -> Markup:
 
 
 @lru_cache(maxsize=1)
-def _env() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
+    """The one Jinja2 environment of every page (run, comparison, engine trace, sweep): autoescaping, strict
+    about undefined names, with the report's filters; templates from ``TEMPLATES``."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["cls_css"] = _cls_css
@@ -79,7 +81,8 @@ def _check_script() -> tuple[Markup, str]:
     return Markup(text), f"sha256-{digest}"
 
 
-def _common() -> dict[str, object]:
+def page_context() -> dict[str, object]:
+    """What base.html.j2 needs on every page: the check script, its CSP hash, the generating version."""
     js, digest = _check_script()
     return {"check_js": js, "script_hash": digest, "generator_version": _VERSION}
 
@@ -123,19 +126,19 @@ def render_report(run: RunData) -> str:
     from .faults import fault_view        # --inject: the injected faults and what detected them, else None
     from .ownership import ownership_view  # the radix cache: the first divergent slot's owners over time, else None
 
-    return _env().get_template("report.html.j2").render(
+    return environment().get_template("report.html.j2").render(
         run=run, verdict=verdict_sentence(run), incomplete=incomplete_sentence(run), verdict_rows=verdict_rows(run),
         divergence=div, plots=plots, timeline=timeline_view(run, div), ownership=ownership_view(run),
         plot_notes=notes, mismatches=mismatches, distinct_mismatches=distinct, layer_mix=_layer_mix(run),
-        faults=fault_view(run.path), **_common())
+        faults=fault_view(run.path), **page_context())
 
 
 class OutputError(ValueError):
     """The report's output path cannot be written (a directory, no permission); names the path."""
 
 
-def _write_atomic(out: Path, html: str) -> Path:
-    """Write through a temporary file, so a reader never sees half a report; the temporary file never
+def write_atomic(out: Path, html: str) -> Path:
+    """Write a page through a temporary file, so a reader never sees half a report; the temporary file never
     stays behind, whatever fails."""
     if out.is_dir():
         raise OutputError(f"{out}: is a directory; name the output file (e.g. {out / 'report.html'})")
@@ -160,7 +163,7 @@ def write_report(run_dir: str | Path, out_path: Optional[str | Path] = None) -> 
     run = load_run(run_dir)
     out = Path(out_path) if out_path is not None else Path(run_dir) / "report.html"
     html = render_report(run)
-    return _write_atomic(out, html)
+    return write_atomic(out, html)
 
 
 @dataclass(frozen=True)
@@ -206,9 +209,9 @@ def render_comparison(runs: Sequence[RunData]) -> str:
     same = len(names) == 1 and (len(hashes) == 1)
     designs = ", ".join(dict.fromkeys(r.design for r in runs))
     title = f"{names[0]} under {designs}" if len(names) == 1 else f"{', '.join(names)} under {designs}"
-    return _env().get_template("compare.html.j2").render(
+    return environment().get_template("compare.html.j2").render(
         title=title, columns=columns, same_scenario=same, compare_rows=compare_rows(runs), rows=_COMPARE_ROWS,
-        **_common())
+        **page_context())
 
 
 def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Path:
@@ -216,4 +219,4 @@ def write_comparison(run_dirs: Sequence[str | Path], out_path: str | Path) -> Pa
     runs = [load_run(d) for d in run_dirs]
     out = Path(out_path)
     html = render_comparison(runs)
-    return _write_atomic(out, html)
+    return write_atomic(out, html)

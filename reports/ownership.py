@@ -207,16 +207,16 @@ def ownership_plot(h: OwnershipHistory, key: str, width: float = 10.0):
     import matplotlib
     from matplotlib.lines import Line2D
 
-    from .plots import _RC, _figure, _to_svg, label_text, Plot
+    from .plots import STYLE, Plot, label_text, new_figure, to_svg
 
     owners = list(dict.fromkeys(e.owner for e in h.events if e.owner))[:MAX_LANES]
     lanes = owners + ["free list"]
     lane = {o: i for i, o in enumerate(owners)}
     last = max([e.step for e in h.events] + [h.step]) + 1
     first = min([e.step for e in h.events] + [h.step])
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(STYLE):
         height = min(8.0, 1.6 + 0.3 * len(lanes))
-        fig = _figure(width, height, left=1.3, right=0.3, bottom=0.95, top=0.4)
+        fig = new_figure(width, height, left=1.3, right=0.3, bottom=0.95, top=0.4)
         ax = fig.subplots()
         for x in holdings(h):
             if x.owner in lane:
@@ -256,7 +256,7 @@ def ownership_plot(h: OwnershipHistory, key: str, width: float = 10.0):
         if handles:
             ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (height - 1.35)),
                       ncol=len(handles), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     alt = (f"Ownership of {pool} slot {h.slot}: one lane per owner ({len(owners)}), bars while each held the "
            f"slot, markers where it was given, freed, re-pointed or read; the first finding at step {h.step}.")
     return Plot(key, "slot ownership", alt, svg=svg)

@@ -49,7 +49,8 @@ MODE_COLORS = {"extend": "#74c476", "decode": "#9e9ac8", "mixed": "#fdd0a2", "dr
                "draft_decode": "#756bb1", "target_verify": "#e6550d"}
 GROUP_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 
-_RC = {
+#: matplotlib settings every report figure is drawn under (timeline.py, ownership.py and engine_trace.py too)
+STYLE = {
     "svg.fonttype": "none",
     "font.size": 9,
     "axes.titlesize": 10,
@@ -119,7 +120,7 @@ def _text_width(labels: Sequence[str]) -> float:
     return CHAR_IN * max((len(x) for x in labels), default=0)
 
 
-def _figure(width: float, height: float, left: float = 0.75, right: float = 0.25, bottom: float = 0.5,
+def new_figure(width: float, height: float, left: float = 0.75, right: float = 0.25, bottom: float = 0.5,
             top: float = 0.32) -> Figure:
     """A figure with fixed margins in inches: constrained layout costs half of a figure's time."""
     fig = Figure(figsize=(width, height), dpi=100)
@@ -142,7 +143,9 @@ def _prefix_ids(svg: str, prefix: str) -> str:
     return re.sub(r'href="#([^"]+)"', lambda m: f'href="#{prefix}-{m.group(1)}"', svg)
 
 
-def _to_svg(fig: Figure, key: str) -> str:
+def to_svg(fig: Figure, key: str) -> str:
+    """The figure as checked inline SVG (``safe_svg``), its ids prefixed with ``key`` so that several figures
+    share one page; the hash salt is the key too, so the same figure gives the same bytes."""
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": f"slotscope-{key}", "svg.fonttype": "none"}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
@@ -268,8 +271,8 @@ def shape_timeline(run: RunData, key: str, mark_step: Optional[int] = None, widt
     n_total = len(run.backends) or len(groups)
     labels = [_group_label(names, n_total) for names, _ in groups] + ["first divergence"]
     left, right = step_axis_margins(run)
-    with matplotlib.rc_context(_RC):
-        fig = _figure(width, 4.2, left=left, right=right)
+    with matplotlib.rc_context(STYLE):
+        fig = new_figure(width, 4.2, left=left, right=right)
         ax, dx = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.3], "hspace": 0.12})
         few = max(len(s.step) for _, s in groups) <= 80
         positive = []
@@ -309,18 +312,24 @@ def shape_timeline(run: RunData, key: str, mark_step: Optional[int] = None, widt
             dx.set_ylim(-1, 1)
         dx.set_ylabel("swa_loc \u2212 loc")
         dx.set_xlabel("step")
-        handles = [Line2D([], [], color=GROUP_COLORS[i % len(GROUP_COLORS)], linewidth=3, label=labels[i])
-                   for i in range(len(groups))]
-        handles += [Line2D([], [], color="#333333", linewidth=1.4, label="loc"),
-                    Line2D([], [], color="#333333", linewidth=1.4, linestyle=(0, (4, 2)), label="swa_loc"),
-                    Line2D([], [], color="#555555", linewidth=0.8, linestyle=":", label="real tokens")]
-        if mark_step is not None:
-            handles.append(Line2D([], [], color="#d62728", linestyle=":", label="first divergence"))
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        ax.legend(handles=_shape_legend(labels[:len(groups)], mark_step is not None), loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        svg = to_svg(fig, key)
     alt = ("Per step and backend group: the lengths of loc and swa_loc at the first "
            f"{kind} layer and their difference; {len(groups)} distinct backend group(s).")
     return Plot(key, "loc vs swa_loc length", alt, svg=svg)
+
+
+def _shape_legend(group_labels: Sequence[str], marked: bool) -> list[Line2D]:
+    """The shape timeline's legend: a colour per backend group, then the line styles (and the marker)."""
+    handles = [Line2D([], [], color=GROUP_COLORS[i % len(GROUP_COLORS)], linewidth=3, label=label)
+               for i, label in enumerate(group_labels)]
+    handles += [Line2D([], [], color="#333333", linewidth=1.4, label="loc"),
+                Line2D([], [], color="#333333", linewidth=1.4, linestyle=(0, (4, 2)), label="swa_loc"),
+                Line2D([], [], color="#555555", linewidth=0.8, linestyle=":", label="real tokens")]
+    if marked:
+        handles.append(Line2D([], [], color="#d62728", linestyle=":", label="first divergence"))
+    return handles
 
 
 def _category_rgb(values: Sequence[str], steps: np.ndarray, palette: dict[str, str]) -> tuple[np.ndarray, list[Patch], str]:
@@ -341,8 +350,8 @@ def occupancy(run: RunData, key: str, mark_step: Optional[int] = None, width: fl
     if len(st) == 0:
         return None
     left, right = step_axis_margins(run)
-    with matplotlib.rc_context(_RC):
-        fig = _figure(width, 3.5, left=left, right=right)
+    with matplotlib.rc_context(STYLE):
+        fig = new_figure(width, 3.5, left=left, right=right)
         ax, sax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [5, 1.25], "hspace": 0.1})
         full = 100.0 * st.full_used / np.maximum(st.full_size, 1)
         swa = 100.0 * st.swa_used / np.maximum(st.swa_size, 1)
@@ -382,7 +391,7 @@ def occupancy(run: RunData, key: str, mark_step: Optional[int] = None, width: fl
             p_.set_label(f"mode: {p_.get_label()}")
         ax.legend(handles=handles + graph_patches + mode_patches, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     return Plot(key, "pool occupancy", "Full and SWA pool occupancy per step; below it, per step, the graph path, "
                 "the forward mode and the number of findings (darker red: more).", svg=svg)
 
@@ -403,9 +412,9 @@ def heatmap(run: RunData, key: str, width: float = 10.0) -> Optional[Plot]:
     np.add.at(grid, (row_of[heat.layer_idx], idx), heat.counts)
     vmax = float(grid.max())
     left, right = step_axis_margins(run)
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(STYLE):
         height = min(7.5, 1.1 + 0.12 * all_layers.size)
-        fig = _figure(width, height, left=left, right=right)
+        fig = new_figure(width, height, left=left, right=right)
         ax = fig.subplots()
         cmap = matplotlib.colormaps["YlOrRd"].with_extremes(bad="#f4f4f4")
         norm = LogNorm(1, vmax) if vmax > 30 else Normalize(0.5, max(vmax, 1.0))
@@ -425,7 +434,7 @@ def heatmap(run: RunData, key: str, width: float = 10.0) -> Optional[Plot]:
             uri, w, h = _to_png_uri(fig)
             return Plot(key, "findings heat map", "Heat map of findings per layer and step.", png_uri=uri,
                         width_px=w, height_px=h)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     return Plot(key, "findings heat map", "Heat map of findings per layer and step.", svg=svg)
 
 
@@ -435,8 +444,8 @@ def class_bars(run: RunData, key: str, width: float = 10.0) -> Optional[Plot]:
         return None
     classes = [c for c in run.classes if any(b.findings.get(c, 0) for b in run.backends)]
     names = [label_text(b.name) for b in run.backends]
-    with matplotlib.rc_context(_RC):
-        fig = _figure(width, 0.95 + 0.3 * len(run.backends), left=0.3 + _text_width(names),
+    with matplotlib.rc_context(STYLE):
+        fig = new_figure(width, 0.95 + 0.3 * len(run.backends), left=0.3 + _text_width(names),
                       right=_legend_margin(classes))
         ax = fig.subplots()
         y = np.arange(len(run.backends))
@@ -457,5 +466,5 @@ def class_bars(run: RunData, key: str, width: float = 10.0) -> Optional[Plot]:
         ax.set_xlabel("findings")
         ax.set_title("Findings by class per backend", y=1.02)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     return Plot(key, "findings by class", "Stacked bars: findings per backend, split by class.", svg=svg)

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from .data import load_run
 from .explain import first_divergence
-from .html import _common, _env, _write_atomic
+from .html import environment, page_context, write_atomic
 
 _TEMPLATE = """{% extends "base.html.j2" %}
 {% block title %}slotscope sweep: {{ title }}{% endblock %}
@@ -102,12 +102,12 @@ def render_sweep(title: str, out: Path, records: Sequence[tuple[Any, dict]], inv
     statuses = [rec.get("status") for _, rec in records]
     counts = {"clean": statuses.count("clean"), "findings": statuses.count("findings"),
               "failed": statuses.count("error") + statuses.count("worker_died")}
-    return _env().from_string(_TEMPLATE).render(
+    return environment().from_string(_TEMPLATE).render(
         title=title, interrupted=interrupted, done=len(records), missing=missing, rows=rows, columns=columns, table=table,
-        failing=failing, counts=counts, invalid=[(p.row, p.label, why) for p, why in invalid], **_common())
+        failing=failing, counts=counts, invalid=[(p.row, p.label, why) for p, why in invalid], **page_context())
 
 
 def write_sweep_report(title: str, out: Path, records: Sequence[tuple[Any, dict]],
                        invalid: Sequence[tuple[Any, str]] = (), interrupted: bool = False, missing: int = 0) -> Path:
     """OUT/report.html for the finished points (``records``: (point, its record) in grid order)."""
-    return _write_atomic(Path(out) / "report.html", render_sweep(title, Path(out), records, invalid, interrupted, missing))
+    return write_atomic(Path(out) / "report.html", render_sweep(title, Path(out), records, invalid, interrupted, missing))

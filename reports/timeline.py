@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .data import FindingRecord, RunDirError, RunData, _json_lines
+from .data import FindingRecord, RunData
+from .runfiles import RunDirError, json_lines
 
 HEAD = ("metadata_init", "in_graph_metadata", "read_done")
 END = "forward_end"
@@ -99,7 +100,7 @@ def step_timeline(run: RunData, step: int) -> Optional[StepTimeline]:
     if not path.is_file():
         return None
     try:
-        for _, row in _json_lines(path):
+        for _, row in json_lines(path):
             if row.get("step") != step:
                 continue
             tl = row.get("timeline")
@@ -267,6 +268,32 @@ def _short_label(w: LandedWrite) -> str:
     return f"{head}: full {first}{more} ({w.entries})"
 
 
+def _lanes(run: RunData, tl: StepTimeline) -> list[str]:
+    """The plot's lanes, top to bottom: the metadata points, each layer with its kind, the forward's end."""
+    kinds = dict(run.provenance.layers)
+    ids = [lid for lid, _ in run.provenance.layers]
+    layer_names = [f"layer {ids[i] if i < len(ids) else i} ({kinds.get(ids[i], '?') if i < len(ids) else '?'})"
+                   for i in range(tl.layers)]
+    return ["metadata init", "in-graph metadata", "read-done", *layer_names, "forward end"]
+
+
+def _draw_writes(ax, writes: Sequence[LandedWrite], highlight: Optional[LandedWrite], n: int) -> None:
+    """A marker per write between the lanes it landed between; labels on all of a few, else on the highlight."""
+    from .plots import label_text
+
+    label_each = len(writes) <= 10
+    for w in writes:
+        y = (_visible_from(w.point) if w.point != END else n - 1) - 0.5
+        big = highlight is not None and w.index == highlight.index
+        ax.scatter([w.index], [y], marker=KIND_MARKERS.get(w.kind, "D"), s=90 if big else 40, zorder=3,
+                   color=KIND_COLORS.get(w.kind, "#555555"), edgecolors="black" if big else "none",
+                   linewidths=1.4 if big else 0)
+        if label_each or big:
+            ax.annotate(label_text(_short_label(w)), (w.index, y), xytext=(7, 4 if w.index % 2 == 0 else -10),
+                        textcoords="offset points", fontsize=7.5, zorder=4,
+                        fontweight="bold" if big else "normal")
+
+
 def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highlight: Optional[LandedWrite],
                   width: float = 10.0):
     """One horizontal lane per forward point, the scheduler writes as markers between the lanes they landed
@@ -275,22 +302,18 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    from .plots import _RC, _figure, _to_svg, label_text, Plot
+    from .plots import STYLE, Plot, label_text, new_figure, to_svg
 
-    kinds = dict(run.provenance.layers)
-    ids = [lid for lid, _ in run.provenance.layers]
-    layer_names = [f"layer {ids[i] if i < len(ids) else i} ({kinds.get(ids[i], '?') if i < len(ids) else '?'})"
-                   for i in range(tl.layers)]
-    lanes = ["metadata init", "in-graph metadata", "read-done", *layer_names, "forward end"]
+    lanes = _lanes(run, tl)
     n = len(lanes)
     per_lane: dict[int, list[str]] = {}
     for f in run.findings:
         if f.backend == backend and f.step == tl.step:
             per_lane.setdefault(_lane_of_layer(run, f.layer), []).append(f.cls)
     writes = tl.writes
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(STYLE):
         height = min(10.0, 1.45 + 0.22 * n)
-        fig = _figure(width, height, left=1.45, right=2.0, bottom=0.95, top=0.4)
+        fig = new_figure(width, height, left=1.45, right=2.0, bottom=0.95, top=0.4)
         ax = fig.subplots()
         for j, name in enumerate(lanes):
             kind = name.rsplit("(", 1)[-1].rstrip(")") if name.startswith("layer") else ""
@@ -304,17 +327,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
                 counts = {c: classes.count(c) for c in dict.fromkeys(classes)}
                 ax.text(xmax - 0.35, j, " " + ", ".join(f"{label_text(c)} {k}" for c, k in counts.items()),
                         va="center", fontsize=7.5, color="#a51d1d", clip_on=False)
-        label_each = len(writes) <= 10
-        for w in writes:
-            y = (_visible_from(w.point) if w.point != END else n - 1) - 0.5
-            big = highlight is not None and w.index == highlight.index
-            ax.scatter([w.index], [y], marker=KIND_MARKERS.get(w.kind, "D"), s=90 if big else 40, zorder=3,
-                       color=KIND_COLORS.get(w.kind, "#555555"), edgecolors="black" if big else "none",
-                       linewidths=1.4 if big else 0)
-            if label_each or big:
-                ax.annotate(label_text(_short_label(w)), (w.index, y), xytext=(7, 4 if w.index % 2 == 0 else -10),
-                            textcoords="offset points", fontsize=7.5, zorder=4,
-                            fontweight="bold" if big else "normal")
+        _draw_writes(ax, writes, highlight, n)
         ax.set_ylim(n - 0.5, -1.15)       # room above metadata init for a write landing before it
         ax.set_xlim(-0.6, xmax - 0.4)
         every = max(1, -(-n // 48))
@@ -333,7 +346,7 @@ def timeline_plot(run: RunData, tl: StepTimeline, key: str, backend: str, highli
         handles.append(Patch(color="#f4b6b0", label="lane with findings"))
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.55 / (height - 1.35)),
                   ncol=len(handles), borderaxespad=0)
-        svg = _to_svg(fig, key)
+        svg = to_svg(fig, key)
     alt = (f"The overlap timeline of step {tl.step}: one lane per point of the forward (metadata init, in-graph "
            f"metadata, read-done, {tl.layers} layers, forward end) and a marker for each of its {len(writes)} "
            f"scheduler write(s) where it landed; lanes where {label_text(backend)} had findings are shaded.")
@@ -348,9 +361,9 @@ def timeline_view(run: RunData, div: Any, key: str = "run-timeline", width: floa
     tl = step_timeline(run, div.step)
     if tl is None:
         return None
-    from .explain import _pick_first
+    from .explain import earliest_finding
 
-    rec, _ = _pick_first(run)
+    rec, _ = earliest_finding(run)
     rec = rec if rec is not None and rec.step == div.step and rec.backend == div.backend else None
     words = timeline_words(run, tl, div.backend, div.layer, div.cls, rec)
     notes: list[str] = []

@@ -10,7 +10,8 @@ import pytest
 
 from slotscope.cli import main
 from tracing.engine_analysis import analyze_engine_trace
-from tracing.sglang_records import Quantiles, read_engine_trace, read_request_log
+from tracing.quantiles import Quantiles
+from tracing.sglang_records import read_engine_trace, read_request_log
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "sglang"

@@ -26,7 +26,7 @@ _LAZY = {
     "TRACE_FILE": "otlp_json",
     "emit_spans": "spans",
     "analyze_files": "analyze",
-    "TraceAnalysis": "analyze",
+    "TraceAnalysis": "analysis",
     "TraceFormatError": "otlp_read",
     "export_chrome": "chrome",
     "register": "commands",

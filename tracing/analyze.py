@@ -15,7 +15,6 @@ in the counts.
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Union
@@ -23,22 +22,18 @@ from typing import Any, Iterable, Optional, Union
 from simulator.records import FINDING_CLASSES
 
 from . import attributes as A
+from .analysis import DIMENSIONS, ELLIPSIS, MAX_STORED_CHARS, TraceAnalysis
 from .otlp_read import (TRACE_FILE, BadLine, TraceFormatError, attributes, missing_trace, norm_id,
                         read_documents)
-from .tables import format_table
+from .quantiles import Quantiles
+from .recorder import agrees, direction
 
 __all__ = ["TraceFormatError", "TraceAnalysis", "analyze_files", "Analyzer"]
 
-DIMENSIONS = ("backend", "layer_kind", "mode", "graph_path")
-EXACT_DURATIONS = 4096          # per span name; beyond this p50 comes from a log histogram
 MAX_NAMES = 10_000              # distinct foreign span names tracked; the rest fold into "(other)"
 MAX_KEYS = 1_000                # distinct backends / modes / graph paths / layer kinds per run; the rest "(other)"
 MAX_RUNS = 1_000                # distinct slotscope runs; the rest fold into one "(other runs)"
-MAX_STORED_CHARS = 512          # longer names and attribute values are cut when read (memory stays bounded)
-TABLE_NAME_CHARS = 48           # longer names are shortened with an ellipsis in the text tables
 OTHER = "(other)"
-ELLIPSIS = "\u2026"
-_HIST_BASE = math.log(1.01)     # histogram buckets 1% wide: p50 within about 0.5%
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR")
 _MAX_BAD_KEPT = 20
 _FINDING_KEYS = tuple(A.FINDINGS_PREFIX + c for c in FINDING_CLASSES)
@@ -73,53 +68,17 @@ def _capped_row(table: dict[str, list[int]], key: str) -> list[int]:
 
 
 # -- per-name duration statistics ---------------------------------------------------------------
-class Durations:
-    """count/total/mean/max exactly; p50 exact up to EXACT_DURATIONS samples, then ~0.5%."""
+class Durations(Quantiles):
+    """One foreign span name's durations: count/total/mean/max exactly, p50 exact up to
+    quantiles.EXACT samples, then within about 0.5%."""
 
-    __slots__ = ("count", "total", "max", "exact", "hist")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.max = 0
-        self.exact: Optional[list[int]] = []
-        self.hist: Optional[dict[int, int]] = None
-
-    def add(self, d: int) -> None:
-        self.count += 1
-        self.total += d
-        if d > self.max:
-            self.max = d
-        if self.exact is not None:
-            self.exact.append(d)
-            if len(self.exact) > EXACT_DURATIONS:
-                self.hist = {}
-                for x in self.exact:
-                    self._bucket(x)
-                self.exact = None
-        else:
-            self._bucket(d)
-
-    def _bucket(self, d: int) -> None:
-        b = -1 if d <= 0 else int(math.log(d) / _HIST_BASE)
-        self.hist[b] = self.hist.get(b, 0) + 1  # type: ignore[index]
+    __slots__ = ()
 
     def p50(self) -> float:
-        if self.count == 0:
-            return 0.0
-        rank = (self.count - 1) // 2        # nearest-rank lower median
-        if self.exact is not None:
-            return float(sorted(self.exact)[rank])
-        seen = 0
-        for b in sorted(self.hist):  # type: ignore[arg-type]
-            seen += self.hist[b]  # type: ignore[index]
-            if seen > rank:
-                return 0.0 if b < 0 else math.exp((b + 0.5) * _HIST_BASE)
-        return float(self.max)
+        return self.quantile(0.5, capped=False)
 
     def to_json(self, name: str) -> dict[str, Any]:
-        return {"name": name, "count": self.count, "total_ns": self.total,
-                "mean_ns": self.total / self.count if self.count else 0.0,
+        return {"name": name, "count": self.count, "total_ns": self.total, "mean_ns": self.mean,
                 "p50_ns": self.p50(), "max_ns": self.max, "p50_exact": self.exact is not None}
 
 
@@ -197,11 +156,6 @@ class _Run:
 
     def backend_rank(self, backend: str) -> tuple[int, str]:
         return (self.order.get(backend, len(self.order)), backend)
-
-
-def _agrees(kind: str, loc: int, swa: int) -> bool:
-    # Same rule as tracing.recorder.agrees; repeated so the analyser has no simulator-side import.
-    return kind == "full" or swa < 0 or swa == loc
 
 
 # -- the analyser ---------------------------------------------------------------------------------
@@ -365,7 +319,7 @@ class Analyzer:
             if row is None:
                 row = by_kind[kind] = [0, 0, 0]
             row[0] += 1
-            if not _agrees(kind, loc, swa):
+            if not agrees(kind, loc, swa):
                 if swa > loc:
                     row[1] += 1
                     lo_all += 1
@@ -399,7 +353,7 @@ class Analyzer:
         mode, graph = _cut(a.get(A.MODE, "?")), _cut(a.get(A.GRAPH, "?"))
         lo = sh = 0
         first = None
-        if not _agrees(kind, loc, swa):
+        if not agrees(kind, loc, swa):
             if swa > loc:
                 lo = 1
             else:
@@ -423,7 +377,7 @@ class Analyzer:
         key = (step, run.backend_rank(backend), layer)
         return key, {"step": step, "backend": backend, "layer": layer, "layer_kind": kind,
                      "loc_len": loc, "swa_loc_len": swa,
-                     "direction": "longer" if swa > loc else "shorter",
+                     "direction": direction(loc, swa),
                      "mode": mode, "graph_path": graph,
                      "trace_id": norm_id(span.get("traceId"), 16),
                      "span_id": norm_id(span.get("spanId"), 8)}
@@ -556,127 +510,6 @@ def _lacking_warnings(lacking: dict[str, int], unused: int) -> list[str]:
                    f"({A.LAYER_IDS} / {A.LOC_LENS} / {A.SWA_LOC_LENS}, or {A.LAYER} / {A.LOC_SHAPE}) "
                    f"left out of the tables")
     return out
-
-
-@dataclass
-class TraceAnalysis:
-    """The analyser's answer: JSON for machines (:meth:`to_json`), tables for people."""
-
-    files: list[dict[str, Any]]
-    slotscope_runs: list[dict[str, Any]]
-    foreign: dict[str, Any]
-
-    @property
-    def spans(self) -> int:
-        return sum(f["spans"] for f in self.files)
-
-    @property
-    def bad_lines(self) -> int:
-        return sum(f["bad_lines"] for f in self.files)
-
-    def run(self, scenario: Optional[str] = None, design: Optional[str] = None) -> dict[str, Any]:
-        """The one run matching the filters (tests and reports use this)."""
-        found = [r for r in self.slotscope_runs
-                 if (scenario is None or r["scenario"] == scenario)
-                 and (design is None or r["design"] == design)]
-        if len(found) != 1:
-            raise LookupError(f"{len(found)} runs match scenario={scenario} design={design}")
-        return found[0]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"files": self.files, "spans": self.spans, "bad_lines": self.bad_lines,
-                "slotscope_runs": self.slotscope_runs, "foreign": self.foreign}
-
-    def render_text(self) -> str:
-        return render_text(self)
-
-
-class _Names:
-    """Shortens long names for the text tables (``abc…``) and counts how many it shortened."""
-
-    def __init__(self, limit: int = TABLE_NAME_CHARS):
-        self.limit = limit
-        self.cut: set[str] = set()
-
-    def __call__(self, value: Any) -> str:
-        text = str(value)
-        if len(text) <= self.limit:
-            return text
-        self.cut.add(text)
-        return text[:self.limit - 1] + ELLIPSIS
-
-
-def render_text(res: TraceAnalysis) -> str:
-    out: list[str] = []
-    nm = _Names()
-    warnings: list[str] = []
-    out.append("Files")
-    out.append(format_table(("file", "documents", "spans", "bad lines"),
-                            [(f["path"], f["documents"], f["spans"], f["bad_lines"])
-                             for f in res.files]))
-    for f in res.files:
-        for b in f["bad"]:
-            out.append(f"  skipped {f['path']}:{b['line']}: {b['reason']}")
-        if f["bad_lines"] > len(f["bad"]):
-            out.append(f"  ... and {f['bad_lines'] - len(f['bad'])} more bad lines skipped in {f['path']}")
-    for r in res.slotscope_runs:
-        out.append("")
-        out.append(f"slotscope run: {nm(r['scenario'])} / {nm(r['design'])} / seed {nm(r['seed'])}  "
-                   f"(version {nm(r['service_version'])}, "
-                   f"{r['spans']} spans, {r['error_spans']} with status ERROR)")
-        out.append(f"  boundaries {r['boundaries']}, diverging {r['diverging']} "
-                   f"(swa_loc longer {r['longer']}, shorter {r['shorter']}); from {r['source']}")
-        for dim in DIMENSIONS:
-            rows = r["divergence"][dim]
-            out.append("")
-            out.append(f"  shape divergence by {dim.replace('_', ' ')}")
-            out.append(format_table((dim, "boundaries", "agree", "longer", "shorter"),
-                                    [(nm(k), v["boundaries"], v["agree"], v["longer"], v["shorter"])
-                                     for k, v in rows.items()], indent="    "))
-        out.append("")
-        out.append(f"  findings by class ({r['findings_total']} in all)")
-        classes = [c for c in FINDING_CLASSES if any(c in per for per in r["findings"].values())]
-        if classes:
-            out.append(format_table(["backend"] + classes,
-                                    [[nm(b)] + [per.get(c, 0) for c in classes]
-                                     for b, per in r["findings"].items()], indent="    "))
-        else:
-            out.append("    none")
-        fd = r["first_divergence"]
-        out.append("")
-        if fd:
-            out.append(f"  first divergence: step {fd['step']}, backend {nm(fd['backend'])}, layer "
-                       f"{fd['layer']} ({nm(fd['layer_kind'])}): swa_loc {fd['swa_loc_len']} vs loc "
-                       f"{fd['loc_len']} ({fd['direction']}), mode {nm(fd['mode'])}, "
-                       f"graph {nm(fd['graph_path'])}")
-        else:
-            out.append("  first divergence: none")
-        fe = r["first_error"]
-        if fe:
-            msg = str(fe["message"])
-            msg = msg if len(msg) <= 300 else msg[:299] + ELLIPSIS
-            out.append(f"  first error: step {fe['step']}, backend {nm(fe['backend'])}, layer "
-                       f"{fe['layer']}: {msg}")
-        for w in r.get("warnings", ()):
-            out.append(f"  warning: {w}")
-            warnings.append(w)
-    fo = res.foreign
-    if fo["spans"]:
-        out.append("")
-        out.append(f"Other spans: {fo['spans']} ({fo['error_spans']} with status ERROR)"
-                   + (f", {fo['names_folded']} folded into (other)" if fo["names_folded"] else ""))
-        out.append(format_table(("name", "count", "total ms", "mean ms", "p50 ms", "max ms"),
-                                [(nm(n["name"]), n["count"], n["total_ns"] / 1e6, n["mean_ns"] / 1e6,
-                                  n["p50_ns"] / 1e6, n["max_ns"] / 1e6) for n in fo["names"]]))
-    if not res.slotscope_runs and not fo["spans"]:
-        out.append("")
-        out.append("no spans found")
-    if nm.cut:
-        out.append("")
-        out.append(f"warning: {len(nm.cut)} name{'s' if len(nm.cut) != 1 else ''} longer than {nm.limit} "
-                   f"characters shortened with {ELLIPSIS} in these tables (--json has them in full, up to "
-                   f"{MAX_STORED_CHARS} characters)")
-    return "\n".join(out) + "\n"
 
 
 def analyze_files(paths: Iterable[Union[str, os.PathLike[str]]],

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Union
 
+from .quantiles import Quantiles
 from .sglang_records import EngineTrace, read_engine_trace
 from .tables import format_table
 
@@ -79,6 +80,13 @@ class EngineTraceAnalysis:
 CMP_KEYS = ("count", "prefill", "decode", "size_p50", "size_max", "tokens_p50", "tokens_max")
 
 
+def stage_json(name: str, q: Quantiles) -> dict[str, Any]:
+    """One row of the stage table, in milliseconds."""
+    return {"stage": name, "count": q.count, "p50_ms": q.quantile(0.5) / 1e6,
+            "p90_ms": q.quantile(0.9) / 1e6, "p99_ms": q.quantile(0.99) / 1e6,
+            "max_ms": q.max / 1e6, "mean_ms": q.mean / 1e6, "exact": q.exact is not None}
+
+
 def _median(xs) -> float:
     xs = list(xs)
     return float(statistics.median(xs)) if xs else 0.0
@@ -123,7 +131,7 @@ def analyze_engine_trace(paths: Iterable[Union[str, os.PathLike[str]]], *, skip_
                          run_dir: Optional[Union[str, os.PathLike[str]]] = None) -> EngineTraceAnalysis:
     et = read_engine_trace(paths, skip_bad=skip_bad, max_line_bytes=max_line_bytes)
     names = sorted(et.stages, key=lambda n: (STAGE_ORDER.index(n) if n in STAGE_ORDER else len(STAGE_ORDER), n))
-    stages = [et.stages[n].to_json(n) for n in names]
+    stages = [stage_json(n, et.stages[n]) for n in names]
     ts = et.batch_ts
     gaps = [b - a for a, b in zip(ts, ts[1:])]
     batches = _batch_summary(et.batch_size, et.batch_tokens, et.batch_mode, gaps)

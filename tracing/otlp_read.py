@@ -53,8 +53,9 @@ class BadLine:
 Item = Union[tuple[int, Any], BadLine]
 
 
-def _open(path: str) -> BinaryIO:
-    """The file as bytes; gzip-compressed traces (``.jsonl.gz``) are read transparently."""
+def open_bytes(path: str) -> BinaryIO:
+    """The file as bytes; gzip-compressed traces (``.jsonl.gz``) are read transparently (request logs
+    too: sglang_records.py reads them through this and :func:`read_lines`)."""
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
@@ -81,7 +82,8 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
-def _too_long(limit: int, seen: int) -> str:
+def too_long(limit: int, seen: int) -> str:
+    """The reason a line past ``limit`` was not read: both sizes, and what to do about it."""
     return (f"line longer than the {_mib(limit)} limit ({_mib(seen)}); not read (a line of OTLP JSON "
             f"holds one export batch: split the file, or raise the limit)")
 
@@ -89,24 +91,25 @@ def _too_long(limit: int, seen: int) -> str:
 _COMPRESSED_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
-class _Broken(bytes):
+class BrokenLine(bytes):
     """Stands for a line that could not be read at all (a truncated or corrupt .gz); carries why."""
 
-    def __new__(cls, reason: str) -> "_Broken":
+    def __new__(cls, reason: str) -> "BrokenLine":
         obj = super().__new__(cls, b"")
         obj.reason = reason  # type: ignore[attr-defined]
         return obj
 
 
-def _read_lines(fh: BinaryIO, line_no: int, limit: int) -> Iterator[tuple[int, Optional[bytes], int]]:
+def read_lines(fh: BinaryIO, line_no: int, limit: int) -> Iterator[tuple[int, Optional[bytes], int]]:
     """(line number, bytes or None when longer than ``limit``, length) per line, never holding
-    more than ``limit`` bytes of one line: an over-long line is skipped in chunks."""
+    more than ``limit`` bytes of one line: an over-long line is skipped in chunks. A compressed file
+    cut short ends the lines with a :class:`BrokenLine` saying so."""
     readline = fh.readline
     while True:
         try:
             raw = readline(limit + 1)
         except _COMPRESSED_ERRORS as exc:
-            yield line_no + 1, _Broken(f"the compressed file is cut short or corrupt: {exc}"), 0
+            yield line_no + 1, BrokenLine(f"the compressed file is cut short or corrupt: {exc}"), 0
             return
         if not raw:
             return
@@ -139,15 +142,15 @@ def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[
     """
     p = os.fspath(path)
     limit = max_line_bytes or MAX_LINE_BYTES
-    with _open(p) as fh:
-        lines = _read_lines(fh, 0, limit)
+    with open_bytes(p) as fh:
+        lines = read_lines(fh, 0, limit)
         for first_no, first, length in lines:
-            if isinstance(first, _Broken):
+            if isinstance(first, BrokenLine):
                 yield BadLine(first_no, first.reason)  # type: ignore[attr-defined]
                 return
             if first is None:
                 # an over-long first line: JSON lines with a huge batch (a pretty document has short lines)
-                yield BadLine(first_no, _too_long(limit, length))
+                yield BadLine(first_no, too_long(limit, length))
                 yield from _jsonl_rest(lines, limit)
                 return
             if first.strip():
@@ -185,11 +188,11 @@ def read_documents(path: Union[str, os.PathLike[str]], max_line_bytes: Optional[
 def _jsonl_rest(lines: Iterator[tuple[int, Optional[bytes], int]], limit: int = 0) -> Iterator[Item]:
     loads = _loads
     for line_no, raw, length in lines:
-        if isinstance(raw, _Broken):
+        if isinstance(raw, BrokenLine):
             yield BadLine(line_no, raw.reason)  # type: ignore[attr-defined]
             return
         if raw is None:
-            yield BadLine(line_no, _too_long(limit or MAX_LINE_BYTES, length))
+            yield BadLine(line_no, too_long(limit or MAX_LINE_BYTES, length))
             continue
         try:
             yield (line_no, loads(raw))

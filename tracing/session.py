@@ -200,38 +200,16 @@ class TraceSession:
             raise ValueError("TraceSession.finish needs a RunInfo: pass it, or call "
                              "observer.on_run_start(run_info) before the run")
         t0 = time.perf_counter()
-        exporters: list[SpanExporter] = []
-        file_exporter = None
-        tmp_path = None
-        if self.write_file:
-            self.trace_path = self.out_dir / TRACE_FILE
-            tmp_path = self.trace_path.with_name(TRACE_FILE + ".tmp")
-            file_exporter = OtlpJsonLinesExporter(tmp_path)
-            exporters.append(file_exporter)
-        if self._live is not None:
-            exporters.append(self._live)
-        exporters.extend(self.extra_exporters)
+        exporters, file_exporter, tmp_path = self._exporters()
         processor = LosslessBatchProcessor(exporters, batch_size=self.batch_size)
         provider = TracerProvider(resource=session_resource(run), sampler=ALWAYS_ON,
                                   span_limits=SpanLimits(**_LIMITS), shutdown_on_exit=False)
         provider.add_span_processor(processor)
-        live_error: Optional[str] = None
         try:
             tracer = provider.get_tracer(SCOPE_NAME, _VERSION)
             created = emit_spans(rec, tracer, self.level, run)
             processor.force_flush()
-            try:
-                per_exporter = processor.check(created)
-            except SpanLossError as exc:
-                if self._live is None or self._live.error is None:
-                    raise
-                if live_failure == "raise":
-                    raise SpanLossError(f"{exc} | {self._live.message(created)}") from None
-                live_error = self._live.message(created)
-                others = copy.copy(processor)            # the file and extra exporters: still every span
-                kept = [(e, t) for e, t in zip(exporters, processor.tallies) if e is not self._live]
-                others.exporters, others.tallies = [e for e, _ in kept], [t for _, t in kept]
-                per_exporter = others.check(created)
+            per_exporter, live_error = self._check(processor, created, live_failure)
         finally:
             provider.shutdown()
             if tmp_path is not None and tmp_path.exists():
@@ -249,3 +227,37 @@ class TraceSession:
         if file_exporter is not None:
             figures["lines"] = file_exporter.lines_written
         return figures
+
+    def _exporters(self) -> tuple[list[SpanExporter], Optional[OtlpJsonLinesExporter], Optional[Path]]:
+        """The file exporter (writing ``trace.otlp.jsonl.tmp``), the live one, the extra ones, in that order,
+        plus the file exporter and its temporary path on their own (None without a file)."""
+        exporters: list[SpanExporter] = []
+        file_exporter = None
+        tmp_path = None
+        if self.write_file:
+            self.trace_path = self.out_dir / TRACE_FILE
+            tmp_path = self.trace_path.with_name(TRACE_FILE + ".tmp")
+            file_exporter = OtlpJsonLinesExporter(tmp_path)
+            exporters.append(file_exporter)
+        if self._live is not None:
+            exporters.append(self._live)
+        exporters.extend(self.extra_exporters)
+        return exporters, file_exporter, tmp_path
+
+    def _check(self, processor: LosslessBatchProcessor, created: int,
+               live_failure: str) -> tuple[dict[str, int], Optional[str]]:
+        """Spans per exporter, and the live export's failure in words when it is reported, not raised.
+
+        A loss raises, except where the live export alone failed and ``live_failure`` is ``"report"``:
+        then the other exporters are checked on their own, still held to every span."""
+        try:
+            return processor.check(created), None
+        except SpanLossError as exc:
+            if self._live is None or self._live.error is None:
+                raise
+            if live_failure == "raise":
+                raise SpanLossError(f"{exc} | {self._live.message(created)}") from None
+            others = copy.copy(processor)            # the file and extra exporters: still every span
+            kept = [(e, t) for e, t in zip(processor.exporters, processor.tallies) if e is not self._live]
+            others.exporters, others.tallies = [e for e, _ in kept], [t for _, t in kept]
+            return others.check(created), self._live.message(created)

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Optional, Union
 
-from .otlp_read import (MAX_LINE_BYTES, BadLine, TraceFormatError, _Broken, _open, _read_lines, _too_long,
-                        as_int, attributes, norm_id, read_documents, PARSE_ERRORS)
+from .otlp_read import (MAX_LINE_BYTES, PARSE_ERRORS, BadLine, BrokenLine, TraceFormatError, as_int, attributes,
+                        norm_id, open_bytes, read_documents, read_lines, too_long)
+from .quantiles import Quantiles
 
 KNOWN_EVENTS = ("request.received", "request.finished")
 #: the stage span names of SGLang's request tracing (RequestStage in req_time_stats.py, 0.5.14..0.5.23)
@@ -187,14 +188,14 @@ def _read_request_log(paths, skip_bad, max_line_bytes):
         rd.stats.files.append(path)
         received: dict[str, float] = {}
         try:
-            with _open(path) as fh:
-                for line_no, raw, length in _read_lines(fh, 0, rd.limit):
-                    if isinstance(raw, _Broken):
+            with open_bytes(path) as fh:
+                for line_no, raw, length in read_lines(fh, 0, rd.limit):
+                    if isinstance(raw, BrokenLine):
                         rd.bad(path, line_no, raw.reason)  # type: ignore[attr-defined]
                         break
                     rd.stats.lines += 1
                     if raw is None:
-                        rd.bad(path, line_no, _too_long(rd.limit, length))
+                        rd.bad(path, line_no, too_long(rd.limit, length))
                         continue
                     rec = _log_line(rd, path, line_no, raw, received)
                     if rec is not None:
@@ -349,7 +350,7 @@ class EngineTrace:
     requests: list[EngineRequest] = field(default_factory=list)
     stats: RecordStats = field(default_factory=RecordStats)
     #: stage name -> durations (ns) in a bounded quantile sketch
-    stages: dict[str, "Quantiles"] = field(default_factory=dict)
+    stages: dict[str, Quantiles] = field(default_factory=dict)
     #: batch timeline: start (Unix ns), batch size, forward mode (0 prefill, 1 decode, 2 other)
     batch_ts: array = field(default_factory=lambda: array("q"))
     batch_size: array = field(default_factory=lambda: array("q"))
@@ -377,60 +378,6 @@ class EngineTrace:
             for name in ("batch_ts", "batch_size", "batch_mode", "batch_tokens"):
                 col = getattr(self, name)
                 setattr(self, name, array(col.typecode, (col[i] for i in order)))
-
-
-class Quantiles:
-    """count / max exactly; quantiles exact up to 4096 samples, then from a 1%-wide log histogram."""
-
-    __slots__ = ("count", "total", "max", "exact", "hist")
-    EXACT = 4096
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.max = 0
-        self.exact: Optional[list[int]] = []
-        self.hist: Optional[dict[int, int]] = None
-
-    def add(self, d: int) -> None:
-        import math
-
-        self.count += 1
-        self.total += d
-        if d > self.max:
-            self.max = d
-        if self.exact is not None:
-            self.exact.append(d)
-            if len(self.exact) <= self.EXACT:
-                return
-            self.hist = {}
-            pending, self.exact = self.exact, None
-        else:
-            pending = [d]
-        for x in pending:
-            b = -1 if x <= 0 else int(math.log(x) / math.log(1.01))
-            self.hist[b] = self.hist.get(b, 0) + 1  # type: ignore[index]
-
-    def quantile(self, q: float) -> float:
-        import math
-
-        if not self.count:
-            return 0.0
-        rank = min(self.count - 1, max(0, math.ceil(q * self.count) - 1))    # nearest rank
-        if self.exact is not None:
-            return float(sorted(self.exact)[rank])
-        seen = 0
-        for b in sorted(self.hist):  # type: ignore[arg-type]
-            seen += self.hist[b]  # type: ignore[index]
-            if seen > rank:
-                return 0.0 if b < 0 else min(float(self.max), math.exp((b + 0.5) * math.log(1.01)))
-        return float(self.max)
-
-    def to_json(self, name: str) -> dict[str, Any]:
-        return {"stage": name, "count": self.count, "p50_ms": self.quantile(0.5) / 1e6,
-                "p90_ms": self.quantile(0.9) / 1e6, "p99_ms": self.quantile(0.99) / 1e6,
-                "max_ms": self.max / 1e6, "mean_ms": self.total / self.count / 1e6 if self.count else 0.0,
-                "exact": self.exact is not None}
 
 
 def read_engine_trace(paths: Iterable[Union[str, os.PathLike[str]]], *, skip_bad: bool = False,

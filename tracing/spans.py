@@ -91,6 +91,46 @@ class _Group:
         return chain.from_iterable(self.ranges)
 
 
+@dataclass
+class _BackendRows:
+    """One (step, backend)'s layers as the backend span's arrays, gathered in one pass over its rows."""
+
+    layer_ids: list[int]
+    kinds: list[str]
+    loc_lens: list[int]
+    swa_lens: list[int]
+    loc_dt: list[str]
+    swa_dt: list[str]
+    mism_layers: list[int]
+    err_layers: list[int]
+    totals: list[int]                                       # findings per class
+    flagged: list[tuple[int, bool, Optional[list[int]]]]    # (row, agrees, findings): a boundary span each
+
+
+def _backend_attrs(g: _Group, backend: str, sr: Optional[StepRecord], rows: _BackendRows) -> dict[str, Any]:
+    attrs: dict[str, Any] = {A.STEP: g.step, A.BACKEND: backend}
+    if sr is not None:
+        attrs.update({A.MODE: sr.mode, A.GRAPH: sr.graph, A.REAL_TOKENS: sr.real_tokens,
+                      A.DP_PADDED_TOKENS: sr.dp_padded_tokens,
+                      A.PADDED_TOKENS: sr.padded_tokens})
+    attrs.update({
+        A.LAYER_IDS: rows.layer_ids, A.LAYER_KINDS: rows.kinds, A.LOC_LENS: rows.loc_lens,
+        A.SWA_LOC_LENS: rows.swa_lens,
+        A.MISMATCH: bool(rows.mism_layers), A.MISMATCH_COUNT: len(rows.mism_layers),
+        A.MISMATCH_LAYERS: rows.mism_layers, A.ERROR_COUNT: len(rows.err_layers),
+        A.ERROR_LAYERS: rows.err_layers,
+    })
+    # dtypes are nearly always uniform over layers: one scalar then, an array only if not
+    for key_one, key_many, values in ((A.LOC_DTYPE, A.LOC_DTYPES, rows.loc_dt),
+                                      (A.SWA_LOC_DTYPE, A.SWA_LOC_DTYPES, rows.swa_dt)):
+        if values and all(v == values[0] for v in values):
+            attrs[key_one] = values[0]
+        elif values:
+            attrs[key_many] = values
+    _finding_attrs(rows.totals, attrs)
+    return attrs
+
+
 def emit_spans(recorder: BoundaryRecorder, tracer: trace_api.Tracer, level: str,
                run: Optional[RunInfo] = None) -> int:
     """Emit the spans of one run at ``level``; returns how many spans were started.
@@ -201,8 +241,28 @@ class _Emitter:
 
     def _emit_backend(self, step_span: trace_api.Span, g: _Group, sr: Optional[StepRecord]) -> None:
         rec = self.rec
+        rows = self._backend_rows(g)
+        attrs = _backend_attrs(g, rec.names[g.backend_id], sr, rows)
+        span = self._start(A.SPAN_BACKEND, step_span, g.t0, g.t1, attrs)
+        err_layers = rows.err_layers
+        if err_layers:
+            first = rec.errors[next(r for r in g.rows if r in rec.errors)]
+            span.set_status(Status(StatusCode.ERROR,
+                                   f"{len(err_layers)} boundary error(s); first at layer "
+                                   f"{err_layers[0]}: {first}"))
+            if self.level == STEP:   # no boundary spans carry them: keep the kernel's messages here
+                for r in g.rows:
+                    if r in rec.errors:
+                        self._exception_event(span, rec.errors[r], rec.wall_ns(rec.col_t_end[r]),
+                                              {A.LAYER: rec.col_layer[r]})
+        span.end(end_time=g.t1)
+        for r, ok, fv in rows.flagged:
+            self._emit_boundary(span, r, ok, fv, sr)
+
+    def _backend_rows(self, g: _Group) -> "_BackendRows":
+        """The per-layer arrays of one (step, backend) and the rows that get a boundary span at this level."""
+        rec = self.rec
         names = rec.names
-        backend = names[g.backend_id]
         ncls = len(FINDING_CLASSES)
         layer_ids, kinds, loc_lens, swa_lens, loc_dt, swa_dt = [], [], [], [], [], []
         mism_layers, err_layers = [], []
@@ -232,41 +292,8 @@ class _Emitter:
         for fv in found.values():
             for i in range(ncls):
                 totals[i] += fv[i]
-
-        attrs: dict[str, Any] = {A.STEP: g.step, A.BACKEND: backend}
-        if sr is not None:
-            attrs.update({A.MODE: sr.mode, A.GRAPH: sr.graph, A.REAL_TOKENS: sr.real_tokens,
-                          A.DP_PADDED_TOKENS: sr.dp_padded_tokens,
-                          A.PADDED_TOKENS: sr.padded_tokens})
-        attrs.update({
-            A.LAYER_IDS: layer_ids, A.LAYER_KINDS: kinds, A.LOC_LENS: loc_lens,
-            A.SWA_LOC_LENS: swa_lens,
-            A.MISMATCH: bool(mism_layers), A.MISMATCH_COUNT: len(mism_layers),
-            A.MISMATCH_LAYERS: mism_layers, A.ERROR_COUNT: len(err_layers),
-            A.ERROR_LAYERS: err_layers,
-        })
-        # dtypes are nearly always uniform over layers: one scalar then, an array only if not
-        for key_one, key_many, values in ((A.LOC_DTYPE, A.LOC_DTYPES, loc_dt),
-                                          (A.SWA_LOC_DTYPE, A.SWA_LOC_DTYPES, swa_dt)):
-            if values and all(v == values[0] for v in values):
-                attrs[key_one] = values[0]
-            elif values:
-                attrs[key_many] = values
-        _finding_attrs(totals, attrs)
-        span = self._start(A.SPAN_BACKEND, step_span, g.t0, g.t1, attrs)
-        if err_layers:
-            first = rec.errors[next(r for r in g.rows if r in rec.errors)]
-            span.set_status(Status(StatusCode.ERROR,
-                                   f"{len(err_layers)} boundary error(s); first at layer "
-                                   f"{err_layers[0]}: {first}"))
-            if self.level == STEP:   # no boundary spans carry them: keep the kernel's messages here
-                for r in g.rows:
-                    if r in rec.errors:
-                        self._exception_event(span, rec.errors[r], rec.wall_ns(rec.col_t_end[r]),
-                                              {A.LAYER: rec.col_layer[r]})
-        span.end(end_time=g.t1)
-        for r, ok, fv in flagged:
-            self._emit_boundary(span, r, ok, fv, sr)
+        return _BackendRows(layer_ids, kinds, loc_lens, swa_lens, loc_dt, swa_dt, mism_layers, err_layers,
+                            totals, flagged)
 
     def _emit_boundary(self, parent: trace_api.Span, r: int, ok: bool,
                        fv: Optional[list[int]], sr: Optional[StepRecord]) -> None:

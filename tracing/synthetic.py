@@ -60,6 +60,30 @@ class Expected:
             row[1] += longer
             row[2] += shorter
 
+    def crossing(self, s: int, b: str, li: LayerInfo, mode: str, graph: str, loc: int, swa: int,
+                 err: Optional[str], first_swa: bool) -> list[Finding]:
+        """Count one crossing as the analyser must; returns the findings the run loop reports for it (a
+        length mismatch where the store raised; a shorter swa_loc clobbers on the first SWA layer)."""
+        diverge = li.kind == "swa" and swa != loc
+        lo = int(diverge and swa > loc)
+        sh = int(diverge and swa < loc)
+        self.boundaries += 1
+        self.longer += lo
+        self.shorter += sh
+        self.count({"backend": b, "layer_kind": li.kind, "mode": mode, "graph_path": graph}, lo, sh)
+        found = []
+        if err is not None:
+            self.errors += 1
+            found.append(Finding(s, b, li.layer, li.kind, "length_mismatch", -1, None, None, err))
+        if sh and first_swa:
+            found.append(Finding(s, b, li.layer, li.kind, "clobbered", 3, Owner(7, 1, 2), Owner(-1)))
+            found.append(Finding(s, b, li.layer, li.kind, "missed", 4, Owner(8, 1, 3), Owner(0)))
+        if diverge or found:
+            self.anomalous += 1
+        if diverge and self.first is None:
+            self.first = {"step": s, "backend": b, "layer": li.layer, "direction": "longer" if lo else "shorter"}
+        return found
+
 
 _SCHEDULE = (("extend", "piecewise"), ("decode", "decode_graph"), ("mixed", "eager"),
              ("decode", "eager"))
@@ -96,31 +120,7 @@ def drive(observer: Any, run: RunInfo, steps: int, *, seed: int = 0, b1_every: i
                 observer.on_boundary(s, b, li.layer, loc, swa, "torch.int64", "torch.int64",
                                      t, t + layer_ns // 2, err)
                 t += layer_ns
-                diverge = li.kind == "swa" and swa != loc
-                lo = int(diverge and swa > loc)
-                sh = int(diverge and swa < loc)
-                exp.boundaries += 1
-                exp.longer += lo
-                exp.shorter += sh
-                exp.count({"backend": b, "layer_kind": li.kind, "mode": mode, "graph_path": graph},
-                          lo, sh)
-                has_finding = False
-                if err is not None:
-                    exp.errors += 1
-                    found.append(Finding(s, b, li.layer, li.kind, "length_mismatch", -1, None, None,
-                                         err))
-                    has_finding = True
-                if sh and li.layer == swa_first:
-                    found.append(Finding(s, b, li.layer, li.kind, "clobbered", 3,
-                                         Owner(7, 1, 2), Owner(-1)))
-                    found.append(Finding(s, b, li.layer, li.kind, "missed", 4, Owner(8, 1, 3),
-                                         Owner(0)))
-                    has_finding = True
-                if diverge or has_finding:
-                    exp.anomalous += 1
-                if diverge and exp.first is None:
-                    exp.first = {"step": s, "backend": b, "layer": li.layer,
-                                 "direction": "longer" if lo else "shorter"}
+                found += exp.crossing(s, b, li, mode, graph, loc, swa, err, li.layer == swa_first)
             for f in found:
                 per = exp.findings.setdefault(f.backend, {})
                 per[f.cls] = per.get(f.cls, 0) + 1
