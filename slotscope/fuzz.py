@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from engine_path.releases import EngineSpec
 from simulator.scenario.models import PRESETS
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, parse_scenario
 from simulator.scenario.toml_write import dumps
@@ -533,7 +534,7 @@ class Outcome:
     radix: Optional[dict] = None
 
 
-def run_one(sc: Scenario, engine: Optional[str]) -> Outcome:
+def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
     """One scenario in-process on the CPU, no outputs; stopped at the first finding."""
     from .pipeline import RunOptions, run_scenario
 
@@ -569,7 +570,7 @@ class FuzzResult:
 
 
 class Fuzzer:
-    def __init__(self, design: str, seed: int, engine: Optional[str] = None,
+    def __init__(self, design: str, seed: int, engine: Optional[EngineSpec] = None,
                  log: Callable[[str], None] = lambda s: None, progress_s: float = 5.0, against: Optional[str] = None):
         self.design, self.seed, self.engine, self.log, self.progress_s = design, seed, engine, log, progress_s
         self.against = against              # a reference design: a failure counts only where it is clean
@@ -669,7 +670,7 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
                                f"{sc.design} ({m.runs} candidate runs)."), m.runs
 
 
-def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Callable[[str], None],
+def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], log: Callable[[str], None],
                 against: Optional[str] = None) -> dict:
     """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json."""
     from .pipeline import RunOptions, run_scenario
@@ -682,7 +683,7 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Call
     (out_dir / "minimal.toml").write_text(minimal.to_toml(defaults=False))
     back = parse_scenario(minimal.to_toml(defaults=False), str(out_dir / "minimal.toml"))
     run = run_scenario(back, out_dir / "run", RunOptions(device="cpu", engine=engine, quiet_engine=True))
-    info = {"status": "found", "design": sc.design, "engine": engine, "tried": res.tried, "rejected": res.rejected,
+    info = {"status": "found", "design": sc.design, "engine": None if engine is None else str(engine), "tried": res.tried, "rejected": res.rejected,
             "found_after_s": round(res.elapsed_s, 2), "minimize_s": round(time.perf_counter() - t0, 2),
             "minimize_runs": runs, "coverage": res.coverage, "scenario_hash": sc.hash,
             "finding": {"class": f.cls, "backend": f.backend, "step": f.step, "layer": f.layer, "kind": f.kind,
@@ -696,7 +697,7 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[str], log: Call
     return info
 
 
-def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optional[str] = None,
+def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optional[EngineSpec] = None,
          max_scenarios: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
          progress_s: float = 5.0, against: Optional[str] = None) -> FuzzResult:
     """Search until the first failing scenario or the end of the budget (no outputs written)."""
@@ -712,6 +713,8 @@ def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optiona
 
 
 def register(subparsers: Any) -> None:
+    from .options import add_engine_option
+
     p = subparsers.add_parser(
         "fuzz", help="search the scenario space for a scenario that makes a design fail",
         description="Draw scenarios from a seed over the whole space (models, pools, pages, every forward mode, DP "
@@ -724,7 +727,8 @@ def register(subparsers: Any) -> None:
                "example: slotscope fuzz --design sglang-pre-24743 --budget 2m --seed 1 --out out/fuzz-b2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--design", required=True, help="a built-in design or path/to/file.py:ClassName")
-    p.add_argument("--engine", help="sglang or sglang==VERSION: the real release in the write path")
+    add_engine_option(p, help="sglang or sglang==VERSION: the real release in the write path of every scenario "
+                              "drawn (default: none, the design's model)")
     p.add_argument("--budget", type=parse_budget, default=600.0, metavar="TIME",
                    help="how long to search: 90s, 10m, 1h (default 10m)")
     p.add_argument("--seed", type=int, default=0, help="the search's seed (same seed, same scenarios)")
@@ -746,11 +750,7 @@ def cmd_fuzz(args) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    engine = None
-    if args.engine:
-        from .engine_run import engine_spec
-
-        engine = str(engine_spec(args.engine))
+    engine = args.engine
     out_dir = Path(args.out or f"out/fuzz-{_slug(args.design)}")
     log(f"fuzz: design {args.design}, seed {args.seed}, budget {args.budget:.0f}s")
     res = fuzz(args.design, seed=args.seed, budget_s=args.budget, engine=engine, max_scenarios=args.max_scenarios,

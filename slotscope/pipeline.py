@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from engine_path.releases import EngineSpec
 from simulator.designs.base import Design
 from simulator.designs.loading import load_design
 from simulator.core.observe import ObserverFanout, RunObserver
@@ -202,7 +203,7 @@ class RunOptions:
     cuda_graphs: bool = True              # on CUDA with the Triton store: decode and piecewise graphs
     max_steps: Optional[int] = None
     progress: Optional[Callable[[int, int, int], None]] = None
-    engine: Optional[str] = None          # "sglang" / "sglang==VERSION": the release in the write path
+    engine: Optional[EngineSpec] = None   # the release in the write path (None: the scenario's engine_release)
     quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
     inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/plugins/faults.py)
@@ -357,11 +358,10 @@ def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -
         raise UsageError(f"--max-steps must be an integer >= 1, got {opts.max_steps!r}")
     if opts.seed is not None and not (isinstance(opts.seed, int) and 0 <= opts.seed <= MAX_SEED):
         raise UsageError(f"--seed must be an integer in [0, 2^63), got {opts.seed!r}")
-    engine_release = None
-    if opts.engine is not None:
-        from .engine_run import engine_spec
-
-        engine_release = str(engine_spec(opts.engine))
+    if opts.engine is not None and not isinstance(opts.engine, EngineSpec):
+        raise TypeError(f"RunOptions.engine is an EngineSpec (engine_path.releases.parse_spec makes one), "
+                        f"got {opts.engine!r}")
+    engine_release = None if opts.engine is None else str(opts.engine)
     return scenario.with_overrides(design=opts.design, backends=opts.backends, seed=opts.seed,
                                    max_steps=opts.max_steps, engine_release=engine_release)
 
@@ -370,10 +370,10 @@ def _setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> _Setup:
     scenario = scenario_as_run(scenario_or_path, opts)
     runtime = None
     if scenario.engine_release is not None:
-        from .engine_run import check_options, check_scenario, engine_spec, load_runtime
+        from .engine_run import check_options, check_scenario, load_runtime
+        from .options import engine_release_spec
 
-        spec = engine_spec(scenario.engine_release,
-                           "--engine" if opts.engine is not None else f"{scenario.source}: engine_release")
+        spec = opts.engine or engine_release_spec(scenario.engine_release, f"{scenario.source}: engine_release")
         check_options(opts.device, opts.geometry, opts.store, opts.design)
         check_scenario(scenario, spec)    # before the release's import (~15 s)
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
