@@ -47,7 +47,8 @@ _ANY_VERSION = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)
 LIST_TIMEOUT_S = 120
 _ROOT = Path(__file__).resolve().parent.parent
 #: the code whose source decides a verdict (part of the cache key)
-_CODE = ("simulator", "engine_path", "slotscope/pipeline.py", "slotscope/engine_run.py", "cuda_path")
+_CODE = ("simulator", "engine_path", "slotscope/pipeline.py", "slotscope/run_setup.py", "slotscope/pools.py",
+         "slotscope/outputs.py", "slotscope/partial.py", "slotscope/engine_run.py", "cuda_path")
 
 
 def _vkey(v: str) -> tuple:
@@ -196,7 +197,7 @@ class Bisection:
         if rec is None:
             t0 = time.perf_counter()
             res = self.runner(version, self.path, list(self.backends) if self.backends else None)
-            from .pipeline import git_commit
+            from .run_setup import git_commit
 
             rec = {"release": version, "scenario": self.scenario.name, "scenario_hash": self.scenario_hash,
                    "patches": self.patch_hashes, "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),

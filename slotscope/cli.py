@@ -20,7 +20,8 @@ from simulator.scenario import MAX_SEED, ScenarioError
 
 from . import __version__
 from .options import add_engine_option, add_engine_patch, backend_list, positive_int, use_engine_patches
-from .pipeline import RunStopped, UsageError, stop_on_signals
+from .partial import RunStopped, stop_on_signals
+from .rundir import UsageError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_LIVE_EXPORT, EXIT_CUT = 4, 5
@@ -135,7 +136,7 @@ def cmd_run(args) -> int:
         print(f"slotscope: INCOMPLETE after {res.incomplete['steps_done']} steps ({res.incomplete['message']}): "
               "the counts cover those steps only, not a clean verdict", file=sys.stderr)
     if not args.quiet:
-        from .pipeline import format_table
+        from .outputs import format_table
 
         print(format_table(res.summary))
         r = res.result

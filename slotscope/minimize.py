@@ -49,7 +49,7 @@ from simulator.records import Finding
 from simulator.scenario import EngineConfig, Scenario, ScenarioError, SpeculativeConfig, parse_scenario
 from simulator.scheduling.workload import make_requests
 
-from .pipeline import UsageError
+from .rundir import UsageError
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 ERROR_FILE = "minimize-error.toml"
@@ -252,7 +252,7 @@ class Minimizer:
     def reproduces(self, cand: Scenario, what: str = "candidate") -> bool:
         from simulator.run import run_simulation
 
-        from .pipeline import make_draft_pool_factory, make_pool_factory
+        from .pools import make_draft_pool_factory, make_pool_factory
 
         self.stalled = False
         sc = self.validated(cand)

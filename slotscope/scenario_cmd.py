@@ -27,7 +27,7 @@ from typing import Any, Optional
 from simulator.scenario.models import PRESETS
 from simulator.scenario import RequestSpec, ScenarioError, load_scenario, parse_scenario, scenario_data
 
-from .pipeline import UsageError
+from .rundir import UsageError
 
 DEFAULT_STEP_MS = 10.0
 CACHED_GROUP = "cached"
