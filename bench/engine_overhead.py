@@ -42,18 +42,20 @@ def _once(path: str, engine, design=None):
 
 
 def main(argv=None) -> int:
+    from engine_path.releases import EngineSpec
+    from slotscope.options import add_engine_option
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--engine", default="sglang==0.5.23", help="the release (default sglang==0.5.23)")
+    add_engine_option(ap, default=EngineSpec("sglang", "0.5.23"), help="the release (default sglang==0.5.23)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each kind per scenario, best taken (default 3)")
     args = ap.parse_args(argv)
 
     from engine_path.api import load
     from engine_path.errors import EngineError
-    from slotscope.engine_run import engine_spec
 
     t0 = time.perf_counter()
     try:
-        api = load(engine_spec(args.engine))
+        api = load(args.engine)
     except EngineError as e:
         print(f"engine_overhead: {e}", file=sys.stderr)
         return 2

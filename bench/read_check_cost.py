@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from simulator.designs import load_design  # noqa: E402
 from simulator.run import run_simulation  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
-from slotscope.pipeline import make_pool_factory  # noqa: E402
+from slotscope.pools import make_pool_factory  # noqa: E402
 
 
 def timed_run(sc, max_steps):

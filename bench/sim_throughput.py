@@ -43,7 +43,11 @@ torch.set_num_threads(1)
 from simulator.designs import load_design
 from simulator.run import run_simulation
 from simulator.scenario import load_scenario
-from slotscope import pipeline
+try:
+    from slotscope.outputs import summary_of
+    from slotscope.pools import make_pool_factory
+except ImportError:       # a baseline tree from before slotscope/pipeline.py was split (they lived there)
+    from slotscope.pipeline import make_pool_factory, summary_of
 a = json.loads(sys.argv[1])
 sc = load_scenario(a["scenario"])
 w, p, m = sc.workload, sc.pool, sc.model
@@ -56,11 +60,11 @@ if a.get("layers_x", 1) != 1:
 if a.get("backends"):
     sc = dataclasses.replace(sc, backends=tuple(sc.backends)[: a["backends"]])
 design = load_design(sc.design)
-make = pipeline.make_pool_factory(sc, torch.device("cpu"), "compact", "torch")
+make = make_pool_factory(sc, torch.device("cpu"), "compact", "torch")
 t0, c0 = time.perf_counter(), time.process_time()
 r = run_simulation(sc, design, make, max_steps=a.get("max_steps"))
 secs, wall = time.process_time() - c0, time.perf_counter() - t0
-summary = (json.dumps(pipeline.summary_of(sc, design, r), indent=2) + "\n").encode()
+summary = (json.dumps(summary_of(sc, design, r), indent=2) + "\n").encode()
 findings = "".join(json.dumps(f.to_json(), separators=(",", ":")) + "\n" for f in r.findings).encode()
 if a.get("out"):
     open(a["out"] + ".summary.json", "wb").write(summary)

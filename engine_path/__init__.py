@@ -2,8 +2,8 @@
 
 Every ``import sglang`` of slotscope lives in this package; the simulator never imports it. Modules:
 
-* :mod:`.releases`: which SGLang (``--engine sglang`` / ``sglang==VERSION``), the release cache, one
-  release per process; :mod:`.isolate`: a function under a release in a subprocess of its own.
+* :mod:`.releases`: which engine and release (``EngineSpec``: ``sglang`` / ``sglang==VERSION``), the
+  release cache, one release per process; :mod:`.isolate`: a function under a release in a subprocess of its own.
 * :mod:`.shims`: what a CPU needs before the import (lazy ``sglang.srt.configs``, torchvision stub).
 * :mod:`.api`: the release's write-path classes and the :class:`~.api.Features` found by probing.
 * :mod:`.allocator`, :mod:`.eviction`, :mod:`.writeloc`, :mod:`.pool`: adapters per concern (the SWA
@@ -14,6 +14,6 @@ Every ``import sglang`` of slotscope lives in this package; the simulator never 
 docs/ENGINE.md says which pieces are the engine's and which are ours.
 """
 from .errors import EngineError
-from .releases import EngineInfo, EngineSpec, parse_spec
+from .releases import EngineInfo, EngineSpec, EngineSpecError, parse_spec
 
-__all__ = ["EngineError", "EngineInfo", "EngineSpec", "parse_spec"]
+__all__ = ["EngineError", "EngineInfo", "EngineSpec", "EngineSpecError", "parse_spec"]

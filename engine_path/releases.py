@@ -26,6 +26,7 @@ from typing import Optional
 
 from .errors import EngineError
 
+#: the engines a spec may name; each gets its own ``NAME`` / ``NAME==VERSION`` (only SGLang is driven today)
 ENGINE_NAMES = ("sglang",)
 _VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 FETCH_TIMEOUT_S = 900
@@ -38,13 +39,48 @@ _NET_ERRORS = ("NewConnectionError", "Failed to establish a new connection", "Ne
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """What ``--engine`` asked for: ``version`` None means the installed package."""
+    """Which engine runs: its name and, optionally, a release. ``version`` None means the installed package.
+
+    Made by :func:`parse_spec` from ``NAME`` or ``NAME==VERSION``; a spec built directly is checked the same
+    way, so no command ever holds one that names an engine slotscope cannot drive."""
 
     name: str = "sglang"
     version: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        problem = _problem(self.name, self.version)
+        if problem is not None:
+            raise EngineSpecError(str(self), problem)
+
     def __str__(self) -> str:
         return self.name if self.version is None else f"{self.name}=={self.version}"
+
+
+class EngineSpecError(EngineError):
+    """A spec that names no engine slotscope drives, or no release. ``problem`` says what is wrong without
+    saying where the spec came from (an option, a scenario field, a grid entry): :meth:`at` adds that."""
+
+    def __init__(self, text: str, problem: str):
+        self.text, self.problem = text, problem
+        super().__init__(f"--engine {text!r}: {problem}")
+
+    def at(self, where: str) -> EngineError:
+        """The same error, naming ``where`` the spec was read (e.g. ``FILE: engine_release``)."""
+        return EngineError(f"{where}: {self.text!r}: {self.problem}")
+
+
+def _forms(name: str) -> str:
+    return f"{name!r} or '{name}==VERSION'"
+
+
+def _problem(name: str, version: Optional[str]) -> Optional[str]:
+    """What is wrong with an engine name and version, in words (None: nothing)."""
+    if name not in ENGINE_NAMES:
+        return (f"unknown engine {name!r} (known: {', '.join(ENGINE_NAMES)}); use "
+                f"{' or '.join(_forms(n) for n in ENGINE_NAMES)}, e.g. sglang==0.5.23")
+    if version is not None and not _VERSION_RE.match(version):
+        return f"{version!r} is not a release version (e.g. 0.5.23, 0.5.15.post1)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,20 +101,18 @@ class EngineInfo:
 
 
 def parse_spec(text: str) -> EngineSpec:
-    """``sglang`` or ``sglang==VERSION`` (e.g. ``sglang==0.5.23``); anything else is an EngineError."""
+    """``sglang`` or ``sglang==VERSION`` (e.g. ``sglang==0.5.23``); anything else is an EngineSpecError."""
     raw = text.strip()
     m = re.match(r"^([A-Za-z0-9_-]*)\s*(.*)$", raw)
     name, rest = (m.group(1).lower(), m.group(2).strip()) if m else (raw.lower(), "")
-    if name not in ENGINE_NAMES:
-        raise EngineError(f"--engine {text!r}: unknown engine {name!r} (known: {', '.join(ENGINE_NAMES)}); "
-                          f"use 'sglang' or 'sglang==VERSION', e.g. sglang==0.5.23")
-    if not rest:
-        return EngineSpec(name)
-    if not rest.startswith("==") or rest.startswith("==="):
-        raise EngineError(f"--engine {text!r}: use 'sglang' or 'sglang==VERSION' (only '==' is supported)")
-    version = rest[2:].strip()
-    if not _VERSION_RE.match(version):
-        raise EngineError(f"--engine {text!r}: {version!r} is not a release version (e.g. 0.5.23, 0.5.15.post1)")
+    version = None
+    if rest and name in ENGINE_NAMES:
+        if not rest.startswith("==") or rest.startswith("==="):
+            raise EngineSpecError(text, f"use {_forms(name)} (only '==' is supported)")
+        version = rest[2:].strip()
+    problem = _problem(name, version)
+    if problem is not None:
+        raise EngineSpecError(text, problem)
     return EngineSpec(name, version)
 
 

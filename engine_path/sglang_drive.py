@@ -120,9 +120,27 @@ def drive(out_dir: str, file_exporter: Callable[[Path], Any]) -> dict[str, Any]:
 
 # -- request logs -------------------------------------------------------------------------------
 def _drive_logs(out: Path, reqs, clock: _Clock) -> dict[str, Any]:
+    """``requests.{json,text}.log`` by the release's RequestLogger, one format after the other; returns the
+    lines of each."""
     from sglang.srt.managers.io_struct import GenerateReqInput
     from sglang.srt.utils import log_utils, request_logger
 
+    sim_created = _logging_on(log_utils, clock)
+    written = {}
+    for fmt in ("json", "text"):
+        target = out / f".{fmt}"
+        rl = request_logger.RequestLogger(log_requests=True, log_requests_level=1, log_requests_format=fmt,
+                                          log_requests_target=[str(target)])
+        for lg in rl.targets:
+            lg.addFilter(sim_created)
+        _log_requests(rl, GenerateReqInput, reqs, clock)
+        written[fmt] = _gather_log(rl, target, out / f"requests.{fmt}.log")
+    return written
+
+
+def _logging_on(log_utils, clock: _Clock) -> Callable[[logging.LogRecord], bool]:
+    """The release's log times on the simulated clock: log_json's ``datetime.now()`` (of ``log_utils``), and
+    a filter that sets each record's ``created`` (the "[asctime]" prefix)."""
     class _SimDatetime:                      # log_json's datetime.now(), on the simulated clock
         @staticmethod
         def now():
@@ -137,55 +155,75 @@ def _drive_logs(out: Path, reqs, clock: _Clock) -> dict[str, Any]:
         record.msecs = (record.created % 1) * 1000
         return True
 
-    written = {}
-    for fmt in ("json", "text"):
-        target = out / f".{fmt}"
-        rl = request_logger.RequestLogger(log_requests=True, log_requests_level=1, log_requests_format=fmt,
-                                          log_requests_target=[str(target)])
-        for lg in rl.targets:
-            lg.addFilter(_sim_created)
-        events = []
-        for r in reqs:
-            events.append((r["arrive"], 0, r))
-            events.append((r["finish"], 1, r))
-        for ts, kind, r in sorted(events, key=lambda e: (e[0], e[1])):
-            clock.now = ts
-            obj = GenerateReqInput(text="x" * 8, sampling_params={"max_new_tokens": r["output"], "temperature": 0},
-                                   rid=f"req-{r['i']:04d}")
-            if kind == 0:
-                rl.log_received_request(obj)
-            else:
-                meta = {"id": obj.rid, "finish_reason": {"type": "length", "length": r["output"]},
-                        "prompt_tokens": r["prompt"], "weight_version": "default", "num_retractions": 0,
-                        "reasoning_tokens": 0, "completion_tokens": r["output"], "cached_tokens": r["cached"],
-                        "e2e_latency": r["finish"] - r["arrive"],
-                        "request_received_ts": T0 + r["arrive"], "request_finished_ts": T0 + r["finish"],
-                        "queue_time": r["forward"] - r["queued"]}
-                rl.log_finished_request(obj, {"text": "y" * r["output"], "output_ids": list(range(r["output"])),
-                                              "meta_info": meta})
-        for lg in rl.targets:
-            for h in lg.handlers:
-                h.flush()
-        files = sorted(target.glob("*.log*"))
-        dst = out / f"requests.{fmt}.log"
-        with open(dst, "w", encoding="utf-8") as f:
-            for src in files:
-                f.write(src.read_text(encoding="utf-8"))
-        for lg in rl.targets:
-            for h in list(lg.handlers):
-                h.close()
-                lg.removeHandler(h)
+    return _sim_created
+
+
+def _log_requests(rl, GenerateReqInput, reqs, clock: _Clock) -> None:
+    """Each request's arrival and finish, in time order, through the logger's own entry points."""
+    events = []
+    for r in reqs:
+        events.append((r["arrive"], 0, r))
+        events.append((r["finish"], 1, r))
+    for ts, kind, r in sorted(events, key=lambda e: (e[0], e[1])):
+        clock.now = ts
+        obj = GenerateReqInput(text="x" * 8, sampling_params={"max_new_tokens": r["output"], "temperature": 0},
+                               rid=f"req-{r['i']:04d}")
+        if kind == 0:
+            rl.log_received_request(obj)
+        else:
+            meta = {"id": obj.rid, "finish_reason": {"type": "length", "length": r["output"]},
+                    "prompt_tokens": r["prompt"], "weight_version": "default", "num_retractions": 0,
+                    "reasoning_tokens": 0, "completion_tokens": r["output"], "cached_tokens": r["cached"],
+                    "e2e_latency": r["finish"] - r["arrive"],
+                    "request_received_ts": T0 + r["arrive"], "request_finished_ts": T0 + r["finish"],
+                    "queue_time": r["forward"] - r["queued"]}
+            rl.log_finished_request(obj, {"text": "y" * r["output"], "output_ids": list(range(r["output"])),
+                                          "meta_info": meta})
+
+
+def _gather_log(rl, target: Path, dst: Path) -> int:
+    """The logger's files under ``target`` flushed, joined into ``dst`` and removed; returns dst's lines."""
+    for lg in rl.targets:
+        for h in lg.handlers:
+            h.flush()
+    files = sorted(target.glob("*.log*"))
+    with open(dst, "w", encoding="utf-8") as f:
         for src in files:
-            src.unlink()
-        target.rmdir()
-        written[fmt] = sum(1 for _ in open(dst, encoding="utf-8"))
-    return written
+            f.write(src.read_text(encoding="utf-8"))
+    for lg in rl.targets:
+        for h in list(lg.handlers):
+            h.close()
+            lg.removeHandler(h)
+    for src in files:
+        src.unlink()
+    target.rmdir()
+    return sum(1 for _ in open(dst, encoding="utf-8"))
 
 
 # -- request traces -----------------------------------------------------------------------------
 def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callable[[Path], Any]) -> int:
+    """``trace.otlp.jsonl``: the requests' time stats on both sides of the release's tracing (the tokenizer
+    here, the scheduler in a thread of its own); returns the spans written."""
     path = out / "trace.otlp.jsonl"
+    _serve_exporter(path, file_exporter)
+    rel = _tracing_on(clock)
+    rel.trace.trace_set_thread_info("TokenizerManager")
+    api = _tokenizer_receives(reqs, clock, rel.rts)
+    wire = {i: pickle.dumps(st) for i, st in api.items()}
+    th = threading.Thread(target=_scheduler, args=(reqs, batches, clock, wire, rel), name="scheduler")
+    th.start()
+    th.join()
+    _tokenizer_finishes(reqs, clock, api, rel.SpanAttributes)
+    from opentelemetry import trace as otel_trace
 
+    provider = otel_trace.get_tracer_provider()
+    provider.force_flush()
+    provider.shutdown()
+    return _count_spans(path)
+
+
+def _serve_exporter(path: Path, file_exporter: Callable[[Path], Any]) -> None:
+    """The gRPC OTLP exporter SGLang asks for, served by the caller's file exporter writing ``path``."""
     def _FileExporter(endpoint=None, insecure=None, **_kw):     # stands in for the Collector behind SGLang's exporter
         return file_exporter(path)
 
@@ -201,6 +239,11 @@ def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callabl
     sys.modules[name].OTLPSpanExporter = _FileExporter
     os.environ.pop("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", None)    # SGLang's default: grpc
 
+
+def _tracing_on(clock: _Clock) -> types.SimpleNamespace:
+    """The release's tracing set up (its provider and exporter) and its time stats on the simulated clock;
+    returns the release's pieces the drive uses: ``trace`` and ``rts`` (its trace and req_time_stats
+    modules), ``ForwardMode``, ``SpanAttributes``."""
     import sglang.srt.observability.trace as trace_mod
     if not trace_mod.opentelemetry_imported:
         import importlib
@@ -216,10 +259,13 @@ def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callabl
     rts.global_diff_realtime_monotonic = T0
     rts.calibrate_time_diff = lambda: None
     trace_mod.get_cur_time_ns = clock.time_ns
-    trace_mod.trace_set_thread_info("TokenizerManager")
+    return types.SimpleNamespace(trace=trace_mod, rts=rts, ForwardMode=ForwardMode, SpanAttributes=SpanAttributes)
 
+
+def _tokenizer_receives(reqs, clock: _Clock, rts) -> dict[int, Any]:
+    """The tokenizer side of each arrival (main thread): its APIServerReqTimeStats, by request."""
     api = {}
-    for r in reqs:                                  # tokenizer side, main thread
+    for r in reqs:
         clock.now = r["arrive"]
         st = rts.APIServerReqTimeStats()
         st.init_trace_ctx(f"req-{r['i']:04d}", None)
@@ -228,38 +274,41 @@ def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callabl
         st.set_api_server_dispatch_time(r["arrive"] + 0.0001)
         st.set_api_server_dispatch_finish_time(r["arrive"] + 0.0003)
         api[r["i"]] = st
-    wire = {i: pickle.dumps(st) for i, st in api.items()}
+    return api
 
-    def scheduler() -> None:                        # scheduler side, its own thread
-        trace_mod.trace_set_thread_info("Scheduler", tp_rank=0, dp_rank=0)
-        stats = {}
-        for r in reqs:
-            clock.now = r["recv"]
-            st = rts.SchedulerReqTimeStats.new_from_obj(pickle.loads(wire[r["i"]]))
-            st.set_scheduler_recv_time(r["recv"])
-            st.set_wait_queue_entry_time(r["queued"])
-            stats[r["i"]] = st
-        for b in batches:
-            clock.now = b["start"]
-            mode = ForwardMode.EXTEND if b["mode"] == "prefill" else ForwardMode.DECODE
-            items = [types.SimpleNamespace(time_stats=stats[r["i"]]) for r in b["reqs"]]
-            rts.set_schedule_time_batch(types.SimpleNamespace(reqs=items, forward_mode=mode))
-            end = b["start"] + b["dur"]
-            for r in b["reqs"]:
-                st = stats[r["i"]]
-                if b["mode"] == "prefill":
-                    st.set_forward_entry_time(b["start"])
-                    st.set_prefill_finished_time(end)
-                else:
-                    st.set_last_decode_finish_time(end)
-                    if r.get("finish") is not None and r["decode_ends"][-1] == end and r["decoded"] >= r["output"] - 1:
-                        st.set_completion_time(r["finish"])
 
-    th = threading.Thread(target=scheduler, name="scheduler")
-    th.start()
-    th.join()
+def _scheduler(reqs, batches, clock: _Clock, wire: dict[int, bytes], rel: types.SimpleNamespace) -> None:
+    """The scheduler side, in its own thread: the stats it receives (unpickled, as between processes), the
+    batches scheduled, each request's prefill, decodes and completion."""
+    rts, ForwardMode = rel.rts, rel.ForwardMode
+    rel.trace.trace_set_thread_info("Scheduler", tp_rank=0, dp_rank=0)
+    stats = {}
+    for r in reqs:
+        clock.now = r["recv"]
+        st = rts.SchedulerReqTimeStats.new_from_obj(pickle.loads(wire[r["i"]]))
+        st.set_scheduler_recv_time(r["recv"])
+        st.set_wait_queue_entry_time(r["queued"])
+        stats[r["i"]] = st
+    for b in batches:
+        clock.now = b["start"]
+        mode = ForwardMode.EXTEND if b["mode"] == "prefill" else ForwardMode.DECODE
+        items = [types.SimpleNamespace(time_stats=stats[r["i"]]) for r in b["reqs"]]
+        rts.set_schedule_time_batch(types.SimpleNamespace(reqs=items, forward_mode=mode))
+        end = b["start"] + b["dur"]
+        for r in b["reqs"]:
+            st = stats[r["i"]]
+            if b["mode"] == "prefill":
+                st.set_forward_entry_time(b["start"])
+                st.set_prefill_finished_time(end)
+            else:
+                st.set_last_decode_finish_time(end)
+                if r.get("finish") is not None and r["decode_ends"][-1] == end and r["decoded"] >= r["output"] - 1:
+                    st.set_completion_time(r["finish"])
 
-    for r in reqs:                                  # the finish, tokenizer side
+
+def _tokenizer_finishes(reqs, clock: _Clock, api: dict[int, Any], SpanAttributes) -> None:
+    """The finish of each request, tokenizer side: the root span's usage attributes, then its end."""
+    for r in reqs:
         clock.now = r["finish"]
         st = api[r["i"]]
         st.trace_ctx.trace_set_root_attrs({
@@ -269,11 +318,9 @@ def _drive_trace(out: Path, reqs, batches, clock: _Clock, file_exporter: Callabl
             SpanAttributes.GEN_AI_REQUEST_ID: f"req-{r['i']:04d}",
         })
         st.set_finished_time(r["finish"])
-    from opentelemetry import trace as otel_trace
 
-    provider = otel_trace.get_tracer_provider()
-    provider.force_flush()
-    provider.shutdown()
+
+def _count_spans(path: Path) -> int:
     n = 0
     with open(path, encoding="utf-8") as f:
         for line in f:

@@ -40,12 +40,15 @@ from typing import Any, Callable, Optional
 from engine_path.errors import EngineError
 
 EXIT_CHANGED, EXIT_NO_CHANGE, EXIT_BAD_INPUT = 0, 1, 2
+#: why --engine takes no version here
+NAME_ONLY = "bisect takes the engine's name (--engine sglang) and the releases from --versions"
 _FINAL = re.compile(r"^\d+(\.\d+)*$")
 _ANY_VERSION = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 LIST_TIMEOUT_S = 120
 _ROOT = Path(__file__).resolve().parent.parent
 #: the code whose source decides a verdict (part of the cache key)
-_CODE = ("simulator", "engine_path", "slotscope/pipeline.py", "slotscope/engine_run.py", "cuda_path")
+_CODE = ("simulator", "engine_path", "slotscope/pipeline.py", "slotscope/run_setup.py", "slotscope/pools.py",
+         "slotscope/outputs.py", "slotscope/partial.py", "slotscope/engine_run.py", "cuda_path")
 
 
 def _vkey(v: str) -> tuple:
@@ -194,7 +197,7 @@ class Bisection:
         if rec is None:
             t0 = time.perf_counter()
             res = self.runner(version, self.path, list(self.backends) if self.backends else None)
-            from .pipeline import git_commit
+            from .run_setup import git_commit
 
             rec = {"release": version, "scenario": self.scenario.name, "scenario_hash": self.scenario_hash,
                    "patches": self.patch_hashes, "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),
@@ -290,14 +293,7 @@ def _run_isolated(version: str, path: str, backends: Optional[list[str]]) -> dic
 
 
 def cmd_bisect(args) -> int:
-    from .rundir import UsageError
-    from .engine_run import engine_spec
-
-    spec = engine_spec(args.engine)
-    if spec.version is not None:
-        raise UsageError(f"--engine {args.engine}: bisect takes the engine's name (--engine sglang) and the releases "
-                         f"from --versions")
-    from .cli import use_engine_patches
+    from .options import use_engine_patches
 
     use_engine_patches(args, args.engine)
     versions = resolve_versions(args.versions)
@@ -336,7 +332,9 @@ def cmd_bisect(args) -> int:
 
 
 def register(sub) -> None:
-    from .cli import _backends, _positive, add_engine_patch
+    from engine_path.releases import EngineSpec
+
+    from .options import VERSION_FORBIDDEN, add_engine_option, add_engine_patch, backend_list, positive_int
 
     p = sub.add_parser(
         "bisect", help="the first SGLang release where a scenario's verdict changed",
@@ -357,15 +355,17 @@ def register(sub) -> None:
                "  130  interrupted (^C); 143 terminated (SIGTERM)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
-    p.add_argument("--engine", default="sglang", help="the engine (default and only one: sglang)")
+    add_engine_option(p, default=EngineSpec("sglang"), version=VERSION_FORBIDDEN, why=NAME_ONLY, metavar="NAME",
+                      help="the engine, by name only: sglang (the default, and the only one today); the releases "
+                           "come from --versions")
     add_engine_patch(p)
     p.add_argument("--versions", required=True, metavar="A..B | A,B,C",
                    help="releases: A..B the registry's final releases from A to B inclusive (pip index versions "
                         "sglang), or a comma list")
-    p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
+    p.add_argument("--backends", type=backend_list, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--all", action="store_true", help="run every release in the range (no bisection)")
     p.add_argument("--no-cache", action="store_true", help="run every release it needs even when cached")
-    p.add_argument("--jobs", type=_positive, default=1, metavar="N",
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                    help="releases run at once (default 1; the two ends, or every release with --all, in parallel)")
     p.add_argument("--json", action="store_true", help="end with one JSON line: the verdicts and the change")
     p.set_defaults(func=cmd_bisect)

@@ -16,10 +16,12 @@ from typing import Optional, Sequence
 from engine_path.errors import EngineError
 from simulator.designs.catalogue import BUILTIN_DESIGNS
 from simulator.designs.types import DesignError
-from simulator.scenario import BACKENDS, MAX_SEED, ScenarioError
+from simulator.scenario import MAX_SEED, ScenarioError
 
 from . import __version__
-from .pipeline import RunStopped, UsageError, stop_on_signals
+from .options import add_engine_option, add_engine_patch, backend_list, positive_int, use_engine_patches
+from .partial import RunStopped, stop_on_signals
+from .rundir import UsageError
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_LIVE_EXPORT, EXIT_CUT = 4, 5
@@ -50,18 +52,6 @@ exit codes:
 """
 
 
-def _backends(text: str) -> tuple[str, ...]:
-    names = tuple(x.strip() for x in text.split(",") if x.strip())
-    if names == ("all",):
-        return BACKENDS
-    for n in names:
-        if n not in BACKENDS:
-            raise argparse.ArgumentTypeError(f"unknown backend {n!r} (allowed: {', '.join(BACKENDS)}, or all)")
-    if not names:
-        raise argparse.ArgumentTypeError("name at least one backend")
-    return names
-
-
 def _seed(text: str) -> int:
     try:
         value = int(text)
@@ -69,16 +59,6 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^63), got {text!r}") from None
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be an integer in [0, 2^63), got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
@@ -93,15 +73,15 @@ def _add_run(sub) -> None:
     p.add_argument("scenario", help="scenario TOML file (see scenarios/ and docs/SCENARIOS.md)")
     p.add_argument("--design", help=f"design to test: one of {', '.join(sorted(BUILTIN_DESIGNS))}, or "
                                     f"path/to/file.py:ClassName (default: the scenario's)")
-    p.add_argument("--engine", metavar="SPEC",
-                   help="put a real SGLang release in the write path instead of a modelled design: 'sglang' (the "
-                        "installed one, an editable checkout included) or 'sglang==VERSION' (fetched once into "
-                        "slotscope's cache, $SLOTSCOPE_CACHE or ~/.cache/slotscope). The release's SWA allocator, "
-                        "eviction rule, SWA translation, KVWriteLoc and SWAKVPool run; the scheduler, workload, "
-                        "DP ranks and CUDA-only backend parts stay modelled (docs/ENGINE.md). Needs "
-                        "pip install -e '.[sglang]'; runs on the CPU (default: the scenario's engine_release, if any)")
+    add_engine_option(
+        p, help="put a real SGLang release in the write path instead of a modelled design: 'sglang' (the installed "
+                "one, an editable checkout included) or 'sglang==VERSION' (fetched once into slotscope's cache, "
+                "$SLOTSCOPE_CACHE or ~/.cache/slotscope). The release's SWA allocator, eviction rule, SWA "
+                "translation, KVWriteLoc and SWAKVPool run; the scheduler, workload, DP ranks and CUDA-only backend "
+                "parts stay modelled (docs/ENGINE.md). Needs pip install -e '.[sglang]'; runs on the CPU (default: "
+                "the scenario's engine_release, if any)")
     add_engine_patch(p)
-    p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
+    p.add_argument("--backends", type=backend_list, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--out", default=None,
                    help="output directory (default: out/<scenario name>): an empty one, or a run directory, whose "
                         "earlier run's files are removed first; one run at a time (DIR/.slotscope.lock)")
@@ -119,34 +99,13 @@ def _add_run(sub) -> None:
     p.add_argument("--otlp-endpoint", help="also export spans live to this OTLP/HTTP collector "
                                            "(OTEL_EXPORTER_OTLP_* variables are honoured)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
-    p.add_argument("--max-steps", type=_positive, metavar="N",
+    p.add_argument("--max-steps", type=positive_int, metavar="N",
                    help="stop after N forward steps (N >= 1); a run cut there is marked incomplete, never clean")
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
                         "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
-
-
-def add_engine_patch(p) -> None:
-    p.add_argument("--engine-patch", action="append", default=[], metavar="FILE.yaml",
-                   help="apply a source patch to the engine right after its import, in SGLang's patch format "
-                        "(patches: [{target, edits: [{match, replacement|prepend|append}]}]), through the "
-                        "release's own patcher where it has one; repeatable; needs --engine "
-                        "(examples/engine-patches/, docs/ENGINE.md 'Patches')")
-
-
-def use_engine_patches(args, engine) -> list[str]:
-    """Check --engine-patch (readable, with an engine) and ask for it to be applied at the release's import."""
-    from engine_path import patches
-    from .rundir import UsageError
-
-    paths = list(getattr(args, "engine_patch", None) or [])
-    if paths and not engine:
-        raise UsageError("--engine-patch needs --engine (it patches a real SGLang release)")
-    patches.hashes(paths)
-    patches.set_env(paths)
-    return paths
 
 
 def cmd_run(args) -> int:
@@ -177,7 +136,7 @@ def cmd_run(args) -> int:
         print(f"slotscope: INCOMPLETE after {res.incomplete['steps_done']} steps ({res.incomplete['message']}): "
               "the counts cover those steps only, not a clean verdict", file=sys.stderr)
     if not args.quiet:
-        from .pipeline import format_table
+        from .outputs import format_table
 
         print(format_table(res.summary))
         r = res.result

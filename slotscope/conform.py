@@ -25,7 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from engine_path.releases import EngineSpec
+
 EXIT_CONFORMS, EXIT_DIVERGES, EXIT_BAD_INPUT = 0, 1, 2
+#: why --engine needs a version here
+NEEDS_VERSION = "conform needs a release version (sglang==VERSION): the model design is chosen by it"
 
 #: documented differences (docs/ENGINE.md, "Conformance"): id -> (what it matches, reason)
 KNOWN: dict[str, str] = {}
@@ -153,27 +157,24 @@ def _default_design(version: str, explicit: Optional[str]) -> str:
                       f"{', '.join(releases) or 'none'}); pass --design NAME to compare another model with it")
 
 
-def run_conform(scenario: str, engine: str, *, page_size: Optional[int] = None, design: Optional[str] = None,
+def run_conform(scenario: str, engine: EngineSpec, *, page_size: Optional[int] = None, design: Optional[str] = None,
                 max_steps: Optional[int] = None, backends: Optional[list[str]] = None,
                 timeout: float = 1800) -> dict:
     """Both traces and their comparison (raises EngineError / DesignError / ScenarioError on bad input)."""
     from engine_path import isolate
     from engine_path.conformance import trace
     from engine_path.errors import EngineError
-    from engine_path.releases import parse_spec
     from simulator.designs.loading import load_design
     from simulator.scenario import ScenarioError, load_scenario
 
-    spec = parse_spec(engine)
-    if spec.version is None:
-        raise EngineError(f"--engine {engine}: conform needs a release version (sglang==VERSION): the model "
-                          f"design is chosen by it")
+    if engine.version is None:
+        raise EngineError(f"--engine {engine}: {NEEDS_VERSION}")
     if not Path(scenario).is_file():
         raise ScenarioError(f"{scenario}: no such scenario file")
     sc = load_scenario(scenario)
     if page_size is not None and page_size < 1:
         raise ScenarioError(f"--page-size must be >= 1, got {page_size}")
-    name = _default_design(spec.version, design)
+    name = _default_design(engine.version, design)
     load_design(name)                                   # bad --design: DesignError before any run
     opts = {"design": name, "page_size": page_size, "max_steps": max_steps, "backends": backends}
     t0 = time.perf_counter()
@@ -241,7 +242,7 @@ def cmd_conform(args) -> int:
         print(f"slotscope: error: --allow {', '.join(unknown)}: not a documented difference (known: "
               f"{', '.join(sorted(KNOWN)) or 'none'}; docs/ENGINE.md, Conformance)", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from .cli import use_engine_patches
+    from .options import use_engine_patches
 
     use_engine_patches(args, args.engine)
     res = run_conform(args.scenario, args.engine, page_size=args.page_size, design=args.design,
@@ -259,7 +260,7 @@ def cmd_conform(args) -> int:
 
 
 def register(sub) -> None:
-    from .cli import _backends, _positive, add_engine_patch
+    from .options import VERSION_REQUIRED, add_engine_option, add_engine_patch, backend_list, positive_int
 
     p = sub.add_parser(
         "conform", help="compare our model of an SGLang release with the release, step by step",
@@ -278,13 +279,15 @@ def register(sub) -> None:
                "       the not-compared lines say why)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
-    p.add_argument("--engine", required=True, metavar="sglang==VERSION", help="the release to compare with")
+    add_engine_option(p, required=True, version=VERSION_REQUIRED, why=NEEDS_VERSION, metavar="sglang==VERSION",
+                      help="the release to compare with; a version is needed (the model design sglang-VERSION is "
+                           "chosen by it)")
     add_engine_patch(p)
-    p.add_argument("--page-size", type=_positive, metavar="N",
+    p.add_argument("--page-size", type=positive_int, metavar="N",
                    help="run at this page size (pool sizes rounded up to whole pages)")
     p.add_argument("--design", metavar="MODEL_DESIGN", help="the model design (default: sglang-VERSION)")
-    p.add_argument("--max-steps", type=_positive, metavar="N", help="compare the first N forwards only")
-    p.add_argument("--backends", type=_backends, help="comma-separated backends (default: the scenario's; 'all')")
+    p.add_argument("--max-steps", type=positive_int, metavar="N", help="compare the first N forwards only")
+    p.add_argument("--backends", type=backend_list, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--allow", action="append", metavar="KNOWN_ID",
                    help="accept a documented difference (docs/ENGINE.md, Conformance); repeatable")
     p.add_argument("--json", action="store_true", help="end with one JSON line: the comparison")

@@ -2,10 +2,10 @@
 
 What this module adds to engine_path (which owns every ``import sglang``):
 
-* :func:`engine_spec` reads ``--engine`` (or the scenario's ``engine_release``) into an
-  ``engine_path.EngineSpec``; :func:`load_runtime` activates the release (fetching it into
-  slotscope's cache when missing) and builds its ``EngineRuntime``: the design, allocator factory
-  and pool factory of docs/ENGINE.md's "Integration plan".
+* :func:`load_runtime` activates the release an ``engine_path.EngineSpec`` names (``--engine``, read by
+  slotscope/options.py, or the scenario's ``engine_release``), fetching it into slotscope's cache when
+  missing, and builds its ``EngineRuntime``: the design, allocator factory and pool factory of
+  docs/ENGINE.md's "Integration plan".
 * :func:`check_scenario` refuses a scenario an engine run cannot drive (a PD decode node on a release
   without a model of its row free) before the import;
 * :func:`check_options` says which ``run`` options an engine run cannot honour (a clear UsageError):
@@ -26,21 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from engine_path.errors import EngineError
-
-
-
-def engine_spec(text: str, where: str = "--engine"):
-    """``sglang`` / ``sglang==VERSION`` -> EngineSpec; an EngineError naming ``where`` otherwise."""
-    from engine_path.releases import parse_spec
-
-    try:
-        return parse_spec(text)
-    except EngineError as e:
-        msg = str(e)
-        if where != "--engine" and msg.startswith("--engine "):
-            msg = f"{where}: " + msg[len("--engine "):]
-        raise EngineError(msg) from None
+from engine_path.releases import EngineSpec
 
 
 def check_options(device: str, geometry: Optional[str], store: Optional[str], design: Optional[str]) -> None:
@@ -159,7 +145,8 @@ def verdict(path: str, backends: Optional[list[str]] = None) -> dict:
 
     info = active()
     t0 = time.perf_counter()
-    out = run_scenario(path, None, RunOptions(engine=f"sglang=={info.version}" if info else "sglang",
+    spec = EngineSpec(info.name, info.version) if info else EngineSpec()
+    out = run_scenario(path, None, RunOptions(engine=spec,
                                               backends=tuple(backends) if backends else None, device="cpu",
                                               report=False, trace_level="off", quiet_engine=True))
     s = out.summary

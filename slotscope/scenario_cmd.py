@@ -27,7 +27,7 @@ from typing import Any, Optional
 from simulator.scenario.models import PRESETS
 from simulator.scenario import RequestSpec, ScenarioError, load_scenario, parse_scenario, scenario_data
 
-from .pipeline import UsageError
+from .rundir import UsageError
 
 DEFAULT_STEP_MS = 10.0
 CACHED_GROUP = "cached"
@@ -166,43 +166,9 @@ def derive_step_s(requests, batch_ts=None) -> tuple[float, str]:
 def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, description: str,
                  window=None, limit: Optional[int] = None, radix: bool = True):
     """(Scenario, report): the usable requests, windowed, limited and fitted to the pool, as a scenario."""
-    usable, lacking = [], []
-    for r in requests:
-        missing = r.lacking()
-        (lacking if missing else usable).append((r, missing))
-    usable_reqs = sorted((r for r, _ in usable), key=lambda r: r.arrival)      # stable: file order on ties
-    if window is not None:
-        kind, lo, hi = window
-        if kind == "index":
-            usable_reqs = usable_reqs[(lo or 0):(hi if hi is not None else None)]
-        else:
-            usable_reqs = [r for r in usable_reqs if (lo is None or r.arrival >= lo) and (hi is None or r.arrival < hi)]
-    if limit is not None:
-        usable_reqs = usable_reqs[:limit]
-    full = int(base["pool"]["full_size"])
-    oversize = [r for r in usable_reqs if r.prompt_tokens + r.completion_tokens > full]
-    if oversize:
-        usable_reqs = [r for r in usable_reqs if r.prompt_tokens + r.completion_tokens <= full]
-    if not usable_reqs:
-        raise UsageError("no request to replay: " + (
-            f"{len(lacking)} lack the numbers needed, " if lacking else "") + (
-            f"{len(oversize)} do not fit the pool ({full} slots), " if oversize else "") +
-            f"{len(requests)} finished requests read (after --window / --limit: none left)")
+    usable_reqs, lacking, oversize = _select(requests, int(base["pool"]["full_size"]), window, limit)
     t0 = usable_reqs[0].arrival
-    specs = []
-    groups: dict[str, int] = {}
-    turns = _Turns()
-    for i, r in enumerate(usable_reqs):
-        step = int(round((r.arrival - t0) / step_s)) if step_s > 0 else 0
-        conv, turn = turns.place(r)
-        cached = min(r.cached_tokens or 0, r.prompt_tokens)
-        group = None
-        if cached > 0 and turn <= 1:          # a later turn inherits turn 1's prefix; its history is shared
-            group = CACHED_GROUP if not r.extra_key else f"{CACHED_GROUP}/{r.extra_key[:100]}"
-            groups[group] = groups.get(group, 0) + 1
-        specs.append(RequestSpec(arrival_step=max(0, min(step, 2**31 - 1)), prompt_len=r.prompt_tokens,
-                                 output_len=r.completion_tokens, prefix_group=group,
-                                 prefix_len=cached if group else 0, conversation=conv, turn=turn, uid=i))
+    specs, groups, turns = _request_specs(usable_reqs, t0, step_s)
     data = dict(base)
     sharing = bool(groups) or turns.later > 0
     if sharing and radix:
@@ -224,6 +190,53 @@ def build_replay(requests, base: dict[str, Any], *, step_s: float, name: str, de
               "span_s": usable_reqs[-1].arrival - t0,
               "arrival_from": _tally(r.arrival_from for r in usable_reqs)}
     return sc, text, report
+
+
+def _select(requests, full: int, window, limit: Optional[int]) -> tuple[list, list, list]:
+    """(the requests to replay in arrival order, those lacking numbers with what they lack, those longer than
+    the pool of ``full`` slots); a UsageError saying why when none is left."""
+    usable, lacking = [], []
+    for r in requests:
+        missing = r.lacking()
+        (lacking if missing else usable).append((r, missing))
+    usable_reqs = sorted((r for r, _ in usable), key=lambda r: r.arrival)      # stable: file order on ties
+    if window is not None:
+        kind, lo, hi = window
+        if kind == "index":
+            usable_reqs = usable_reqs[(lo or 0):(hi if hi is not None else None)]
+        else:
+            usable_reqs = [r for r in usable_reqs if (lo is None or r.arrival >= lo) and (hi is None or r.arrival < hi)]
+    if limit is not None:
+        usable_reqs = usable_reqs[:limit]
+    oversize = [r for r in usable_reqs if r.prompt_tokens + r.completion_tokens > full]
+    if oversize:
+        usable_reqs = [r for r in usable_reqs if r.prompt_tokens + r.completion_tokens <= full]
+    if not usable_reqs:
+        raise UsageError("no request to replay: " + (
+            f"{len(lacking)} lack the numbers needed, " if lacking else "") + (
+            f"{len(oversize)} do not fit the pool ({full} slots), " if oversize else "") +
+            f"{len(requests)} finished requests read (after --window / --limit: none left)")
+    return usable_reqs, lacking, oversize
+
+
+def _request_specs(usable_reqs, t0: float, step_s: float) -> tuple[list[RequestSpec], dict[str, int], "_Turns"]:
+    """One RequestSpec per request (its step from its arrival, its cached prefix as a group, its turn), the
+    prefix groups' sizes, and the conversations placed."""
+    specs = []
+    groups: dict[str, int] = {}
+    turns = _Turns()
+    for i, r in enumerate(usable_reqs):
+        step = int(round((r.arrival - t0) / step_s)) if step_s > 0 else 0
+        conv, turn = turns.place(r)
+        cached = min(r.cached_tokens or 0, r.prompt_tokens)
+        group = None
+        if cached > 0 and turn <= 1:          # a later turn inherits turn 1's prefix; its history is shared
+            group = CACHED_GROUP if not r.extra_key else f"{CACHED_GROUP}/{r.extra_key[:100]}"
+            groups[group] = groups.get(group, 0) + 1
+        specs.append(RequestSpec(arrival_step=max(0, min(step, 2**31 - 1)), prompt_len=r.prompt_tokens,
+                                 output_len=r.completion_tokens, prefix_group=group,
+                                 prefix_len=cached if group else 0, conversation=conv, turn=turn, uid=i))
+    return specs, groups, turns
 
 
 class _Turns:
@@ -270,38 +283,14 @@ def _tally(items) -> dict[str, int]:
 
 
 def cmd_from_records(args) -> int:
-    from tracing.otlp_read import TraceFormatError
-    from tracing.sglang_records import read_engine_trace, read_request_log
-
     def log(line: str) -> None:
         if not args.quiet:
             print(line, file=sys.stderr)
 
-    for f in args.files:
-        if not Path(f).is_file():
-            raise UsageError(f"{f}: no such file")
-    if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
-        raise UsageError(f"--step-ms must be a positive number, got {args.step_ms}")
-    if args.limit is not None and args.limit < 1:
-        raise UsageError(f"--limit must be >= 1, got {args.limit}")
-    if not 1 <= args.max_line_mb <= 1 << 20:
-        raise UsageError(f"--max-line-mb must be between 1 and {1 << 20}, got {args.max_line_mb}")
-    window = parse_window(args.window) if args.window else None
-    out = Path(args.output) if args.output and args.output != "-" else None
-    if out is not None and out.is_dir():
-        raise UsageError(f"-o {out}: is a directory; give the file to write")
+    window, out = _checked_args(args)
     base = base_data(args)
     t_read = time.perf_counter()
-    batch_ts = None
-    try:
-        if args.source == "from-log":
-            requests, stats = read_request_log(args.files, skip_bad=args.skip_bad,
-                                               max_line_bytes=args.max_line_mb * 2**20)
-        else:
-            et = read_engine_trace(args.files, skip_bad=args.skip_bad, max_line_bytes=args.max_line_mb * 2**20)
-            requests, stats, batch_ts = et.requests, et.stats, et.batch_ts
-    except TraceFormatError as exc:
-        raise UsageError(str(exc)) from None
+    requests, stats, batch_ts = _read_records(args)
     read_s = time.perf_counter() - t_read
     if args.step_ms is not None:
         step_s, how = args.step_ms / 1e3, "--step-ms"
@@ -323,6 +312,47 @@ def cmd_from_records(args) -> int:
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out)
+    _log_reading(log, stats, read_s)
+    _log_replay(log, stats, rep, base, out, step_s, how)
+    return 0
+
+
+def _checked_args(args) -> tuple[Optional[tuple], Optional[Path]]:
+    """The flags checked before anything is read: (the --window cut, the output file or None for stdout)."""
+    for f in args.files:
+        if not Path(f).is_file():
+            raise UsageError(f"{f}: no such file")
+    if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
+        raise UsageError(f"--step-ms must be a positive number, got {args.step_ms}")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be >= 1, got {args.limit}")
+    if not 1 <= args.max_line_mb <= 1 << 20:
+        raise UsageError(f"--max-line-mb must be between 1 and {1 << 20}, got {args.max_line_mb}")
+    window = parse_window(args.window) if args.window else None
+    out = Path(args.output) if args.output and args.output != "-" else None
+    if out is not None and out.is_dir():
+        raise UsageError(f"-o {out}: is a directory; give the file to write")
+    return window, out
+
+
+def _read_records(args):
+    """(requests, read stats, the trace's batch times or None) of the files, a request log or traces."""
+    from tracing.otlp_read import TraceFormatError
+    from tracing.sglang_records import read_engine_trace, read_request_log
+
+    try:
+        if args.source == "from-log":
+            requests, stats = read_request_log(args.files, skip_bad=args.skip_bad,
+                                               max_line_bytes=args.max_line_mb * 2**20)
+            return requests, stats, None
+        et = read_engine_trace(args.files, skip_bad=args.skip_bad, max_line_bytes=args.max_line_mb * 2**20)
+        return et.requests, et.stats, et.batch_ts
+    except TraceFormatError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _log_reading(log, stats, read_s: float) -> None:
+    """What the reading found and skipped."""
     ev = ", ".join(f"{n} {k}" for k, n in stats.events.items()) or "no request records"
     log(f"read {stats.lines} lines of {len(stats.files)} file(s) in {read_s:.2f}s: {ev}")
     if stats.unknown:
@@ -334,6 +364,10 @@ def cmd_from_records(args) -> int:
         for b in stats.bad:
             log(f"  skipped {b['file']}:{b['line']}: {b['reason']}")
         log(f"  {stats.bad_lines} bad line(s) skipped (--skip-bad)")
+
+
+def _log_replay(log, stats, rep: dict, base: dict, out: Optional[Path], step_s: float, how: str) -> None:
+    """Which requests were left out and why, and what was written."""
     if rep["lacking"]:
         log(f"  {len(rep['lacking'])} finished request(s) lack the numbers needed, left out:")
         for r, missing in rep["lacking"][:_LIST]:
@@ -353,4 +387,3 @@ def cmd_from_records(args) -> int:
     log(f"wrote {out or 'stdout'}: {rep['replayed']} requests over {rep['steps']} steps "
         f"({rep['span_s']:.3f} s of arrivals at {step_s * 1e3:.3g} ms/step, {how}); prefix groups: {groups}{convs}; "
         f"radix cache {'on' if rep['radix_cache'] else 'off'}")
-    return 0

@@ -15,7 +15,8 @@ A grid file (examples/sweeps/) names the axes; every combination is one *point*:
     device    = "cpu"                             # "cuda": each point asks Ray for one GPU, else one CPU
     max_steps = 200                               # optional cut per point
 
-At least one of scenarios / presets and one of designs / engines. Every key is checked; an error names
+At least one of scenarios / presets and one of designs / engines (``--engine SPEC`` on the command line
+stands in for both: every point then runs with that engine). Every key is checked; an error names
 the grid file and the field. A point's scenario (the overrides applied, then validated by
 ``parse_scenario``) has a hash: sha256 of its TOML as run, with a user design file's text. Results are
 cached by it in ``OUT/points/<hash>/`` (``point.json`` and the run directory ``run/``), so a rerun of the
@@ -42,6 +43,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+from engine_path.errors import EngineError
+from engine_path.releases import EngineSpec
 from simulator.scenario import BACKENDS, Scenario, ScenarioError, load_scenario, parse_scenario
 from simulator.scenario.models import PRESETS
 
@@ -147,9 +150,12 @@ def _sources(data: dict, path: Path) -> list[tuple[str, Scenario]]:
     return out
 
 
-def _runners(data: dict, path: Path) -> list[tuple[str, str]]:
+def _runners(data: dict, path: Path, engine: Optional[EngineSpec] = None) -> list[tuple[str, str]]:
+    """The grid's designs and engine releases, checked; with ``engine`` (--engine) that engine alone."""
     from simulator.designs.types import DesignError
     from simulator.designs.loading import load_design
+
+    from .options import engine_release_spec
 
     out: list[tuple[str, str]] = []
     for i, d in enumerate(_list(data, path, "designs", str)):
@@ -162,19 +168,20 @@ def _runners(data: dict, path: Path) -> list[tuple[str, str]]:
             raise _fail(path, f"designs[{i}]", str(e)) from None
         out.append(("design", spec))
     for i, e in enumerate(_list(data, path, "engines", str)):
-        from .engine_run import engine_spec
-
         try:
-            out.append(("engine", str(engine_spec(e, f"{path}: engines[{i}]"))))
-        except Exception as exc:    # EngineError / UsageError: both name the field
-            raise _fail(path, f"engines[{i}]", str(exc)) from None
+            out.append(("engine", str(engine_release_spec(e, f"{path}: engines[{i}]"))))
+        except EngineError as exc:          # names the file and the field
+            raise ScenarioError(str(exc)) from None
+    if engine is not None:
+        return [("engine", str(engine))]
     if not out:
         raise _fail(path, "designs", "the grid needs at least one design or engine release (designs / engines)")
     return out
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Read and check a grid file; every error names the file and the field."""
+def load_grid(path: str | Path, engine: Optional[EngineSpec] = None) -> Grid:
+    """Read and check a grid file; every error names the file and the field. ``engine`` (--engine): every
+    point runs with it, in place of the grid's designs and engines (which are still checked)."""
     import tomllib
 
     path = Path(path)
@@ -200,7 +207,7 @@ def load_grid(path: str | Path) -> Grid:
     name = data.get("name", path.stem)
     if not isinstance(name, str):
         raise _fail(path, "name", f"must be a string, got {name!r}")
-    return Grid(name=name, sources=tuple(_sources(data, path)), runners=tuple(_runners(data, path)),
+    return Grid(name=name, sources=tuple(_sources(data, path)), runners=tuple(_runners(data, path, engine)),
                 backends=tuple(backends) or (None,),
                 dp_sizes=tuple(_list(data, path, "dp_sizes", int, 1)) or (None,),
                 page_sizes=tuple(_list(data, path, "page_sizes", int, 1)) or (None,),
@@ -429,6 +436,8 @@ def sweep(grid: Grid, out: Path, *, local: bool = False, address: Optional[str] 
 
 
 def register(subparsers: Any) -> None:
+    from .options import add_engine_option
+
     p = subparsers.add_parser(
         "sweep", help="run a grid of scenarios x designs/releases x backends x DP x page sizes x seeds on Ray",
         description="Run every point of a grid file as a Ray task (ray.init() here by default, every core), "
@@ -447,6 +456,8 @@ def register(subparsers: Any) -> None:
     where.add_argument("--local", action="store_true", help="one process, no Ray")
     where.add_argument("--address", help="an existing Ray cluster (ray.init(address=...))")
     p.add_argument("--num-cpus", type=int, metavar="N", help="local Ray: use N cores (default every core)")
+    add_engine_option(p, help="sglang or sglang==VERSION: every point runs with this engine in the write path, "
+                              "in place of the grid's designs and engines (one row: engine SPEC)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_sweep)
 
@@ -458,7 +469,9 @@ def cmd_sweep(args) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid, engine=args.engine)
+    if args.engine is not None:
+        log(f"sweep: --engine {args.engine}: every point runs with it (the grid's designs and engines are not run)")
     out = Path(args.out or f"out/sweep-{grid.name}")
     if not args.local:
         _ray()                       # a clear error naming the extra before anything runs

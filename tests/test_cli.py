@@ -132,16 +132,16 @@ def test_help_answers_questions(capsys):
 
 def test_crash_keeps_partial_outputs(tmp_path, capsys, monkeypatch):
     """slotscope itself failing mid-run (a design's exception is a design_error finding, not a crash)."""
-    from slotscope import pipeline
+    from slotscope import outputs
 
-    on_step = pipeline.StreamingOutputs.on_step
+    on_step = outputs.StreamingOutputs.on_step
 
     def failing(self, step):
         if step.step >= 20:
             raise RuntimeError("boom inside slotscope")
         on_step(self, step)
 
-    monkeypatch.setattr(pipeline.StreamingOutputs, "on_step", failing)
+    monkeypatch.setattr(outputs.StreamingOutputs, "on_step", failing)
     out = tmp_path / "o"
     rc = run(str(ROOT / "scenarios/b2-decode-stale-tail.toml"), "--out", str(out))
     assert rc == 3
@@ -150,7 +150,7 @@ def test_crash_keeps_partial_outputs(tmp_path, capsys, monkeypatch):
     s = json.loads((out / "summary.json").read_text())
     assert s["incomplete"]["error"].startswith("RuntimeError") and s["incomplete"]["steps_done"] > 0
     # the findings and steps up to the crash were streamed to disk
-    monkeypatch.setattr(pipeline.StreamingOutputs, "on_step", on_step)
+    monkeypatch.setattr(outputs.StreamingOutputs, "on_step", on_step)
     steps = (out / "steps.jsonl").read_text().splitlines()
     findings = (out / "findings.jsonl").read_text().splitlines()
     assert len(steps) == s["incomplete"]["steps_done"]

@@ -148,7 +148,12 @@ def _one_line_error(proc, *needles):
     ("sglang==latest", "is not a release version"),
 ])
 def test_bad_engine_spec(tmp_path, spec, needle):
-    _one_line_error(slotscope("run", B1, "--engine", spec, "--out", str(tmp_path / "o")), needle, repr(spec))
+    """Refused while the command line is read (slotscope/options.py): argparse's usage error, naming the option."""
+    proc = slotscope("run", B1, "--engine", spec, "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    err = [l for l in proc.stderr.splitlines() if l.startswith("slotscope run: error: argument --engine: ")]
+    assert err and needle in err[0] and repr(spec) in err[0], proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_engine_with_cuda_here_or_design_is_refused(tmp_path):

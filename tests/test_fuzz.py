@@ -9,7 +9,9 @@ import pytest
 from simulator.scenario import parse_scenario
 from slotscope.cli import main
 from slotscope.corpus import load_corpus
-from slotscope.fuzz import Fuzzer, Generator, draw_scenario, fix_up, fuzz, parse_budget
+from slotscope.fuzz import parse_budget
+from slotscope.fuzz_search import Fuzzer, fuzz
+from slotscope.fuzz_space import Generator, draw_scenario, fix_up
 
 from helpers import ROOT
 
@@ -75,7 +77,8 @@ def test_fill_loads_take_the_pools_last_page():
     """A fill load on a paged pool takes the last page of the pool it fills, speculative decoding included
     (the page absorbs the 1..3 slots a speculative request reserves past its peak): "full" the full pool,
     "swa" the SWA pool (a wave within the window)."""
-    from slotscope.fuzz import _window, run_one
+    from slotscope.fuzz_search import run_one
+    from slotscope.fuzz_space import window_of
 
     gen, checked = Generator(5), {"full": 0, "swa": 0}
     for i in range(3000):
@@ -84,7 +87,7 @@ def test_fill_loads_take_the_pools_last_page():
         page, x = data["pool"].get("page_size", 1), e.get("speculative", {}).get("num_draft_tokens", 0)
         if kind not in checked or checked[kind] >= 2 or "speculative" not in e or page < 4 or page <= x + 1:
             continue
-        if kind == "swa" and _window(data["model"]) < 2 * page:
+        if kind == "swa" and window_of(data["model"]) < 2 * page:
             continue
         sc = draw_scenario(data, FIXED)
         out = run_one(sc, None)

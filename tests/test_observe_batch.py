@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 
 from simulator.core.observe import BackendRows, NullObserver, ObserverFanout, boundary_sink
-from slotscope.pipeline import ShapeTimeline
+from slotscope.outputs import ShapeTimeline
 
 
 class _Calls(NullObserver):

@@ -186,7 +186,7 @@ def test_a_run_gives_the_same_findings_on_both_layouts():
     on a split and a paired pool: the same findings, one by one."""
     from simulator.designs import load_design
     from simulator.run import run_simulation
-    from slotscope.pipeline import make_pool_factory
+    from slotscope.pools import make_pool_factory
 
     sc = scenario("b2-decode-stale-tail").with_overrides(max_steps=12)
     out = {}
@@ -238,7 +238,7 @@ def test_gpu_runs_give_the_same_findings_on_both_layouts(name, design, steps):
     from cuda_path.graphs import CudaGraphExecutor
     from simulator.designs import load_design
     from simulator.run import run_simulation
-    from slotscope.pipeline import make_pool_factory
+    from slotscope.pools import make_pool_factory
 
     sc = scenario(name).with_overrides(design=design, max_steps=steps)
     out = {}

@@ -89,6 +89,26 @@ def test_the_grid_is_the_product_and_overrides_are_validated(tmp_path):
     assert all(s.model.num_layers == 16 for s in scs)        # smoke.toml's 16 layers
 
 
+def test_engine_option_runs_every_point_with_that_engine(tmp_path):
+    """--engine SPEC (slotscope/options.py): one row, the engine's, in place of the grid's designs and engines;
+    those are still checked, and a grid may then name none. The grid's own engines entries name the field."""
+    from engine_path.releases import EngineSpec
+
+    g = load_grid(small_grid(tmp_path, extra="seeds = [1, 2]\n"), engine=EngineSpec("sglang", "0.5.23"))
+    assert g.runners == (("engine", "sglang==0.5.23"),)
+    scs = [point_scenario(g, p) for p in points(g)]
+    assert len(scs) == 2 and {s.engine_release for s in scs} == {"sglang==0.5.23"}
+    bare = grid_file(tmp_path, f'scenarios = ["{GAP}"]\n')
+    assert load_grid(bare, engine=EngineSpec("sglang")).runners == (("engine", "sglang"),)
+    with pytest.raises(ScenarioError, match="designs\\[0\\]"):
+        load_grid(grid_file(tmp_path, f'scenarios = ["{GAP}"]\ndesigns = ["no-such"]\n'), engine=EngineSpec())
+    bad = grid_file(tmp_path, f'scenarios = ["{GAP}"]\nengines = ["vllm"]\n')
+    with pytest.raises(ScenarioError) as e:
+        load_grid(bad)
+    assert str(e.value).startswith(f"{bad}: engines[0]: 'vllm': unknown engine 'vllm'")
+    assert str(e.value).count("engines[0]") == 1
+
+
 def test_local_sweep_caches_by_scenario_hash(tmp_path):
     g = load_grid(small_grid(tmp_path))
     out = tmp_path / "out"

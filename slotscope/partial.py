@@ -1,0 +1,92 @@
+"""A run that does not finish: the signals that stop it, and the "incomplete" entry its outputs carry.
+
+SIGTERM and SIGINT stop a run like an exception does (:func:`stop_on_signals`); a ``max_steps`` cut before
+every request finished is told from a run that ended by itself by :class:`ProgressTracker`. Either way
+summary.json and run.json say ``"incomplete"`` (:func:`stop_marker`, :func:`cut_marker`), and nothing of such
+a run is ever shown as clean.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Optional
+
+
+class RunStopped(BaseException):
+    """Raised inside a run by the SIGTERM handler of :func:`stop_on_signals` (SIGINT raises
+    KeyboardInterrupt); like it, it stops the run, whose partial outputs are then written."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextmanager
+def stop_on_signals():
+    """While inside: SIGTERM raises :class:`RunStopped` and SIGINT KeyboardInterrupt, once; a second
+    signal is ignored (with a line on stderr) so the partial outputs are written whole. A no-op outside
+    the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, frame):
+        if fired:
+            print(f"slotscope: {signal.Signals(signum).name} again: still writing the partial outputs "
+                  "(SIGKILL abandons them)", file=sys.stderr)
+            return
+        fired.append(signum)
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise RunStopped(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+
+
+class ProgressTracker:
+    """Passes progress on and remembers the last (finished, total) requests, to tell a run that ended
+    by itself from one cut by max_steps."""
+
+    def __init__(self, inner: Optional[Callable[[int, int, int], None]]):
+        self.inner = inner
+        self.done: Optional[int] = None
+        self.total: Optional[int] = None
+
+    def __call__(self, step: int, done: int, total: int) -> None:
+        self.done, self.total = done, total
+        if self.inner is not None:
+            self.inner(step, done, total)
+
+    @property
+    def all_finished(self) -> bool:
+        return self.total is not None and self.done is not None and self.done >= self.total
+
+
+def cut_marker(max_steps: Optional[int], steps_done: int, progress: ProgressTracker) -> Optional[dict[str, Any]]:
+    """The "incomplete" entry of a run that ``max_steps`` stopped before its requests finished."""
+    n = max_steps
+    if n is None or steps_done < n or progress.all_finished:
+        return None
+    return {"reason": "max_steps", "message": f"stopped by max_steps = {n} before every request finished",
+            "steps_done": steps_done, "max_steps": n}
+
+
+def stop_marker(exc: BaseException, steps_done: int) -> dict[str, Any]:
+    """The "incomplete" entry of a run that an exception or a signal stopped."""
+    if isinstance(exc, RunStopped):
+        name = signal.Signals(exc.signum).name
+        return {"reason": name, "message": f"stopped by {name}", "steps_done": steps_done}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"reason": "SIGINT", "message": "interrupted (^C / SIGINT)", "steps_done": steps_done}
+    error = f"{type(exc).__name__}: {exc}"
+    return {"reason": "error", "message": f"the run failed: {error}"[:2000], "error": error[:2000],
+            "steps_done": steps_done}
+

@@ -1,0 +1,161 @@
+"""What a run is made of: the options of ``run_scenario`` and their resolution into a :class:`Setup`.
+
+:func:`setup` decides everything before the first step (the scenario with the command line's overrides, the
+design or the engine's runtime, the device, the K/V geometry and the store), so a bad option is refused
+(``UsageError``, exit 2) before any pool is allocated; an engine run's options are checked before its
+release is imported (10-30 s).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from engine_path.releases import EngineSpec
+from simulator.core.observe import RunObserver
+from simulator.designs.base import Design
+from simulator.designs.loading import load_design
+from simulator.scenario import MAX_SEED, Scenario, load_scenario
+
+from .rundir import UsageError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available here (use --device cpu or auto)")
+    if name not in DEVICES:
+        raise UsageError(f"--device {name!r} (allowed: {', '.join(DEVICES)})")
+    return torch.device(name)
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent.parent)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+@dataclass
+class RunOptions:
+    design: Optional[str] = None
+    backends: Optional[tuple[str, ...]] = None
+    seed: Optional[int] = None
+    device: str = "auto"
+    geometry: Optional[str] = None        # default: compact on CPU, real on CUDA
+    store: Optional[str] = None           # default: triton on CUDA, torch on CPU
+    trace_level: str = "anomaly"
+    otlp_endpoint: Optional[str] = None
+    report: bool = True
+    cuda_graphs: bool = True              # on CUDA with the Triton store: decode and piecewise graphs
+    max_steps: Optional[int] = None
+    progress: Optional[Callable[[int, int, int], None]] = None
+    engine: Optional[EngineSpec] = None   # the release in the write path (None: the scenario's engine_release)
+    quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
+    extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
+    inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/plugins/faults.py)
+    forward_observer: Any = None          # simulator.core.observe.ForwardObserver (bench/vs_kv_canary.py)
+
+
+@dataclass
+class Setup:
+    """What a run is made of, resolved from the scenario and the options before anything runs."""
+
+    scenario: Scenario
+    design: Design
+    device: torch.device
+    geometry: str
+    store: str
+    extra: dict[str, Any]
+    opts: RunOptions
+    runtime: Any = None                   # engine_path.runtime.EngineRuntime of an engine run
+    faults: Any = None                    # --inject: simulator.plugins.faults.FaultInjector
+
+    @property
+    def engine(self) -> Optional[dict[str, Any]]:
+        from .engine_run import engine_json
+
+        return engine_json(self.runtime)
+
+
+def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Scenario:
+    """The scenario with the command line's overrides (design, backends, seed, max_steps) applied."""
+    scenario = scenario_or_path if isinstance(scenario_or_path, Scenario) else load_scenario(scenario_or_path)
+    if opts.max_steps is not None and not (isinstance(opts.max_steps, int) and opts.max_steps >= 1):
+        raise UsageError(f"--max-steps must be an integer >= 1, got {opts.max_steps!r}")
+    if opts.seed is not None and not (isinstance(opts.seed, int) and 0 <= opts.seed <= MAX_SEED):
+        raise UsageError(f"--seed must be an integer in [0, 2^63), got {opts.seed!r}")
+    if opts.engine is not None and not isinstance(opts.engine, EngineSpec):
+        raise TypeError(f"RunOptions.engine is an EngineSpec (engine_path.releases.parse_spec makes one), "
+                        f"got {opts.engine!r}")
+    engine_release = None if opts.engine is None else str(opts.engine)
+    return scenario.with_overrides(design=opts.design, backends=opts.backends, seed=opts.seed,
+                                   max_steps=opts.max_steps, engine_release=engine_release)
+
+
+def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
+    scenario = scenario_as_run(scenario_or_path, opts)
+    runtime = None
+    if scenario.engine_release is not None:
+        from .engine_run import check_options, check_scenario, load_runtime
+        from .options import engine_release_spec
+
+        spec = opts.engine or engine_release_spec(scenario.engine_release, f"{scenario.source}: engine_release")
+        check_options(opts.device, opts.geometry, opts.store, opts.design)
+        check_scenario(scenario, spec)    # before the release's import (~15 s)
+        device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
+        runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
+        design = runtime.design
+        if scenario.pool.unified:
+            # the release's unified allocator in the loop; the scenario's modelled design and our pools
+            from engine_path.unified import UnifiedEngineRuntime
+
+            design = load_design(scenario.design)
+            runtime = UnifiedEngineRuntime(runtime.api, design, scenario)
+    else:
+        design = load_design(scenario.design)
+        device = resolve_device(opts.device)
+    if "SLOTSCOPE_TORCH_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["SLOTSCOPE_TORCH_THREADS"]))
+    elif device.type == "cpu":
+        # the hot path is many small tensor ops: intra-op threads only add hand-off latency
+        torch.set_num_threads(1)
+    geometry = opts.geometry or ("real" if device.type == "cuda" else "compact")
+    store = opts.store or ("triton" if device.type == "cuda" else "torch")
+    if runtime is not None:
+        from .engine_run import engine_layout
+
+        geometry, store = engine_layout(opts.geometry, opts.store)
+    if store == "triton" and device.type == "cpu":
+        if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("--store triton on cpu needs TRITON_INTERPRET=1 before triton is imported")
+        os.environ["TRITON_INTERPRET"] = "1"    # the same kernel, run by Triton's interpreter
+    if opts.otlp_endpoint and opts.trace_level != "off":
+        from tracing.live import FROM_ENV, traces_url
+
+        if opts.otlp_endpoint != FROM_ENV:
+            try:
+                traces_url(opts.otlp_endpoint)
+            except ValueError as e:
+                raise UsageError(f"--otlp-endpoint: {e}") from None
+    extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
+    if runtime is not None:
+        extra.update({f"engine.{k}": v for k, v in runtime.api.info.to_json().items()})
+    return Setup(scenario, design, device, geometry, store, extra, opts, runtime)
+
