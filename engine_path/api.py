@@ -100,7 +100,7 @@ class ReleaseAPI:
 
 def _import(name: str, info: EngineInfo) -> ModuleType:
     from . import shims
-    from .releases import _stub_note
+    from .releases import stub_note
 
     try:
         with warnings.catch_warnings():
@@ -112,10 +112,10 @@ def _import(name: str, info: EngineInfo) -> ModuleType:
                               f"module {name} is missing (known releases: 0.5.14 .. 0.5.23)") from None
         raise EngineError(f"importing {name} from sglang {info.version} at {info.path} failed: module "
                           f"{e.name!r} is missing; install the engine's dependencies with "
-                          f"pip install -e '.[sglang]'{_stub_note(shims._INSTALLED)}") from None
+                          f"pip install -e '.[sglang]'{stub_note(shims.installed())}") from None
     except Exception as e:
         raise EngineError(f"importing {name} from sglang {info.version} at {info.path} failed: "
-                          f"{type(e).__name__}: {e}{_stub_note(shims._INSTALLED)}") from None
+                          f"{type(e).__name__}: {e}{stub_note(shims.installed())}") from None
 
 
 def _optional(name: str) -> Optional[ModuleType]:

@@ -250,10 +250,10 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True, device: str 
     except ModuleNotFoundError as e:
         _forget(spec)
         raise EngineError(f"importing {where} failed: module {e.name!r} is missing; install the engine's "
-                          f"dependencies with pip install -e '.[sglang]'{_stub_note(rep)}") from None
+                          f"dependencies with pip install -e '.[sglang]'{stub_note(rep)}") from None
     except Exception as e:  # an import error of any kind is the user's to see, not a traceback
         _forget(spec)
-        raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}{_stub_note(rep)}") from None
+        raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}{stub_note(rep)}") from None
     pkg = Path(mod.__file__).parent
     info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
     if spec.version is not None and info.version != spec.version:
@@ -265,7 +265,7 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True, device: str 
     return info
 
 
-def _stub_note(rep) -> str:
+def stub_note(rep) -> str:
     """What the import ran on, where CUDA made the release take its CUDA branches."""
     if getattr(rep, "native_stubs", None) is None:
         return ""

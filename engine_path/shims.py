@@ -254,6 +254,11 @@ class ShimReport:
 _INSTALLED: Optional[ShimReport] = None
 
 
+def installed() -> Optional[ShimReport]:
+    """The shims this process installed (None: not yet)."""
+    return _INSTALLED
+
+
 def install(*, triton_interpret: bool = True) -> ShimReport:
     """Apply every shim (idempotent). Must run before the first ``import sglang`` in the process."""
     global _INSTALLED

@@ -287,7 +287,7 @@ def _run_isolated(version: str, path: str, backends: Optional[list[str]]) -> dic
     from engine_path import isolate
 
     try:
-        return isolate.call(f"sglang=={version}", "slotscope.engine_run:verdict", path, backends)
+        return isolate.call(f"sglang=={version}", "slotscope.bisect:verdict", path, backends)
     except isolate.IsolatedFailure as e:
         return {"error": str(e)}
 
@@ -369,3 +369,30 @@ def register(sub) -> None:
                    help="releases run at once (default 1; the two ends, or every release with --all, in parallel)")
     p.add_argument("--json", action="store_true", help="end with one JSON line: the verdicts and the change")
     p.set_defaults(func=cmd_bisect)
+
+
+def verdict(path: str, backends: Optional[list[str]] = None) -> dict:
+    """One release's verdict on a scenario (the release is already active: engine_path.isolate's child).
+
+    Runs the scenario exactly as ``slotscope run SCENARIO --engine`` does, in memory, and returns the
+    findings per backend and class."""
+    from engine_path.releases import EngineSpec, active
+
+    from .pipeline import RunOptions, run_scenario
+
+    info = active()
+    t0 = time.perf_counter()
+    spec = EngineSpec(info.name, info.version) if info else EngineSpec()
+    out = run_scenario(path, None, RunOptions(engine=spec,
+                                              backends=tuple(backends) if backends else None, device="cpu",
+                                              report=False, trace_level="off", quiet_engine=True))
+    s = out.summary
+    by_class: dict[str, int] = {}
+    for st in s["backends"].values():
+        for cls, n in st["findings"].items():
+            if n:
+                by_class[cls] = by_class.get(cls, 0) + n
+    return {"engine": s["engine"], "steps": s["steps"], "findings_total": s["findings_total"],
+            "findings": by_class, "incomplete": s.get("incomplete"),
+            "backends": {b: {c: n for c, n in st["findings"].items() if n} for b, st in s["backends"].items()},
+            "run_s": round(time.perf_counter() - t0, 3)}

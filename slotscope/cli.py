@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
     _add_trace_commands(sub)
-    for module in ("reports.commands", "slotscope.corpus", "slotscope.minimize",
+    for module in ("reports.commands", "slotscope.corpus_cmd", "slotscope.minimize",
                    "slotscope.bisect", "slotscope.conform", "slotscope.fuzz", "slotscope.sweep",
                    "slotscope.scenario_cmd"):
         try:

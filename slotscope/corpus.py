@@ -9,9 +9,7 @@ Exit codes: 0 every verdict holds, 1 some does not, 2 bad input.
 """
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,56 +247,4 @@ def format_corpus_table(outcomes: Sequence[Outcome]) -> str:
 
 # ---------------------------------------------------------------------------------------- the command
 
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "bugs", help="run the known-bug corpus: every buggy design reproduces, every fix is clean",
-        description="Run every case of the known-bug corpus (scenarios/corpus.toml: SGLang's B1-B4, the post-"
-                    "#29460 gap, B2 under the other engines' padding conventions, paged pools) under the design "
-                    "that had the bug and the design that fixed it, on every backend, and print bug, design, "
-                    "expected and observed outcome per backend, and verdict. Exit 0 when every verdict holds.",
-        epilog="exit codes: 0 every verdict holds, 1 some verdict fails, 2 bad input\n"
-               "cells: the finding class seen (oor = out_of_range, len_mism = length_mismatch, ...), +k when k "
-               "other classes were seen too, ' !' where the expectation does not hold. docs/CORPUS.md explains "
-               "each case.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", default=str(CORPUS), help="corpus file (default: scenarios/corpus.toml)")
-    p.add_argument("--only", help="comma-separated case ids to run (e.g. B1,B3)")
-    p.add_argument("--report", nargs="?", const="", metavar="OUT",
-                   help="write the corpus as one self-contained HTML report (default: out/corpus/report.html)")
-    p.add_argument("--out", metavar="DIR", help="also write each run's outputs to DIR/<case>-<buggy|fixed>/")
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="pool under test (default cpu)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=cmd_bugs)
 
-
-def cmd_bugs(args) -> int:
-    cases = load_corpus(args.corpus)
-    if args.only:
-        wanted = [x.strip() for x in args.only.split(",") if x.strip()]
-        ids = {c.id for c in cases}
-        missing = [w for w in wanted if w not in ids]
-        if missing:
-            print(f"slotscope: error: --only: no case {missing[0]!r} (cases: {', '.join(c.id for c in cases)})",
-                  file=sys.stderr)
-            return EXIT_BAD_INPUT
-        cases = [c for c in cases if c.id in wanted]
-
-    def progress(o: Outcome) -> None:
-        if not args.quiet:
-            print(f"bugs: {o.case.id:<10} {o.design:<28} {'holds' if o.holds else 'FAILS'}  ({o.wall_s:.1f}s)",
-                  file=sys.stderr, flush=True)
-
-    t0 = time.perf_counter()
-    out_dir = Path(args.out) if args.out else None
-    outcomes = run_corpus(cases, out_dir=out_dir, progress=progress, device=args.device)
-    print(format_corpus_table(outcomes))
-    held = sum(o.holds for o in outcomes)
-    print(f"\n{held} of {len(outcomes)} verdicts hold ({len(cases)} cases x buggy/fixed, "
-          f"{len(outcomes[0].backends) if outcomes else 0} backends) in {time.perf_counter() - t0:.1f}s")
-    if args.report is not None:
-        from .corpus_report import write_corpus_report
-
-        path = Path(args.report) if args.report else Path("out") / "corpus" / "report.html"
-        write_corpus_report(outcomes, path)
-        print(f"report: {path}")
-    return EXIT_HOLDS if held == len(outcomes) else EXIT_FAILS

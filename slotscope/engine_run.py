@@ -26,7 +26,6 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from engine_path.releases import EngineSpec
 
 
 def check_options(device: str, geometry: Optional[str], store: Optional[str], design: Optional[str]) -> None:
@@ -134,28 +133,3 @@ def pieces_table(runtime) -> dict[str, Any]:
     return out
 
 
-def verdict(path: str, backends: Optional[list[str]] = None) -> dict:
-    """One release's verdict on a scenario (the release is already active: engine_path.isolate's child).
-
-    Runs the scenario exactly as ``slotscope run SCENARIO --engine`` does, in memory, and returns the
-    findings per backend and class."""
-    from engine_path.releases import active
-
-    from .pipeline import RunOptions, run_scenario
-
-    info = active()
-    t0 = time.perf_counter()
-    spec = EngineSpec(info.name, info.version) if info else EngineSpec()
-    out = run_scenario(path, None, RunOptions(engine=spec,
-                                              backends=tuple(backends) if backends else None, device="cpu",
-                                              report=False, trace_level="off", quiet_engine=True))
-    s = out.summary
-    by_class: dict[str, int] = {}
-    for st in s["backends"].values():
-        for cls, n in st["findings"].items():
-            if n:
-                by_class[cls] = by_class.get(cls, 0) + n
-    return {"engine": s["engine"], "steps": s["steps"], "findings_total": s["findings_total"],
-            "findings": by_class, "incomplete": s.get("incomplete"),
-            "backends": {b: {c: n for c, n in st["findings"].items() if n} for b, st in s["backends"].items()},
-            "run_s": round(time.perf_counter() - t0, 3)}

@@ -136,6 +136,8 @@ class _RunWriter:
         self.timings: dict[str, Any] = {}
         self.trace = None
         self.live_export_error: Optional[str] = None
+        #: which source served each concern (simulator RunResult.sources), once the run has a result
+        self.sources: Optional[dict[str, Any]] = None
 
     # ---------------------------------------------------------------------------- provenance
     def run_json(self, status: str, incomplete: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -158,6 +160,8 @@ class _RunWriter:
 
             d["engine_pieces"] = pieces_table(su.runtime)
             d["timings"].setdefault("engine_import_s", round(getattr(su.runtime, "import_s", 0.0), 3))
+        if self.sources is not None:
+            d["sources"] = self.sources
         if incomplete is not None:
             d["incomplete"] = incomplete
         if self.live_export_error is not None:
@@ -211,6 +215,7 @@ class _RunWriter:
         """summary.json, shapes.jsonl and run.json first (cheap, what every other tool reads), then the
         trace and the report; run.json again with their timings."""
         t1 = time.perf_counter()
+        self.sources = result.sources
         summary = summary_of(self.su.scenario, self.su.design, result, incomplete, self.su.engine)
         if self.su.faults is not None:
             # --inject: every fault, and what detected it (simulator/plugins/faults.py)
@@ -239,6 +244,7 @@ class _RunWriter:
         """What a stopped run leaves: the summary so far (marked incomplete), shapes, run.json, then,
         as far as they go, the trace and the report. A failure here never hides the run's own error."""
         if partial is not None:
+            self.sources = partial.sources
             write_json_atomic(self.out / "summary.json", summary_of(self.su.scenario, self.su.design, partial, marker,
                                                                      self.su.engine))
             self._write_shapes()
