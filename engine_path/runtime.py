@@ -19,6 +19,8 @@ from .allocator import EngineAllocator
 from .api import ReleaseAPI
 from .design import EngineDesign
 from .errors import EngineError
+from .forward.boundary import ReleaseBackends
+from .forward.runner import Runner, RunnerContext, build_runner, context_len, publish_config
 from .pool import EnginePool, build_swa_pool
 from .writeloc import Translator
 
@@ -35,6 +37,9 @@ class EngineRuntime:
         self.design = EngineDesign(api, model=model)
         #: the release's store the pools run (engine_path.pool.release_store), once a pool is made
         self.store_info: Optional[dict] = None
+        #: the release's backends as the run's backend source (engine_path.forward), once asked for
+        self.backend_source: Optional[ReleaseBackends] = None
+        self._config: Optional[RunnerContext] = None
 
     def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
                           **_ignored) -> EngineAllocator:
@@ -83,8 +88,38 @@ class EngineRuntime:
 
         return make_pool
 
+    def backends(self, scenario) -> "ReleaseBackends":
+        """The run's backend source: the release's own backends (engine_path/forward), over a model-runner
+        stand-in per model side built on the run's allocator (made first: ``allocator_factory``). The release's
+        runtime config is published until :meth:`close`."""
+        if self.backend_source is None:
+            self._config = publish_config(self.api, backend="triton", page_size=scenario.pool.page_size,
+                                          device=self.device)
+            runners: dict = {}
+
+            def runner_for(side: str) -> Runner:
+                if side not in runners:
+                    if self.allocator is None:
+                        raise EngineError("the engine allocator must be made before the engine backends")
+                    w = scenario.workload
+                    rows = min(scenario.engine.max_running_requests, max(w.requests, len(w.explicit), 1)) + 1
+                    runners[side] = build_runner(self.api, model=scenario.model, allocator=self.allocator,
+                                                 max_requests=rows, context_len=context_len(scenario),
+                                                 device=self.device, server_args=self._config.server_args)
+                return runners[side]
+            self.backend_source = ReleaseBackends(self.api, runner_for)
+        return self.backend_source
+
+    def close(self) -> None:
+        """Restore the release's runtime config published for the run."""
+        if self._config is not None:
+            self._config.close()
+            self._config = None
+
     def describe(self) -> dict:
         d = self.design.describe()
+        if self.backend_source is not None:
+            d["backends"] = self.backend_source.describe()
         d["device"] = self.device
         if self.store_info is not None:
             d["store"] = self.store_info

@@ -147,7 +147,8 @@ def run_simulation(scenario: Scenario, design: Design, make_pool: PoolFactory, *
                    run_info_extra: Optional[dict] = None, version: str = "0", max_steps: Optional[int] = None,
                    executor=None, make_draft_pool: Optional[DraftPoolFactory] = None,
                    allocator_factory: Optional[AllocatorFactory] = None, faults: Optional[FaultInjector] = None,
-                   forward_observer: Optional[ForwardObserver] = None) -> RunResult:
+                   forward_observer: Optional[ForwardObserver] = None,
+                   backends: Optional[BackendSource] = None) -> RunResult:
     """Run a scenario under a design; on any exception (^C included) the partial result rides on it.
 
     Its steps run in ``torch.inference_mode`` (no autograd bookkeeping: a third less host time per small
@@ -156,7 +157,8 @@ def run_simulation(scenario: Scenario, design: Design, make_pool: PoolFactory, *
     place only in that mode."""
     run = make_run(scenario, design, make_pool, device=device, observer=observer, executor=executor,
                    make_draft_pool=make_draft_pool, info_extra=run_info_extra, version=version,
-                   allocator_factory=allocator_factory, faults=faults, forward_observer=forward_observer)
+                   allocator_factory=allocator_factory, faults=faults, forward_observer=forward_observer,
+                   backends=backends)
     run.obs.on_run_start(run.info)
     try:
         with torch.inference_mode():

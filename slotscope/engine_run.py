@@ -123,8 +123,18 @@ def pieces_table(runtime) -> dict[str, Any]:
     d = runtime.describe()
     info = d.get("engine") or runtime.api.info.to_json()
     rows = [{"piece": p, "whose": "engine", "by": f"{info['name']} {info['version']}"} for p in d.get("engine_pieces", ())]
-    rows += [{"piece": p, "whose": "slotscope", "by": "modelled"} for p in d.get("model_pieces", ())]
+    backends = d.get("backends")
+    forward = ("backend metadata beyond the SWA ids", "per-layer narrowing")
+    for p in d.get("model_pieces", ()):
+        if backends is not None and p in forward:
+            own = sorted(b for b, v in backends.items() if v["pieces"][0]["whose"] == "model")
+            if not own:
+                continue          # every backend's forward is the release's (its pieces: "backends" below)
+            p = f"{p} (for {', '.join(own)})"
+        rows.append({"piece": p, "whose": "slotscope", "by": "modelled"})
     out = {"rows": rows, "features": d.get("features", {}), "device": d.get("device", "cpu")}
+    if backends is not None:
+        out["backends"] = backends           # per backend and model side: whose code ran each piece, and why
     for key in ("store", "graph_buffer_refreshes"):      # which store ran; whose code refreshed graph buffers
         if key in d:
             out[key] = d[key]

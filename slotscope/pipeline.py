@@ -91,9 +91,13 @@ def _simulate(su: Setup, observer: RunObserver, progress: ProgressTracker) -> Ru
                               **kwargs)
     from .engine_run import allocator_seam
 
-    # the release's allocator, translation, KVWriteLoc and SWAKVPool (docs/ENGINE.md); draft pools stay ours
+    # the release's allocator, its backends' forward, KVWriteLoc and SWAKVPool (docs/ENGINE.md); draft pools stay ours
     with allocator_seam(su.runtime, kwargs):
-        return run_simulation(su.scenario, su.design, su.runtime.pool_factory(su.scenario.model), **kwargs)
+        kwargs["backends"] = su.runtime.backends(su.scenario)
+        try:
+            return run_simulation(su.scenario, su.design, su.runtime.pool_factory(su.scenario.model), **kwargs)
+        finally:
+            su.runtime.close()
 
 
 def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str | Path] = None,

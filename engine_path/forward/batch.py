@@ -1,0 +1,77 @@
+"""The release's ``ForwardBatch`` of one step, built the way the release builds it for its backends.
+
+From the step's batch (simulator.scheduling.batch.ForwardBatch with its BatchRequests): the forward mode, one
+``req_to_token`` row per request (rewritten for this forward: row i holds request i's full slots), ``seq_lens``,
+``positions``, the extend lengths, and ``out_cache_loc``. The translator's plan is bound to the real rows and
+only then is ``out_cache_loc`` padded (DP-attention padding comes after ``ForwardBatch.init_new``), with
+``global_num_token_non_padded_cpu`` the real count, which the release's per-layer narrowing reads
+(``padded_extend_real_tokens``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import numpy as np
+import torch
+
+FORWARD_BATCH_INFO = "sglang.srt.model_executor.forward_batch_info"
+
+#: the step modes this builder makes a release batch for (the others stay the model's: named per run)
+MODES = {"extend": "EXTEND", "decode": "DECODE", "mixed": "MIXED"}
+
+
+def mode_supported(batch) -> Optional[str]:
+    """Why a step's batch gets no release batch (None: it does)."""
+    if batch.mode not in MODES:
+        return f"mode {batch.mode} (speculative forwards: the model's boundary)"
+    if batch.graph != "eager":
+        return f"graph path {batch.graph} (graph metadata: the model's boundary)"
+    if batch.requests is None:
+        return "a batch without its requests"
+    return None
+
+
+def write_rows(req_to_token: torch.Tensor, requests) -> None:
+    """Row i of the release's ``req_to_token``: request i's full slots up to its seq_len (this forward's view)."""
+    for i, (s, n) in enumerate(zip(requests.slots, requests.seq_lens.tolist())):
+        req_to_token[i, :n] = torch.from_numpy(s.full[:n])
+
+
+def positions_of(seq_lens: np.ndarray, extend_lens: np.ndarray) -> np.ndarray:
+    """Every new token's position, request after request."""
+    starts = seq_lens - extend_lens
+    total = int(extend_lens.sum())
+    offset = np.repeat(starts - np.concatenate([[0], np.cumsum(extend_lens)[:-1]]), extend_lens)
+    return offset + np.arange(total, dtype=np.int64)
+
+
+def release_batch(runner, batch, out_cache_loc: torch.Tensor):
+    """The release's ForwardBatch of ``batch`` over ``runner``'s pools (runner: engine_path.forward.runner.Runner)."""
+    fbi = importlib.import_module(FORWARD_BATCH_INFO)
+    rq = batch.requests
+    dev = out_cache_loc.device
+    bs = len(rq.slots)
+    write_rows(runner.req_to_token_pool.req_to_token, rq)
+    seq = rq.seq_lens.astype(np.int64)
+    ext = rq.extend_lens.astype(np.int64)
+    real = batch.num_token_non_padded
+    mode = getattr(fbi.ForwardMode, MODES[batch.mode])
+    seq_t = torch.from_numpy(seq.astype(np.int32)).to(dev)
+    fb = fbi.ForwardBatch(
+        forward_mode=mode, batch_size=bs, input_ids=torch.zeros(out_cache_loc.shape[0], dtype=torch.int64, device=dev),
+        req_pool_indices=torch.arange(bs, dtype=torch.int64, device=dev), seq_lens=seq_t,
+        seq_lens_cpu=seq_t.cpu(), out_cache_loc=out_cache_loc[:real], seq_lens_sum=int(seq.sum()),
+        positions=torch.from_numpy(positions_of(seq, ext)).to(dev))
+    if runner.translator is not None:
+        runner.translator.bind_own_plan(fb)     # the plan, on the real rows (ForwardBatch.init_new)
+    if batch.mode != "decode":
+        prefix = (seq - ext).astype(np.int32)
+        fb.extend_prefix_lens = torch.from_numpy(prefix).to(dev)
+        fb.extend_prefix_lens_cpu = prefix.tolist()
+        fb.extend_seq_lens = torch.from_numpy(ext.astype(np.int32)).to(dev)
+        fb.extend_seq_lens_cpu = ext.tolist()
+        fb.extend_num_tokens = int(ext.sum())
+    fb.out_cache_loc = out_cache_loc                 # DP padding, after the plan
+    fb.global_num_token_non_padded_cpu = real
+    return fb

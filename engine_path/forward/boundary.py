@@ -1,0 +1,202 @@
+"""The release's attention backend as a run's boundary (simulator/core/boundary.py's ``Boundary``).
+
+:class:`ReleaseBackends` is the run's ``BackendSource`` in engine mode: per (backend, model side) a
+:class:`ReleaseBoundary` over the release's own backend (engine_path/forward/adapters.py) and, for what the
+release's forward does not cover here yet, the model's boundary it wraps. Per forward:
+
+* ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the backend's own
+  ``init_forward_metadata``, then layer 0's ``RadixAttention.forward`` up to the pool write (its rows are the
+  forward's K/V rows after the release's narrowing);
+* ``write_loc``: each layer's forward at its own time (so a scheduler write landing between layers is seen as the
+  engine sees it), the ``KVWriteLoc`` the backend handed to ``set_kv_buffer`` as the simulator's;
+* ``read_table``: the tables the backend built for this forward, where its adapter knows them.
+
+A step the release's forward does not run here (a mode or graph path of a later piece of work) goes through the
+model's boundary, counted per reason in :meth:`ReleaseBoundary.describe` (run.json's ``engine_pieces``). An
+exception in the release's code is a ``design_error`` finding naming the release, the forward and the layer.
+"""
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from simulator.core.boundary import BackendBoundary, ForwardMetadata, ModelBackends
+from simulator.designs.checks import HookFailure, check_read_table, check_write_loc
+from simulator.designs.types import KVWriteLoc, ReadTable
+
+from .adapters import ADAPTERS, Adapter
+from .batch import mode_supported, release_batch
+from .runner import COMPACT_WIDTH, Runner
+
+FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
+RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
+
+
+@dataclass(slots=True)
+class ReleaseMetadata(ForwardMetadata):
+    """A forward's metadata as the release's backend made it: its batch and each layer's write, as they come."""
+
+    fb: object = None
+    writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc
+
+
+class ReleaseBoundary:
+    """One backend of one model side, run by the release (see the module docstring)."""
+
+    def __init__(self, model: BackendBoundary, adapter: Adapter, runner: Runner, backend, api, device: str):
+        self.model, self.adapter, self.runner, self.backend, self.api = model, adapter, runner, backend, api
+        self.design, self.spec, self.device = model.design, model.spec, model.device
+        self._layers: dict[int, object] = {}
+        self._ctx = importlib.import_module(FORWARD_CONTEXT)
+        self._radix = importlib.import_module(RADIX_ATTENTION)
+        #: forwards run by the release, and those the model's boundary ran, by reason
+        self.release_forwards = 0
+        self.model_forwards: Counter = Counter()
+        self.model_reads: Counter = Counter()
+
+    # the model side's window (the run sets it on every boundary)
+    @property
+    def window(self) -> int:
+        return self.model.window
+
+    @window.setter
+    def window(self, value: int) -> None:
+        self.model.window = value
+
+    def context(self, batch, full_to_swa=None):
+        return self.model.context(batch, full_to_swa)
+
+    def static_buffers(self, graph: str):
+        return self.model.static_buffers(graph)
+
+    def layer_free_write_loc(self) -> bool:
+        return False          # every layer's write location is the release's own layer forward's
+
+    # ------------------------------------------------------------------ per forward
+
+    def init_metadata(self, batch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor) -> ForwardMetadata:
+        why = mode_supported(batch)
+        if why is not None:
+            self.model_forwards[why] += 1
+            return self.model.init_metadata(batch, out_cache_loc, full_to_swa)
+        ctx = self.context(batch, full_to_swa)
+        fb = release_batch(self.runner, batch, out_cache_loc)
+        try:
+            with self._forward_context():
+                self.backend.init_forward_metadata(fb)
+        except Exception as e:     # the release's code: a finding at this boundary, the run goes on
+            raise HookFailure("init_forward_metadata (the release's)", f"raised {type(e).__name__}: {e}") from e
+        self.release_forwards += 1
+        meta = ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb)
+        first = next(iter(self.model_layers()), None)
+        if first is not None:
+            wl = self._run_layer(meta, first.layer, first.kind)
+            meta.layer_loc, meta.swa_loc = wl.loc, wl.swa_loc if wl.swa_loc is not None else wl.loc
+        return meta
+
+    def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
+        if not isinstance(meta, ReleaseMetadata):
+            return self.model.write_loc(meta, layer, kind)
+        wl = meta.writes.get(layer)
+        if wl is None:
+            wl = self._run_layer(meta, layer, kind)
+        return check_write_loc(KVWriteLoc(wl.loc, wl.swa_loc), kind, self.device)
+
+    def read_table(self, meta: ForwardMetadata, req_to_token, seq_lens, extend_lens, full_to_swa,
+                   shared: Optional[dict] = None) -> ReadTable:
+        if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None:
+            self.model_reads["model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"] += 1
+            return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
+        table = self.adapter.reads(self.backend, meta.fb, int(seq_lens.shape[0]))
+        if table is None:
+            self.model_reads["no table in this forward's metadata"] += 1
+            return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
+        return check_read_table(table, int(seq_lens.shape[0]), torch.device("cpu"))
+
+    # ------------------------------------------------------------------ one layer of the release
+
+    def model_layers(self):
+        return self.runner.layers
+
+    def _forward_context(self):
+        return self._ctx.forward_context(self._ctx.ForwardContext(attn_backend=self.backend))
+
+    def _attention(self, layer: int, kind: str):
+        got = self._layers.get(layer)
+        if got is None:
+            window = self.window if kind == "swa" else -1
+            got = self._layers[layer] = self._radix.RadixAttention(
+                num_heads=1, head_dim=COMPACT_WIDTH, scaling=COMPACT_WIDTH ** -0.5, num_kv_heads=1, layer_id=layer,
+                sliding_window_size=window)
+        return got
+
+    def _run_layer(self, meta: ReleaseMetadata, layer: int, kind: str):
+        """The release's layer forward (attention no-op'd where it cannot run), recording its pool write."""
+        fb = meta.fb
+        n = int(fb.out_cache_loc.shape[0])
+        dt = torch.bfloat16
+        dev = fb.out_cache_loc.device
+        q = torch.zeros(n, COMPACT_WIDTH, dtype=dt, device=dev)
+        k = torch.zeros(n, 1, COMPACT_WIDTH, dtype=dt, device=dev)
+        calls = self.runner.capture.calls
+        calls.clear()
+        try:
+            with torch.no_grad(), self._forward_context():
+                self._attention(layer, kind).forward(q, k, k.clone(), fb)
+        except Exception as e:
+            raise HookFailure("RadixAttention.forward (the release's)", f"raised {type(e).__name__}: {e}",
+                              kind) from e
+        if len(calls) != 1 or calls[0].layer_id != layer:
+            raise HookFailure("RadixAttention.forward (the release's)",
+                              f"made {len(calls)} pool writes for layer {layer} (one expected)", kind)
+        wl = calls[0].loc
+        loc = getattr(wl, "loc", wl)
+        meta.writes[layer] = got = KVWriteLoc(loc, getattr(wl, "swa_loc", None))
+        if not meta.rows:
+            meta.rows = calls[0].rows
+        return got
+
+    def describe(self) -> dict:
+        """This backend's pieces (whose code ran each) and how many forwards each side ran."""
+        return {"pieces": [p.__dict__ for p in self.adapter.pieces(str(self.device))],
+                "release_forwards": self.release_forwards, "model_forwards": dict(self.model_forwards),
+                "model_reads": dict(self.model_reads)}
+
+
+class ReleaseBackends:
+    """The run's backend source in engine mode: the release's backends where an adapter covers them, else the
+    model's (named in :meth:`describe`)."""
+
+    name = "engine"
+
+    def __init__(self, api, runner_for):
+        """``runner_for(side) -> Runner``: the model-runner stand-in of a model side (made once, on first use)."""
+        self.api = api
+        self.runner_for = runner_for
+        self.model = ModelBackends()
+        self.boundaries: list[tuple[str, str, object]] = []       # (backend, side, boundary)
+
+    def boundary(self, backend: str, design, engine, device: torch.device, *, side: str, page_size: int,
+                 swa_pad: int):
+        model = self.model.boundary(backend, design, engine, device, side=side, page_size=page_size, swa_pad=swa_pad)
+        adapter = ADAPTERS.get(backend)
+        if adapter is None or side != "target":
+            self.boundaries.append((backend, side, None))
+            return model
+        runner = self.runner_for(side)
+        got = ReleaseBoundary(model, adapter, runner, adapter.build(runner.bag, device.type), self.api, device)
+        self.boundaries.append((backend, side, got))
+        return got
+
+    def describe(self) -> dict:
+        out = {}
+        for backend, side, b in self.boundaries:
+            out[f"{backend}/{side}"] = (b.describe() if b is not None else
+                                        {"pieces": [{"piece": "the whole forward", "whose": "model",
+                                                     "why": "no adapter of this backend yet" if side == "target"
+                                                     else "the draft side's forward: not driven yet"}]})
+        return out

@@ -1,0 +1,159 @@
+"""The model-runner stand-in a release's attention backend is built over, for one run and model side.
+
+A backend's constructor reads a ``ModelRunner``'s attributes (docs: ../shared/BACKENDS_ON_CPU.md lists them per
+backend): the device and dtypes, the request-to-token pool, the hybrid KV pool, the allocator, the KV index
+translator, the model config (heads, head dim, window, layer count), the page size, the backend names. This
+module builds those from the release's own classes: its ``ReqToTokenPool``, a ``SWAKVPool`` over the scenario
+model's layers (compact rows: one head of 16 lanes; the pool the backends hold and write to is a capture pool,
+:class:`CapturePool`, that records each ``set_kv_buffer`` call and writes nothing), the run's allocator (the
+release's ``SWATokenToKVPoolAllocator``: its live ``full_to_swa`` mapping) and a ``KVIndexTranslator`` over them.
+The release's runtime config (server args, the attention-parallel group) is published for the run's duration
+through the release's own override hooks and restored by :meth:`RunnerContext.close`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from ..api import ReleaseAPI
+from ..errors import EngineError
+from ..pool import COMPACT_WIDTH, build_swa_pool
+
+RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
+
+
+@dataclass
+class Capture:
+    """One ``set_kv_buffer`` call a backend made: the layer, the write location as handed over, the K rows."""
+
+    layer_id: int
+    loc: Any                     # the release's KVWriteLoc (or a plain index tensor)
+    rows: int
+
+
+class CapturePool:
+    """The release's hybrid pool as the backends see it, but writing nothing: each ``set_kv_buffer`` call is
+    recorded (:attr:`calls`). It is an instance of the pool's own class (a subclass made here) sharing the real
+    pool's attributes, so the backends' type checks (``isinstance(pool, SWAKVPool)``), layer routing,
+    translation, buffers and mapping are the real pool's, and their metadata behaves as in the engine."""
+
+    @staticmethod
+    def over(pool) -> "CapturePool":
+        cls = type(f"Capture{type(pool).__name__}", (type(pool),), {
+            "set_kv_buffer": CapturePool.set_kv_buffer, "__doc__": CapturePool.__doc__})
+        cap = object.__new__(cls)
+        cap.__dict__ = pool.__dict__        # one set of attributes: the real pool's
+        cap.__dict__["calls"] = []
+        return cap
+
+    def set_kv_buffer(self, layer, loc, cache_k, cache_v, *args, **kwargs) -> None:
+        self.calls.append(Capture(int(layer.layer_id), loc, int(cache_k.shape[0])))
+
+
+def model_config(api: ReleaseAPI, model, context_len: int):
+    """The release's view of the scenario model (compact geometry: one KV head of ``COMPACT_WIDTH`` lanes)."""
+    arch = importlib.import_module("sglang.srt.configs.model_config").AttentionArch.MHA
+    layers = model.layers()
+    hf = SimpleNamespace(architectures=["SlotscopeForCausalLM"], hidden_size=COMPACT_WIDTH, num_attention_heads=1,
+                         num_key_value_heads=1, head_dim=COMPACT_WIDTH, num_hidden_layers=len(layers))
+    hf.get_text_config = lambda: hf
+    cfg = SimpleNamespace(
+        attention_arch=arch, context_len=context_len, hidden_size=COMPACT_WIDTH, num_attention_heads=1,
+        num_key_value_heads=1, head_dim=COMPACT_WIDTH, v_head_dim=COMPACT_WIDTH, swa_v_head_dim=COMPACT_WIDTH,
+        is_encoder_decoder=False, is_multimodal=False, model_is_mrope=False, is_generation=True, quantization=None,
+        is_hybrid_swa=True, is_local_attention_model=True, attention_chunk_size=None,
+        sliding_window_size=model.window, num_hidden_layers=len(layers), linear_attn_registry_result=None,
+        first_k_dense_replace=0, full_attention_interval=None, hf_config=hf, hf_text_config=hf)
+    cfg.get_num_attention_heads = lambda tp_size=1: 1
+    cfg.get_max_num_attention_heads = lambda: 1
+    cfg.get_num_kv_heads = lambda tp_size=1, dcp_size=1: 1
+    return cfg
+
+
+@dataclass
+class RunnerContext:
+    """The release's runtime config published for one run (restored by :meth:`close`)."""
+
+    server_args: Any = None
+    _undo: list = field(default_factory=list)
+
+    def close(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str) -> RunnerContext:
+    """Publish the server args and the attention-parallel group a backend reads, through the release's own
+    override hooks (0.5.22+: ``runtime_context``); an EngineError for a release without them."""
+    try:
+        rc = importlib.import_module(RUNTIME_CONTEXT)
+        gc = importlib.import_module(GRAPH_CONFIG)
+    except ImportError:
+        raise EngineError(f"sglang {api.info.version}: its runtime config is not the runtime_context of 0.5.22+; "
+                          f"the adapter of its backends is not written yet") from None
+    ctx = RunnerContext()
+    par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
+    par.__enter__()
+    ctx._undo.append(lambda: par.__exit__(None, None, None))
+    off = gc.PhaseConfig(backend=gc.Backend.DISABLED)
+    over = rc.get_context().override_server_args(
+        attention_backend=backend, chunked_prefill_size=-1, page_size=page_size,
+        cuda_graph_config=gc.CudaGraphConfig(decode=off, prefill=off), disable_radix_cache=True, dp_size=1,
+        tp_size=1, pp_size=1, kv_cache_dtype="auto", speculative_algorithm=None, speculative_num_draft_tokens=0,
+        speculative_num_steps=0, speculative_eagle_topk=0, is_embedding=False, enable_deterministic_inference=False,
+        triton_attention_num_kv_splits=8, triton_attention_split_tile_size=None, max_running_requests=None,
+        revision=None, dllm_algorithm=None, dllm_algorithm_config=None, enable_mis=False)
+    ctx.server_args = over.install()
+    ctx._undo.append(over.restore)
+    return ctx
+
+
+@dataclass
+class Runner:
+    """One model side's model-runner stand-in (the attributes a backend constructor reads) and its pools."""
+
+    bag: Any                     # the SimpleNamespace handed to backend constructors
+    capture: Any                 # the pool the backends hold (CapturePool.over: records writes)
+    req_to_token_pool: Any       # the release's ReqToTokenPool (rows rewritten per forward)
+    translator: Any              # the release's KVIndexTranslator (None before 0.5.22)
+    layers: tuple                # the model side's layers (simulator LayerInfo)
+
+
+def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, context_len: int, device: str,
+                 server_args: Any, backend: str = "triton") -> Runner:
+    """The stand-in over the run's allocator (engine_path.allocator.EngineAllocator: the release's own)."""
+    mp = api.modules["sglang.srt.mem_cache.memory_pool"]
+    layers = model.layers()
+    page = allocator.page_size
+    pool = build_swa_pool(api, size=allocator.full_size, size_swa=allocator.swa_size, page_size=page,
+                          full_layers=[li.layer for li in layers if li.kind == "full"],
+                          swa_layers=[li.layer for li in layers if li.kind == "swa"], device=device)
+    pool.register_mapping(allocator.mapping)           # the run's live full -> SWA mapping
+    capture = CapturePool.over(pool)
+    r2t = mp.ReqToTokenPool(size=max_requests, max_context_len=context_len, device=device, enable_memory_saver=False)
+    translator = None
+    if api.KVIndexTranslator is not None:
+        translator = api.KVIndexTranslator(req_to_token=r2t.req_to_token, token_to_kv_pool_allocator=allocator.engine,
+                                           token_to_kv_pool=pool, page_size=page, device=device)
+    dtype = torch.bfloat16
+    bag = SimpleNamespace(
+        device=device, dtype=dtype, kv_cache_dtype=dtype, kv_cache_dtype_str="auto", gpu_id=0, page_size=page,
+        prefill_attention_backend_str=backend, decode_attention_backend_str=backend, draft_attention_backend=None,
+        model_config=model_config(api, model, context_len), is_draft_worker=False, max_running_requests=max_requests,
+        model=torch.nn.Module(), req_to_token_pool=r2t, token_to_kv_pool=capture,
+        token_to_kv_pool_allocator=allocator.engine, kv_index_translator=translator,
+        sliding_window_size=model.window, is_hybrid_swa=True, attention_chunk_size=None, server_args=server_args,
+        use_mla_backend=False, hybrid_gdn_config=None, mambaish_config=None, spec_algorithm=None,
+        canary_manager=None, hisparse_coordinator=None, init_new_workspace=False)
+    bag.decode_num_tokens_per_req = lambda: 1
+    return Runner(bag, capture, r2t, translator, tuple(layers))
+
+
+def context_len(scenario) -> int:
+    """Room per request row of ``req_to_token``: no request holds more tokens than the full pool has slots."""
+    return scenario.pool.full_size + scenario.pool.page_size

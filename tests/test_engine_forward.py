@@ -1,0 +1,65 @@
+"""The release's own forward in the loop (engine_path/forward): its backends' metadata, write locations and read
+tables, and a bug put into that code is not clean."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slotscope.cli import main
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parent.parent
+PATCHES = Path(__file__).resolve().parent / "engine_patches"
+
+
+def _run(tmp_path, name: str, *extra: str) -> tuple[int, dict, dict]:
+    out = tmp_path / name
+    rc = main(["run", str(ROOT / "scenarios" / "smoke.toml"), "--engine", "sglang==0.5.23", "--backends",
+               "triton,torch_native", "--out", str(out), "--no-report", "-q", *extra])
+    summary = json.loads((out / "summary.json").read_text())
+    pieces = json.loads((out / "run.json").read_text())["engine_pieces"]
+    return rc, summary, pieces
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("fwd"), "clean")
+
+
+def test_the_releases_backends_run_the_eager_forwards_and_say_so(clean):
+    rc, summary, pieces = clean
+    assert rc == 0 and summary["findings_total"] == 0
+    for b in ("triton/target", "torch_native/target"):
+        got = pieces["backends"][b]
+        assert got["release_forwards"] > 0
+        whose = {p["piece"]: p["whose"] for p in got["pieces"]}
+        assert whose["init_forward_metadata"] == "engine"
+        assert whose["forward_extend / forward_decode up to set_kv_buffer (the write location)"] == "engine"
+        # what stays the model's is named, with why: graph paths (for now) and triton's kernels on a CPU
+        assert sum(got["model_forwards"].values()) + got["release_forwards"] == summary["steps"]
+    triton = {p["piece"]: p for p in pieces["backends"]["triton/target"]["pieces"]}
+    assert triton["read tables"]["whose"] == "engine"
+    assert triton["attention arithmetic: decode_attention_fwd"]["whose"] == "model"
+    native = {p["piece"]: p for p in pieces["backends"]["torch_native/target"]["pieces"]}
+    assert native["read tables"]["whose"] == "model" and "req_to_token" in native["read tables"]["why"]
+
+
+def _patched(tmp_path, patch: str) -> tuple[int, dict]:
+    """A run with an engine patch, in a process of its own (a release is patched as it is imported)."""
+    out = tmp_path / "patched"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "run", str(ROOT / "scenarios" / "smoke.toml"), "--engine",
+                        "sglang==0.5.23", "--backends", "triton,torch_native", "--out", str(out), "--no-report", "-q",
+                        "--engine-patch", str(PATCHES / patch)], cwd=ROOT, capture_output=True, text=True)
+    return p.returncode, json.loads((out / "summary.json").read_text())
+
+
+def test_a_shifted_swa_write_id_in_tritons_own_metadata_is_not_clean(tmp_path):
+    rc, summary = _patched(tmp_path, "triton-swa-write-shift.yaml")
+    found = {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
+    assert rc == 1 and found["torch_native"] == {}
+    assert found["triton"].get("missed", 0) > 0
