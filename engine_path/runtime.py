@@ -91,10 +91,15 @@ class EngineRuntime:
     def backends(self, scenario) -> "ReleaseBackends":
         """The run's backend source: the release's own backends (engine_path/forward), over a model-runner
         stand-in per model side built on the run's allocator (made first: ``allocator_factory``). The release's
-        runtime config is published until :meth:`close`."""
+        runtime config is published until :meth:`close`. A release whose config or backends the adapters cannot
+        drive yet gets the model's boundaries, every one named with the reason."""
         if self.backend_source is None:
-            self._config = publish_config(self.api, backend="triton", page_size=scenario.pool.page_size,
-                                          device=self.device)
+            try:
+                self._config = publish_config(self.api, backend="triton", page_size=scenario.pool.page_size,
+                                              device=self.device)
+            except EngineError as e:
+                self.backend_source = ReleaseBackends(self.api, None, unavailable=str(e))
+                return self.backend_source
             runners: dict = {}
 
             def runner_for(side: str) -> Runner:

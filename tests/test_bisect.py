@@ -52,7 +52,7 @@ def _fake(verdicts: dict[str, dict], calls: list[str]):
     return run
 
 
-BAD, OK = {"length_mismatch": 126}, {}
+BAD, OK = {"length_mismatch": 144}, {}
 VS = [f"0.5.{i}" for i in range(14, 24)]
 
 
@@ -133,9 +133,9 @@ def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(engine_releases, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "first release where the verdict changed: 0.5.15" in proc.stdout
     lines = proc.stdout.splitlines()
-    assert any(l.split()[:4] == ["0.5.14", "findings:", "length_mismatch", "126"] for l in lines), proc.stdout
+    assert any(l.split()[:4] == ["0.5.14", "findings:", "length_mismatch", "144"] for l in lines), proc.stdout
     assert any(l.split()[:2] == ["0.5.15", "clean"] for l in lines), proc.stdout
-    assert "[bisect] sglang==0.5.14: findings: length_mismatch 126" in proc.stderr
+    assert "[bisect] sglang==0.5.14: findings: length_mismatch 144" in proc.stderr
     result = json.loads(lines[-1])
     assert result["changes"][0]["release"] == "0.5.15"
     assert {v: r["source"] for v, r in result["results"].items()} == {"0.5.14": "run", "0.5.15": "run"}

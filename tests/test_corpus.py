@@ -21,7 +21,7 @@ title = "t"
 scenario = "{scenario}"
 buggy = "sglang-pre-29460"
 fixed = "sglang-post-29460"
-expect = {{ "*" = "length_mismatch", trtllm_mha = "clean" }}
+expect = {{ "*" = "length_mismatch", trtllm_mha = "length_mismatch" }}
 {extra}
 """
 
@@ -61,7 +61,8 @@ def test_bad_expectations_designs_and_files_are_named(tmp_path):
     p = write_corpus(tmp_path)
     text = p.read_text()
     for bad, needle in [
-        (text.replace('trtllm_mha = "clean"', 'trtllm = "clean"'), "case[0] (B1).expect.trtllm: not a backend"),
+        (text.replace('trtllm_mha = "length_mismatch"', 'trtllm = "length_mismatch"'),
+         "case[0] (B1).expect.trtllm: not a backend"),
         (text.replace('"length_mismatch"', '"crash"'), "case[0] (B1).expect.*: 'crash' is not a class"),
         (text.replace('"sglang-pre-29460"', '"nope"'), "case[0] (B1).buggy: 'nope' is not a built-in design"),
         (text.replace("b1-pcg-dp-padding.toml", "missing.toml"), "case[0] (B1).scenario: "),
@@ -125,7 +126,7 @@ def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, caps
     assert len(rows) == 2 * len(cases)
     assert all(r[-1] == "holds" for r in rows)
     by = {(r[0], r[3]): r for r in rows}
-    assert by[("B1", "buggy")][5:-1] == ["len_mism"] * 3 + ["clean"] + ["len_mism"] * 4
+    assert by[("B1", "buggy")][5:-1] == ["len_mism"] * 8
     # the draft's reads past its undersized pools are stale_read too (the "+1")
     assert by[("B3", "buggy")][5:-1] == ["oor+1"] * 8
     assert by[("B4", "buggy")][5:-1][1].startswith("oor") and by[("B4", "buggy")][5:-1].count("clean") == 7

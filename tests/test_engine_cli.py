@@ -4,8 +4,8 @@ in 0.5.23; what the outputs say of the engine; bad input (exit 2, one line, neve
 
 The four engine runs are subprocesses started at once (each imports its release: 10-30 s); the tests read
 their output directories. Counts follow from the scenarios (docs/ENGINE.md, "B1 and its gap in the real
-code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer than loc per backend; trtllm_mha slices its
-own swa_loc (modelled), so 7 of 8 backends mismatch in 0.5.14.
+code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer than loc per backend; no backend slices its
+own swa_loc, so all 8 mismatch in 0.5.14.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ ALL = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "
 
 #: (scenario, release) -> exact findings per backend and class
 PINNED = {
-    ("b1", "0.5.14"): {b: ({} if b == "trtllm_mha" else {"length_mismatch": 18}) for b in ALL},
+    ("b1", "0.5.14"): {b: {"length_mismatch": 18} for b in ALL},
     ("b1", "0.5.15"): {b: {} for b in ALL},
     ("b1", "0.5.23"): {b: {} for b in ALL},
     ("gap", "0.5.23"): {b: {"length_mismatch": 12} for b in ALL},

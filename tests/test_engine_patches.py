@@ -5,7 +5,7 @@
   sglang needed; match + replacement / prepend / append, and each way a patch can fail (no match,
   ambiguous match, unknown target) is an EngineError naming the target and the edit;
 * through the CLI (four 0.5.23 runs, started at once): B1 with the revert of #29460's slice gives exactly
-  0.5.14's pinned counts (length_mismatch 18 on the 7 backends that do not slice swa_loc themselves;
+  0.5.14's pinned counts (length_mismatch 18 on every backend: none slices swa_loc itself in a release;
   tests/test_engine_cli.py's PINNED), B1 without it is clean; the gap scenario is clean with the fix and
   fails without it; summary.json and run.json name the patches with their sha256 and who applied them
   (the release's patcher for the revert; ours for the fix, forced with SLOTSCOPE_ENGINE_PATCHER=slotscope).
@@ -30,7 +30,7 @@ PATCHES = ROOT / "examples" / "engine-patches"
 REVERT = PATCHES / "revert-29460-slice.yaml"
 FIX = PATCHES / "fix-gap-pad-short-swa-loc.yaml"
 ALL = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
-B1_0514 = {b: ({} if b == "trtllm_mha" else {"length_mismatch": 18}) for b in ALL}
+B1_0514 = {b: {"length_mismatch": 18} for b in ALL}
 
 TOY = '''
 SCALE = 10

@@ -121,15 +121,13 @@ def test_one_release_per_process(reports):
         assert "one release per process" in rep["second_release"]
 
 
-def test_b1_scenario_with_0514_gives_length_mismatch_where_the_backend_did_not_slice(reports):
+def test_b1_scenario_with_0514_gives_length_mismatch_on_every_backend(reports):
     run = reports["0.5.14"]["scenarios"]["scenarios/b1-pcg-dp-padding.toml"]
     assert run["design"] == "sglang-0.5.14"
     for backend, st in run["backends"].items():
-        if backend == "trtllm_mha":         # sliced its own swa_loc before the generic fix (#29457, modelled)
-            assert st["findings"]["length_mismatch"] == 0
-        else:
-            assert st["findings"]["length_mismatch"] > 0, backend
-            assert st["first_finding"]["class"] == "length_mismatch"
+        # every backend: no release's backend slices its own swa_loc (0.5.14's trtllm_mha neither)
+        assert st["findings"]["length_mismatch"] > 0, backend
+        assert st["first_finding"]["class"] == "length_mismatch"
         assert sum(v for k, v in st["findings"].items() if k != "length_mismatch") == 0, backend
 
 
@@ -256,12 +254,12 @@ def test_shared_step_gives_what_every_backend_s_own_release_store_gives(reports,
     gap = reports[version]["shared_step"]["scenarios/gap-swa-shorter.toml"]
     per_backend = {b: st["findings"]["length_mismatch"] for b, st in b1["own"]["backends"].items()}
     if version == "0.5.14":
-        # torch's shape error from the release's store, on the 7 backends that did not slice their swa_loc
-        assert per_backend == {b: 0 if b == "trtllm_mha" else 18 for b in ALL_BACKENDS}
+        # torch's shape error from the release's store, on every backend (none slices its swa_loc)
+        assert per_backend == dict.fromkeys(ALL_BACKENDS, 18)
         assert {f["message"] for f in b1["shared"]["findings"]} == {
             "RuntimeError: shape mismatch: value tensor of shape [51, 1, 16] cannot be broadcast to indexing "
             "result of shape [1048, 1, 16]"}
-        assert b1["shared"]["classes"] == sorted([[b for b in ALL_BACKENDS if b != "trtllm_mha"], ["trtllm_mha"]])
+        assert b1["shared"]["classes"] == [sorted(ALL_BACKENDS)]
     else:
         assert per_backend == dict.fromkeys(ALL_BACKENDS, 0)
     gap_counts = {b: st["findings"]["length_mismatch"] for b, st in gap["own"]["backends"].items()}

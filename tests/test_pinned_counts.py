@@ -38,7 +38,8 @@ def observed(summary: dict) -> dict:
 
 # How the numbers follow from the scenarios (L = layers, S = SWA layers; writes = one per layer per forward):
 #  B1      gpt-oss-120b, L 36 / S 18, 9 forwards: writes 36 x 9 = 324; one DP-padded piecewise batch (step 1)
-#          -> one length_mismatch per SWA layer = 18, first at SWA layer 0; trtllm_mha slices its own swa_loc.
+#          -> one length_mismatch per SWA layer = 18, first at SWA layer 0, on every backend (none slices its
+#          own swa_loc in a release: 0.5.14's trtllm_mha neither).
 #  B1/p16  the same schedule on pages of 16: the same counts.
 #  B2      gpt-oss-20b, L 24 / S 12, 61 forwards: 1464 writes; every stale tail row is counted once per SWA layer
 #          (360 = 12 x 30 clobbered live slots, 264 = 12 x 22 freed ones), backend-independent; skip-1 has the
@@ -55,7 +56,7 @@ def observed(summary: dict) -> dict:
 #          layer reads the whole prefix through full-pool ids in the SWA pool: outside the pool (the
 #          illegal memory access of #29858), freed, evicted or another token's slots. Correct runs read clean.
 #  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
-#          SWA layers = 32 length_mismatch (trtllm_mha clean).
+#          SWA layers = 32 length_mismatch, every backend.
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
 #  paths-spec       36 target forwards x 4 + 111 draft forwards x 2 = 366; B4 on triton only, first at the
 #                   draft's SWA layer (id 5); B3's undersized pools: out_of_range from the draft's SWA layer on.
@@ -90,13 +91,11 @@ def observed(summary: dict) -> dict:
 #          length_mismatch at the draft's SWA layer (id 5), first at step 4.
 PINNED_CORPUS = {
     ("B1", "buggy"): pinned("sglang-pre-29460", steps=9,
-        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
-        trtllm_mha=(324, {}, None)),
+        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch"))),
     ("B1", "fixed"): pinned("sglang-post-29460", steps=9,
         every=(324, {}, None)),
     ("B1/p16", "buggy"): pinned("sglang-pre-29460", steps=9,
-        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch")),
-        trtllm_mha=(324, {}, None)),
+        every=(324, {"length_mismatch": 18}, (1, 0, "length_mismatch"))),
     ("B1/p16", "fixed"): pinned("sglang-post-29460", steps=9,
         every=(324, {}, None)),
     ("B2", "buggy"): pinned("sglang-pre-24743", steps=61,
@@ -206,8 +205,7 @@ PINNED_SCENARIOS = {
     ("smoke", "own"): pinned("sglang-post-29460", steps=33,
         every=(528, {}, None)),
     ("smoke", "sglang-pre-29460"): pinned("sglang-pre-29460", steps=33,
-        every=(528, {"length_mismatch": 32}, (5, 0, "length_mismatch")),
-        trtllm_mha=(528, {}, None)),
+        every=(528, {"length_mismatch": 32}, (5, 0, "length_mismatch"))),
     ("paths-paged", "own"): pinned("sglang-post-29460", steps=57,
         every=(228, {}, None)),
     ("paths-paged", "sglang-pre-24743"): pinned("sglang-pre-24743", steps=57,

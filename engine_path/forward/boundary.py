@@ -173,30 +173,37 @@ class ReleaseBackends:
 
     name = "engine"
 
-    def __init__(self, api, runner_for):
-        """``runner_for(side) -> Runner``: the model-runner stand-in of a model side (made once, on first use)."""
+    def __init__(self, api, runner_for, unavailable: Optional[str] = None):
+        """``runner_for(side) -> Runner``: the model-runner stand-in of a model side (made once, on first use);
+        ``unavailable``: why this release's backends cannot be driven at all (every boundary is the model's)."""
         self.api = api
         self.runner_for = runner_for
+        self.unavailable = unavailable
         self.model = ModelBackends()
-        self.boundaries: list[tuple[str, str, object]] = []       # (backend, side, boundary)
+        self.boundaries: list[tuple[str, str, object, str]] = []       # (backend, side, boundary or None, why)
 
     def boundary(self, backend: str, design, engine, device: torch.device, *, side: str, page_size: int,
                  swa_pad: int):
         model = self.model.boundary(backend, design, engine, device, side=side, page_size=page_size, swa_pad=swa_pad)
         adapter = ADAPTERS.get(backend)
-        if adapter is None or side != "target":
-            self.boundaries.append((backend, side, None))
+        why = (self.unavailable or ("no adapter of this backend yet" if adapter is None else
+                                    "the draft side's forward: not driven yet" if side != "target" else ""))
+        if why:
+            self.boundaries.append((backend, side, None, why))
             return model
         runner = self.runner_for(side)
-        got = ReleaseBoundary(model, adapter, runner, adapter.build(runner.bag, device.type), self.api, device)
-        self.boundaries.append((backend, side, got))
+        try:
+            built = adapter.build(runner.bag, device.type)
+        except Exception as e:          # the release's constructor over the stand-in: say why, run the model's
+            self.boundaries.append((backend, side, None, f"its constructor failed here: {type(e).__name__}: {e}"))
+            return model
+        got = ReleaseBoundary(model, adapter, runner, built, self.api, device)
+        self.boundaries.append((backend, side, got, ""))
         return got
 
     def describe(self) -> dict:
         out = {}
-        for backend, side, b in self.boundaries:
+        for backend, side, b, why in self.boundaries:
             out[f"{backend}/{side}"] = (b.describe() if b is not None else
-                                        {"pieces": [{"piece": "the whole forward", "whose": "model",
-                                                     "why": "no adapter of this backend yet" if side == "target"
-                                                     else "the draft side's forward: not driven yet"}]})
+                                        {"pieces": [{"piece": "the whole forward", "whose": "model", "why": why}]})
         return out

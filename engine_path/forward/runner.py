@@ -93,21 +93,32 @@ def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str
     try:
         rc = importlib.import_module(RUNTIME_CONTEXT)
         gc = importlib.import_module(GRAPH_CONFIG)
-    except ImportError:
+        rc.get_context().override_server_args
+    except (ImportError, AttributeError):
         raise EngineError(f"sglang {api.info.version}: its runtime config is not the runtime_context of 0.5.22+; "
                           f"the adapter of its backends is not written yet") from None
     ctx = RunnerContext()
-    par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
-    par.__enter__()
+    try:
+        par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
+        par.__enter__()
+    except (TypeError, ValueError, AttributeError) as e:
+        raise EngineError(f"sglang {api.info.version}: its attention-parallel config takes no attn_tp_size / "
+                          f"attn_dcp_rank override ({e}); the adapter of its backends is not written yet") from None
     ctx._undo.append(lambda: par.__exit__(None, None, None))
     off = gc.PhaseConfig(backend=gc.Backend.DISABLED)
-    over = rc.get_context().override_server_args(
-        attention_backend=backend, chunked_prefill_size=-1, page_size=page_size,
-        cuda_graph_config=gc.CudaGraphConfig(decode=off, prefill=off), disable_radix_cache=True, dp_size=1,
-        tp_size=1, pp_size=1, kv_cache_dtype="auto", speculative_algorithm=None, speculative_num_draft_tokens=0,
-        speculative_num_steps=0, speculative_eagle_topk=0, is_embedding=False, enable_deterministic_inference=False,
-        triton_attention_num_kv_splits=8, triton_attention_split_tile_size=None, max_running_requests=None,
-        revision=None, dllm_algorithm=None, dllm_algorithm_config=None, enable_mis=False)
+    try:
+        over = rc.get_context().override_server_args(
+            attention_backend=backend, chunked_prefill_size=-1, page_size=page_size,
+            cuda_graph_config=gc.CudaGraphConfig(decode=off, prefill=off), disable_radix_cache=True, dp_size=1,
+            tp_size=1, pp_size=1, kv_cache_dtype="auto", speculative_algorithm=None, speculative_num_draft_tokens=0,
+            speculative_num_steps=0, speculative_eagle_topk=0, is_embedding=False,
+            enable_deterministic_inference=False, triton_attention_num_kv_splits=8,
+            triton_attention_split_tile_size=None, max_running_requests=None, revision=None, dllm_algorithm=None,
+            dllm_algorithm_config=None, enable_mis=False)
+    except (TypeError, ValueError, AttributeError) as e:
+        ctx.close()
+        raise EngineError(f"sglang {api.info.version}: its server args take other fields ({e}); the adapter of "
+                          f"its backends is not written yet") from None
     ctx.server_args = over.install()
     ctx._undo.append(over.restore)
     return ctx

@@ -20,8 +20,9 @@ class SGLangPost29460(Design):
 
 class SGLangPre29460(Design):
     name = "sglang-pre-29460"
-    description = ("No slicing of swa_loc in KVWriteLoc; only trtllm_mha sliced its own swa_loc (#29457). "
-                   "B1: swa_loc longer than loc under piecewise graphs with DP-attention padding.")
+    description = ("No slicing of swa_loc in KVWriteLoc (SGLang 0.5.14's, which no backend slices either: "
+                   "trtllm_mha too hands its metadata's swa_loc as it is). B1: swa_loc longer than loc under "
+                   "piecewise graphs with DP-attention padding.")
 
     @declare("layer_free")
     def make_write_loc(self, loc, swa_loc, ctx):

@@ -28,7 +28,9 @@ class BackendSpec:
     """One backend of the engine, in the ways that matter to the write path."""
 
     name: str
-    #: slices its own swa_loc to len(loc) before KVWriteLoc (trtllm_mha before the generic fix: #29457)
+    #: slices its own swa_loc to len(loc) before KVWriteLoc. No release's backend does: 0.5.14's trtllm_mha hands
+    #: ``forward_metadata.swa_out_cache_loc`` to ``KVWriteLoc`` as it is (its #29457 slicing, if it ever existed,
+    #: was a main-branch state); the field stays for a design that models such a backend
     slices_swa_loc: bool = False
     #: where its SWA ids come from in SGLang 0.5.23: "plan" (the per-iteration KVLocPlan) or "translate"
     #: (its own metadata init); the model calls Design.translate for both
@@ -46,7 +48,6 @@ class BackendSpec:
 BACKEND_SPECS: dict[str, BackendSpec] = {
     name: BackendSpec(
         name,
-        slices_swa_loc=(name == "trtllm_mha"),
         swa_ids="translate" if name in ("aiter", "xpu", "torch_native") else "plan",
         # triton's draft-extend graph runner builds no window indices (#29858, open)
         window_graphs=frozenset(GRAPH_PATHS) - ({"draft_extend_graph"} if name == "triton" else set()),
