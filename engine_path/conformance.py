@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 #: the fields of one step's record that are compared, in the order the summary lists them
-FIELDS = ("out_cache_loc", "swa_ids", "swa_loc", "write_loc", "mapping", "evicted_swa", "freed_full", "freed_swa")
+FIELDS = ("out_cache_loc", "swa_ids", "swa_loc", "write_loc", "write_loc_full", "mapping", "evicted_swa", "freed_full",
+          "freed_swa")
 
 
 def with_page_size(sc, page_size: Optional[int]):
@@ -92,15 +93,17 @@ def _side(o: dict, sc, model_design, info: dict):
         if unified:
             from .unified import UnifiedEngineAllocator
 
-            return UnifiedEngineAllocator(sc.model, pc, model_unified_pool(sc, model_design.release.unified_pool).budget_bytes), model_design
-        # the parts that stay ours (backend metadata beyond the SWA ids, the boundary's eager narrowing)
-        # come from the model design on this side too
+            return (UnifiedEngineAllocator(sc.model, pc, model_unified_pool(sc, model_design.release.unified_pool)
+                                           .budget_bytes), model_design, None)
+        # the release's own backends where engine_path/forward drives them (the rest: the model design's
+        # boundaries on this side too, each named in info["backends"])
         rt = EngineRuntime(api, model=model_design)
-        return rt.allocator_factory(pc), rt.design
+        alloc = rt.allocator_factory(pc)
+        return alloc, rt.design, rt.backends(sc)
     info["side"] = "model"
     if unified:
-        return model_unified_pool(sc, model_design.release.unified_pool), model_design
-    return HybridAllocator(pc.full_size, pc.swa_size, pc.page_size), model_design
+        return model_unified_pool(sc, model_design.release.unified_pool), model_design, None
+    return HybridAllocator(pc.full_size, pc.swa_size, pc.page_size), model_design, None
 
 
 def _pd_summary(sched) -> dict:
@@ -146,7 +149,7 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     pc = sc.pool
     info: dict = {"scenario": sc.name, "page_size": pc.page_size, "full_size": pc.full_size,
                   "swa_size": pc.swa_size, "release": release.name, "not_compared": not_compared(sc)}
-    alloc, design = _side(o, sc, model_design, info)
+    alloc, design, backends = _side(o, sc, model_design, info)
     info["design"] = design.name
     rng = np.random.default_rng(sc.seed)
     pad = run_padding(design_padding(design), alloc)
@@ -156,23 +159,27 @@ def trace(path: str, options: Optional[dict] = None) -> dict:
     sched = make_scheduler(sc, alloc, model_design.release, rng, pad.pad_value, pad.convention.dummy_request,
                            kind=kind)
     info["scheduler"] = type(sched).__name__
-    steps, info["stopped"], info["swa_ids"] = _records(sc, design, alloc, sched, pad, o.get("max_steps"))
+    steps, info["stopped"], info["swa_ids"] = _records(sc, design, alloc, sched, pad, o.get("max_steps"), backends)
+    if backends is not None:
+        info["backends"] = backends.describe()         # whose code made each backend's write locations
     info["radix"] = _radix_summary(sched)
     if o.get("engine"):
         info["engine_calls"] = dict(alloc.calls)
     return {"info": info, "steps": steps}
 
 
-def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[list, Optional[str], dict]:
-    """Every forward's record, what stopped the side (if anything did), and each backend's SWA id source."""
+def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=None) -> tuple[list, Optional[str], dict]:
+    """Every forward's record, what stopped the side (if anything did), and each backend's SWA id source.
+    ``backends``: the source of the backend boundaries (the release's, engine_path.forward; None: the model's)."""
     from simulator.core.sides import side_boundaries
 
     pc = sc.pool
     device = torch.device("cpu")
-    bounds = side_boundaries(sc, design, "target", device, pc.page_size, pad.swa_pad)
+    bounds = side_boundaries(sc, design, "target", device, pc.page_size, pad.swa_pad, backends)
     for b in bounds.values():
         b.window = sc.model.window
     swa_layer = next((li for li in sc.model.layers() if li.kind == "swa"), None)
+    full_layer = next((li for li in sc.model.layers() if li.kind == "full"), None)
     mapping = None if getattr(alloc, "translate_kv_loc", None) is not None else torch.from_numpy(alloc.full_to_swa)
     swa_ids = {name: b.spec.swa_ids for name, b in bounds.items()}
     steps: list = []
@@ -187,7 +194,7 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[l
                    "out_cache_loc": _ints(batch.out_cache_loc),
                    "mapping": None if unified else [_ints(changed), _ints(alloc.full_to_swa[changed])],
                    "evicted_swa": _ints(truth.evicted_swa), "freed_full": _ints(truth.freed_full),
-                   "freed_swa": _ints(truth.freed_swa), "swa_loc": {}, "write_loc": {}}
+                   "freed_swa": _ints(truth.freed_swa), "swa_loc": {}, "write_loc": {}, "write_loc_full": {}}
             if truth.transferred is not None:    # a PD decode node's KV transfer: the slots that received it
                 tr = truth.transferred
                 rec["transfer"] = [_ints(tr.full_slots), _ints(tr.swa_slots)]
@@ -197,9 +204,10 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int]) -> tuple[l
             for name, b in bounds.items():
                 meta = b.init_metadata(batch, loc, mapping)
                 rec["swa_loc"][name] = [str(meta.swa_loc.dtype).replace("torch.", ""), _ints(meta.swa_loc)]
-                if swa_layer is not None:
-                    wl = b.write_loc(meta, swa_layer.layer, "swa")
-                    rec["write_loc"][name] = [_ints(wl.loc), None if wl.swa_loc is None else _ints(wl.swa_loc)]
+                for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer)):
+                    if li is not None:
+                        wl = b.write_loc(meta, li.layer, li.kind)
+                        rec[field][name] = [_ints(wl.loc), None if wl.swa_loc is None else _ints(wl.swa_loc)]
             steps.append(rec)
     except Exception as e:  # what stopped a side is part of its record (compared like a value)
         stopped = f"{type(e).__name__}: {e}"

@@ -34,7 +34,7 @@ NEEDS_VERSION = "conform needs a release version (sglang==VERSION): the model de
 #: documented differences (docs/ENGINE.md, "Conformance"): id -> (what it matches, reason)
 KNOWN: dict[str, str] = {}
 
-_GROUP_FIELDS = ("swa_loc", "write_loc")
+_GROUP_FIELDS = ("swa_loc", "write_loc", "write_loc_full")
 
 
 def _first_index(a: list, b: list) -> int:
@@ -55,6 +55,7 @@ def _around(values: Any, i: int, k: int = 3) -> str:
 
 #: the two parts of a paired field's value
 PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc"),
+         "write_loc_full": ("loc", "swa_loc"),
          "physical_loc": ("full", "swa"), "transfer": ("full", "swa")}
 
 
@@ -125,7 +126,7 @@ def compare(model: dict, engine: dict) -> dict:
         for field in _GROUP_FIELDS:
             for src, names in sorted(groups.items()):
                 for b in names:
-                    note(f"{field} [{src}]", step, b, ms[field].get(b), es[field].get(b))
+                    note(f"{field} [{src}]", step, b, ms.get(field, {}).get(b), es.get(field, {}).get(b))
     if len(m_steps) != len(e_steps):
         note("steps", None, "count", len(m_steps), len(e_steps))
     # the scheduler each side ran, and the radix cache's counters (engine.radix_cache) over the whole run
@@ -189,12 +190,25 @@ def run_conform(scenario: str, engine: EngineSpec, *, page_size: Optional[int] =
                   not_compared=model["info"].get("not_compared") or [],
                   page_size=model["info"]["page_size"], max_steps=max_steps,
                   model_s=round(t1 - t0, 2), engine_s=round(t2 - t1, 2),
-                  engine_calls=eng["info"].get("engine_calls"))
+                  engine_calls=eng["info"].get("engine_calls"), forward=_forward_sources(eng["info"]))
     from engine_path.patches import env_paths, sha256_of
 
     if env_paths():                       # --engine-patch, applied in the release's process
         result["patches"] = [{"path": p, "sha256": sha256_of(p)} for p in env_paths()]
     return result
+
+
+def _forward_sources(info: dict) -> dict:
+    """Per backend of the engine side: how many forwards the release's own backend ran (metadata, write
+    locations: engine_path/forward) and how many the model's boundary ran, by reason."""
+    out = {}
+    for key, d in (info.get("backends") or {}).items():
+        backend = key.split("/")[0]
+        if "release_forwards" in d:
+            out[backend] = {"release": d["release_forwards"], "model": d["model_forwards"]}
+        else:
+            out[backend] = {"release": 0, "model": {d["pieces"][0]["why"]: "every forward"}}
+    return out
 
 
 def comparable(res: dict) -> bool:
@@ -232,6 +246,12 @@ def _print(res: dict, out=sys.stdout) -> None:
     print(f"\nsteps compared: {res['steps_compared']}; backend groups: "
           + "; ".join(f"{g}: {', '.join(bs)}" for g, bs in sorted(res["groups"].items()))
           + f"; model {res['model_s']} s, engine {res['engine_s']} s (import included)", file=out)
+    fwd = res.get("forward") or {}
+    if fwd:
+        print("engine side's backends: " + "; ".join(
+            f"{b} {v['release']} forwards by the release" + (f", the rest by the model ({', '.join(v['model'])})"
+                                                           if v["model"] else "")
+            for b, v in fwd.items()), file=out)
 
 
 def cmd_conform(args) -> int:
