@@ -42,6 +42,9 @@ class Case:
     expect_fixed: dict[str, str]
     also: tuple[str, ...] = ()
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: how the case runs as release code (``slotscope bugs --engine``; slotscope/corpus_engine.py): a table, a
+    #: "model-only: why" string, or None (not said yet)
+    engine: Any = None
 
     def design(self, role: str) -> str:
         return self.buggy if role == "buggy" else self.fixed
@@ -72,7 +75,7 @@ def _fail(source: str, where: str, msg: str) -> ScenarioError:
     return ScenarioError(f"{source}: {where}: {msg}")
 
 
-def _expect_table(raw: Any, source: str, where: str) -> dict[str, str]:
+def expect_table(raw: Any, source: str, where: str) -> dict[str, str]:
     allowed = (*FINDING_CLASSES, CLEAN)
     table = {"*": raw} if isinstance(raw, str) else raw
     if not isinstance(table, dict):
@@ -98,7 +101,7 @@ def load_corpus(path: str | Path = CORPUS) -> list[Case]:
     raw_cases = data.get("case")
     if not isinstance(raw_cases, list) or not raw_cases:
         raise _fail(source, "case", "the corpus needs at least one [[case]] table")
-    known = {"id", "issue", "title", "scenario", "buggy", "fixed", "expect", "expect_fixed", "also", "set"}
+    known = {"id", "issue", "title", "scenario", "buggy", "fixed", "expect", "expect_fixed", "also", "set", "engine"}
     cases, seen = [], set()
     for i, c in enumerate(raw_cases):
         where = f"case[{i}]"
@@ -132,9 +135,9 @@ def load_corpus(path: str | Path = CORPUS) -> list[Case]:
             raise _fail(source, f"{where}.set", "must be a table of dotted field -> value")
         cases.append(Case(
             id=c["id"], issue=c.get("issue", ""), title=c["title"], scenario=scenario, buggy=c["buggy"],
-            fixed=c["fixed"], expect=_expect_table(c["expect"], source, f"{where}.expect"),
-            expect_fixed=_expect_table(c.get("expect_fixed", CLEAN), source, f"{where}.expect_fixed"),
-            also=tuple(also), overrides=dict(overrides)))
+            fixed=c["fixed"], expect=expect_table(c["expect"], source, f"{where}.expect"),
+            expect_fixed=expect_table(c.get("expect_fixed", CLEAN), source, f"{where}.expect_fixed"),
+            also=tuple(also), overrides=dict(overrides), engine=c.get("engine")))
     return cases
 
 

@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="also write each run's outputs to DIR/<case>-<buggy|fixed>/")
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="pool under test (default cpu)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--engine", choices=("sglang",), metavar="sglang",
+                   help="run every case as release code where it can be: its buggy run on a release that had the "
+                        "bug (or today's with its fix reverted by a shipped engine patch), its fixed run on the "
+                        "release with the fix; the table says per case real or model-only, and why "
+                        "(slotscope/corpus_engine.py, docs/CORPUS.md)")
+    p.add_argument("--json", metavar="FILE", help="with --engine: write the verdicts as a JSON list of {case, pr, real, "
+                                                   "buggy, fixed, holds, why, mechanism, missing}")
     p.set_defaults(func=cmd_bugs)
 
 
@@ -53,6 +60,11 @@ def cmd_bugs(args) -> int:
 
     t0 = time.perf_counter()
     out_dir = Path(args.out) if args.out else None
+    if args.engine:
+        return _bugs_engine(args, cases, out_dir, t0)
+    if args.json:
+        print("slotscope: error: --json goes with --engine", file=sys.stderr)
+        return EXIT_BAD_INPUT
     outcomes = run_corpus(cases, out_dir=out_dir, progress=progress, device=args.device)
     print(format_corpus_table(outcomes))
     held = sum(o.holds for o in outcomes)
@@ -63,3 +75,30 @@ def cmd_bugs(args) -> int:
         write_corpus_report(outcomes, path)
         print(f"report: {path}")
     return EXIT_HOLDS if held == len(outcomes) else EXIT_FAILS
+
+
+def _bugs_engine(args, cases, out_dir, t0: float) -> int:
+    """``bugs --engine sglang``: every case as release code where it can be (slotscope/corpus_engine.py)."""
+    from simulator.scenario import BACKENDS
+
+    from .corpus_engine import engine_of, format_engine_table, run_engine_corpus, write_json
+
+    for c in cases:
+        engine_of(c, args.corpus)          # bad engine entries: exit 2 before any run
+
+    def progress(v) -> None:
+        if not args.quiet:
+            print(f"bugs --engine: {v.case.id:<10} {'real' if v.real else 'model':<6} "
+                  f"{'holds' if v.holds else '-' if v.engine is None else 'FAILS'}", file=sys.stderr, flush=True)
+
+    verdicts = run_engine_corpus(cases, out_dir, BACKENDS, progress)
+    print(format_engine_table(verdicts))
+    real = sum(v.real for v in verdicts)
+    ran = [v for v in verdicts if v.engine is not None]
+    held = sum(v.holds for v in ran)
+    print(f"\n{real} of {len(verdicts)} cases real; {held} of {len(ran)} engine verdicts hold "
+          f"({time.perf_counter() - t0:.0f} s)")
+    if args.json:
+        write_json(verdicts, Path(args.json))
+        print(f"json: {args.json}")
+    return EXIT_HOLDS if held == len(ran) else EXIT_FAILS

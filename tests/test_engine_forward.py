@@ -63,3 +63,19 @@ def test_a_shifted_swa_write_id_in_tritons_own_metadata_is_not_clean(tmp_path):
     found = {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
     assert rc == 1 and found["torch_native"] == {}
     assert found["triton"].get("missed", 0) > 0
+
+
+def test_bugs_engine_runs_cases_as_release_code_and_says_which(tmp_path):
+    """`slotscope bugs --engine sglang --json`: B1 real on 0.5.14 / 0.5.15, the gap real on 0.5.23 (fixed by the
+    shipped patch); a case without an engine entry is model-only, with why."""
+    out = tmp_path / "bugs.json"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "bugs", "--engine", "sglang", "--only", "B1,gap,B3",
+                        "--json", str(out), "--out", str(tmp_path / "runs"), "-q"], cwd=ROOT, capture_output=True,
+                       text=True)
+    got = {v["case"]: v for v in json.loads(out.read_text())}
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert {k: (v["real"], v["holds"], v["buggy"], v["fixed"]) for k, v in got.items() if k != "B3"} == {
+        "B1": (True, True, "sglang==0.5.14", "sglang==0.5.15"),
+        "gap": (True, True, "sglang==0.5.23", "sglang==0.5.23 + fix-gap-pad-short-swa-loc.yaml")}
+    assert got["B3"]["real"] is False and got["B3"]["buggy"] is None and got["B3"]["why"]
+    assert set(got["B1"]) >= {"case", "pr", "real", "buggy", "fixed", "holds"}

@@ -1,0 +1,219 @@
+"""The corpus in real code: ``slotscope bugs --engine sglang [--json FILE]``.
+
+A case's ``engine`` entry in scenarios/corpus.toml says how it runs as release code:
+
+    engine = { buggy = "sglang==0.5.14", fixed = "sglang==0.5.15", mechanism = ["KVWriteLoc"] }
+    engine = { buggy = "sglang==0.5.23", buggy_patches = ["examples/engine-patches/revert-X.yaml"],
+               fixed = "sglang==0.5.23", mechanism = [...], expect = {...}, why = "..." }
+    engine = "model-only: why"
+
+``buggy`` is a release that had the bug, or today's with its fix reverted by a shipped engine patch (one per fix
+PR, examples/engine-patches/); ``fixed`` the release with the fix. Each runs the case's scenario through
+``slotscope run --engine SPEC`` in a process of its own (a release is imported, and patched, once per process),
+the scenario's design replaced by the release (the verdict names the release and its patches, never the
+design). A verdict holds as the case's ``expect`` / ``expect_fixed`` say (the engine entry's own where the real
+code's findings differ from the model's, e.g. a backend the release's forward does not drive here yet). A
+case is **real** only where both runs took the release's code for every piece its ``mechanism`` names (run.json's
+``engine_pieces``: a row or a backend piece whose code was the engine's); otherwise it is model-only, and why.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from simulator.scenario import ScenarioError
+
+from .corpus import ROLES, Case, Outcome, expect_table, slug
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_ONLY = "model-only:"
+
+
+@dataclass(frozen=True)
+class EngineCase:
+    """A case's engine entry, validated."""
+
+    buggy: str
+    fixed: str
+    buggy_patches: tuple[Path, ...] = ()
+    fixed_patches: tuple[Path, ...] = ()
+    mechanism: tuple[str, ...] = ()
+    expect: Optional[dict] = None
+    expect_fixed: Optional[dict] = None
+    why: str = ""
+
+    def spec(self, role: str) -> str:
+        """The engine spec and its patches, as the verdict names them."""
+        spec, patches = (self.buggy, self.buggy_patches) if role == "buggy" else (self.fixed, self.fixed_patches)
+        return spec + "".join(f" + {p.name}" for p in patches)
+
+
+def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
+    """A case's EngineCase, or the reason it is model-only (a ScenarioError naming the field on bad input)."""
+    raw, where = case.engine, f"{source}: case {case.id}.engine"
+    if raw is None:
+        return "model-only: no engine entry yet"
+    if isinstance(raw, str):
+        if not raw.startswith(MODEL_ONLY):
+            raise ScenarioError(f"{where}: a string must start with {MODEL_ONLY!r} and say why")
+        return raw
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{where}: must be a table or a '{MODEL_ONLY} why' string")
+    known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "why"}
+    bad = sorted(set(raw) - known)
+    if bad:
+        raise ScenarioError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
+    for key in ("buggy", "fixed"):
+        if not isinstance(raw.get(key), str) or not raw[key].startswith("sglang=="):
+            raise ScenarioError(f"{where}.{key}: an engine spec sglang==VERSION is required")
+
+    def paths(key: str) -> tuple[Path, ...]:
+        got = raw.get(key, [])
+        if not isinstance(got, list) or not all(isinstance(x, str) for x in got):
+            raise ScenarioError(f"{where}.{key}: must list patch files")
+        out = tuple((ROOT / x).resolve() for x in got)
+        for x, p in zip(got, out):
+            if not p.is_file():
+                raise ScenarioError(f"{where}.{key}: {x} does not exist")
+        return out
+    mech = raw.get("mechanism", [])
+    if not isinstance(mech, list) or not all(isinstance(x, str) for x in mech):
+        raise ScenarioError(f"{where}.mechanism: must list engine pieces")
+    exp = {k: expect_table(raw[k], source, f"case {case.id}.engine.{k}") for k in ("expect", "expect_fixed")
+           if k in raw}
+    return EngineCase(raw["buggy"], raw["fixed"], paths("buggy_patches"), paths("fixed_patches"), tuple(mech),
+                      exp.get("expect"), exp.get("expect_fixed"), str(raw.get("why", "")))
+
+
+def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
+    """One engine run of a case (a subprocess), its summary and engine pieces."""
+    scenario = out.with_suffix(".toml")
+    scenario.write_text(case.load().to_toml())
+    spec, patches = (eng.buggy, eng.buggy_patches) if role == "buggy" else (eng.fixed, eng.fixed_patches)
+    cmd = [sys.executable, "-m", "slotscope", "run", str(scenario), "--engine", spec, "--out", str(out),
+           "--no-report", "--trace-level", "off", "-q", "--backends", ",".join(backends)]
+    for p in patches:
+        cmd += ["--engine-patch", str(p)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:]}
+    try:
+        got["summary"] = json.loads((out / "summary.json").read_text())
+        got["pieces"] = json.loads((out / "run.json").read_text()).get("engine_pieces") or {}
+    except (OSError, ValueError):
+        got["summary"], got["pieces"] = None, {}
+    return got
+
+
+def engine_pieces(pieces: dict) -> list[str]:
+    """Every piece whose code was the engine's (rows, and each driven backend's pieces)."""
+    out = [r["piece"] for r in pieces.get("rows", ()) if r.get("whose") == "engine"]
+    for b, d in (pieces.get("backends") or {}).items():
+        if d.get("release_forwards"):
+            out += [f"{b.split('/')[0]}:{p['piece']}" for p in d["pieces"] if p["whose"] == "engine"]
+    return out
+
+
+def _missing(eng: EngineCase, runs: dict) -> list[str]:
+    """The mechanism's pieces some run did not take from the release."""
+    out = []
+    for m in eng.mechanism:
+        if not all(any(m in p for p in engine_pieces(r["pieces"])) for r in runs.values()):
+            out.append(m)
+    return out
+
+
+@dataclass
+class EngineVerdict:
+    case: Case
+    engine: Optional[EngineCase]
+    why: str
+    outcomes: dict                     # role -> Outcome (or None: the run failed)
+    runs: dict
+
+    @property
+    def holds(self) -> bool:
+        return self.engine is not None and all(o is not None and o.holds for o in self.outcomes.values())
+
+    @property
+    def real(self) -> bool:
+        return self.engine is not None and self.holds and not _missing(self.engine, self.runs)
+
+    def to_json(self) -> dict:
+        e = self.engine
+        return {"case": self.case.id, "pr": self.case.issue, "real": self.real,
+                "buggy": None if e is None else e.spec("buggy"), "fixed": None if e is None else e.spec("fixed"),
+                "holds": self.holds, "why": self.why,
+                "mechanism": [] if e is None else list(e.mechanism),
+                "missing": [] if e is None else _missing(e, self.runs) if self.runs else []}
+
+
+def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
+    eng = engine_of(case)
+    if isinstance(eng, str):
+        return EngineVerdict(case, None, eng[len(MODEL_ONLY):].strip(), {}, {})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seen = dataclasses.replace(case, expect=eng.expect or case.expect,
+                               expect_fixed=eng.expect_fixed or case.expect_fixed)
+    with cf.ThreadPoolExecutor(2) as pool:
+        futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends)
+                for role in ROLES}
+        runs = {role: f.result() for role, f in futs.items()}
+    outcomes = {}
+    for role, r in runs.items():
+        s = r["summary"]
+        outcomes[role] = None if s is None or s.get("incomplete") else Outcome(
+            seen, role, eng.spec(role), case.load(), s, {}, r["wall_s"])
+    why = eng.why
+    failed = [role for role, o in outcomes.items() if o is None]
+    if failed:
+        last = (runs[failed[0]]["stderr"].strip().splitlines() or ["(no message)"])[-1]
+        why = f"the {' and '.join(failed)} run did not finish: {last}"
+    elif _missing(eng, runs):
+        why = (why + "; " if why else "") + "model-only: " + ", ".join(_missing(eng, runs)) + \
+            " did not run as the release's code"
+    return EngineVerdict(case, eng, why, outcomes, runs)
+
+
+def format_engine_table(verdicts: list[EngineVerdict]) -> str:
+    head = ["case", "pr", "real", "buggy", "fixed", "buggy verdict", "fixed verdict", "why"]
+    rows = []
+    for v in verdicts:
+        cells = []
+        for role in ROLES:
+            o = v.outcomes.get(role)
+            cells.append("-" if v.engine is None else "error" if o is None else "holds" if o.holds else "FAILS")
+        j = v.to_json()
+        rows.append([v.case.id, v.case.issue, "real" if v.real else "model", j["buggy"] or "-", j["fixed"] or "-",
+                     *cells, v.why[:100]])
+    widths = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows)
+
+
+def write_json(verdicts: list[EngineVerdict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps([v.to_json() for v in verdicts], indent=1) + "\n")
+    tmp.replace(path)
+
+
+def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, progress=None) -> list[EngineVerdict]:
+    base = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="slotscope-bugs-engine-"))
+    verdicts = []
+    for case in cases:
+        v = run_engine_case(case, base / slug(case.id), backends)
+        verdicts.append(v)
+        if progress is not None:
+            progress(v)
+    return verdicts
+
+
+__all__ = ["EngineCase", "EngineVerdict", "engine_of", "format_engine_table", "run_engine_corpus", "write_json"]
