@@ -11,6 +11,7 @@ import pytest
 
 from cuda_path.pool import TaggedKVPool
 from simulator.designs import Design
+from simulator.records import Owner
 from simulator.run import run_simulation
 
 import window_edge_designs as W
@@ -179,3 +180,139 @@ def test_every_executor_gives_the_same_window_findings(name, design):
         ex = StepwiseExecutor(EagerExecutor())
         ex.runner.host_metadata = host
         assert [f.to_json() for f in run(name, design(), ex).findings] == ref
+
+
+# ------------------------------------------------------------------------------ the rules, by hand
+
+def _table(start: int, n: int, first_slot: int):
+    import torch
+
+    from simulator.designs import ReadIds
+
+    return ReadIds(torch.tensor([0, n]), torch.arange(first_slot, first_slot + n), torch.tensor([start]))
+
+
+def _checker():
+    """One request (id 0, own tags 1 + position) with K/V at positions [0, 12) in SWA slots 1..12."""
+    import numpy as np
+
+    from simulator.oracle.checker import Checker
+    from simulator.oracle.reference import ReferencePool
+    from simulator.records import Owner
+    from simulator.scheduling.batch import BatchTruth
+
+    ref = ReferencePool(32, 32)
+    a = np.arange(1, 13, dtype=np.int64)
+    e = np.zeros(0, dtype=np.int64)
+    ref.apply(BatchTruth(tags=a, full_slots=a, swa_slots=a, freed_full=e, freed_swa=e, evicted_swa=e,
+                         mapping_changed=e))
+    return Checker(ref, lambda t: Owner(t, 0 if t > 0 else None, t - 1 if t > 0 else None), reserved=np.array([0]))
+
+
+def _requests(extend: int):
+    import numpy as np
+
+    from simulator.scheduling.batch import BatchRequests
+
+    one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
+    return BatchRequests(rids=one(0), seq_lens=one(12), extend_lens=one(extend), slots=(), tag_bases=one(1))
+
+
+@pytest.mark.parametrize("extend, start, n, want", [
+    (1, 8, 4, []),                                                   # decode: the last 4 positions, exactly
+    (1, 7, 5, [(7, 8, "position 7 is outside its window [8, 12)")]),
+    (1, 9, 3, [(8, -1, "the table leaves out position 8 of its window [8, 12)")]),
+    (1, 9, 4, [(8, -1, "the table leaves out position 8 of its window [8, 12)"),
+               (12, 13, "position 12 is past the request's length (12 positions with K/V)")]),
+    (1, 8, 0, [(p, -1, f"the table leaves out position {p} of its window [8, 12)") for p in range(8, 12)]),
+    (3, 6, 6, []),                                                   # verify, 3 draft tokens: from 9's window
+    (3, 5, 7, [(5, 6, "position 5 is outside its window [6, 12)")]),
+    (3, 8, 4, [(6, -1, "the table leaves out position 6 of its window [6, 12)"),
+               (7, -1, "the table leaves out position 7 of its window [6, 12)")]),
+])
+def test_a_table_is_held_to_its_window_exactly(extend, start, n, want):
+    from simulator.oracle.read_rules import window_span
+
+    ck, rq = _checker(), _requests(extend)
+    span = window_span(rq.seq_lens, rq.extend_lens, 4)
+    found, _ = ck.check_reads(3, "flashinfer", "swa", _table(start, n, start + 1), rq, None, 32, 0, 1, span=span)
+    pos = lambda f: int(f.message.split()[3])  # noqa: E731
+    assert [(pos(f), f.slot, f.message.split(": ", 1)[1]) for f in found] == want
+    for f in found:
+        what = f"reads swa slot {f.slot}" if f.slot >= 0 else "is not read by the swa table"
+        assert f.message.startswith(f"req 0 pos {pos(f)} {what} at layer 0") and f.cls == "stale_read"
+        # a position of the request names its token (a past-the-end one has none); nothing was read where omitted
+        assert f.expected == (Owner(1 + pos(f), 0, pos(f)) if pos(f) < 12 else None)
+        assert (f.observed is None) == (f.slot == -1)
+
+
+def test_positions_the_request_does_not_have_never_ask_the_content_keys():
+    """Without a span (a base table) the positions are held to the request's: before its first or past its length
+    is a stale read, and the content keys are asked only for positions it has (a radix run's keys end there)."""
+    asked = []
+
+    def keys(requests, rows, positions):
+        assert positions.min() >= 0 and positions.max() < 12
+        asked.append(positions.tolist())
+        return requests.tag_bases[rows] + positions
+
+    ck, rq = _checker(), _requests(1)
+    found, bad = ck.check_reads(3, "flashinfer", "swa", _table(-1, 14, 0), rq, keys, 32, 0, 1)
+    assert [(f.expected, f.slot, f.message.split(": ", 1)[1]) for f in found] == [
+        (None, 0, "position -1 is before the request's first"),
+        (None, 13, "position 12 is past the request's length (12 positions with K/V)")]
+    assert asked == [list(range(12))] and bad.tolist() == [0, 13]
+
+
+def test_a_table_rechecked_in_the_same_forward_reports_nothing_twice():
+    from simulator.oracle.read_rules import window_span
+
+    ck, rq = _checker(), _requests(1)
+    span = window_span(rq.seq_lens, rq.extend_lens, 4)
+    t = _table(9, 4, 10)
+    found, bad = ck.check_reads(3, "flashinfer", "swa", t, rq, None, 32, 0, 1, span=span)
+    assert len(found) == 2 and bad.tolist() == [3]
+    again, _ = ck.check_reads(3, "flashinfer", "swa", t, rq, None, 32, 0, 1, skip=bad, span=span)
+    assert again == []
+
+
+class PastEnd(Design):
+    """SWA tables reading two positions past each request's K/V (its last slot again there)."""
+
+    name = "test-past-end"
+    extra = 2
+
+    def read_ids(self, req_to_token, seq_lens, extend_lens, full_to_swa, ctx):
+        import torch
+
+        from simulator.designs import ReadIds, ReadTable
+
+        t = super().read_ids(req_to_token, seq_lens, extend_lens, full_to_swa, ctx)
+        w = t.swa
+        parts, ptr = [], [0]
+        for i in range(seq_lens.shape[0]):
+            seg = w.indices[int(w.indptr[i]):int(w.indptr[i + 1])]
+            parts.append(torch.cat([seg, seg[-1:].repeat(self.extra)]))
+            ptr.append(ptr[-1] + seg.shape[0] + self.extra)
+        return ReadTable(full=t.full, swa=ReadIds(torch.tensor(ptr, dtype=torch.int64), torch.cat(parts), w.start))
+
+
+def test_a_table_past_the_requests_length_is_a_finding_in_a_radix_run_not_an_index_error():
+    """radix content keys end at a request's last token: on main this run died at step 29 with IndexError
+    (index 70 is out of bounds for axis 0 with size 70) in SharingScheduler._keys."""
+    from simulator.designs.radix import RadixFixed
+
+    class RadixPastEnd(PastEnd, RadixFixed):
+        name = "test-radix-past-end"
+
+    r = run("r7-grouped-free-flush", RadixPastEnd(), backends=None)
+    got = [f for f in r.findings if f.cls == "stale_read"]
+    # two per (forward, request): positions seq_len and seq_len + 1, neither the request's
+    assert r.total_findings == len(got) == 2 * sum(rec.num_requests for rec in r.steps) == 130
+    fixed = run("r7-grouped-free-flush", RadixFixed(), backends=None)
+    assert fixed.total_findings == 0 and len(r.steps) == len(fixed.steps) == 55     # the whole run
+    assert all(f.expected is None and "is past the request's length" in f.message for f in got)
+    f = got[0]
+    assert (f.step, f.slot, f.observed.label) == (0, 40, "req 0 pos 39")
+    assert f.message == ("req 0 pos 40 reads swa slot 40 at layer 0: position 40 is past the request's length "
+                         "(40 positions with K/V)")

@@ -81,12 +81,13 @@ def _span_words(f: ReadFacts) -> str:
 
 
 #: Why a read is stale (class ``stale_read``): (reason or None when the rule does not apply); first match wins.
-#: The first three are the table's shape, exact: a position the request does not have, one of the span a correct
+#: The first four are the table's shape, exact: a position the request does not have, one of the span a correct
 #: table reads that this one leaves out (too narrow), one outside that span (too wide, at the window's first
 #: position as anywhere: eviction keeping a slot mapped does not make its read right); then the slot's content.
 READ_RULES: tuple[Callable[[ReadFacts], Optional[str]], ...] = (
-    lambda f: None if 0 <= f.pos < f.seq_len else
-    f"position {f.pos} is not one of the request's (it has K/V at [0, {f.seq_len}))",
+    lambda f: f"position {f.pos} is past the request's length ({f.seq_len} positions with K/V)"
+    if f.pos >= f.seq_len else None,
+    lambda f: f"position {f.pos} is before the request's first" if f.pos < 0 else None,
     lambda f: f"the table leaves out position {f.pos} of {_span_words(f)}" if f.omitted else None,
     lambda f: None if f.span[0] <= f.pos < f.span[1] else f"position {f.pos} is outside {_span_words(f)}",
     lambda f: None if 0 <= f.slot < f.rows else f"slot {f.slot} is outside the pool [0, {f.rows})",
