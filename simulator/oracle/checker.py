@@ -119,6 +119,7 @@ class Checker:
         self.pool_layers = pool_layers
         self.owner_of = owner_of
         self.reserved = reserved            # slots of the reserved/padding page(s): never compared
+        reference.reserve(reserved)         # (and never read: a read there is stale)
         self.max_detail = max_detail
         self.detailed = 0
         self.truncated = False
