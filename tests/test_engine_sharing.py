@@ -4,7 +4,7 @@ scenarios/r8-sink-free-list.toml (the radix cache on, #38519's external linker a
 with the release's SWA allocator (engine_path.allocator.EngineAllocator): every free the cache makes goes
 through the release's ``free_swa_segment`` / ``free_swa`` / ``free_full`` and its free groups, so what frees
 the sink is 0.5.23's ``_free_swa_pages`` (``mapping[rep] // page`` for every representative, nothing
-filtered). The run gives the model's counts exactly (tests/test_sharing_run.py pins them: 1184 stale_read on
+filtered). The run gives the model's counts exactly (tests/test_sharing_run.py pins them: 1216 stale_read on
 the sink page, request 15 given page 0 at step 85, the over-free at step 99), the release's own free list
 holds page 0, and the release's capacity assert (``available_size() <= size``, in its ``free_swa_segment``)
 is what ends the run. As ``slotscope run scenarios/r8-sink-free-list.toml --engine sglang==0.5.23`` does, the
@@ -72,7 +72,7 @@ def test_r8_reproduces_in_0523s_own_free_paths(run):
     assert run["calls"]["free_swa_segment"] > 0 and run["calls"]["free_full"] > 0
     # the sink page handed out and read (as the model: step 85, request 15), then the over-free at step 99
     assert run["steps"] == 98
-    assert {k: v for k, v in run["findings"].items() if v} == {"stale_read": 1184}
+    assert {k: v for k, v in run["findings"].items() if v} == {"stale_read": 1216}
     assert run["first"] == [85, "swa", 0]
     assert run["given"] == [[85, "alloc", "alloc", "request:15", None]]
     # the release's own free list held page 0 (from step 87: at 85 it was handed out as it came in, up to 5

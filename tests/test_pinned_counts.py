@@ -82,7 +82,9 @@ def observed(summary: dict) -> dict:
 #  R3      2 layers, 74 forwards (148 writes) up to the over-free at step 75 (radix.stopped); 18 stale_read of SWA
 #          slots the stale mapping freed, first request 13's slot 106 at step 61. Fixed: 169 x 2 = 338.
 #  R8      2 layers, page 16, 98 forwards (196 writes) up to the over-free at step 99; the sink page (slots 0..15)
-#          handed to request 15 at step 85 and read: 1184 stale_read. Fixed (the filter): 178 x 2 = 356.
+#          handed to request 15 at step 85 and read: 1216 stale_read (1184 before the sink was a stale read
+#          even where it held the reader's own token: +32, request 15's reads of its 16 positions there at
+#          steps 85 and 86). Fixed (the filter): 178 x 2 = 356.
 #  A1, A2  a PD decode node (2 layers: S F, draft F; EAGLE 4 tokens), page 16, 48 requests: a write per layer per
 #          forward (target verify 2, draft decode / extend 1 each); every backend the same (the allocator's bugs):
 #          the SWA page freed under a live request is handed to another, whose tags the first one then reads
@@ -163,7 +165,7 @@ PINNED_CORPUS = {
     ("R7", "fixed"): pinned("radix-fixed", steps=55,
         every=(110, {}, None)),
     ("R8", "buggy"): pinned("sglang-0.5.23", steps=98,
-        every=(196, {"stale_read": 1184}, (85, 0, "stale_read"))),
+        every=(196, {"stale_read": 1216}, (85, 0, "stale_read"))),
     ("R8", "fixed"): pinned("radix-fixed", steps=178,
         every=(356, {}, None)),
     ("A1", "buggy"): pinned("pd-decode-pre-25805", steps=330,

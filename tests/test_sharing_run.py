@@ -140,9 +140,11 @@ def test_r7_the_flush_frees_the_repointed_slots():
 def test_r8_live_in_the_0523_default_the_sink_is_handed_out_then_the_capacity_assert():
     # 0.5.23's unfiltered SWA free plus the linker (engine.cache_linker): evicted tombstone leaves free
     # mapping[rep] // 16 = page 0; request 15 is given the sink page and reads it; the repeated frees of
-    # page 0 end in the capacity assert
+    # page 0 end in the capacity assert; a read of the sink page is stale even where it holds the reader's own
+    # token (32 of them: request 15's 16 positions there at steps 85 and 86)
     r = simulate("r8-sink-free-list", "sglang-0.5.23", backends=["triton"])
-    assert len(r.steps) == 98 and _found(r) == {"stale_read": 1184}
+    assert len(r.steps) == 98 and _found(r) == {"stale_read": 1216}
+    assert sum(1 for f in r.findings if f.observed == f.expected) == 32
     assert {f.slot for f in r.findings if f.kind == "swa"} == set(range(16))      # the sink page, page 0
     assert r.radix["stopped"]["step"] == 99 and r.radix["stopped"]["class"] == "over_free"
     own = r.radix["ownership"]

@@ -1,9 +1,19 @@
-"""The read check of one backend forward: each layer kind's read table against the oracle, once per ownership epoch."""
+"""The read check of one backend forward: each layer kind's read table against the oracle, once per ownership epoch.
+
+The table is held to its span exactly (:mod:`simulator.oracle.read_rules`): full layers the prefix, SWA layers
+each new token's window where the forward's graph path builds window indices, else (B4) the prefix they read
+through the full table. A design whose ``read_ids`` is declared ``base_reads`` builds the base formula, exact by
+construction (and on the GPU step runner only its entries not known clean, cuda_path/read_cache.py): its
+table's span is not checked, on every executor alike."""
 from __future__ import annotations
+
+from typing import Optional
 
 import numpy as np
 
 from simulator.core.sides import ModelSide
+from simulator.designs.base import declared
+from simulator.oracle.read_rules import ReadSpan, prefix_span, window_span
 from simulator.records import Finding, LayerInfo
 from simulator.scheduling.batch import BatchTruth, ForwardBatch
 
@@ -22,7 +32,8 @@ class ReadCheck:
     """One backend forward's read checking: each kind's table against the reference, once per ownership
     epoch (so once per forward unless a timeline changes ownership between layers)."""
 
-    __slots__ = ("side", "backend", "batch", "truth", "table", "pool", "found", "_epoch", "_reported", "_left")
+    __slots__ = ("side", "backend", "batch", "truth", "table", "pool", "found", "_epoch", "_reported", "_left",
+                 "_spans")
 
     def __init__(self, side: ModelSide, backend: str, batch: ForwardBatch, truth: BatchTruth, table, pool):
         self.side, self.backend, self.batch, self.truth, self.table, self.pool = side, backend, batch, truth, table, pool
@@ -31,6 +42,10 @@ class ReadCheck:
         self._reported: dict[str, np.ndarray] = {}
         # per kind, the layers still to run (the count a finding names)
         self._left = dict(_kind_counts(side.layers))
+        # (window, whether the graph path builds window indices) of the span check; None: the base formula's table
+        b = side.boundaries.get(backend)
+        self._spans = None if b is None or declared(b.design.read_ids, "base_reads") else \
+            (b.window, batch.graph in b.spec.window_graphs)
 
     def at_layer(self, layer: LayerInfo) -> None:
         kind = layer.kind
@@ -52,8 +67,18 @@ class ReadCheck:
             return
         found, bad = self.side.checker.check_reads(
             self.batch.step, self.backend, kind, ids, self.batch.requests, self.truth.content_keys,
-            self.pool.rows(kind), layer, n_layers, self._reported.get(kind))
+            self.pool.rows(kind), layer, n_layers, self._reported.get(kind), self._span(kind))
         if found:
             self.found.extend(found)
             prev = self._reported.get(kind)
             self._reported[kind] = bad if prev is None else np.concatenate([prev, bad])
+
+    def _span(self, kind: str) -> Optional[ReadSpan]:
+        """The positions a correct table of ``kind`` reads, or None (the base formula's table: not checked)."""
+        if self._spans is None:
+            return None
+        rq = self.batch.requests
+        window, windowed = self._spans
+        if kind == "swa" and windowed:
+            return window_span(rq.seq_lens, rq.extend_lens, window)
+        return prefix_span(rq.seq_lens)

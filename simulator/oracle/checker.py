@@ -15,9 +15,12 @@ actually targeted. Equal everywhere is the fast path. Findings come from three p
 
 Reads are checked apart from writes (:meth:`Checker.check_reads`): the slots a forward's attention reads,
 from the read table the backend built at metadata init, against the reference's ownership at the time of
-the read: every entry must be live and hold the expected content key of its (request, position). A
-difference is a ``stale_read``, its reason from :data:`READ_RULES`. Layers of a kind that read through
-one table are checked once for all of them (per-layer contents are the write check's concern).
+the read: the table must read exactly what a correct one reads (the whole prefix; for SWA layers each new
+token's window, to the position: :mod:`simulator.oracle.read_rules`), and every entry must be live and hold
+the expected content key of its (request, position). A difference (an entry outside that span, a position of
+it left out, a slot not holding its key) is a ``stale_read``, its reason from :data:`READ_RULES`. Layers of a
+kind that read through one table are checked once for all of them (per-layer contents are the write check's
+concern).
 
 A new finding class is a name in ``records.FINDING_CLASSES`` plus, for a slot class, a rule here.
 """
@@ -35,6 +38,9 @@ from simulator.designs.types import ReadIds
 from simulator.memory.pool import PoolWriter
 from simulator.records import FINDING_CLASSES, PAD_TAG, Finding, Owner
 from simulator.oracle.reference import ReferencePool
+# (the read rules live in read_rules; their names are the checker's too)
+from simulator.oracle.read_rules import (READ_RULES, ReadFacts, ReadSpan, TableCheck, prefix_span,  # noqa: F401
+                                         read_reason, window_span)
 
 
 @dataclass(slots=True)
@@ -80,36 +86,6 @@ def classify_slot(facts: SlotFacts) -> tuple[str, str]:
     raise AssertionError("SLOT_RULES end with a rule that always matches")
 
 
-@dataclass(frozen=True, slots=True)
-class ReadFacts:
-    """What the checker knows about one read that does not hold its expected content, for the rules below."""
-
-    slot: int
-    rows: int                        # rows of the sub-pool read
-    reserved: bool                   # the reserved / padding page (slot 0, the sink) or a dummy request's
-    live: bool                       # the reference holds a live token there
-    evicted: bool                    # freed by out-of-window eviction (SWA), not by a finish
-    last: Optional[Owner]            # the slot's last (or current) owner by the reference, None if never written
-
-
-#: Why a read is stale (class ``stale_read``): (reason or None when the rule does not apply); first match wins.
-READ_RULES: tuple[Callable[[ReadFacts], Optional[str]], ...] = (
-    lambda f: None if 0 <= f.slot < f.rows else f"slot {f.slot} is outside the pool [0, {f.rows})",
-    lambda f: f"slot {f.slot} is the sink / padding slot" if f.reserved else None,
-    lambda f: None if f.live else (f"the slot was {'evicted out of the window' if f.evicted else 'freed'}"
-                                   + (f" (last held {f.last.label})" if f.last is not None else "")),
-    lambda f: f"the slot was reassigned to another token ({f.last.label if f.last else 'unknown'})",
-)
-
-
-def read_reason(facts: ReadFacts) -> str:
-    for rule in READ_RULES:
-        msg = rule(facts)
-        if msg is not None:
-            return msg
-    raise AssertionError("READ_RULES end with a rule that always matches")
-
-
 def _span(layers: list[int]) -> str:
     return f"layer {layers[0]}" if len(layers) == 1 else "layers " + ", ".join(map(str, layers))
 
@@ -143,12 +119,14 @@ class Checker:
         self.pool_layers = pool_layers
         self.owner_of = owner_of
         self.reserved = reserved            # slots of the reserved/padding page(s): never compared
+        reference.reserve(reserved)         # (and never read: a read there is stale)
         self.max_detail = max_detail
         self.detailed = 0
         self.truncated = False
         self.first: dict[str, Finding] = {}   # per backend, the earliest (step, layer) finding
         self._reserved_dev: dict[torch.device, torch.Tensor] = {}
         self._last_read: dict[str, tuple] = {}    # per kind: (key, result) of the last read check
+        self._tables = TableCheck(reference, reserved, owner_of)
 
     def check(self, step: int, backend: str, pool: PoolWriter, truth: BatchTruth, writes: list[LayerWrite],
               pad_slots: tuple[int, ...]) -> tuple[list[Finding], dict[str, int]]:
@@ -175,77 +153,30 @@ class Checker:
 
     def check_reads(self, step: int, backend: str, kind: str, ids: ReadIds, requests: BatchRequests,
                     content_keys: Optional[ContentKeys], rows: int, layer: int, n_layers: int,
-                    skip: Optional[np.ndarray] = None) -> tuple[list[Finding], np.ndarray]:
+                    skip: Optional[np.ndarray] = None,
+                    span: Optional[ReadSpan] = None) -> tuple[list[Finding], np.ndarray]:
         """The stale reads of one kind's read table against the reference as it is now (not yet emitted:
         :meth:`emit_all`), and the flat entries found stale. ``layer`` is the first layer reading the table,
         ``n_layers`` how many layers read it; entries in ``skip`` were reported at an earlier check of the
-        same table. One vectorised pass over every request's entries; only differences reach Python. A table
-        object checked last against the same ownership (another backend of the step sharing it) is not
-        checked again: its findings are the earlier ones, for this backend."""
-        key = (ids, content_keys, requests, (kind, self.reference.epoch, rows, layer, n_layers))
+        same table. ``span``: the positions a correct table reads (:func:`prefix_span`, :func:`window_span`),
+        exactly: an entry outside it is stale whatever its slot holds, and at the table's first check (``skip``
+        None) each position of it that the table leaves out is one stale read too (slot -1); None (a table of
+        the base formula, or the part of one not known clean: exact by construction) holds the entries to the
+        request's positions alone. An entry at a position the request does not have (past its seq_len) is stale
+        and never asks the content keys. One vectorised pass over every request's entries; only differences
+        reach Python. A table object checked last against the same ownership (another backend of the step
+        sharing it) is not checked again: its findings are the earlier ones, for this backend."""
+        sk = None if span is None else (span.name, span.window)
+        key = (ids, content_keys, requests, (kind, self.reference.epoch, rows, layer, n_layers, sk))
         last = self._last_read.get(kind)
         if skip is None and last is not None and all(x is y for x, y in zip(last[0][:3], key[:3])) \
                 and last[0][3] == key[3]:
             found, bad = last[1]
             return [dataclasses.replace(f, backend=backend) for f in found], bad
-        found, bad = self._check_reads(step, backend, kind, ids, requests, content_keys, rows, layer, n_layers, skip)
+        found, bad = self._tables.check(step, backend, kind, ids, requests, content_keys, rows, layer, n_layers,
+                                        skip, span)
         if skip is None:
             self._last_read[kind] = (key, (found, bad))
-        return found, bad
-
-    def _check_reads(self, step, backend, kind, ids, requests, content_keys, rows, layer, n_layers, skip):
-        idx = ids.indices.cpu().numpy().astype(np.int64, copy=False)
-        n = idx.shape[0]
-        if n == 0:
-            return [], np.zeros(0, dtype=np.int64)
-        indptr = ids.indptr.cpu().numpy()
-        start = ids.start.cpu().numpy()
-        lens = np.diff(indptr)
-        if content_keys is None:
-            # own tags: entry j of request r expects tag_base[r] + start[r] + (j - indptr[r])
-            keys = np.repeat(requests.tag_bases + start - indptr[:-1], lens) + np.arange(n, dtype=np.int64)
-            row_of = pos = None
-        else:
-            row_of = np.repeat(np.arange(lens.shape[0]), lens)
-            pos = np.arange(n, dtype=np.int64) - indptr[:-1][row_of] + start[row_of]
-            keys = content_keys(requests, row_of, pos)
-        exp, live = self.reference.expected[kind], self.reference.live[kind]
-        live_tag = self.reference.live_tag[kind]      # 0 where not live: never a real tag
-        hi = min(rows, exp.shape[0])
-        if int(idx.min()) >= 0 and int(idx.max()) < hi:
-            inr = None
-            bad = np.flatnonzero(live_tag[idx] != keys)
-        else:
-            inr = (idx >= 0) & (idx < hi)
-            bad = np.flatnonzero(live_tag[np.where(inr, idx, 0)] != keys)   # slot 0 is never live
-        if bad.size and row_of is None:
-            row_of = np.searchsorted(indptr, bad, side="right") - 1
-            pos = np.zeros(n, dtype=np.int64)
-            pos[bad] = bad - indptr[row_of] + start[row_of]
-            row_full = np.zeros(n, dtype=np.int64)
-            row_full[bad] = row_of
-            row_of = row_full
-        if skip is not None and skip.size and bad.size:
-            bad = bad[~np.isin(bad, skip)]
-        if bad.size == 0:
-            return [], bad
-        evicted = self.reference.evicted if kind == "swa" else None
-        reserved = np.isin(idx[bad], self.reserved)
-        found = []
-        also = f" (and {n_layers - 1} more {kind} layers reading the same table)" if n_layers > 1 else ""
-        for j, e in enumerate(bad.tolist()):
-            slot, r, p = int(idx[e]), int(row_of[e]), int(pos[e])
-            in_range = inr is None or bool(inr[e])
-            tag = int(exp[slot]) if in_range else 0
-            is_live = in_range and bool(live[slot])
-            facts = ReadFacts(slot=slot, rows=rows, reserved=bool(reserved[j]), live=is_live,
-                              evicted=bool(evicted is not None and in_range and evicted[slot]),
-                              last=self._owner(tag) if tag != 0 else None)
-            observed = (self._owner(tag) if is_live else Owner(0)) if in_range else None
-            msg = (f"req {int(requests.rids[r])} pos {p} reads {kind} slot {slot} at layer {layer}{also}: "
-                   f"{read_reason(facts)}")
-            found.append(Finding(step, backend, layer, kind, "stale_read", slot, self._owner(int(keys[e])),
-                                 observed, msg))
         return found, bad
 
     def check_contents(self, step: int, backend: str, kind: str, pool: PoolWriter, slots: np.ndarray, layers,

@@ -50,6 +50,18 @@ class ReferencePool:
         self.live_tag = {"full": np.zeros(full_rows, dtype=np.int64), "swa": np.zeros(swa_rows, dtype=np.int64)}
         #: bumped by every change of ownership: a read checked at one epoch needs no re-check until it moves
         self.epoch = 0
+        #: per kind, the slots no read finds its token at (:meth:`reserve`)
+        self._reserved = {"full": np.zeros(0, dtype=np.int64), "swa": np.zeros(0, dtype=np.int64)}
+
+    def reserve(self, slots: np.ndarray) -> None:
+        """Slots no token is read at: the sink / padding page (and a dummy request's), which every padded row may
+        write. ``live_tag`` stays 0 there, so a read of one is stale even where the allocator handed it to a
+        token (R8: 0.5.23's unfiltered SWA free puts the sink page in the free list); liveness and the expected
+        tag (the write check's) are as the allocator says."""
+        slots = np.unique(np.asarray(slots, dtype=np.int64))
+        for kind, tag in self.live_tag.items():
+            self._reserved[kind] = s = slots[(slots >= 0) & (slots < tag.shape[0])]
+            tag[s] = 0
 
     @property
     def expected_on(self) -> dict[str, torch.Tensor]:
@@ -103,6 +115,7 @@ class ReferencePool:
             self.expected[kind][slots] = tags
             self.live[kind][slots] = True
             self.live_tag[kind][slots] = tags
+            self.live_tag[kind][self._reserved[kind]] = 0
             self._defer(kind, slots, tags)
         self.evicted[tr.swa_slots] = False
 
@@ -115,6 +128,8 @@ class ReferencePool:
         self.live["swa"][truth.swa_slots] = True
         self.live_tag["full"][truth.full_slots] = truth.tags
         self.live_tag["swa"][truth.swa_slots] = truth.tags
+        for kind, r in self._reserved.items():
+            self.live_tag[kind][r] = 0
         self.evicted[truth.swa_slots] = False
         self._defer("full", truth.full_slots, truth.tags)
         self._defer("swa", truth.swa_slots, truth.tags)

@@ -266,13 +266,34 @@ class SharingScheduler(CacheLog, Scheduler):
             # alloc_token_slots: the tree evicts (unlocked leaves, then SWA tombstones) before allocating
             self.cache.evict(full_tokens=max(0, k - self.alloc.full_free), swa_tokens=max(0, k - self.alloc.swa_free))
             self.counts["evict_calls:alloc"] += 1
-        new_full = self.alloc.extend(s, n)
+        new_full = self._extend(s, n)
         self._collect_events()          # what the tree did before this allocation comes first in the log
         self._log_alloc(req, new_full, s.swa[start:start + n], "alloc")
         tags.append(self._tag_rows[req.rid][start:start + n].copy())
         full.append(new_full)
         swa.append(s.swa[start:start + n].copy())
         self._batch_rids.append(req.rid)
+
+    def _extend(self, s: RequestSlots, n: int) -> np.ndarray:
+        """``alloc.extend(s, n)``, except where the request's last token, in a page with room left, has SWA slot 0:
+        the sink page, which 0.5.23's unfiltered SWA free (R8, #38519's trigger) put in the free list and this
+        request was given. The release continues the page from ``swa_last_loc = full_to_swa[last_loc]``, 0 there,
+        so the next tokens' SWA slots are the sink page's 1, 2, ... (``alloc_extend`` / ``alloc_decode``): their
+        reads are the read check's (the sink is no token's), and the run goes on; the modelled allocator, whose 0
+        means no SWA slot, would assert "the SWA page of a request's last token was evicted" instead. (The
+        release's own allocator, engine_path, does its own arithmetic.)"""
+        start = s.length
+        room = min(n, (-start) % self.page)
+        if not room or not isinstance(self.alloc, HybridAllocator) or s.swa[start - 1] != 0 or \
+                start + n > s.capacity:
+            return self.alloc.extend(s, n)
+        end = start + room
+        s.full[start:end] = s.full[start - 1] + np.arange(1, room + 1, dtype=np.int64)
+        s.swa[start:end] = np.arange(1, room + 1, dtype=np.int64)
+        s.length = end
+        self.alloc.full_to_swa[s.full[start:end]] = s.swa[start:end]
+        self.counts["extend:sink_page"] += 1
+        return np.concatenate([s.full[start:end], self.alloc.extend(s, n - room)])
 
     def summary(self, findings: Optional[list] = None) -> dict:
         """What the summary's ``radix`` entry holds: prefix-hit tokens, SWA tombstones made, recoveries
