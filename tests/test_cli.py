@@ -14,6 +14,7 @@ from slotscope.cli import main
 from helpers import ROOT
 
 B1 = str(ROOT / "scenarios/b1-pcg-dp-padding.toml")
+B4 = str(ROOT / "scenarios/b4-draft-extend-window.toml")
 SMOKE = str(ROOT / "scenarios/smoke.toml")
 
 
@@ -22,16 +23,16 @@ def run(*args) -> int:
 
 
 def test_summary_has_the_shape_other_tools_rely_on(tmp_path):
-    assert run(B1, "--out", str(tmp_path), "--backends", "flashinfer,trtllm_mha") == 1
+    assert run(B4, "--out", str(tmp_path), "--backends", "flashinfer,triton") == 1
     s = json.loads((tmp_path / "summary.json").read_text())
     assert isinstance(s["scenario"], str) and isinstance(s["design"], str) and isinstance(s["seed"], int)
-    assert set(s["backends"]) == {"flashinfer", "trtllm_mha"}
+    assert set(s["backends"]) == {"flashinfer", "triton"}
     for b in s["backends"].values():
         assert isinstance(b["writes"], int) and b["writes"] > 0
         assert list(b["findings"]) == list(FINDING_CLASSES)
         assert b["first_finding"] is None or set(b["first_finding"]) == {"step", "layer", "class"}
-    assert s["backends"]["trtllm_mha"]["first_finding"] is None
-    assert s["backends"]["flashinfer"]["first_finding"]["class"] == "length_mismatch"
+    assert s["backends"]["flashinfer"]["first_finding"] is None
+    assert s["backends"]["triton"]["first_finding"] == {"step": 58, "layer": 5, "class": "out_of_range"}
     lines = (tmp_path / "findings.jsonl").read_text().splitlines()
     assert len(lines) == sum(sum(b["findings"].values()) for b in s["backends"].values())
     f = json.loads(lines[0])

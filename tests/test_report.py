@@ -116,9 +116,16 @@ def test_b1_report_names_length_mismatch_and_the_kernel_message(runs):
     assert shape["swa_loc_len"] > shape["loc_len"]
     assert f"swa_loc has {shape['swa_loc_len']} entries but loc has {shape['loc_len']}" in page
     assert "DP-padded out_cache_loc" in page
-    # the one backend that sliced swa_loc itself; the run was cut by --max-steps, so not "clean"
-    assert "no findings in the steps that ran (the run did not finish): trtllm_mha" in page
-    assert "clean: trtllm_mha" not in page
+    # every backend hit B1 in the three steps that ran; the run was cut by --max-steps, so no backend is "clean"
+    assert "Not clean: 8 of 8 backend(s) diverge" in page and "no findings in the steps that ran" not in page
+
+
+def test_a_cut_run_names_a_backend_without_findings_as_unfinished_not_clean(tmp_path):
+    """B4 cut at step 60: triton has findings (from step 58), flashinfer none in the steps that ran."""
+    out = _run(tmp_path, "b4-draft-extend-window.toml", "b4", "--max-steps", "60", "--backends", "triton,flashinfer")
+    page = write_report(out).read_text()
+    assert "no findings in the steps that ran (the run did not finish): flashinfer" in page
+    assert "clean: flashinfer" not in page and "triton" in page
 
 
 def test_b2_report_names_clobbered_and_padding(runs):

@@ -27,6 +27,7 @@ from slotscope.cli import main
 from helpers import ROOT
 
 B1 = str(ROOT / "scenarios/b1-pcg-dp-padding.toml")
+B4 = str(ROOT / "scenarios/b4-draft-extend-window.toml")
 B2 = str(ROOT / "scenarios/b2-decode-stale-tail.toml")
 SCALE = str(ROOT / "scenarios/scale.toml")
 EXE = str(Path(sys.executable).with_name("slotscope"))
@@ -70,19 +71,20 @@ def whole_json_lines(path: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------ --max-steps
 
 def test_max_steps_cut_is_incomplete_and_red(tmp_path, capsys):
-    out = tmp_path / "b1"
-    assert run(B1, "--out", str(out), "--backends", "flashinfer,trtllm_mha", "--max-steps", "3") == 1
+    out = tmp_path / "b4"
+    assert run(B4, "--out", str(out), "--backends", "triton,flashinfer", "--max-steps", "60") == 1
     err = capsys.readouterr().err
-    assert "INCOMPLETE" in err and "max_steps = 3" in err
+    assert "INCOMPLETE" in err and "max_steps = 60" in err
     s = summary(out)
-    assert s["max_steps"] == 3 and s["steps"] == 3
-    assert s["incomplete"] == {"reason": "max_steps", "message": s["incomplete"]["message"], "steps_done": 3,
-                               "max_steps": 3}
+    assert s["max_steps"] == 60 and s["steps"] == 60
+    assert s["incomplete"] == {"reason": "max_steps", "message": s["incomplete"]["message"], "steps_done": 60,
+                               "max_steps": 60}
+    assert s["backends"]["triton"]["first_finding"]["step"] == 58 and s["backends"]["flashinfer"]["first_finding"] is None
     run_json = json.loads((out / "run.json").read_text())
-    assert run_json["status"] == "incomplete" and run_json["max_steps"] == 3
+    assert run_json["status"] == "incomplete" and run_json["max_steps"] == 60
     page = (out / "report.html").read_text()
-    assert_red(page, "max_steps = 3")
-    assert "no findings so far (incomplete)" in page        # trtllm_mha: no green "clean" cell
+    assert_red(page, "max_steps = 60")
+    assert "no findings so far (incomplete)" in page        # flashinfer: no green "clean" cell
     assert 'class="tag clean"' not in page
     no_tmp_left(out)
 
