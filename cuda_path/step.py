@@ -125,15 +125,18 @@ class GpuStepRunner:
         observer). A step left to the per-forward grain moves the oracle and writes every backend's own pool:
         the mirrors are refreshed after it, no read is known clean, and each backend gets its own pool."""
         run = ctx.run
-        if self.require_cuda and (run.device.type != "cuda" or not all(
-                isinstance(p, self.pool_type) for m in run.sides for p in m.pools.values())):
-            return False
+        if self.shares(run):
+            return True
         if not run.plugins.stepwise:
             self.verdicts.stale = True
             self._reads.reset()
             self._unshare(run)
-            return False
-        return True
+        return False
+
+    def shares(self, run) -> bool:
+        """Whether it takes the run's steps (asked before the first: the backends then start on one pool)."""
+        return run.plugins.stepwise and (not self.require_cuda or run.device.type == "cuda" and all(
+            isinstance(p, self.pool_type) for m in run.sides for p in m.pools.values()))
 
     def truth(self, ctx: StepContext) -> None:
         """The oracle learns the step (the run's order: frees on every side, a KV transfer, the side's writes);

@@ -118,6 +118,7 @@ def make_run(scenario: Scenario, design: Design, make_pool: PoolFactory, *, devi
               info_extra=info_extra or {}, version=version,
               sources=_sources(scenario, design, alloc, backends, run_executor, target))
     _install_plugins(run, scenario, release, faults, forward_observer)
+    run.pipeline.settle_pools()
     return run
 
 

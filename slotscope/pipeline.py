@@ -40,7 +40,7 @@ from . import __version__
 from .outputs import ShapeTimeline, StreamingOutputs, jsonl_text, summary_of
 from .partial import ProgressTracker, cut_marker, stop_marker
 from .pools import make_draft_pool_factory, make_pool_factory
-from .resources import check_resources
+from .resources import check_resources, pools_shared
 from .rundir import RunDir, UsageError, write_atomic, write_json_atomic
 from .run_setup import RunOptions, Setup, setup
 
@@ -62,9 +62,14 @@ class RunOutput:
 
 # ------------------------------------------------------------------------------------ one run
 
+def _uses_graph_executor(su: Setup) -> bool:
+    """On CUDA with the Triton store, CUDA graphs replay the steps (cuda_path/graphs.py)."""
+    return su.device.type == "cuda" and su.store == "triton" and bool(su.opts.cuda_graphs)
+
+
 def _simulate(su: Setup, observer: RunObserver, progress: ProgressTracker) -> RunResult:
     executor = None
-    if su.device.type == "cuda" and su.store == "triton" and su.opts.cuda_graphs:
+    if _uses_graph_executor(su):
         from cuda_path.graphs import CudaGraphExecutor
 
         executor = CudaGraphExecutor()
@@ -110,7 +115,9 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
     """
     opts = options or RunOptions()
     su = setup(scenario_or_path, opts)
-    check_resources(su.scenario, su.design, su.device, su.geometry)   # will it fit? (exit 2 naming the field)
+    shared = pools_shared(su.scenario, su.device, cuda_graphs=_uses_graph_executor(su),
+                          plugins=bool(su.opts.inject) or su.opts.forward_observer is not None)
+    check_resources(su.scenario, su.design, su.device, su.geometry, shared=shared)   # will it fit? (exit 2)
     if out_dir is None:
         return _run_in_memory(su)
     with RunDir.open(out_dir) as rd:

@@ -1,8 +1,9 @@
 """Will the run fit? The memory a scenario needs, estimated before anything is allocated.
 
 A scenario's sizes are validated one by one when it is read; whether they fit together depends on
-where the run goes: the pools under test (one per backend, every layer, ``rows x bytes per row`` of
-the geometry in use: compact on the CPU, real on CUDA), the speculative draft's pools, the reference
+where the run goes: the pools under test (every layer, ``rows x bytes per row`` of the geometry in use:
+compact on the CPU, real on CUDA; one per backend, or one shared by the backends where the run's step
+executor keeps one physical pool per class of backends whose writes agree, :func:`pools_shared`), the speculative draft's pools, the reference
 pools and the allocator's map, the generated workload. :func:`check_resources` compares the estimate
 to the memory available (``MemAvailable`` of /proc/meminfo on the host, ``torch.cuda.mem_get_info``
 on a GPU) and raises :class:`ScenarioError` naming the field that drives the size and the estimate
@@ -59,11 +60,29 @@ def _gib(n: float) -> str:
 
 
 def _pools_what(model: Model, full_rows: int, swa_rows: int, geometry: str, pools: int, who: str,
-                layout: str = "split") -> str:
+                layout: str = "split", shared: bool = False) -> str:
     kinds = [f"{model.count(k)} {'full' if k == 'full' else 'SWA'} layers x {rows:,} rows x "
              f"{slot_bytes(model, k, geometry, layout)} B"
              for k, rows in (("full", full_rows), ("swa", swa_rows)) if model.count(k)]
+    if shared:
+        how = (f"1 pool shared by {pools} backends, copied only where a backend's writes diverge" if pools > 1
+               else "1 backend")
+        return f"{who} ({how}: {' + '.join(kinds)}, {geometry} geometry)"
     return f"{who} ({pools} backend{'s' if pools != 1 else ''} x ({' + '.join(kinds)}), {geometry} geometry)"
+
+
+def pools_shared(scenario: Scenario, device: torch.device | str, *, cuda_graphs: bool = False,
+                 plugins: bool = False) -> bool:
+    """Whether the run's backends start on one shared pool per side (simulator/memory/pool.py's
+    ``PoolClasses``): a whole-step executor takes its steps (the CPU's shared step; on CUDA the graph
+    executor's step runner, ``cuda_graphs``) and no plug-in that acts per backend is installed: the unified
+    pool's plan, the overlap timeline, ``plugins`` (--inject, a forward observer). This mirrors
+    ``StepPipeline.settle_pools``; a run whose writes diverge copies the pool then (a copy that cannot fit
+    stops the run with ``PoolSplitError`` naming the step)."""
+    gpu = torch.device(device).type == "cuda"
+    if plugins or scenario.pool.unified or scenario.engine.overlap:
+        return False
+    return cuda_graphs if gpu else True
 
 
 def _draft_sizes(scenario: Scenario, design, full_size: int, swa_size: int) -> tuple[int, int]:
@@ -75,17 +94,21 @@ def _draft_sizes(scenario: Scenario, design, full_size: int, swa_size: int) -> t
         return max(cfg.full_size, full_size), max(cfg.swa_size, swa_size)
 
 
-def estimate(scenario: Scenario, design, device: torch.device | str, geometry: str) -> Estimate:
-    """What the run of ``scenario`` under ``design`` holds in memory at most, part by part."""
+def estimate(scenario: Scenario, design, device: torch.device | str, geometry: str,
+             shared: bool = False) -> Estimate:
+    """What the run of ``scenario`` under ``design`` holds in memory at the start, part by part (``shared``:
+    one pool per side for all backends, :func:`pools_shared`)."""
     device = torch.device(device)
     gpu = device.type == "cuda"
     pool, model, n = scenario.pool, scenario.model, len(scenario.backends)
+    held = 1 if shared else n
     page = pool.page_size
     full_rows, swa_rows = pool.full_size + page, pool.swa_size + page
     est = Estimate()
     layout = pool_layout(model, device, geometry)       # the layout the pools take (cuda_path/pool.py)
-    est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test", layout),
-                          "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=n,
+    est.parts.append(Part(_pools_what(model, full_rows, swa_rows, geometry, n, "the pools under test", layout,
+                                      shared),
+                          "pool.full_size", estimate_bytes(model, full_rows, swa_rows, geometry, pools=held,
                                                            layout=layout), gpu))
     ref_rows = [(full_rows, swa_rows)]
     spec = scenario.engine.speculative
@@ -95,9 +118,10 @@ def estimate(scenario: Scenario, design, device: torch.device | str, geometry: s
         d_full_rows, d_swa_rows = d_full + page, d_swa + page
         key = "engine.speculative.draft_full_size" if spec.draft_full_size is not None else "pool.full_size"
         d_layout = pool_layout(draft, device, geometry)     # (the draft's rows decide its own)
-        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools", d_layout),
-                              key, estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=n, layout=d_layout),
-                              gpu))
+        est.parts.append(Part(_pools_what(draft, d_full_rows, d_swa_rows, geometry, n, "the draft's pools", d_layout,
+                                          shared),
+                              key, estimate_bytes(draft, d_full_rows, d_swa_rows, geometry, pools=held,
+                                                  layout=d_layout), gpu))
         ref_rows.append((max(full_rows, d_full_rows), max(swa_rows, d_swa_rows)))
     ref = sum(REFERENCE_FULL_BYTES * f + REFERENCE_SWA_BYTES * s for f, s in ref_rows)
     alloc = 8 * (full_rows + 1) + 2 * 9 * (pool.full_size // page + 1)   # full_to_swa, two page stacks
@@ -149,14 +173,16 @@ def check_rows_carry_tags(scenario: Scenario, geometry: str) -> None:
 
 
 def check_resources(scenario: Scenario, design, device: torch.device | str, geometry: str, *,
-                    host_bytes: Optional[int] = None, device_bytes: Optional[int] = None) -> Estimate:
+                    shared: bool = False, host_bytes: Optional[int] = None,
+                    device_bytes: Optional[int] = None) -> Estimate:
     """Raise :class:`ScenarioError` when the run cannot fit; return the estimate otherwise.
 
-    ``host_bytes`` / ``device_bytes`` replace the measured available memory (tests).
+    ``shared``: the backends start on shared pools (:func:`pools_shared`). ``host_bytes`` /
+    ``device_bytes`` replace the measured available memory (tests).
     """
     device = torch.device(device)
     check_rows_carry_tags(scenario, geometry)
-    est = estimate(scenario, design, device, geometry)
+    est = estimate(scenario, design, device, geometry, shared)
     if os.environ.get(SKIP_ENV, "") not in ("", "0") and host_bytes is None and device_bytes is None:
         return est
     checks = [(False, host_bytes if host_bytes is not None else host_available(), "host memory (MemAvailable)")]
@@ -175,7 +201,8 @@ def check_resources(scenario: Scenario, design, device: torch.device | str, geom
             f"{scenario.source}: {top.field} = {value:,}: the run would not fit in memory: {top.what} need about "
             f"{_gib(top.nbytes)}" + (f", the rest {_gib(others)}" if others else "")
             + f"; {_gib(need)} in all, but only {_gib(available)} of {where} is available. "
-              f"Lower {top.field}" + (" or the number of layers or backends" if "pools" in top.what else "")
+              f"Lower {top.field}" + (" or the number of layers" if "shared by" in top.what else
+                                      " or the number of layers or backends" if "pools" in top.what else "")
             + (" or use --geometry compact" if on_device and geometry == "real" else "")
             + f" (or set {SKIP_ENV}=1 to run anyway)")
     return est

@@ -159,13 +159,14 @@ def test_seed_outside_range(tmp_path, capsys, value, msg):
 # --------------------------------------------------------------------------- sizes that do not fit
 
 def test_pools_that_do_not_fit_are_refused_before_allocating(tmp_path, capsys):
-    # gemma4-31b: 60 layers; 2^31 - 1 slots x 64 B (compact) x 8 backends is about 60 TiB
+    # gemma4-31b: 60 layers; 2^31 - 1 slots x 64 B (compact) is about 7.5 TiB in the one pool the backends share
     text = ('[model]\npreset = "gemma4-31b"\n\n[pool]\nfull_size = 2147483640\npage_size = 8\n\n'
             '[workload]\nrequests = 1\nprompt_len = 4\noutput_len = 1\n')
     rc, err = _run(_write(tmp_path, text), tmp_path, capsys)
     assert rc == 2
     assert "s.toml: pool.full_size = 2,147,483,640: the run would not fit in memory" in err
-    assert "the pools under test (8 backends x (10 full layers x 2,147,483,648 rows x 64 B + 50 SWA layers" in err
+    assert ("the pools under test (1 pool shared by 8 backends, copied only where a backend's writes diverge: "
+            "10 full layers x 2,147,483,648 rows x 64 B + 50 SWA layers") in err
     assert "GiB" in err and "MemAvailable" in err
     assert not (tmp_path / "out").exists()     # refused before the run directory was made
 
@@ -208,6 +209,34 @@ def test_gpu_estimate_is_checked_against_device_memory():
     with pytest.raises(ScenarioError, match=r"scale\.toml: pool\.full_size = 65,536: .*real geometry\) need about "
                                             r"32\.9 GiB.*free memory on cuda.*use --geometry compact"):
         check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=16 * GIB)
+
+
+def test_shared_pools_make_a_deployment_size_pool_fit_an_h200():
+    """Issue 30: scale at pool.full_size = 262144 needs 8 x 16.5 GiB of pools when each backend owns one (refused
+    with 120 GiB free), one pool when the graph executor shares it; the message counts the shared pool."""
+    import dataclasses
+
+    from slotscope.resources import pools_shared
+
+    sc = load_scenario(ROOT / "scenarios/scale.toml")
+    sc = dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, full_size=262144))
+    design = load_design(sc.design)
+    assert pools_shared(sc, "cuda", cuda_graphs=True) and not pools_shared(sc, "cuda")
+    assert pools_shared(sc, "cpu") and not pools_shared(sc, "cpu", plugins=True)
+    own = estimate(sc, design, "cuda", "real").parts[0]
+    one = estimate(sc, design, "cuda", "real", shared=True).parts[0]
+    assert own.nbytes == 8 * one.nbytes and one.nbytes > 16 * GIB
+    assert "1 pool shared by 8 backends, copied only where a backend's writes diverge" in one.what
+    check_resources(sc, design, "cuda", "real", shared=True, host_bytes=64 * GIB, device_bytes=139 * GIB)
+    with pytest.raises(ScenarioError, match=r"pool\.full_size = 262,144: .*8 backends x .*the number of layers or "
+                                            r"backends"):
+        check_resources(sc, design, "cuda", "real", host_bytes=64 * GIB, device_bytes=120 * GIB)
+    check_resources(sc, design, "cuda", "real", shared=True, host_bytes=64 * GIB, device_bytes=120 * GIB)
+    with pytest.raises(ScenarioError, match=r"1 pool shared by 8 backends.* need about 16\.\d GiB.*the number of "
+                                            r"layers or use --geometry compact"):
+        check_resources(sc, design, "cuda", "real", shared=True, host_bytes=64 * GIB, device_bytes=12 * GIB)
+    overlap = dataclasses.replace(sc, engine=dataclasses.replace(sc.engine, overlap=True))
+    assert not pools_shared(overlap, "cuda", cuda_graphs=True) and not pools_shared(overlap, "cpu")
 
 
 def test_real_geometry_rows_too_small_for_a_tag():

@@ -42,7 +42,12 @@ class StepExecutor(Protocol):
 
     ``takes`` is asked at every step, before its truth phase: False leaves the step to the per-forward
     grain (the executor learns nothing of it but that it was declined: its own state may need a refresh).
-    ``truth`` may replace the pipeline's truth phase (:func:`apply_truth` is its common part)."""
+    ``truth`` may replace the pipeline's truth phase (:func:`apply_truth` is its common part).
+    ``shares`` says, once before the first step, whether it can take this run's steps at all: only then do
+    the backends of a side start on one pool (simulator/memory/pool.py's ``PoolClasses``); otherwise each
+    backend gets its own before any write."""
+
+    def shares(self, run: "Run") -> bool: ...
 
     def takes(self, ctx: StepContext) -> bool: ...
 
@@ -109,6 +114,14 @@ class StepPipeline:
         self.layers = layers
         #: the whole-step executor, or None
         self.stepwise = stepwise
+
+    def settle_pools(self) -> None:
+        """Once the run's plug-ins are installed, before its first step: the backends keep their shared pools
+        only where the whole-step executor can take the run's steps; else each gets its own."""
+        ex = self.stepwise
+        if ex is None or not ex.shares(self.run):
+            for side in self.run.sides:
+                side.own_pools()
 
     def step(self, batch: ForwardBatch, truth: BatchTruth) -> StepRecord:
         ctx = self.begin(batch, truth)

@@ -62,11 +62,13 @@ class SharedStep:
 
     # ------------------------------------------------------------------ the phases
 
-    def takes(self, ctx: StepContext) -> bool:
-        run = ctx.run
+    def shares(self, run) -> bool:
         # (a pool with shared_writes False stores per backend)
         return (run.device.type == "cpu" and run.plugins.stepwise
                 and all(getattr(p, "shared_writes", True) for p in run.target.pools.values()))
+
+    def takes(self, ctx: StepContext) -> bool:
+        return self.shares(ctx.run)
 
     def truth(self, ctx: StepContext) -> None:
         truth_phase(ctx)

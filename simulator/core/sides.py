@@ -12,6 +12,7 @@ both references, since a freed index is free for both models.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import numpy as np
@@ -22,7 +23,7 @@ from simulator.designs.base import Design
 from simulator.designs.loading import design_instance
 from simulator.designs.types import DesignError
 from simulator.memory.allocator import HybridAllocator
-from simulator.memory.pool import PoolWriter
+from simulator.memory.pool import PoolWriter, backend_pools, own_pools
 from simulator.oracle.checker import Checker
 from simulator.oracle.reference import ReferencePool
 from simulator.records import LayerInfo
@@ -42,6 +43,14 @@ class ModelSide:
     pools: dict[str, PoolWriter]
     reference: ReferencePool
     checker: Checker
+    #: a fresh pool under test like the side's (for :meth:`own_pools`)
+    new_pool: Optional[Callable[[], PoolWriter]] = None
+
+    def own_pools(self) -> None:
+        """Before the first step: each backend a pool of its own, for a run whose steps go backend by backend
+        (the pools start shared where they can be copied on divergence: simulator/memory/pool.py)."""
+        if self.new_pool is not None:
+            own_pools(self.pools, self.new_pool)
 
 
 def draft_model(target: Model, scenario: Scenario) -> Model:
@@ -72,11 +81,12 @@ def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator
                       owner_of, reserved: np.ndarray, device: torch.device, swa_pad: int,
                       backends: Optional[BackendSource] = None) -> ModelSide:
     reference = ReferencePool(alloc.full_rows, alloc.swa_rows, device)
+    new_pool = partial(make_pool, alloc.full_rows, alloc.swa_rows, skip_index)
     return ModelSide(
         layers=scenario.model.layers(),
         boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad, backends),
-        pools={b: make_pool(alloc.full_rows, alloc.swa_rows, skip_index) for b in scenario.backends},
-        reference=reference, checker=Checker(reference, owner_of, reserved))
+        pools=backend_pools(scenario.backends, new_pool),
+        reference=reference, checker=Checker(reference, owner_of, reserved), new_pool=new_pool)
 
 
 def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario) -> tuple[int, int]:
@@ -104,7 +114,7 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
     page = alloc.page_size
     full_rows, swa_rows = full_size + page, swa_size + page
     if make_draft_pool is not None:
-        pools = {b: make_draft_pool(draft, full_rows, swa_rows, skip_index) for b in scenario.backends}
+        new_pool = partial(make_draft_pool, draft, full_rows, swa_rows, skip_index)
         pool_layers = {k: draft.count(k) for k in ("full", "swa")}
     else:
         # without a model-aware factory the draft's pool is laid out like the target's (lazily mapped
@@ -115,12 +125,12 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
                     f"{scenario.source}: engine.speculative.draft_layers: the draft has {draft.count(kind)} {kind} "
                     f"layer(s), more than the target's {target.count(kind)} (the draft's pools reuse the "
                     f"target's layout)")
-        pools = {b: make_pool(full_rows, swa_rows, skip_index) for b in scenario.backends}
+        new_pool = partial(make_pool, full_rows, swa_rows, skip_index)
         pool_layers = {k: target.count(k) for k in ("full", "swa")}
     # the oracle covers every index the target's allocator hands out, even past a too-small draft pool
     reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
     checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
     return ModelSide(layers=draft_layers(target, draft),
                      boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad, backends),
-                     pools=pools,
-                     reference=reference, checker=checker)
+                     pools=backend_pools(scenario.backends, new_pool),
+                     reference=reference, checker=checker, new_pool=new_pool)

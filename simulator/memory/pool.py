@@ -6,7 +6,7 @@ the protocol here keeps the dependency one-way (cuda_path imports the simulator,
 from __future__ import annotations
 
 import copy
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
@@ -62,6 +62,37 @@ _LAYOUT = ("skip_index", "geometry", "store_impl", "k_scale", "v_scale", "fp8")
 _BUFFERS = ("k", "v", "err")
 
 
+class PoolSplitError(MemoryError):
+    """A pool class's split (copy on divergence) found no memory for the copy: the backends' writes
+    differ, and the device holds fewer pools than the classes they now form."""
+
+
+def can_copy(pool: PoolWriter) -> bool:
+    """Whether :func:`clone_pool` can copy ``pool`` (so backends may share it until their writes differ)."""
+    return getattr(pool, "clone", None) is not None or all(isinstance(getattr(pool, a, None), dict)
+                                                           for a in _BUFFERS)
+
+
+def backend_pools(names, make: Callable[[], PoolWriter]) -> dict[str, PoolWriter]:
+    """The pools under test of a side's backends: one pool for them all where it can be copied on divergence
+    (:class:`PoolClasses`), else one each. Either way every backend's pool starts zeroed."""
+    names = list(names)
+    first = make()
+    if can_copy(first):
+        return {n: first for n in names}
+    return {n: first if i == 0 else make() for i, n in enumerate(names)}
+
+
+def own_pools(pools: dict[str, PoolWriter], make: Callable[[], PoolWriter]) -> None:
+    """Before any write: every backend a pool of its own (a fresh one where it shared), for a run whose
+    steps write backend after backend (a plug-in acts between them)."""
+    seen: set[int] = set()
+    for n, p in pools.items():
+        if id(p) in seen:
+            pools[n] = make()
+        seen.add(id(pools[n]))
+
+
 def clone_pool(pool: PoolWriter) -> Optional[PoolWriter]:
     """A copy of ``pool`` that shares nothing written later: its own ``clone()`` where it has one, else a
     shallow copy with its K, V and error buffers (dicts of tensors by kind) copied; None when it has neither."""
@@ -93,9 +124,7 @@ class PoolClasses:
         self.pools = pools
         names = list(pools)
         first = pools[names[0]]
-        share = all(_same_layout(first, pools[n]) for n in names) and (
-            getattr(first, "clone", None) is not None or all(isinstance(getattr(first, a, None), dict)
-                                                             for a in _BUFFERS))
+        share = all(pools[n] is first or _same_layout(first, pools[n]) for n in names) and can_copy(first)
         self.of: dict[str, int] = {n: 0 if share else i for i, n in enumerate(names)}
         if share:
             for n in names:
@@ -113,7 +142,7 @@ class PoolClasses:
         for cid, groups in by_class.items():
             parts = list(groups.values())
             for names in parts[1:]:
-                pool = clone_pool(self.pools[names[0]])
+                pool = self._copy(self.pools[names[0]], len(set(self.of.values())) + 1)
                 self.splits += 1
                 for n in names:
                     self.of[n] = self._next
@@ -121,3 +150,18 @@ class PoolClasses:
                 self._next += 1
             out.extend(parts)
         return out
+
+    @property
+    def count(self) -> int:
+        """The physical pools the side holds now (its classes)."""
+        return len(set(self.of.values()))
+
+    @staticmethod
+    def _copy(pool: PoolWriter, classes: int) -> Optional[PoolWriter]:
+        try:
+            return clone_pool(pool)
+        except (torch.OutOfMemoryError, MemoryError) as e:
+            raise PoolSplitError(
+                f"the backends' writes diverged into {classes} pool classes, but the copy of the pool for the "
+                f"new class does not fit in memory ({type(e).__name__}); lower pool.full_size, or run fewer "
+                f"backends, so that one pool per diverging class fits") from e
