@@ -4,7 +4,16 @@ replaced (named in ``engine_pieces``), and where its forward keeps the tables it
 An :class:`Adapter` (engine_path/forward/adapters_base.py) is the only backend-specific code of the engine
 forward: the metadata, the write locations and the narrowing are the release's own for every backend it covers.
 A backend without an adapter stays the model's boundary in engine mode, and the run says so (``engine_pieces``,
-per backend and piece).
+per backend and piece). The table :data:`ADAPTERS`:
+
+=================  ==============================  ===========================================================
+backend            module                          read tables
+=================  ==============================  ===========================================================
+triton             here                            ``kv_indices`` / ``window_kv_indices`` (:func:`triton_reads`)
+torch_native       here                            none: its forward indexes ``req_to_token`` itself
+flashinfer         adapters_flashinfer.py          the wrappers' planned ``kv_indptr`` / ``kv_indices``
+trtllm_mha         adapters_flashinfer.py          ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
+=================  ==============================  ===========================================================
 """
 from __future__ import annotations
 
@@ -15,6 +24,7 @@ import torch
 from simulator.designs.types import ReadTable
 
 from .adapters_base import Adapter, Piece, csr, csr_ending_at
+from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
 
 __all__ = ["ADAPTERS", "Adapter", "Piece", "triton_reads"]
 
@@ -43,4 +53,6 @@ ADAPTERS: dict[str, Adapter] = {
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
         reads=triton_reads),
+    "flashinfer": FLASHINFER,
+    "trtllm_mha": TRTLLM_MHA,
 }
