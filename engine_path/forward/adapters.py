@@ -13,6 +13,9 @@ triton             here                            ``kv_indices`` / ``window_kv_
 torch_native       here                            none: its forward indexes ``req_to_token`` itself
 flashinfer         adapters_flashinfer.py          the wrappers' planned ``kv_indptr`` / ``kv_indices``
 trtllm_mha         adapters_flashinfer.py          ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
+flashattention     adapters_fa.py                  ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
+musa               adapters_fa.py                  FA's (it inherits ``init_forward_metadata``)
+xpu                adapters_fa.py                  its FA-shaped ``page_table`` / ``swa_page_table``
 =================  ==============================  ===========================================================
 """
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from simulator.designs.types import ReadTable
 
 from .adapters_base import Adapter, Piece, csr, csr_ending_at
+from .adapters_fa import FLASHATTENTION, MUSA, XPU
 from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
 
 __all__ = ["ADAPTERS", "Adapter", "Piece", "triton_reads"]
@@ -55,4 +59,7 @@ ADAPTERS: dict[str, Adapter] = {
         reads=triton_reads),
     "flashinfer": FLASHINFER,
     "trtllm_mha": TRTLLM_MHA,
+    "flashattention": FLASHATTENTION,
+    "musa": MUSA,
+    "xpu": XPU,
 }
