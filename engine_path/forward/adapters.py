@@ -4,7 +4,7 @@ replaced (named in ``engine_pieces``), and where its forward keeps the tables it
 An :class:`Adapter` (engine_path/forward/adapters_base.py) is the only backend-specific code of the engine
 forward: the metadata, the write locations and the narrowing are the release's own for every backend it covers.
 A backend without an adapter stays the model's boundary in engine mode, and the run says so (``engine_pieces``,
-per backend and piece). The table :data:`ADAPTERS`:
+per backend and piece). The table :data:`ADAPTERS` covers all eight modelled backends:
 
 =================  ==============================  ===========================================================
 backend            module                          read tables
@@ -16,6 +16,8 @@ trtllm_mha         adapters_flashinfer.py          ``page_table`` / ``swa_page_t
 flashattention     adapters_fa.py                  ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
 musa               adapters_fa.py                  FA's (it inherits ``init_forward_metadata``)
 xpu                adapters_fa.py                  its FA-shaped ``page_table`` / ``swa_page_table``
+aiter              adapters_aiter.py               unified_attention's block tables + ``seq_lens``; its KV write
+                                                   recorded in ``launch_reshape_and_cache_flash``
 =================  ==============================  ===========================================================
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 
 from simulator.designs.types import ReadTable
 
+from .adapters_aiter import AITER
 from .adapters_base import Adapter, Piece, csr, csr_ending_at
 from .adapters_fa import FLASHATTENTION, MUSA, XPU
 from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
@@ -62,4 +65,5 @@ ADAPTERS: dict[str, Adapter] = {
     "flashattention": FLASHATTENTION,
     "musa": MUSA,
     "xpu": XPU,
+    "aiter": AITER,
 }
