@@ -94,10 +94,16 @@ def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
     return ReadTable(full=full, swa=swa)
 
 
+#: why torch_native's attention arithmetic is replaced on a CPU (its store runs before it, unreplaced)
+_NATIVE_SDPA = ("torch SDPA over req_to_token rows: on the hybrid pool it reads an SWA layer's K/V at full-pool ids "
+                "(IndexError once a full slot passes the SWA pool's size)")
+
+
 #: the adapters written so far, by backend
 ADAPTERS: dict[str, Adapter] = {
     "torch_native": Adapter(
         "torch_native",
+        replaced={"_run_sdpa_forward_extend": _NATIVE_SDPA, "_run_sdpa_forward_decode": _NATIVE_SDPA},
         reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
     "triton": Adapter(
         "triton",
