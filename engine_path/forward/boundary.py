@@ -28,7 +28,8 @@ from simulator.core.boundary import BackendBoundary, ForwardMetadata, ModelBacke
 from simulator.designs.checks import HookFailure, check_read_table, check_write_loc
 from simulator.designs.types import KVWriteLoc, ReadTable
 
-from .adapters import ADAPTERS, Adapter
+from . import kernels
+from .adapters import ADAPTERS, Adapter, Piece
 from .batch import mode_supported, release_batch
 from .graphs import GRAPH_PREP, GraphPaths
 from .runner import COMPACT_WIDTH, Capture, Runner
@@ -194,6 +195,8 @@ class ReleaseBoundary:
         pieces = [p.__dict__ for p in self.adapter.pieces(str(self.device))]
         if self.graphs is not None:
             pieces += [p.__dict__ for p in self.graphs.pieces()]
+        if kernels.installed() is not None and self.device.type == "cpu":
+            pieces.append(Piece(kernels.PIECE, "model", kernels.WHY).__dict__)
         return {"pieces": pieces, "release_forwards": self.release_forwards,
                 "release_paths": dict(self.release_paths), "model_forwards": dict(self.model_forwards),
                 "model_reads": dict(self.model_reads)}
@@ -229,6 +232,8 @@ class ReleaseBackends:
         except Exception as e:          # the release's constructor over the stand-in: say why, run the model's
             self.boundaries.append((backend, side, None, f"its constructor failed here: {type(e).__name__}: {e}"))
             return model
+        if device.type == "cpu":
+            kernels.install()            # the modules the constructor imported hold the kernel by name too
         got = ReleaseBoundary(model, adapter, runner, built, self.api, device)
         self.boundaries.append((backend, side, got, ""))
         return got
