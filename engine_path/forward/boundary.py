@@ -34,6 +34,9 @@ from .batch import mode_supported, release_batch
 from .graphs import GRAPH_PREP, GraphPaths
 from .runner import COMPACT_WIDTH, Capture, Runner
 
+#: why a forward's reads are the model's although the release made its metadata
+LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
+             "tables were built on later rows")
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
 
@@ -90,6 +93,7 @@ class ReleaseBoundary:
     def init_metadata(self, batch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor) -> ForwardMetadata:
         if self.graphs is None:
             self.graphs = GraphPaths.start(self)
+        self._read_mapping(full_to_swa)
         why = mode_supported(batch) or self.graphs.unavailable.get(batch.graph)
         if why is not None:
             self.model_forwards[why] += 1
@@ -125,6 +129,9 @@ class ReleaseBoundary:
             self.model_reads["model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         bs = int(seq_lens.shape[0])
+        if not self._rows_as_read(req_to_token, seq_lens):
+            self.model_reads[LOOKAHEAD] += 1
+            return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         if meta.graph is not None:
             with self.graphs.decode.installed(meta.graph):      # the tables the graph's kernels read
                 table = self.adapter.reads(self.backend, meta.fb, bs)
@@ -134,6 +141,26 @@ class ReleaseBoundary:
             self.model_reads["no table in this forward's metadata"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         return check_read_table(table, bs, torch.device("cpu"))
+
+    def _rows_as_read(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+        """Whether the ``req_to_token`` rows the release's metadata was built on (the requests' slots when the
+        boundary made the batch) are the ones the run says this forward reads (taken when the batch was made: under
+        the overlap scheduler, before the scheduler ran ahead)."""
+        bs, width = req_to_token.shape
+        mine = self.runner.req_to_token_pool.req_to_token[:bs, :width].to(torch.int64)
+        live = torch.arange(width, device=seq_lens.device)[None, :] < seq_lens.to(torch.int64)[:, None]
+        return torch.equal(mine[live.to(mine.device)], req_to_token.to(torch.int64)[live].to(mine.device))
+
+    def _read_mapping(self, full_to_swa: torch.Tensor) -> None:
+        """The release's pool translates through the mapping the run's backends read (the allocator's own array,
+        or a plug-in's device copy: the overlap timeline's, where the host's writes land as it plans them):
+        registered with the pool's own ``register_mapping`` (every backend and the translator read it there)."""
+        pool = self.runner.capture
+        cur = pool.full_to_swa_index_mapping
+        if full_to_swa is None or cur is None or cur is full_to_swa:
+            return
+        if cur.shape == full_to_swa.shape and cur.device == full_to_swa.device:
+            pool.register_mapping(full_to_swa)
 
     # ------------------------------------------------------------------ one layer of the release
 
