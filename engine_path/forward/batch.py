@@ -26,6 +26,9 @@ GRAPH_MODES = {"eager": frozenset(MODES), "decode_graph": frozenset({"decode"}),
 
 def mode_supported(batch) -> Optional[str]:
     """Why a step's batch gets no release batch (None: it does)."""
+    if batch.mode == "target_verify":
+        return ("mode target_verify (the release's verify batch needs an EagleVerifyInput and speculative server "
+                "args, not built yet: the model's boundary, its decode-graph replays included)")
     if batch.mode not in MODES:
         return f"mode {batch.mode} (speculative forwards: the model's boundary)"
     if batch.mode not in GRAPH_MODES.get(batch.graph, ()):

@@ -4,15 +4,17 @@
 :class:`ReleaseBoundary` over the release's own backend (engine_path/forward/adapters.py) and, for what the
 release's forward does not cover here yet, the model's boundary it wraps. Per forward:
 
-* ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the backend's own
-  ``init_forward_metadata``, then layer 0's ``RadixAttention.forward`` up to the pool write (its rows are the
-  forward's K/V rows after the release's narrowing);
+* ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the metadata as the release's
+  runner of the forward's graph path makes it (engine_path/forward/graphs.py: eager ``init_forward_metadata``, a
+  decode-graph replay, a prefill-graph load), then layer 0's write (its rows are the forward's K/V rows after
+  the release's narrowing);
 * ``write_loc``: each layer's forward at its own time (so a scheduler write landing between layers is seen as the
-  engine sees it), the ``KVWriteLoc`` the backend handed to ``set_kv_buffer`` as the simulator's;
+  engine sees it), the ``KVWriteLoc`` the backend handed to ``set_kv_buffer`` as the simulator's; in a
+  decode-graph replay, what the tensors that layer's store took at capture hold now;
 * ``read_table``: the tables the backend built for this forward, where its adapter knows them.
 
-A step the release's forward does not run here (a mode or graph path of a later piece of work) goes through the
-model's boundary, counted per reason in :meth:`ReleaseBoundary.describe` (run.json's ``engine_pieces``). An
+A step the release's forward does not run here (a speculative mode, a graph path the backend's release code cannot
+be driven through) goes through the model's boundary, counted per reason in :meth:`ReleaseBoundary.describe` (run.json's ``engine_pieces``). An
 exception in the release's code is a ``design_error`` finding naming the release, the forward and the layer.
 """
 from __future__ import annotations
