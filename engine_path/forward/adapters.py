@@ -54,7 +54,10 @@ def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
 #: the adapters written so far, by backend
 ADAPTERS: dict[str, Adapter] = {
     "torch_native": Adapter(
-        "torch_native", reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
+        "torch_native",
+        # its SDPA runs as released: on the hybrid pool it gathers an SWA layer's K/V at req_to_token's full-pool
+        # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
+        reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
     "triton": Adapter(
         "triton",
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",

@@ -50,7 +50,9 @@ class Adapter:
     name: str
     #: the attention arithmetic replaced where it cannot run here (attribute name on the backend -> why)
     replaced: dict[str, str] = field(default_factory=dict)
-    #: its read tables from the backend's forward metadata (None: the model's tables, ``reads_why`` says why)
+    #: its read tables from the backend's forward metadata (None: the model's tables, ``reads_why`` says why);
+    #: ``reads(backend, fb, bs)`` reads the metadata from ``backend.<metadata_attr>``: in a decode-graph replay
+    #: that attribute holds the capture-time metadata (engine_path/forward/graphs.py), as the graph's kernels read it
     reads: Optional[Callable] = None
     reads_why: str = ""
     #: module globals of the release set on a CPU ("module:name" -> why): kernels bound at import, platform fakes
@@ -62,6 +64,12 @@ class Adapter:
     #: "module:Class" constructed directly instead of the registry's factory ("": the factory), and why
     factory: str = ""
     factory_why: str = ""
+    #: graph paths: the backend attribute holding its forward metadata (every 0.5.23 backend: ``forward_metadata``).
+    #: The decode-graph runner keeps the object a capture leaves there per capture size and puts it back for the
+    #: replay's in-graph prep (``init_forward_metadata_in_graph``) and for ``reads``. The rest of a graph path is
+    #: the release's generic API (``init_cuda_graph_state``, ``init_forward_metadata_out_graph``,
+    #: ``get_cuda_graph_seq_len_fill_value``); a backend that raises there runs that path as the model's (named)
+    metadata_attr: str = "forward_metadata"
 
     def build(self, bag, device: str):
         """The release's backend over the stand-in; its attention arithmetic replaced on a CPU only (on a GPU
