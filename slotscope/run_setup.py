@@ -109,8 +109,25 @@ def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -
                                    max_steps=opts.max_steps, engine_release=engine_release)
 
 
+def check_faults(scenario: Scenario, inject: Sequence[str]):
+    """--inject, read and checked before the run (a FaultInjector, or None): UsageError naming the flag."""
+    if not inject:
+        return None
+    from simulator.plugins.faults import FaultInjector, parse_inject
+
+    try:
+        kinds = parse_inject(inject)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if scenario.engine.overlap:
+        raise UsageError(f"--inject: not modelled on an overlap timeline ({scenario.source}: engine.overlap = true; "
+                         f"its landings are the timeline driver's)")
+    return FaultInjector(kinds, scenario.seed)
+
+
 def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     scenario = scenario_as_run(scenario_or_path, opts)
+    faults = check_faults(scenario, opts.inject)
     runtime = None
     if scenario.engine_release is not None:
         from .engine_run import check_options, check_scenario, load_runtime
@@ -157,5 +174,5 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
     if runtime is not None:
         extra.update({f"engine.{k}": v for k, v in runtime.api.info.to_json().items()})
-    return Setup(scenario, design, device, geometry, store, extra, opts, runtime)
+    return Setup(scenario, design, device, geometry, store, extra, opts, runtime, faults)
 
