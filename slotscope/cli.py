@@ -19,7 +19,8 @@ from simulator.designs.types import DesignError
 from simulator.scenario import MAX_SEED, ScenarioError
 
 from . import __version__
-from .options import add_engine_option, add_engine_patch, backend_list, positive_int, use_engine_patches
+from .options import (add_allow_design_files, add_engine_option, add_engine_patch, backend_list, positive_int,
+                      use_engine_patches)
 from .partial import RunStopped, stop_on_signals
 from .rundir import OutputError, UsageError, confined, run_dir_problem
 
@@ -104,6 +105,7 @@ def _add_run(sub) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
                         "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
+    add_allow_design_files(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 
@@ -111,9 +113,11 @@ def _add_run(sub) -> None:
 def cmd_run(args) -> int:
     from .pipeline import RunOptions, run_scenario
     from .progress import Progress
+    from .run_setup import check_design_file
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    check_design_file(scenario, args.design, args.allow_design_files)
     use_engine_patches(args, args.engine or scenario.engine_release)
     out = str(args.out if args.out is not None else confined(Path("out"), scenario.name,
                                                                f"{scenario.source}: name"))
@@ -123,7 +127,8 @@ def cmd_run(args) -> int:
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
             otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-            max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject)))
+            max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject),
+            allow_design_files=True))         # checked above, where the scenario file is known
     except BaseException as exc:
         if progress is not None:
             progress.close()

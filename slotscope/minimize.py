@@ -339,15 +339,20 @@ def _design_spec(sc: Scenario, run: dict, given: Optional[str], run_dir: Path) -
 
 
 def minimize(run_dir: Path, design_spec: Optional[str] = None,
-             log: Callable[[str], None] = lambda s: None) -> tuple[Scenario, Target, Minimizer]:
-    """The minimal scenario for a run directory's first finding."""
+             log: Callable[[str], None] = lambda s: None,
+             allow_design_files: bool = False) -> tuple[Scenario, Target, Minimizer]:
+    """The minimal scenario for a run directory's first finding. A design file that the run directory's
+    scenario.toml names runs only with ``allow_design_files`` (--allow-design-files) or as ``design_spec``."""
     import torch
 
     from .resources import check_resources
+    from .run_setup import check_design_file
 
     torch.set_num_threads(1)
     rd = read_run(run_dir)
     spec = _design_spec(rd.scenario, rd.run, design_spec, run_dir)
+    if design_spec is None:
+        check_design_file(replace(rd.scenario, design=spec), None, allow_design_files)
     design = load_design(spec)
     recorded = rd.run.get("design")
     if design_spec is None and recorded and spec != recorded and design.name != recorded:
@@ -394,6 +399,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", metavar="PATH",
                    help="where to write the minimal scenario (default DIR/minimal.toml)")
     p.add_argument("--design", help="the run's design, when it was a user design (path/to/file.py:ClassName)")
+    from .options import add_allow_design_files
+
+    add_allow_design_files(p, "the run directory's scenario.toml")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_minimize)
 
@@ -410,7 +418,7 @@ def cmd_minimize(args) -> int:
 
     t0 = time.perf_counter()
     try:
-        sc, target, m = minimize(run_dir, args.design, log)
+        sc, target, m = minimize(run_dir, args.design, log, args.allow_design_files)
     except InternalError as e:
         return _report_internal(e, out.parent if args.output else run_dir)
     text = sc.to_toml(defaults=False)

@@ -84,6 +84,14 @@ def engine_release_spec(text: str, where: str) -> EngineSpec:
         raise e.at(where) from None
 
 
+def add_allow_design_files(parser: argparse.ArgumentParser, what: str = "the scenario file") -> None:
+    """``--allow-design-files``: a Python design file that ``what`` names (design = "path.py:Class") may run."""
+    parser.add_argument("--allow-design-files", action="store_true",
+                        help=f"run a Python design file that {what} names (design = \"path.py:Class\"); without it "
+                             f"such a file is refused (exit 2): a scenario is data you may have from someone else, "
+                             f"and importing a design file runs its code. A design given with --design needs no flag")
+
+
 def add_engine_patch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-patch", action="append", default=[], metavar="FILE.yaml",
                         help="apply a source patch to the engine right after its import, in SGLang's patch format "
