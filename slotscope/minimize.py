@@ -47,7 +47,7 @@ from simulator.records import Finding
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 from .minimize_candidates import Candidates
-from .rundir import UsageError
+from .rundir import UsageError, describe, write_atomic
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 ERROR_FILE = "minimize-error.toml"
@@ -376,11 +376,20 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
     log(f"minimize: keeping {target.describe()} under {design.name}")
     m = Minimizer(sc, design, target, log)
     out = m.run()
-    name = out.name if out.name.endswith("-minimal") else f"{out.name}-minimal"
+    name = out.name if out.name.endswith("-minimal") else minimal_name(out.name)
     out = replace(out, name=name,
                   description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
                               f"{design.name} ({m.runs} candidate runs).")
     return out, target, m
+
+
+def minimal_name(name: str) -> str:
+    """``NAME-minimal``, cut so that it still names one directory (a scenario name's limit)."""
+    from simulator.scenario import MAX_NAME_BYTES
+
+    suffix = "-minimal"
+    data = name.encode("utf-8")[:MAX_NAME_BYTES - len(suffix)]
+    return data.decode("utf-8", "ignore") + suffix
 
 
 def register(subparsers: Any) -> None:
@@ -408,9 +417,11 @@ def register(subparsers: Any) -> None:
 
 def cmd_minimize(args) -> int:
     run_dir = Path(args.run_dir)
-    out = Path(args.output) if args.output else run_dir / "minimal.toml"
+    out = Path(args.output) if args.output is not None else run_dir / "minimal.toml"
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory; give the file to write (e.g. {out / 'minimal.toml'})")
+    if out.exists() and not out.is_file():
+        raise UsageError(f"-o {out}: is {describe(out)}; give a file to write")
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -422,8 +433,13 @@ def cmd_minimize(args) -> int:
     except InternalError as e:
         return _report_internal(e, out.parent if args.output else run_dir)
     text = sc.to_toml(defaults=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, text)          # through a fresh temporary file: a link at OUT is replaced, not followed
+    except OSError as e:
+        print(text, end="")              # the search's result is not lost
+        raise UsageError(f"-o {out}: cannot write the minimal scenario ({e.strerror or e}); it was printed "
+                         f"above") from None
     back = parse_scenario(text, str(out))
     reqs = len(back.workload.explicit) or back.workload.requests
     log(f"minimize: done in {time.perf_counter() - t0:.1f}s, {m.runs} runs: {reqs} request(s), layers "
@@ -436,7 +452,7 @@ def _report_internal(e: InternalError, where: Path) -> int:
     path = where / ERROR_FILE
     try:
         where.mkdir(parents=True, exist_ok=True)
-        path.write_text(e.candidate.to_toml(defaults=False))
+        write_atomic(path, e.candidate.to_toml(defaults=False))
         saved = f"the candidate that triggered it is in {path} (rerun it: slotscope run {path})"
     except OSError as ose:
         saved = f"the candidate could not be saved ({ose.strerror or ose})"
