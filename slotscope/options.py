@@ -28,6 +28,8 @@ def backend_list(text: str) -> tuple[str, ...]:
     if names == ("all",):
         return BACKENDS
     for n in names:
+        if n == "all":
+            raise argparse.ArgumentTypeError(f"'all' stands alone (got {text!r}): give all, or a list of backends")
         if n not in BACKENDS:
             raise argparse.ArgumentTypeError(f"unknown backend {n!r} (allowed: {', '.join(BACKENDS)}, or all)")
     if not names:

@@ -455,6 +455,8 @@ def test_a_design_without_a_name_is_named_by_its_file_and_class(tmp_path):
     (["run", "{prev}"], "{prev}: is a directory, not a scenario file"),
     (["sweep", "{prev}", "--local"], "{prev}: is a directory, not a grid file"),
     (["sweep", "{t}", "--num-cpus", "-1"], "--num-cpus: must be >= 1"),
+    (["run", "{t}", "--backends", "all,triton"], "'all' stands alone"),
+    (["run", "{t}", "--backends", ","], "name at least one backend"),
     (["scenario", "from-log", "{prev}", "--preset", "gpt-oss-20b", "--full-size", "1024"],
      "{prev}: is a directory, not a record file"),
     (["scenario", "from-log", "{file}", "--preset", "gpt-oss-20b", "--full-size", "1024", "-o", "{missing}/x.toml"],
