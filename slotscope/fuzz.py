@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine_path.releases import EngineSpec
-from simulator.scenario import Scenario, parse_scenario
+from simulator.scenario import MAX_SEED, Scenario, parse_scenario
 
 from .fuzz_search import FuzzResult, fuzz, run_one
 
@@ -59,8 +60,21 @@ def parse_budget(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: give seconds or a number with s, m or h "
                                          f"(e.g. 90s, 10m)") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: must be a finite time (seconds, or with s, m, h)")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: must be positive")
+    return value
+
+
+def parse_seed(text: str) -> int:
+    """The search's seed: an integer in [0, 2^63), as ``slotscope run --seed`` takes it."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed {text!r}: must be an integer in [0, 2^63)") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"--seed {value}: must be an integer in [0, 2^63)")
     return value
 
 
@@ -116,7 +130,7 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
 
 
 def register(subparsers: Any) -> None:
-    from .options import add_engine_option
+    from .options import add_engine_option, positive_int
 
     p = subparsers.add_parser(
         "fuzz", help="search the scenario space for a scenario that makes a design fail",
@@ -133,13 +147,14 @@ def register(subparsers: Any) -> None:
     add_engine_option(p, help="sglang or sglang==VERSION: the real release in the write path of every scenario "
                               "drawn (default: none, the design's model)")
     p.add_argument("--budget", type=parse_budget, default=600.0, metavar="TIME",
-                   help="how long to search: 90s, 10m, 1h (default 10m)")
-    p.add_argument("--seed", type=int, default=0, help="the search's seed (same seed, same scenarios)")
+                   help="how long to search: 90s, 10m, 1h (a finite time > 0; default 10m)")
+    p.add_argument("--seed", type=parse_seed, default=0,
+                   help="the search's seed, an integer in [0, 2^63) (same seed, same scenarios; default 0)")
     p.add_argument("--out", metavar="DIR", help="where a failure goes (default out/fuzz-<design>)")
     p.add_argument("--against", metavar="DESIGN",
                    help="a reference design: count a failure only where it runs clean (e.g. the design yours "
                         "started from: a bug they share, like W7 on ROCm, is not yours)")
-    p.add_argument("--max-scenarios", type=int, metavar="N", help="stop after N scenarios run")
+    p.add_argument("--max-scenarios", type=positive_int, metavar="N", help="stop after N scenarios run (N >= 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_fuzz)
 

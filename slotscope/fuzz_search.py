@@ -7,13 +7,14 @@ refuses is counted as rejected. Everything depends only on the seed and the runs
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from engine_path.releases import EngineSpec
-from simulator.scenario import Scenario, ScenarioError
+from simulator.scenario import MAX_SEED, Scenario, ScenarioError
 
 from .fuzz_coverage import features
 from .fuzz_space import Generator, draw_scenario, fix_up
@@ -159,6 +160,15 @@ class Fuzzer:
                           list(self.hashes), sc, finding, error, self.shared)
 
 
+def check_search(seed: Any, budget_s: Any) -> None:
+    """The search's seed and budget as ``slotscope fuzz`` takes them; a ValueError names the option."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer in [0, 2^63), got {seed!r}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not math.isfinite(budget_s) \
+            or budget_s <= 0:
+        raise ValueError(f"--budget must be a finite number of seconds > 0, got {budget_s!r}")
+
+
 def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optional[EngineSpec] = None,
          max_scenarios: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
          progress_s: float = 5.0, against: Optional[str] = None) -> FuzzResult:
@@ -167,6 +177,7 @@ def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optiona
 
     from simulator.designs.loading import load_design
 
+    check_search(seed, budget_s)
     torch.set_num_threads(1)
     load_design(design)                  # a bad --design is bad input before anything runs
     if against is not None:
