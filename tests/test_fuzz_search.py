@@ -1,11 +1,141 @@
-"""slotscope fuzz validates ``--seed`` and ``--budget`` as ``run`` validates ``--seed``: no negative seed, a seed
-below 2^63, a finite budget above zero; bad input exits 2 naming the option (issue 29 point 4's fuzz part)."""
+"""slotscope fuzz keeps searching (issue 29 point 8): by default against the design's own release, so a failure
+the release shares does not end the search; an internal error of slotscope on a draw is recorded, written with
+its scenario and counted, and the search goes on; ``--seed`` and ``--budget`` are validated as ``run``'s are."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
+import slotscope.fuzz_search as fs
+from engine_path.releases import EngineSpec
+from simulator.designs.types import DesignError
+from simulator.engine_model.release import MID_2026_RELEASE, SGLANG_0_5_23_RELEASE
+from simulator.scenario import parse_scenario
 from slotscope.cli import main
-from slotscope.fuzz_search import fuzz
+from slotscope.fuzz_search import fuzz, own_release_design, release_designs, resolve_against
+
+from helpers import ROOT
+
+FIXED = f"{ROOT / 'examples' / 'sweeps' / 'fixed_everywhere.py'}:FixedEverywhere"
+
+
+def test_the_release_designs():
+    assert [(rel, cls.name) for rel, cls in release_designs()] == [
+        (MID_2026_RELEASE, "sglang-post-33587"), (SGLANG_0_5_23_RELEASE, "sglang-0.5.23")]
+
+
+def test_each_design_s_own_release():
+    """The first modelled release a design's class declares or inherits; none for the release itself."""
+    mid, new = "sglang-post-33587", "sglang-0.5.23"
+    expect = {"sglang-0.5.23": None, "sglang-post-33587": None,
+              "sglang-post-29460": mid, "sglang-pre-24743": mid, "kvwriteloc-strict": mid, "sglang-pr-29858": mid,
+              "sglang-pre-26380": mid, "sglang-pre-33587": mid, "pd-decode-pre-25805": mid, "dots-eagle-preplan": mid,
+              "mini-sglang-dummy-pre-24743": mid,
+              "sglang-0.5.23-war-barrier": new, "radix-fixed": new, "radix-r2": new, "radix-r8": new,
+              "sglang-0.5.23-unified": new, "sglang-unified-pre-35933": new,
+              f"{ROOT / 'tests' / 'mutant_designs.py'}:SliceOffByOne": mid, FIXED: mid,
+              }
+    assert {d: own_release_design(d) for d in expect} == expect
+
+
+def test_resolve_against():
+    assert resolve_against("radix-r2", "release", None) == "sglang-0.5.23"
+    assert resolve_against("radix-r2", "release", EngineSpec("sglang", "0.5.23")) is None   # the release runs
+    assert resolve_against("radix-r2", "none", None) is None and resolve_against("radix-r2", None, None) is None
+    assert resolve_against("radix-r2", "radix-fixed", None) == "radix-fixed"
+    with pytest.raises(DesignError):
+        resolve_against("radix-r2", "no-such-design", None)
+
+
+def test_a_failure_the_release_shares_does_not_end_the_search():
+    """sglang-pre-26380 (W1): without a reference the search stops at its 7th scenario, on W7 (the overlap
+    scheduler on ROCm, no barrier), which its release (sglang-post-33587) has too; against the release it goes on,
+    past two such failures, to a failure of W1's own at the 11th."""
+    alone = fuzz("sglang-pre-26380", seed=0, budget_s=600, max_scenarios=40, against=None)
+    assert (alone.status, alone.tried, alone.shared, alone.against, alone.finding.cls) == (
+        "found", 7, 0, None, "padding_slot")
+    res = fuzz("sglang-pre-26380", seed=0, budget_s=600, max_scenarios=40)
+    assert (res.status, res.tried, res.shared, res.against) == ("found", 11, 2, "sglang-post-33587")
+    assert (res.finding.cls, res.finding.backend, res.finding.step) == ("evicted_slot", "flashinfer", 9)
+    assert res.hashes[:7] == alone.hashes                  # the same draws; the 7th did not end the search
+
+
+def test_the_release_itself_has_no_reference():
+    res = fuzz("sglang-0.5.23", seed=0, budget_s=600, max_scenarios=40)
+    assert (res.status, res.against, res.shared, res.tried) == ("found", None, 0, 7)
+
+
+class Injected(RuntimeError):
+    pass
+
+
+def failing_runs(monkeypatch, fail):
+    """run_one raising Injected (an internal error of slotscope) where ``fail(call_index, scenario)`` says so."""
+    real, calls = fs.run_one, []
+
+    def run_one(sc, engine):
+        calls.append(sc)
+        if fail(len(calls) - 1, sc):
+            raise Injected(f"injected internal error in call {len(calls) - 1}")
+        return real(sc, engine)
+    monkeypatch.setattr(fs, "run_one", run_one)
+    return calls
+
+
+def test_an_internal_error_is_recorded_and_the_search_goes_on(monkeypatch):
+    calls = failing_runs(monkeypatch, lambda i, sc: i in (1, 3))
+    res = fuzz(FIXED, seed=3, budget_s=600, max_scenarios=5, against=None)
+    assert res.status == "clean" and res.tried == 5
+    assert len(res.internal) == 2 and {f.during for f in res.internal} == {"run"}
+    assert all("Injected: injected internal error" in f.error for f in res.internal)
+    assert [f.scenario.hash for f in res.internal] == [calls[1].hash, calls[3].hash]
+    assert {calls[1].hash, calls[3].hash} <= set(res.hashes)           # counted as run
+
+
+def test_an_internal_error_of_the_reference_counts_the_failure_as_the_design_s(monkeypatch):
+    failing_runs(monkeypatch, lambda i, sc: sc.design == "sglang-post-33587")
+    res = fuzz("sglang-pre-24743", seed=0, budget_s=600, max_scenarios=40)
+    assert res.status == "found" and res.shared == 0
+    assert [f.during for f in res.internal] == ["against"]
+    assert res.internal[0].scenario.design == "sglang-post-33587"
+
+
+def test_cli_writes_internal_errors_and_exits_3(tmp_path, capsys, monkeypatch):
+    failing_runs(monkeypatch, lambda i, sc: i in (0, 2))
+    out = tmp_path / "fz"
+    rc = main(["fuzz", "--design", FIXED, "--seed", "3", "--budget", "10m", "--max-scenarios", "4",
+               "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 3, err[-2000:]
+    assert "2 internal errors of slotscope" in err and "recorded, the search goes on" in err
+    info = json.loads((out / "fuzz.json").read_text())
+    assert (info["status"], info["tried"], info["internal_errors"], info["against"]) == (
+        "clean", 4, 2, "sglang-post-33587")
+    assert info["internal_error_files"] == ["internal-errors/000.toml", "internal-errors/001.toml"]
+    sc = parse_scenario((out / "internal-errors" / "000.toml").read_text(), "000.toml")
+    assert sc.design.endswith("FixedEverywhere")
+    assert "Injected: injected internal error in call 0" in (out / "internal-errors" / "000.txt").read_text()
+
+
+def test_cli_found_with_internal_errors_exits_1_and_counts_them(tmp_path, capsys, monkeypatch):
+    failing_runs(monkeypatch, lambda i, sc: i == 0)
+    out = tmp_path / "fz"
+    rc = main(["fuzz", "--design", "sglang-pre-24743", "--seed", "0", "--budget", "10m", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1, err[-2000:]
+    info = json.loads((out / "fuzz.json").read_text())
+    assert info["status"] == "found" and info["internal_errors"] == 1
+    assert info["against"] == "sglang-post-33587" and info["against_on_minimal"] == "clean"
+    assert (out / "internal-errors" / "000.toml").exists()
+
+
+def test_cli_against_none(tmp_path, capsys):
+    rc = main(["fuzz", "--design", "sglang-pre-24743", "--seed", "0", "--budget", "10m", "--against", "none",
+               "--out", str(tmp_path / "fz")])
+    cap = capsys.readouterr()
+    assert rc == 1 and "against nothing" in cap.err
+    assert json.loads((tmp_path / "fz" / "fuzz.json").read_text())["against"] is None
 
 
 @pytest.mark.parametrize("args, option", [
