@@ -4,6 +4,7 @@ its scenario and counted, and the search goes on; ``--seed`` and ``--budget`` ar
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
@@ -13,7 +14,9 @@ from simulator.designs.types import DesignError
 from simulator.engine_model.release import MID_2026_RELEASE, SGLANG_0_5_23_RELEASE
 from simulator.scenario import parse_scenario
 from slotscope.cli import main
+from slotscope.fuzz_coverage import combos
 from slotscope.fuzz_search import fuzz, own_release_design, release_designs, resolve_against
+from slotscope.fuzz_space import RECIPES, Generator, draw_scenario, fix_up
 
 from helpers import ROOT
 
@@ -49,21 +52,21 @@ def test_resolve_against():
 
 
 def test_a_failure_the_release_shares_does_not_end_the_search():
-    """sglang-pre-26380 (W1): without a reference the search stops at its 7th scenario, on W7 (the overlap
-    scheduler on ROCm, no barrier), which its release (sglang-post-33587) has too; against the release it goes on,
-    past two such failures, to a failure of W1's own at the 11th."""
+    """sglang-pre-26380 (W1): without a reference the search stops at its 14th scenario, on the post-#29460 gap
+    (length_mismatch), which its release (sglang-post-33587) has too; against the release it goes on to W1's own
+    padding_slot at the 18th."""
     alone = fuzz("sglang-pre-26380", seed=0, budget_s=600, max_scenarios=40, against=None)
     assert (alone.status, alone.tried, alone.shared, alone.against, alone.finding.cls) == (
-        "found", 7, 0, None, "padding_slot")
+        "found", 14, 0, None, "length_mismatch")
     res = fuzz("sglang-pre-26380", seed=0, budget_s=600, max_scenarios=40)
-    assert (res.status, res.tried, res.shared, res.against) == ("found", 11, 2, "sglang-post-33587")
-    assert (res.finding.cls, res.finding.backend, res.finding.step) == ("evicted_slot", "flashinfer", 9)
-    assert res.hashes[:7] == alone.hashes                  # the same draws; the 7th did not end the search
+    assert (res.status, res.tried, res.shared, res.against) == ("found", 18, 1, "sglang-post-33587")
+    assert (res.finding.cls, res.finding.backend, res.finding.step) == ("padding_slot", "flashinfer", 23)
+    assert res.hashes[:14] == alone.hashes                 # the same draws; the 14th did not end the search
 
 
 def test_the_release_itself_has_no_reference():
     res = fuzz("sglang-0.5.23", seed=0, budget_s=600, max_scenarios=40)
-    assert (res.status, res.against, res.shared, res.tried) == ("found", None, 0, 7)
+    assert (res.status, res.against, res.shared, res.tried) == ("found", None, 0, 4)
 
 
 class Injected(RuntimeError):
@@ -158,3 +161,38 @@ def test_seed_and_budget_checked_by_the_api():
         with pytest.raises(ValueError, match=option):
             fuzz("kvwriteloc-strict", **kw)
     assert fuzz("kvwriteloc-strict", seed=2 ** 63 - 1, budget_s=600, max_scenarios=1).tried == 1
+
+
+def test_recipes_draw_each_path():
+    """A fifth of the fresh draws take one of RECIPES, the paths of issue 29 point 7 (knobs of several groups
+    together): each is drawn, valid, with its knobs."""
+    gen, seen = Generator(3), Counter()
+    for i in range(300):
+        sc = draw_scenario(fix_up(gen.fresh(1 + i % 6, i), 1 + i % 6), "sglang-0.5.23")
+        if sc is None:
+            continue
+        e, p = sc.engine, sc.pool
+        seen["overlap-mixed-dp-pcg-paged"] += e.overlap and e.mixed_chunk and e.dp_size > 1 and \
+            e.piecewise_cuda_graph and p.page_size > 1
+        seen["overlap-retract"] += e.overlap and e.reserve == "none"
+        seen["dp-attn-tp-eager"] += e.dp_size > 1 and e.attn_tp_size > 1 and not e.piecewise_cuda_graph
+        seen["radix-paged"] += e.radix_cache and p.page_size > 1
+        seen["unified-dp-pcg-mixed"] += p.unified and e.dp_size > 1 and e.piecewise_cuda_graph and e.mixed_chunk
+    assert set(RECIPES) == set(seen) and min(seen.values()) >= 5, seen
+
+
+def test_combos_of_a_run():
+    """fuzz_coverage.combos names the paths a run reached (on a retraction under the overlap scheduler here)."""
+    from slotscope.fuzz_search import run_one
+
+    gen = Generator(0)
+    for i in range(200):
+        data = fix_up(gen.fresh(2, i), 2)
+        e = data.get("engine", {})
+        if not (e.get("overlap") and e.get("reserve") == "none"):
+            continue
+        sc = draw_scenario(data, "sglang-post-33587")
+        out = sc and run_one(sc, None)
+        if out is not None and out.status == "clean" and "overlap-retract-landing" in combos(sc, out.steps, out.radix):
+            return
+    pytest.fail("no drawn retraction landed inside a forward")
