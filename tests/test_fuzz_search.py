@@ -38,7 +38,8 @@ def test_each_design_s_own_release():
               "sglang-0.5.23-war-barrier": new, "radix-fixed": new, "radix-r2": new, "radix-r8": new,
               "sglang-0.5.23-unified": new, "sglang-unified-pre-35933": new,
               f"{ROOT / 'tests' / 'mutant_designs.py'}:SliceOffByOne": mid, FIXED: mid,
-              }
+              f"{ROOT / 'tests' / 'coverage_designs.py'}:RadixReadMemo": new,
+              f"{ROOT / 'tests' / 'coverage_designs.py'}:DecodeGraphLiveSwa": mid}
     assert {d: own_release_design(d) for d in expect} == expect
 
 
