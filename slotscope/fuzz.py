@@ -239,6 +239,7 @@ def cmd_fuzz(args) -> int:
     try:
         info = write_found(res, out_dir, engine, log)
     except InternalError as e:
+        write_internal(res, out_dir)
         (out_dir / "minimize-error.toml").write_text(e.candidate.to_toml(defaults=False))
         sys.stderr.write(e.trace)
         log(f"slotscope: error: internal error of slotscope while minimizing: {e}; the failing scenario is in "
