@@ -20,7 +20,7 @@ from .api import ReleaseAPI
 from .design import EngineDesign
 from .errors import EngineError
 from .forward.boundary import ReleaseBackends
-from .forward.runner import Runner, RunnerContext, build_runner, context_len, publish_config
+from .forward.runner import Runner, RunnerContext, build_runner, context_len, publish_config, request_rows
 from .pool import EnginePool, build_swa_pool
 from .writeloc import Translator
 
@@ -106,10 +106,8 @@ class EngineRuntime:
                 if side not in runners:
                     if self.allocator is None:
                         raise EngineError("the engine allocator must be made before the engine backends")
-                    w = scenario.workload
-                    rows = min(scenario.engine.max_running_requests, max(w.requests, len(w.explicit), 1)) + 1
                     runners[side] = build_runner(self.api, model=scenario.model, allocator=self.allocator,
-                                                 max_requests=rows, context_len=context_len(scenario),
+                                                 max_requests=request_rows(scenario), context_len=context_len(scenario),
                                                  device=self.device, server_args=self._config.server_args)
                 return runners[side]
             self.backend_source = ReleaseBackends(self.api, runner_for)

@@ -21,12 +21,20 @@ run on a CPU (allocators, pools, ``KVWriteLoc``, the index translator) import th
   stub for each of :data:`NATIVE_STUBS` that is not installed (any submodule too); calling anything of
   a stub raises. The write path never calls them: the store is ``_set_kv_buffer_impl`` (the JIT
   ``store_cache`` kernel or torch's index put). Which ones were stubbed is in :class:`ShimReport`.
+* Some attention backends import a platform package at module level or in their constructor
+  (flashattention and xpu: ``sgl_kernel``; musa: ``flash_attn_interface``). :class:`ScopedStubFinder`
+  serves stubs for the packages :data:`IMPORT_STUBS` names, where not installed, while one of those
+  backend modules is imported (by whoever imports it first: a backend adapter, or a patch naming a
+  target there); :func:`stubbed_imports` does the same for a block (a backend's constructor,
+  engine_path/forward/adapters_*.py). Afterwards the stubs are taken away again: no later import
+  anywhere sees one (the backend's module keeps the names it bound).
 
 :func:`install` applies all of them and is idempotent; it must run before the first ``import sglang``.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -180,6 +188,80 @@ class NativeStubFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(root), is_package=True)
 
 
+@contextlib.contextmanager
+def stubbed_imports(roots: Sequence[str]):
+    """Stubs of the native packages ``roots`` that are not installed, for the imports made inside the block (a
+    backend's module and its constructor's imports); afterwards the finder is removed and the stub modules leave
+    ``sys.modules``, so a later ``import`` of the package raises ImportError as before. Yields the set of roots
+    an import asked for."""
+    finder = NativeStubFinder(roots)
+    if not finder.roots:
+        yield finder.used
+        return
+    sys.meta_path.append(finder)
+    try:
+        yield finder.used
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [m for m in sys.modules if m.partition(".")[0] in finder.roots]:
+            if getattr(sys.modules[name], _STUB_MARK, False):
+                del sys.modules[name]
+
+
+#: release modules importing a platform package a CPU lacks, and the packages stubbed while each is imported
+IMPORT_STUBS: dict[str, tuple[str, ...]] = {
+    "sglang.srt.layers.attention.flashattention_backend": ("sgl_kernel",),
+    "sglang.srt.layers.attention.xpu_backend": ("sgl_kernel",),
+    "sglang.srt.hardware_backend.musa.attention.flashattention_backend": ("flash_attn_interface",),
+}
+
+
+class _ScopedStubLoader(importlib.abc.Loader):
+    """A module's own loader, executing the module under :func:`stubbed_imports` of its packages."""
+
+    def __init__(self, real, roots: tuple[str, ...], used: set):
+        self.real, self.roots, self.used = real, roots, used
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with stubbed_imports(self.roots) as used:
+            self.real.exec_module(module)
+        self.used.update(used)
+
+    def __getattr__(self, name):           # get_source, get_filename, ...: the real loader's
+        return getattr(self.real, name)
+
+
+class ScopedStubFinder(importlib.abc.MetaPathFinder):
+    """Finds the modules of ``table`` as the path finder does, with a loader that imports each under stubs of
+    its packages (``used``: the packages a stub was served for)."""
+
+    def __init__(self, table: dict[str, tuple[str, ...]] = IMPORT_STUBS):
+        self.table = dict(table)
+        self.used: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        roots = self.table.get(fullname)
+        if roots is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _ScopedStubLoader(spec.loader, roots, self.used)
+        return spec
+
+
+def install_scoped_stubs() -> ScopedStubFinder:
+    for finder in sys.meta_path:
+        if isinstance(finder, ScopedStubFinder):
+            return finder
+    finder = ScopedStubFinder()
+    sys.meta_path.insert(0, finder)
+    return finder
+
+
 def install_native_stubs() -> Optional[NativeStubFinder]:
     """The native-package stubs, on a machine where CUDA is available (None elsewhere: nothing to stub)."""
     for finder in sys.meta_path:
@@ -245,6 +327,8 @@ class ShimReport:
     triton_interpret: bool
     #: the finder of native-package stubs (CUDA machines only; its ``used`` names what was stubbed)
     native_stubs: Optional[NativeStubFinder] = None
+    #: the finder of the backend modules' import-time stubs (:data:`IMPORT_STUBS`; ``used`` names what was served)
+    import_stubs: Optional[ScopedStubFinder] = None
 
     @property
     def stubbed(self) -> list[str]:
@@ -272,5 +356,5 @@ def install(*, triton_interpret: bool = True) -> ShimReport:
     _INSTALLED = ShimReport(torchvision_stubbed=stubbed, transformers_says_torchvision=answer,
                             lazy_packages=LAZY_PACKAGES,
                             triton_interpret=os.environ.get("TRITON_INTERPRET") == "1",
-                            native_stubs=install_native_stubs())
+                            native_stubs=install_native_stubs(), import_stubs=install_scoped_stubs())
     return _INSTALLED

@@ -1,5 +1,6 @@
 """The release's own forward in the loop (engine_path/forward): its backends' metadata, write locations and read
-tables, and a bug put into that code is not clean."""
+tables on the eager path and through its CUDA-graph runners (decode graphs, prefill graphs), and a bug put into
+that code is not clean."""
 from __future__ import annotations
 
 import json
@@ -15,52 +16,190 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = Path(__file__).resolve().parent / "engine_patches"
+SPEC = "sglang==0.5.23"
+BACKENDS = "triton,torch_native"
+
+#: DP-padded eager extends: attention-TP size 2 aligns an odd token count up by one (0.5.23's SUM_LEN extend), and
+#: without prefill graphs every extend runs eagerly, narrowed per layer by ``padded_extend_real_tokens``
+DP_EAGER = """name = "dp-eager-extend"
+description = "DP-padded eager extends (attention-TP alignment), no graphs."
+seed = 29460
+design = "sglang-post-29460"
+
+[model]
+preset = "gpt-oss-20b"
+num_layers = 4
+
+[pool]
+full_size = 4096
+
+[workload]
+requests = 6
+arrival = "all_at_once"
+prompt_len = { dist = "uniform", min = 41, max = 301 }
+output_len = { dist = "uniform", min = 2, max = 6 }
+
+[engine]
+chunked_prefill_size = 1024
+dp_size = 2
+attn_tp_size = 2
+dp_other_tokens = { dist = "uniform", min = 200, max = 1500 }
+cuda_graph = false
+"""
 
 
-def _run(tmp_path, name: str, *extra: str) -> tuple[int, dict, dict]:
-    out = tmp_path / name
-    rc = main(["run", str(ROOT / "scenarios" / "smoke.toml"), "--engine", "sglang==0.5.23", "--backends",
-               "triton,torch_native", "--out", str(out), "--no-report", "-q", *extra])
+def _scenario(tmp_path, name: str) -> Path:
+    if name == "dp-eager":
+        p = tmp_path / "dp-eager.toml"
+        p.write_text(DP_EAGER)
+        return p
+    return ROOT / "scenarios" / f"{name}.toml"
+
+
+def _outputs(out: Path) -> tuple[dict, dict, list]:
     summary = json.loads((out / "summary.json").read_text())
     pieces = json.loads((out / "run.json").read_text())["engine_pieces"]
-    return rc, summary, pieces
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    return summary, pieces, steps
+
+
+def _run(tmp_path, name: str) -> tuple[int, dict, dict, list]:
+    """An unpatched run in this process (one release per process: 0.5.23 for every test here)."""
+    out = tmp_path / name
+    rc = main(["run", str(_scenario(tmp_path, name)), "--engine", SPEC, "--backends", BACKENDS, "--out", str(out),
+               "--no-report", "-q"])
+    return (rc, *_outputs(out))
+
+
+def _patched(tmp_path, name: str, patch: str) -> tuple[int, dict, dict, list]:
+    """A run with an engine patch, in a process of its own (a release is patched as it is imported)."""
+    out = tmp_path / "patched"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "run", str(_scenario(tmp_path, name)), "--engine", SPEC,
+                        "--backends", BACKENDS, "--out", str(out), "--no-report", "-q",
+                        "--engine-patch", str(PATCHES / patch)], cwd=ROOT, capture_output=True, text=True)
+    return (p.returncode, *_outputs(out))
+
+
+def _found(summary: dict) -> dict:
+    return {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
+
+
+def _whose(pieces: dict, backend: str) -> dict:
+    return {p["piece"]: p for p in pieces["backends"][f"{backend}/target"]["pieces"]}
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("fwd"), "clean")
+    return _run(tmp_path_factory.mktemp("fwd"), "smoke")
 
 
-def test_the_releases_backends_run_the_eager_forwards_and_say_so(clean):
-    rc, summary, pieces = clean
+def test_the_releases_backends_run_every_path_of_smoke_and_say_so(clean):
+    rc, summary, pieces, steps = clean
     assert rc == 0 and summary["findings_total"] == 0
+    paths = {s["graph"] for s in steps}
+    assert paths == {"eager", "piecewise", "decode_graph"}
     for b in ("triton/target", "torch_native/target"):
         got = pieces["backends"][b]
-        assert got["release_forwards"] > 0
         whose = {p["piece"]: p["whose"] for p in got["pieces"]}
         assert whose["init_forward_metadata"] == "engine"
         assert whose["forward_extend / forward_decode up to set_kv_buffer (the write location)"] == "engine"
-        # what stays the model's is named, with why: graph paths (for now) and triton's kernels on a CPU
         assert sum(got["model_forwards"].values()) + got["release_forwards"] == summary["steps"]
-    triton = {p["piece"]: p for p in pieces["backends"]["triton/target"]["pieces"]}
-    assert triton["read tables"]["whose"] == "engine"
-    assert triton["attention arithmetic: decode_attention_fwd"]["whose"] == "model"
-    native = {p["piece"]: p for p in pieces["backends"]["torch_native/target"]["pieces"]}
-    assert native["read tables"]["whose"] == "model" and "req_to_token" in native["read tables"]["why"]
+    # triton: every forward of every path is the release's
+    triton = pieces["backends"]["triton/target"]
+    assert triton["model_forwards"] == {} and triton["release_forwards"] == summary["steps"]
+    assert triton["release_paths"] == {g: sum(s["graph"] == g for s in steps) for g in paths}
+    t = _whose(pieces, "triton")
+    assert t["read tables"]["whose"] == "engine"
+    assert t["attention arithmetic: decode_attention_fwd"]["whose"] == "model"
+    assert any(p.startswith("decode graphs: init_cuda_graph_state") and v["whose"] == "engine" for p, v in t.items())
+    assert any(p.startswith("decode-graph replay:") and v["whose"] == "engine" for p, v in t.items())
+    assert any(p.startswith("prefill graphs (breakable)") and v["whose"] == "engine" for p, v in t.items())
+    assert t["create_flashinfer_kv_indices_triton (the metadata's KV-index gather)"]["whose"] == "model"
+    # torch_native: no CUDA-graph support in the release, so its decode graphs are the model's, and it says why
+    native = pieces["backends"]["torch_native/target"]
+    why = ("graph path decode_graph (the release's capture: get_cuda_graph_seq_len_fill_value raised "
+           "NotImplementedError): the model's boundary")
+    assert native["model_forwards"] == {why: sum(s["graph"] == "decode_graph" for s in steps)}
+    assert native["release_paths"]["piecewise"] == sum(s["graph"] == "piecewise" for s in steps)
+    n = _whose(pieces, "torch_native")
+    assert n["read tables"]["whose"] == "model" and "req_to_token" in n["read tables"]["why"]
+    assert n["graph path decode_graph"] == {"piece": "graph path decode_graph", "whose": "model", "why": why}
 
 
-def _patched(tmp_path, patch: str) -> tuple[int, dict]:
-    """A run with an engine patch, in a process of its own (a release is patched as it is imported)."""
+def test_decode_graph_replays_of_the_release_are_clean_on_b2(tmp_path):
+    rc, summary, pieces, steps = _run(tmp_path, "b2-decode-stale-tail")
+    assert rc == 0 and summary["findings_total"] == 0
+    graphs = sum(s["graph"] == "decode_graph" for s in steps)
+    assert graphs > 0 and pieces["backends"]["triton/target"]["release_paths"]["decode_graph"] == graphs
+
+
+def test_a_stale_swa_tail_in_tritons_graph_refill_clobbers_live_slots(tmp_path):
+    """B2's class of bug in the release's own replay: the padded rows write at the SWA ids a larger replay left."""
+    rc, summary, pieces, _ = _patched(tmp_path, "b2-decode-stale-tail", "triton-graph-swa-stale-tail.yaml")
+    found = _found(summary)
+    assert rc == 1 and found["torch_native"] == {}
+    assert found["triton"].get("clobbered", 0) > 0
+    assert pieces["backends"]["triton/target"]["model_forwards"] == {}
+
+
+def test_a_replay_that_does_not_refill_the_swa_buffer_writes_where_the_capture_left_it(tmp_path):
+    """The layers of a replay write at the capture-time tensors: without the replay's refill, at the zeros the
+    capture left there (the sink), whatever the Python metadata of the last eager forward said."""
+    rc, summary, _, steps = _patched(tmp_path, "smoke", "triton-graph-no-swa-refill.yaml")
+    found = _found(summary)
+    assert rc == 1 and found["torch_native"] == {}
+    assert set(found["triton"]) == {"padding_slot"}
+    graph_steps = {s["step"] for s in steps if s["graph"] == "decode_graph"}
     out = tmp_path / "patched"
-    p = subprocess.run([sys.executable, "-m", "slotscope", "run", str(ROOT / "scenarios" / "smoke.toml"), "--engine",
-                        "sglang==0.5.23", "--backends", "triton,torch_native", "--out", str(out), "--no-report", "-q",
-                        "--engine-patch", str(PATCHES / patch)], cwd=ROOT, capture_output=True, text=True)
-    return p.returncode, json.loads((out / "summary.json").read_text())
+    hit = {json.loads(line)["step"] for line in (out / "findings.jsonl").read_text().splitlines()}
+    assert hit and hit <= graph_steps
+
+
+def test_prefill_graph_layers_are_narrowed_by_the_release_and_a_broken_narrowing_shows(tmp_path):
+    rc, summary, pieces, steps = _run(tmp_path, "b1-pcg-dp-padding")
+    assert rc == 0 and summary["findings_total"] == 0
+    padded = [s for s in steps if s["graph"] == "piecewise" and s["dp_padded_tokens"] > s["real_tokens"]]
+    assert padded                              # DP-padded piecewise forwards: the narrowing is exercised
+    for b in ("triton", "torch_native"):
+        assert pieces["backends"][f"{b}/target"]["release_paths"]["piecewise"] == sum(
+            s["graph"] == "piecewise" for s in steps)
+    rc, summary, _, _ = _patched(tmp_path, "b1-pcg-dp-padding", "graph-narrowing-keeps-padded-loc.yaml")
+    found = _found(summary)
+    assert rc == 1
+    assert found["triton"].get("length_mismatch", 0) > 0 and found["torch_native"].get("length_mismatch", 0) > 0
+
+
+def test_dp_padded_eager_extends_are_narrowed_by_the_release_and_a_broken_narrowing_shows(tmp_path):
+    rc, summary, _, steps = _run(tmp_path, "dp-eager")
+    assert rc == 0 and summary["findings_total"] == 0
+    assert any(s["mode"] == "extend" and s["graph"] == "eager" and s["dp_padded_tokens"] > s["real_tokens"]
+               for s in steps)
+    rc, summary, _, _ = _patched(tmp_path, "dp-eager", "dp-extend-narrowing-keeps-padded-kv.yaml")
+    found = _found(summary)
+    assert rc == 1
+    assert found["triton"].get("length_mismatch", 0) > 0 and found["torch_native"].get("length_mismatch", 0) > 0
+
+
+def test_unshrunk_prefill_graphs_stay_the_models_and_the_fixs_gap_still_shows(tmp_path):
+    """gap-swa-shorter: piecewise_shrink = false has no release path (0.5.23 narrows every prefill-graph layer), so
+    those forwards are the model's boundary, named; the release's KVWriteLoc still lets the short swa_loc through."""
+    rc, summary, pieces, _ = _run(tmp_path, "gap-swa-shorter")
+    found = _found(summary)
+    assert rc == 1 and set(found["triton"]) == {"length_mismatch"} and set(found["torch_native"]) == {"length_mismatch"}
+    why = next(iter(pieces["backends"]["triton/target"]["model_forwards"]))
+    assert why.startswith("graph path piecewise with piecewise_shrink = false")
+
+
+def test_the_kv_index_gather_stand_in_equals_the_interpreted_kernel():
+    from engine_path import isolate
+
+    got = isolate.call(SPEC, "engine_path.forward.kernels:self_check")
+    assert got["cases"] == 16 and got["differ"] == [] and got["stored"] > 0
 
 
 def test_a_shifted_swa_write_id_in_tritons_own_metadata_is_not_clean(tmp_path):
-    rc, summary = _patched(tmp_path, "triton-swa-write-shift.yaml")
-    found = {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
+    rc, summary, _, _ = _patched(tmp_path, "smoke", "triton-swa-write-shift.yaml")
+    found = _found(summary)
     assert rc == 1 and found["torch_native"] == {}
     assert found["triton"].get("missed", 0) > 0
 

@@ -11,5 +11,7 @@ cannot run here, and every replacement is named (``engine_pieces``).
 
 Modules: ``runner`` (the model-runner stand-in a backend is built over: the release's pools, allocator,
 translator, server args), ``batch`` (the release's ``ForwardBatch`` of a step), ``adapters`` (per backend: how it
-is built, what of it is replaced, where its read tables are), ``boundary`` (the ``Boundary`` and the source).
+is built, what of it is replaced, where its read tables are), ``graphs`` (the release's decode and prefill
+CUDA-graph runners on the write path: capture, replay, the prefill-graph scope), ``kernels`` (the metadata's
+KV-index gather as torch ops on CPU tensors), ``boundary`` (the ``Boundary`` and the source).
 """

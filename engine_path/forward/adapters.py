@@ -1,72 +1,39 @@
 """Per backend of the release: how it is built over the runner stand-in, what of it cannot run here and is
 replaced (named in ``engine_pieces``), and where its forward keeps the tables its attention reads.
 
-An :class:`Adapter` is the only backend-specific code of the engine forward: the metadata, the write locations
-and the narrowing are the release's own for every backend it covers. A backend without an adapter stays the
-model's boundary in engine mode, and the run says so (``engine_pieces``, per backend and piece).
+An :class:`Adapter` (engine_path/forward/adapters_base.py) is the only backend-specific code of the engine
+forward: the metadata, the write locations and the narrowing are the release's own for every backend it covers.
+A backend without an adapter stays the model's boundary in engine mode, and the run says so (``engine_pieces``,
+per backend and piece). The table :data:`ADAPTERS` covers all eight modelled backends:
+
+=================  ==============================  ===========================================================
+backend            module                          read tables
+=================  ==============================  ===========================================================
+triton             here                            ``kv_indices`` / ``window_kv_indices`` (:func:`triton_reads`)
+torch_native       here                            none: its forward indexes ``req_to_token`` itself
+flashinfer         adapters_flashinfer.py          the wrappers' planned ``kv_indptr`` / ``kv_indices``
+trtllm_mha         adapters_flashinfer.py          ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
+flashattention     adapters_fa.py                  ``page_table`` / ``swa_page_table`` + ``cache_seqlens``
+musa               adapters_fa.py                  FA's (it inherits ``init_forward_metadata``)
+xpu                adapters_fa.py                  its FA-shaped ``page_table`` / ``swa_page_table``
+aiter              adapters_aiter.py               unified_attention's block tables + ``seq_lens``; its KV write
+                                                   recorded in ``launch_reshape_and_cache_flash``
+=================  ==============================  ===========================================================
 """
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from simulator.designs.types import ReadIds, ReadTable
+from simulator.designs.types import ReadTable
 
-REGISTRY = "sglang.srt.layers.attention.attention_registry"
+from .adapters_aiter import AITER
+from .adapters_base import Adapter, Piece, csr, csr_ending_at
+from .adapters_fa import FLASHATTENTION, MUSA, XPU
+from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
 
-
-@dataclass(frozen=True)
-class Piece:
-    """One piece of a backend's forward and whose code ran it: "engine" (the release's) or "model" (ours)."""
-
-    piece: str
-    whose: str
-    why: str = ""
-
-
-@dataclass
-class Adapter:
-    """How one backend of the release is driven here."""
-
-    name: str
-    #: the attention arithmetic replaced where it cannot run here (attribute name on the backend -> why)
-    replaced: dict[str, str] = field(default_factory=dict)
-    #: its read tables from the backend's forward metadata (None: the model's tables, ``reads_why`` says why)
-    reads: Optional[Callable] = None
-    reads_why: str = ""
-
-    def build(self, bag, device: str):
-        """The release's backend over the stand-in; its attention arithmetic replaced on a CPU only (on a GPU
-        the release's own kernels run)."""
-        backend = importlib.import_module(REGISTRY).ATTENTION_BACKENDS[self.name](bag)
-        if device == "cpu":
-            for attr in self.replaced:
-                setattr(backend, attr, _no_op)
-        return backend
-
-    def pieces(self, device: str = "cpu") -> list[Piece]:
-        out = [Piece("backend constructor", "engine"), Piece("init_forward_metadata", "engine"),
-               Piece("RadixAttention.forward (per-layer narrowing)", "engine"),
-               Piece("forward_extend / forward_decode up to set_kv_buffer (the write location)", "engine")]
-        out += [Piece(f"attention arithmetic: {attr}", "model", f"replaced by a no-op on the CPU: {why}")
-                if device == "cpu" else Piece(f"attention arithmetic: {attr}", "engine") for attr, why in self.replaced.items()]
-        out.append(Piece("read tables", "engine") if self.reads is not None else
-                   Piece("read tables", "model", self.reads_why))
-        return out
-
-
-def _no_op(*args, **kwargs) -> None:
-    """Stands in for an attention kernel: the write path needs its inputs, not its output."""
-    return None
-
-
-def _csr(indptr: torch.Tensor, indices: torch.Tensor, start: torch.Tensor, bs: int) -> ReadIds:
-    ptr = indptr[: bs + 1].to(torch.int64)
-    n = int(ptr[-1])
-    return ReadIds(ptr.cpu(), indices[:n].to(torch.int64).cpu(), start.to(torch.int64).cpu())
+__all__ = ["ADAPTERS", "Adapter", "Piece", "triton_reads"]
 
 
 def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
@@ -76,23 +43,30 @@ def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
     m = backend.forward_metadata
     if m is None or m.kv_indptr is None:
         return None
-    full = _csr(m.kv_indptr, m.kv_indices, torch.zeros(bs, dtype=torch.int64), bs)
+    full = csr(m.kv_indptr, m.kv_indices, torch.zeros(bs, dtype=torch.int64), bs)
     swa = None
     if m.window_kv_indptr is not None and m.window_kv_indices is not None:
         end = fb.seq_lens if fb.forward_mode.is_decode() else fb.extend_prefix_lens
-        ptr = m.window_kv_indptr[: bs + 1].to(torch.int64)
-        start = end[:bs].to(torch.int64) - (ptr[1:] - ptr[:-1])
-        swa = _csr(ptr, m.window_kv_indices, start, bs)
+        swa = csr_ending_at(m.window_kv_indptr, m.window_kv_indices, end, bs)
     return ReadTable(full=full, swa=swa)
 
 
 #: the adapters written so far, by backend
 ADAPTERS: dict[str, Adapter] = {
     "torch_native": Adapter(
-        "torch_native", reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
+        "torch_native",
+        # its SDPA runs as released: on the hybrid pool it gathers an SWA layer's K/V at req_to_token's full-pool
+        # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
+        reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
     "triton": Adapter(
         "triton",
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
         reads=triton_reads),
+    "flashinfer": FLASHINFER,
+    "trtllm_mha": TRTLLM_MHA,
+    "flashattention": FLASHATTENTION,
+    "musa": MUSA,
+    "xpu": XPU,
+    "aiter": AITER,
 }

@@ -19,13 +19,19 @@ FORWARD_BATCH_INFO = "sglang.srt.model_executor.forward_batch_info"
 
 #: the step modes this builder makes a release batch for (the others stay the model's: named per run)
 MODES = {"extend": "EXTEND", "decode": "DECODE", "mixed": "MIXED"}
+#: the graph paths a release batch is made for, and the modes each runs (engine_path/forward/graphs.py)
+GRAPH_MODES = {"eager": frozenset(MODES), "decode_graph": frozenset({"decode"}),
+               "piecewise": frozenset({"extend", "mixed"})}
 
 
 def mode_supported(batch) -> Optional[str]:
     """Why a step's batch gets no release batch (None: it does)."""
+    if batch.mode == "target_verify":
+        return ("mode target_verify (the release's verify batch needs an EagleVerifyInput and speculative server "
+                "args, not built yet: the model's boundary, its decode-graph replays included)")
     if batch.mode not in MODES:
         return f"mode {batch.mode} (speculative forwards: the model's boundary)"
-    if batch.graph != "eager":
+    if batch.mode not in GRAPH_MODES.get(batch.graph, ()):
         return f"graph path {batch.graph} (graph metadata: the model's boundary)"
     if batch.requests is None:
         return "a batch without its requests"
@@ -74,4 +80,29 @@ def release_batch(runner, batch, out_cache_loc: torch.Tensor):
         fb.extend_num_tokens = int(ext.sum())
     fb.out_cache_loc = out_cache_loc                 # DP padding, after the plan
     fb.global_num_token_non_padded_cpu = real
+    n = int(out_cache_loc.shape[0])
+    if batch.mode != "decode" and n > real:
+        # the token axis padded as the release's prepare_mlp_sync_batch pads an extend (_pad_inputs_to_size)
+        fb.positions = _padded(fb.positions, n, 0)
+        fb.extend_num_tokens = n
+    return fb
+
+
+def _padded(t: torch.Tensor, n: int, value: int) -> torch.Tensor:
+    return torch.cat([t, t.new_full((n - t.shape[0], *t.shape[1:]), value)]) if t.shape[0] < n else t
+
+
+def pad_decode_rows(fb, fill: int):
+    """A DP-padded decode batch with one request row per token, as the release's ``prepare_mlp_sync_batch`` pads
+    a decode batch to the DP token count (``batch_size = num_tokens``; ``_pad_inputs_to_size``: request 0, the
+    backend's seq-len fill value, position 0). A graph replay needs it: its buffers' request axis is copied whole."""
+    n, bs = int(fb.out_cache_loc.shape[0]), int(fb.batch_size)
+    if n <= bs:
+        return fb
+    fb.req_pool_indices = _padded(fb.req_pool_indices, n, 0)
+    fb.seq_lens = _padded(fb.seq_lens, n, fill)
+    fb.seq_lens_cpu = _padded(fb.seq_lens_cpu, n, fill)
+    fb.seq_lens_sum = int(fb.seq_lens_sum) + fill * (n - bs)
+    fb.positions = _padded(fb.positions, n, 0)
+    fb.batch_size = n
     return fb

@@ -4,15 +4,17 @@
 :class:`ReleaseBoundary` over the release's own backend (engine_path/forward/adapters.py) and, for what the
 release's forward does not cover here yet, the model's boundary it wraps. Per forward:
 
-* ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the backend's own
-  ``init_forward_metadata``, then layer 0's ``RadixAttention.forward`` up to the pool write (its rows are the
-  forward's K/V rows after the release's narrowing);
+* ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the metadata as the release's
+  runner of the forward's graph path makes it (engine_path/forward/graphs.py: eager ``init_forward_metadata``, a
+  decode-graph replay, a prefill-graph load), then layer 0's write (its rows are the forward's K/V rows after
+  the release's narrowing);
 * ``write_loc``: each layer's forward at its own time (so a scheduler write landing between layers is seen as the
-  engine sees it), the ``KVWriteLoc`` the backend handed to ``set_kv_buffer`` as the simulator's;
+  engine sees it), the ``KVWriteLoc`` the backend handed to ``set_kv_buffer`` as the simulator's; in a
+  decode-graph replay, what the tensors that layer's store took at capture hold now;
 * ``read_table``: the tables the backend built for this forward, where its adapter knows them.
 
-A step the release's forward does not run here (a mode or graph path of a later piece of work) goes through the
-model's boundary, counted per reason in :meth:`ReleaseBoundary.describe` (run.json's ``engine_pieces``). An
+A step the release's forward does not run here (a speculative mode, a graph path the backend's release code cannot
+be driven through) goes through the model's boundary, counted per reason in :meth:`ReleaseBoundary.describe` (run.json's ``engine_pieces``). An
 exception in the release's code is a ``design_error`` finding naming the release, the forward and the layer.
 """
 from __future__ import annotations
@@ -28,10 +30,15 @@ from simulator.core.boundary import BackendBoundary, ForwardMetadata, ModelBacke
 from simulator.designs.checks import HookFailure, check_read_table, check_write_loc
 from simulator.designs.types import KVWriteLoc, ReadTable
 
-from .adapters import ADAPTERS, Adapter
+from . import kernels
+from .adapters import ADAPTERS, Adapter, Piece
 from .batch import mode_supported, release_batch
-from .runner import COMPACT_WIDTH, Runner
+from .graphs import GRAPH_PREP, GraphPaths
+from .runner import COMPACT_WIDTH, Capture, Runner
 
+#: why a forward's reads are the model's although the release made its metadata
+LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
+             "tables were built on later rows")
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
 
@@ -40,7 +47,10 @@ RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
 class ReleaseMetadata(ForwardMetadata):
     """A forward's metadata as the release's backend made it: its batch and each layer's write, as they come."""
 
-    fb: object = None
+    fb: object = None            # the release's batch of the forward (its metadata init, its read tables)
+    layer_fb: object = None      # the batch the layers run on (a prefill graph's static batch; else ``fb``)
+    scope: object = None         # a context-manager factory around each layer's forward
+    graph: object = None         # a decode-graph replay: the capture it replays (graphs.Captured)
     writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc
 
 
@@ -55,8 +65,12 @@ class ReleaseBoundary:
         self._radix = importlib.import_module(RADIX_ATTENTION)
         #: forwards run by the release, and those the model's boundary ran, by reason
         self.release_forwards = 0
+        self.release_paths: Counter = Counter()
         self.model_forwards: Counter = Counter()
         self.model_reads: Counter = Counter()
+        #: the release's graph runners (made at the first forward: the release captures at start-up), and why a
+        #: graph path of the scenario is not driven (that path's forwards are the model's boundary's)
+        self.graphs: Optional[GraphPaths] = None
 
     # the model side's window (the run sets it on every boundary)
     @property
@@ -79,22 +93,27 @@ class ReleaseBoundary:
     # ------------------------------------------------------------------ per forward
 
     def init_metadata(self, batch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor) -> ForwardMetadata:
-        why = mode_supported(batch)
+        if self.graphs is None:
+            self.graphs = GraphPaths.start(self)
+        self._read_mapping(full_to_swa)
+        why = mode_supported(batch) or self.graphs.unavailable.get(batch.graph)
         if why is not None:
             self.model_forwards[why] += 1
             return self.model.init_metadata(batch, out_cache_loc, full_to_swa)
         ctx = self.context(batch, full_to_swa)
         fb = release_batch(self.runner, batch, out_cache_loc)
+        meta = ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb, layer_fb=fb,
+                               scope=self.forward_scope)
         try:
-            with self._forward_context():
-                self.backend.init_forward_metadata(fb)
+            self.graphs.prepare(meta, batch)
         except Exception as e:     # the release's code: a finding at this boundary, the run goes on
-            raise HookFailure("init_forward_metadata (the release's)", f"raised {type(e).__name__}: {e}") from e
+            what = GRAPH_PREP.get(batch.graph, "init_forward_metadata")
+            raise HookFailure(f"{what} (the release's)", f"raised {type(e).__name__}: {e}") from e
         self.release_forwards += 1
-        meta = ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb)
+        self.release_paths[batch.graph] += 1
         first = next(iter(self.model_layers()), None)
         if first is not None:
-            wl = self._run_layer(meta, first.layer, first.kind)
+            wl = self.write_loc(meta, first.layer, first.kind)
             meta.layer_loc, meta.swa_loc = wl.loc, wl.swa_loc if wl.swa_loc is not None else wl.loc
         return meta
 
@@ -103,7 +122,7 @@ class ReleaseBoundary:
             return self.model.write_loc(meta, layer, kind)
         wl = meta.writes.get(layer)
         if wl is None:
-            wl = self._run_layer(meta, layer, kind)
+            wl = self._replayed(meta, layer) if meta.graph is not None else self._run_layer(meta, layer, kind)
         return check_write_loc(KVWriteLoc(wl.loc, wl.swa_loc), kind, self.device)
 
     def read_table(self, meta: ForwardMetadata, req_to_token, seq_lens, extend_lens, full_to_swa,
@@ -111,19 +130,47 @@ class ReleaseBoundary:
         if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None:
             self.model_reads["model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
-        table = self.adapter.reads(self.backend, meta.fb, int(seq_lens.shape[0]))
+        bs = int(seq_lens.shape[0])
+        if not self._rows_as_read(req_to_token, seq_lens):
+            self.model_reads[LOOKAHEAD] += 1
+            return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
+        if meta.graph is not None:
+            with self.graphs.decode.installed(meta.graph):      # the tables the graph's kernels read
+                table = self.adapter.reads(self.backend, meta.fb, bs)
+        else:
+            table = self.adapter.reads(self.backend, meta.fb, bs)
         if table is None:
             self.model_reads["no table in this forward's metadata"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
-        return check_read_table(table, int(seq_lens.shape[0]), torch.device("cpu"))
+        return check_read_table(table, bs, torch.device("cpu"))
+
+    def _rows_as_read(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> bool:
+        """Whether the ``req_to_token`` rows the release's metadata was built on (the requests' slots when the
+        boundary made the batch) are the ones the run says this forward reads (taken when the batch was made: under
+        the overlap scheduler, before the scheduler ran ahead)."""
+        bs, width = req_to_token.shape
+        mine = self.runner.req_to_token_pool.req_to_token[:bs, :width].to(torch.int64)
+        live = torch.arange(width, device=seq_lens.device)[None, :] < seq_lens.to(torch.int64)[:, None]
+        return torch.equal(mine[live.to(mine.device)], req_to_token.to(torch.int64)[live].to(mine.device))
+
+    def _read_mapping(self, full_to_swa: torch.Tensor) -> None:
+        """The release's pool translates through the mapping the run's backends read (the allocator's own array,
+        or a plug-in's device copy: the overlap timeline's, where the host's writes land as it plans them):
+        registered with the pool's own ``register_mapping`` (every backend and the translator read it there)."""
+        pool = self.runner.capture
+        cur = pool.full_to_swa_index_mapping
+        if full_to_swa is None or cur is None or cur is full_to_swa:
+            return
+        if cur.shape == full_to_swa.shape and cur.device == full_to_swa.device:
+            pool.register_mapping(full_to_swa)
 
     # ------------------------------------------------------------------ one layer of the release
 
     def model_layers(self):
         return self.runner.layers
 
-    def _forward_context(self):
-        return self._ctx.forward_context(self._ctx.ForwardContext(attn_backend=self.backend))
+    def forward_scope(self, fb=None):
+        return self._ctx.forward_context(self._ctx.ForwardContext(attn_backend=self.backend), forward_batch=fb)
 
     def _attention(self, layer: int, kind: str):
         got = self._layers.get(layer)
@@ -134,18 +181,17 @@ class ReleaseBoundary:
                 sliding_window_size=window)
         return got
 
-    def _run_layer(self, meta: ReleaseMetadata, layer: int, kind: str):
-        """The release's layer forward (attention no-op'd where it cannot run), recording its pool write."""
-        fb = meta.fb
-        n = int(fb.out_cache_loc.shape[0])
+    def layer_call(self, layer: int, kind: str, fb, rows: int, scope) -> Capture:
+        """The release's layer forward on ``rows`` token rows of ``fb`` inside ``scope()`` (attention no-op'd where
+        it cannot run): the one pool write it made. Raises HookFailure."""
         dt = torch.bfloat16
         dev = fb.out_cache_loc.device
-        q = torch.zeros(n, COMPACT_WIDTH, dtype=dt, device=dev)
-        k = torch.zeros(n, 1, COMPACT_WIDTH, dtype=dt, device=dev)
+        q = torch.zeros(rows, COMPACT_WIDTH, dtype=dt, device=dev)
+        k = torch.zeros(rows, 1, COMPACT_WIDTH, dtype=dt, device=dev)
         calls = self.runner.capture.calls
         calls.clear()
         try:
-            with torch.no_grad(), self._forward_context():
+            with torch.no_grad(), scope():
                 self._attention(layer, kind).forward(q, k, k.clone(), fb)
         except Exception as e:
             raise HookFailure("RadixAttention.forward (the release's)", f"raised {type(e).__name__}: {e}",
@@ -153,17 +199,35 @@ class ReleaseBoundary:
         if len(calls) != 1 or calls[0].layer_id != layer:
             raise HookFailure("RadixAttention.forward (the release's)",
                               f"made {len(calls)} pool writes for layer {layer} (one expected)", kind)
-        wl = calls[0].loc
-        loc = getattr(wl, "loc", wl)
-        meta.writes[layer] = got = KVWriteLoc(loc, getattr(wl, "swa_loc", None))
+        return calls[0]
+
+    def _run_layer(self, meta: ReleaseMetadata, layer: int, kind: str):
+        """An eager or prefill-graph layer: its forward now, recording its pool write."""
+        fb = meta.layer_fb
+        cap = self.layer_call(layer, kind, fb, int(fb.out_cache_loc.shape[0]), meta.scope)
+        wl = cap.loc
+        meta.writes[layer] = got = KVWriteLoc(getattr(wl, "loc", wl), getattr(wl, "swa_loc", None))
         if not meta.rows:
-            meta.rows = calls[0].rows
+            meta.rows = cap.rows
+        return got
+
+    def _replayed(self, meta: ReleaseMetadata, layer: int):
+        """A decode-graph layer: what the tensors its store took at capture hold after this replay's prep."""
+        wl = meta.graph.writes[layer]
+        swa = getattr(wl, "swa_loc", None)
+        meta.writes[layer] = got = KVWriteLoc(wl.loc.clone(), None if swa is None else swa.clone())
+        meta.rows = meta.graph.size
         return got
 
     def describe(self) -> dict:
         """This backend's pieces (whose code ran each) and how many forwards each side ran."""
-        return {"pieces": [p.__dict__ for p in self.adapter.pieces(str(self.device))],
-                "release_forwards": self.release_forwards, "model_forwards": dict(self.model_forwards),
+        pieces = [p.__dict__ for p in self.adapter.pieces(str(self.device))]
+        if self.graphs is not None:
+            pieces += [p.__dict__ for p in self.graphs.pieces()]
+        if kernels.installed() is not None and self.device.type == "cpu":
+            pieces.append(Piece(kernels.PIECE, "model", kernels.WHY).__dict__)
+        return {"pieces": pieces, "release_forwards": self.release_forwards,
+                "release_paths": dict(self.release_paths), "model_forwards": dict(self.model_forwards),
                 "model_reads": dict(self.model_reads)}
 
 
@@ -197,6 +261,8 @@ class ReleaseBackends:
         except Exception as e:          # the release's constructor over the stand-in: say why, run the model's
             self.boundaries.append((backend, side, None, f"its constructor failed here: {type(e).__name__}: {e}"))
             return model
+        if device.type == "cpu":
+            kernels.install()            # the modules the constructor imported hold the kernel by name too
         got = ReleaseBoundary(model, adapter, runner, built, self.api, device)
         self.boundaries.append((backend, side, got, ""))
         return got

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from simulator.scenario.capture import smallest_capture
+
 from ..api import ReleaseAPI
 from ..errors import EngineError
 from ..pool import COMPACT_WIDTH, build_swa_pool
@@ -163,6 +165,18 @@ def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, contex
         canary_manager=None, hisparse_coordinator=None, init_new_workspace=False)
     bag.decode_num_tokens_per_req = lambda: 1
     return Runner(bag, capture, r2t, translator, tuple(layers))
+
+
+def request_rows(scenario) -> int:
+    """Rows of the stand-in's ``ReqToTokenPool``: one per request that can run at once, plus one, and at least the
+    largest decode capture size the run can replay (the release captures no batch size past its pool's rows:
+    ``get_batch_sizes_to_capture``; under DP attention another rank's batch can choose the largest)."""
+    e, w = scenario.engine, scenario.workload
+    rows = min(e.max_running_requests, max(w.requests, len(w.explicit), 1)) + 1
+    if e.cuda_graph and e.cuda_graph_bs:
+        sizes = e.cuda_graph_bs
+        rows = max(rows, sizes[-1] if e.dp_size > 1 else (smallest_capture(sizes, rows) or sizes[-1]))
+    return rows
 
 
 def context_len(scenario) -> int:

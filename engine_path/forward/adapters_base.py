@@ -1,0 +1,199 @@
+"""What every backend adapter shares: :class:`Adapter` (how one backend of the release is built and driven here),
+:class:`Piece` (whose code ran a piece of its forward), the kernel stand-ins, and the read-table builders that
+turn a backend's own metadata into the simulator's :class:`~simulator.designs.types.ReadTable`.
+
+An adapter replaces only the attention arithmetic (the kernels: their outputs feed nothing on the write path) and
+the platform pieces a CPU lacks; each replacement is named, with why, in :meth:`Adapter.pieces` (run.json's
+``engine_pieces``). Where a replaced piece is a module global of the release (a kernel bound at import, a
+platform library's class) it is set in that module's namespace, never by editing the release's source.
+
+Read tables (per request a run of consecutive positions from ``start``, ``ReadIds``) come from the tables the
+backend built for this forward, with the positions its kernels read: a page-table backend reads, for a request
+of ``cache_seqlens`` tokens whose queries start at ``P0 = cache_seqlens - q_len``, positions ``0 ..
+cache_seqlens - 1`` on full layers and ``max(0, P0 - left) .. cache_seqlens - 1`` on SWA layers, ``left`` being
+its kernels' left window (:func:`page_table_reads`).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from simulator.designs.types import ReadIds, ReadTable
+
+from .. import shims
+
+REGISTRY = "sglang.srt.layers.attention.attention_registry"
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a backend's forward and whose code ran it: "engine" (the release's) or "model" (ours)."""
+
+    piece: str
+    whose: str
+    why: str = ""
+
+
+@dataclass
+class Adapter:
+    """How one backend of the release is driven here.
+
+    The first four fields are the original interface (an adapter made with them alone behaves as it always did:
+    the registry's factory over the stand-in, the named backend attributes no-op'd on a CPU). The others are
+    optional, each a name -> why table shown in :meth:`pieces`; a family's subclass supplies their values through
+    the hooks :meth:`view`, :meth:`install`, :meth:`kernel` and :meth:`finish`, run by :meth:`build` on a CPU only.
+    """
+
+    name: str
+    #: the attention arithmetic replaced where it cannot run here (attribute name on the backend -> why)
+    replaced: dict[str, str] = field(default_factory=dict)
+    #: its read tables from the backend's forward metadata (None: the model's tables, ``reads_why`` says why);
+    #: ``reads(backend, fb, bs)`` reads the metadata from ``backend.<metadata_attr>``: in a decode-graph replay
+    #: that attribute holds the capture-time metadata (engine_path/forward/graphs.py), as the graph's kernels read it
+    reads: Optional[Callable] = None
+    reads_why: str = ""
+    #: module globals of the release set on a CPU ("module:name" -> why): kernels bound at import, platform fakes
+    shims: dict[str, str] = field(default_factory=dict)
+    #: native packages stubbed for the backend's import and construction (root -> why); a stub raises if called
+    stubs: dict[str, str] = field(default_factory=dict)
+    #: model-runner stand-in attributes this backend sees changed (dotted name -> why); see :meth:`view`
+    stand_in: dict[str, str] = field(default_factory=dict)
+    #: "module:Class" constructed directly instead of the registry's factory ("": the factory), and why
+    factory: str = ""
+    factory_why: str = ""
+    #: graph paths: the backend attribute holding its forward metadata (every 0.5.23 backend: ``forward_metadata``).
+    #: The decode-graph runner keeps the object a capture leaves there per capture size and puts it back for the
+    #: replay's in-graph prep (``init_forward_metadata_in_graph``) and for ``reads``. The rest of a graph path is
+    #: the release's generic API (``init_cuda_graph_state``, ``init_forward_metadata_out_graph``,
+    #: ``get_cuda_graph_seq_len_fill_value``); a backend that raises there runs that path as the model's (named)
+    metadata_attr: str = "forward_metadata"
+
+    def build(self, bag, device: str):
+        """The release's backend over the stand-in; its attention arithmetic replaced on a CPU only (on a GPU
+        the release's own kernels run)."""
+        cpu = device == "cpu"
+        if cpu:
+            bag = self.view(bag)
+        with shims.stubbed_imports(tuple(self.stubs) if cpu else ()):
+            if cpu:
+                self.install(bag)
+            backend = self.construct(bag)
+        if cpu:
+            for attr in self.replaced:
+                setattr(backend, attr, self.kernel(attr))
+            self.finish(backend, bag)
+        return backend
+
+    def construct(self, bag):
+        if self.factory:
+            mod, _, cls = self.factory.partition(":")
+            return getattr(importlib.import_module(mod), cls)(bag)
+        return importlib.import_module(REGISTRY).ATTENTION_BACKENDS[self.name](bag)
+
+    # hooks of a family (the base does nothing)
+    def view(self, bag):
+        """The stand-in as this backend sees it (:attr:`stand_in` names what changes); the base: unchanged."""
+        return bag
+
+    def install(self, bag) -> None:
+        """Set the module globals :attr:`shims` names (imports the backend's module, under its stubs)."""
+
+    def kernel(self, attr: str) -> Callable:
+        """The stand-in for the replaced backend attribute ``attr``: a no-op unless the family says otherwise."""
+        return no_op
+
+    def finish(self, backend, bag) -> None:
+        """After construction (a family's probes on the backend instance)."""
+
+    def pieces(self, device: str = "cpu") -> list[Piece]:
+        cpu = device == "cpu"
+        how = f"built by {self.factory} ({self.factory_why})" if self.factory else ""
+        out = [Piece("backend constructor", "engine", how), Piece("init_forward_metadata", "engine"),
+               Piece("RadixAttention.forward (per-layer narrowing)", "engine"),
+               Piece("forward_extend / forward_decode up to set_kv_buffer (the write location)", "engine")]
+        out += [Piece(f"attention arithmetic: {attr}", "model", f"replaced by a no-op on the CPU: {why}")
+                if cpu else Piece(f"attention arithmetic: {attr}", "engine") for attr, why in self.replaced.items()]
+        if cpu:
+            out += [Piece(f"module global {name}", "model", f"set on the CPU: {why}") for name, why in self.shims.items()]
+            out += [Piece(f"import stub: {root}", "model", f"stubbed where not installed (calling it raises): {why}")
+                    for root, why in self.stubs.items()]
+            out += [Piece(f"model-runner stand-in: {name}", "model", why) for name, why in self.stand_in.items()]
+        out.append(Piece("read tables", "engine") if self.reads is not None else
+                   Piece("read tables", "model", self.reads_why))
+        return out
+
+
+def no_op(*args, **kwargs) -> None:
+    """Stands in for an attention kernel: the write path needs its inputs, not its output."""
+    return None
+
+
+def attention_output(*args, **kwargs):
+    """Stands in for an attention kernel whose caller uses its output's shape: zeros shaped like the query (the
+    first argument, or ``q`` / ``query``), written into ``out`` where the caller passes one; with
+    ``return_softmax_lse`` / ``return_lse`` a zero LSE too."""
+    q = kwargs.get("q", kwargs.get("query", args[0] if args else None))
+    out = kwargs.get("out")
+    if out is None:
+        dtype = kwargs.get("out_dtype") or q.dtype
+        out = torch.zeros(q.shape, dtype=dtype, device=q.device)
+    if kwargs.get("return_softmax_lse") or kwargs.get("return_lse"):
+        lse = torch.zeros(q.shape[:-1], dtype=torch.float32, device=q.device)
+        return out, lse, None
+    return out
+
+
+def csr(indptr: torch.Tensor, indices: torch.Tensor, start: torch.Tensor, bs: int) -> ReadIds:
+    """A CSR read table (``indptr`` of ``bs + 1``) as ReadIds on the host, int64."""
+    ptr = indptr[: bs + 1].to(torch.int64)
+    n = int(ptr[-1])
+    return ReadIds(ptr.cpu(), indices[:n].to(torch.int64).cpu(), start.to(torch.int64).cpu())
+
+
+def csr_ending_at(indptr: torch.Tensor, indices: torch.Tensor, end: torch.Tensor, bs: int) -> ReadIds:
+    """A CSR table whose request i's entries are the positions ending just before ``end[i]`` (its entries the
+    last ``indptr[i + 1] - indptr[i]`` positions before it)."""
+    ptr = indptr[: bs + 1].to(torch.int64).cpu()
+    return csr(ptr, indices, end[:bs].to(torch.int64).cpu() - (ptr[1:] - ptr[:-1]), bs)
+
+
+def page_reads(page_table: torch.Tensor, page_size: int, start: torch.Tensor, end: torch.Tensor) -> ReadIds:
+    """Positions ``start[i] .. end[i] - 1`` of request i through row i of a page table: the slot of position p is
+    ``page_table[i, p // page_size] * page_size + p % page_size`` (at page size 1 the table holds slots). A
+    position past the table's width (a kernel would read beyond the row) reads slot -1, which is never live."""
+    start = start.to(torch.int64).cpu().clamp(min=0)
+    end = torch.maximum(end.to(torch.int64).cpu(), start)
+    table = page_table.to(torch.int64).cpu()
+    lens = end - start
+    indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int64)
+    indptr[1:] = torch.cumsum(lens, 0)
+    row = torch.repeat_interleave(torch.arange(lens.shape[0]), lens)
+    pos = torch.arange(int(indptr[-1]), dtype=torch.int64) - indptr[:-1][row] + start[row]
+    col = pos // page_size
+    inside = col < table.shape[1]
+    slots = torch.where(inside, table[row, col.clamp(max=max(table.shape[1] - 1, 0))] * page_size + pos % page_size,
+                        torch.full_like(pos, -1)) if table.shape[1] else torch.full_like(pos, -1)
+    return ReadIds(indptr, slots, start)
+
+
+def page_table_reads(full_table, swa_table, cache_seqlens: torch.Tensor, q_lens: torch.Tensor, page_size: int,
+                     left: int) -> ReadTable:
+    """The tables of a page-table backend (see the module docstring): full layers read every position before
+    ``cache_seqlens``, SWA layers the window of every query, ``left`` positions before the first (a kernel's
+    ``window_size = (left, 0)``). ``swa_table`` None: SWA layers read nothing of their own (not checked)."""
+    seq = cache_seqlens.to(torch.int64).cpu()
+    full = page_reads(full_table, page_size, torch.zeros_like(seq), seq) if full_table is not None else None
+    swa = None
+    if swa_table is not None:
+        first = seq - q_lens.to(torch.int64).cpu()
+        swa = page_reads(swa_table, page_size, first - left, seq)
+    return ReadTable(full=full, swa=swa)
+
+
+def lens_of(indptr: torch.Tensor, bs: int) -> torch.Tensor:
+    """Per-request lengths of a cumulative (``cu_seqlens``-style) tensor of ``bs + 1`` entries."""
+    ptr = indptr[: bs + 1].to(torch.int64).cpu()
+    return ptr[1:] - ptr[:-1]

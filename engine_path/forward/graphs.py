@@ -1,0 +1,389 @@
+"""The release's CUDA-graph runners on the write path: decode graphs and prefill (piecewise) graphs.
+
+Nothing is captured into a CUDA graph here (there is no GPU); what a graph fixes at capture and what its replay
+refreshes are driven the way the release's runners drive them, with the release's own code:
+
+* **Decode graphs** (:class:`DecodeGraphs`, the release's ``DecodeCudaGraphRunner``): the runner's static
+  buffers are the release's ``build_decode_registry`` (its padding policies: ``out_cache_loc`` and
+  ``req_pool_indices`` zero past the batch, ``seq_lens`` the backend's fill value). Before the first forward (the
+  release captures at start-up) the backend's ``init_cuda_graph_state(max_bs, max_num_tokens)`` runs once, then
+  per capture size, largest first: a batch over the static buffers bound with the translator's
+  ``bind_runner_slots`` (``capture_prepare``), ``init_forward_metadata_out_graph(fb, in_capture=True)``, the
+  in-graph prep, and every layer's forward, whose ``KVWriteLoc`` is kept: these are the tensors the captured
+  store kernels read. At each replay: the registry's ``fill_from`` (``load_batch``), the runner's own
+  ``build_replay_fb_view`` and the backend's replay metadata (``init_forward_metadata_out_graph(view)``), the
+  in-graph prep again on the capture-time batch (the graph replays it), and then each layer's write location is
+  what the capture-time tensors hold now. A buffer the replay metadata leaves stale (B2's class of bug) shows in
+  the padded rows' targets.
+* **Prefill graphs** (:class:`PrefillGraphs`, the release's ``PrefillCudaGraphRunner`` with its CUDA default, the
+  breakable backend): the batch's rows are copied into the runner's ``build_prefill_registry`` buffers padded to
+  the capture size (``out_cache_loc`` zero past the batch), the static batch is bound to the iteration's plan
+  (``bind_replay``), the metadata is the backend's ``init_forward_metadata`` of the live batch (what
+  ``_prepare_forward_metadata_for_replay`` calls for a backend without captured metadata), and each layer runs
+  inside the runner's scope (``set_forward_batch``, ``prefill_graph_scope``, ``forward_context``,
+  ``enable_breakable_cuda_graph``) over the static batch: ``RadixAttention.forward`` takes its
+  ``_eager_attention`` path, whose ``attention_input_scope`` narrows ``out_cache_loc`` to the real tokens (a
+  breakable graph's replay calls that same body between its segments).
+
+Per-backend code is the adapter's (engine_path/forward/adapters.py): the attribute where the backend keeps its
+forward metadata (``Adapter.metadata_attr``), which the decode runner saves at capture and puts back for the
+replay's in-graph prep and read tables, as the captured kernels would read it.
+"""
+from __future__ import annotations
+
+import importlib
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .adapters import Piece
+from .batch import pad_decode_rows
+
+DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
+FORWARD_BATCH_INFO = "sglang.srt.model_executor.forward_batch_info"
+FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
+PREFILL_GRAPH = "sglang.srt.model_executor.runner_utils.prefill_graph"
+RUNNER_BATCH = "sglang.srt.model_executor.runner_utils.forward_batch"
+BREAKABLE = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+
+#: the slots of the decode runner's buffers its replay view reads (``DecodeInputBuffers``; no encoder, no mamba)
+DECODE_VIEW_SLOTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu")
+
+
+class GraphUnavailable(Exception):
+    """A graph runner this backend cannot be driven through here (that path stays the model's boundary)."""
+
+
+def _loc_dtype() -> torch.dtype:
+    """The decode runner's ``_cache_loc_dtype()`` (int64 in every known release)."""
+    runner = getattr(importlib.import_module(DECODE_RUNNER), "DecodeCudaGraphRunner", None)
+    try:
+        return runner._cache_loc_dtype(None)
+    except Exception:
+        return torch.int64
+
+
+@dataclass
+class Captured:
+    """One capture size of the decode runner: what its graph fixed at capture."""
+
+    size: int
+    fb: Any                  # the capture-time ForwardBatch over the runner's static buffers
+    metadata: Any            # the backend's forward metadata the capture left (the captured kernels read its tensors)
+    writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc its store took at capture
+
+
+@dataclass
+class Layer:
+    """What a graph runner needs of one layer: its id, kind, and how to run its forward on a batch."""
+
+    layer: int
+    kind: str
+    #: ``(fb, rows, scope) -> the release's KVWriteLoc`` (the boundary's layer call: engine_path/forward/boundary.py)
+    write: Callable
+
+
+def _storages(*objs) -> set[int]:
+    """The storages of every tensor held directly by ``objs``' attributes (and ``dict`` / list values)."""
+    out: set[int] = set()
+    for obj in objs:
+        values = obj.values() if isinstance(obj, dict) else vars(obj).values()
+        for v in values:
+            for t in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(t, torch.Tensor):
+                    out.add(t.untyped_storage().data_ptr())
+    return out
+
+
+class DecodeGraphs:
+    """One backend's decode CUDA-graph runner (plain decode replays): see the module docstring."""
+
+    def __init__(self, runner, backend, adapter, sizes, device: str, forward_context: Callable):
+        self.runner, self.backend, self.adapter = runner, backend, adapter
+        self.sizes = tuple(sorted(set(int(s) for s in sizes)))
+        self.max_bs = self.sizes[-1]
+        self.device = torch.device(device)
+        self._ctx = forward_context
+        self._fbi = importlib.import_module(FORWARD_BATCH_INFO)
+        self._view = importlib.import_module(DECODE_RUNNER).build_replay_fb_view
+        self.fill = backend.get_cuda_graph_seq_len_fill_value()
+        self.registry = importlib.import_module(REGISTRY).build_decode_registry(
+            device=self.device, max_bs=self.max_bs, max_num_token=self.max_bs, seq_len_fill_value=self.fill,
+            cache_loc_dtype=_loc_dtype(), share_pool=False)
+        #: the replay view's ``buffers`` (the release's ``DecodeInputBuffers`` shares these slots' storage)
+        self.buffers = type("DecodeBuffers", (), {})()
+        for name in DECODE_VIEW_SLOTS:
+            setattr(self.buffers, name, self.registry.get_slot(name).buffer)
+        self.buffers.encoder_lens = self.buffers.mamba_track_indices = None
+        self.captured: dict[int, Captured] = {}
+        self.replays = 0
+
+    # ------------------------------------------------------------------ capture (once, before the first forward)
+
+    def capture(self, layers: list[Layer]) -> None:
+        """``init_cuda_graph_state`` once, then every capture size, largest first (``_capture_one_stream``)."""
+        be = self.backend
+        with self._ctx():
+            be.init_cuda_graph_state(self.max_bs, self.max_bs)
+        for bs in reversed(self.sizes):
+            fb = self._capture_batch(bs)
+            with torch.no_grad(), self._ctx(fb):
+                be.init_forward_metadata_out_graph(fb, in_capture=True)
+                be.init_forward_metadata_in_graph(fb)
+            got = self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None))
+            for li in layers:
+                got.writes[li.layer] = li.write(fb, bs, lambda fb=fb: self._ctx(fb))
+        self._check_static(layers)
+
+    def _slot(self, name: str, bs: int) -> torch.Tensor:
+        return self.registry.get_slot(name).slice_for(bs, bs)
+
+    def _capture_batch(self, bs: int):
+        """``capture_prepare``'s batch of ``bs`` over the static buffers, bound with ``bind_runner_slots``."""
+        mode = self._fbi.ForwardMode.DECODE
+        seq_lens = self._slot("seq_lens", bs)
+        fb = self._fbi.ForwardBatch(
+            forward_mode=mode, batch_size=bs, input_ids=self._slot("input_ids", bs),
+            req_pool_indices=self._slot("req_pool_indices", bs), seq_lens=seq_lens,
+            seq_lens_cpu=self._slot("seq_lens_cpu", bs), orig_seq_lens=seq_lens,
+            out_cache_loc=self._slot("out_cache_loc", bs), seq_lens_sum=int(seq_lens.sum().item()),
+            positions=self._slot("positions", bs), return_logprob=False, can_run_decode_cuda_graph=True,
+            global_forward_mode=mode)
+        if self.runner.translator is not None:
+            self.runner.translator.bind_runner_slots(fb)
+        return fb
+
+    def _check_static(self, layers: list[Layer]) -> None:
+        """Every captured write location must be a view of a buffer the runner or the backend keeps (what a
+        replay refreshes); a tensor made at capture would be a copy the graph recomputes, not readable here."""
+        static = _storages({n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()}, self.backend)
+        for bs, got in self.captured.items():
+            for li in layers:
+                wl = got.writes[li.layer]
+                for name in ("loc", "swa_loc"):
+                    t = getattr(wl, name, None)
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
+                        raise GraphUnavailable(
+                            f"the {name} the store of layer {li.layer} took at capture (size {bs}) is not a view "
+                            f"of a static buffer of the runner or the backend: its replay value is not readable")
+
+    # ------------------------------------------------------------------ replay
+
+    def replay(self, fb, size: int) -> Captured:
+        """The replay prep of ``fb`` at capture size ``size``: ``load_batch``'s fill, the replay view and the
+        backend's replay metadata, the in-graph prep (on the capture-time batch). Returns the capture."""
+        if size not in self.captured:
+            raise GraphUnavailable(f"capture size {size} was not captured (sizes {list(self.sizes)})")
+        raw_bs = int(fb.batch_size)
+        raw_n = int(fb.out_cache_loc.shape[0])
+        self.registry.fill_from(fb, raw_bs=raw_bs, padded_bs=size, raw_num_tokens=raw_n, padded_num_tokens=size)
+        view = self._view(forward_batch=fb, buffers=self.buffers, bs=size, raw_bs=raw_bs, num_tokens=size,
+                          global_num_tokens_cpu=None, seq_len_fill_value=self.fill,
+                          capture_forward_mode=self._fbi.ForwardMode.DECODE, is_encoder_decoder=False)
+        got = self.captured[size]
+        with torch.no_grad():
+            with self._ctx():
+                self.backend.init_forward_metadata_out_graph(view)
+            with self.installed(got), self._ctx(got.fb):
+                self.backend.init_forward_metadata_in_graph(got.fb)
+        self.replays += 1
+        return got
+
+    @contextmanager
+    def installed(self, got: Captured) -> Iterator[None]:
+        """The capture-time metadata in the backend (what the graph's kernels read), the Python state restored
+        after (a replay changes no Python object)."""
+        attr = self.adapter.metadata_attr
+        saved = getattr(self.backend, attr, None)
+        setattr(self.backend, attr, got.metadata)
+        try:
+            yield
+        finally:
+            setattr(self.backend, attr, saved)
+
+
+class PrefillGraphs:
+    """The release's prefill (piecewise) graph runner on the write path: see the module docstring."""
+
+    def __init__(self, runner, backend, sizes, device: str, max_requests: int, forward_context: Callable):
+        self.runner, self.backend = runner, backend
+        self.sizes = tuple(sorted(set(int(s) for s in sizes)))
+        self._ctx = forward_context
+        self._fbi = importlib.import_module(FORWARD_BATCH_INFO)
+        self._prefill = importlib.import_module(PREFILL_GRAPH)
+        self._batch = importlib.import_module(RUNNER_BATCH)
+        self._breakable = importlib.import_module(BREAKABLE).enable_breakable_cuda_graph
+        self.registry = importlib.import_module(REGISTRY).build_prefill_registry(
+            device=torch.device(device), max_bs=max_requests, max_num_token=self.sizes[-1],
+            cache_loc_dtype=_loc_dtype(), share_pool=False)
+        self.replays = 0
+
+    def load(self, fb, size: int):
+        """``load_batch``: ``fb``'s token rows into the static buffers padded to ``size`` (the registry's
+        policies), and the static batch the layers run on, bound to ``fb``'s plan over the static loc buffer."""
+        if size not in self.sizes:
+            raise GraphUnavailable(f"prefill capture size {size} is not one of {list(self.sizes)}")
+        n = int(fb.input_ids.shape[0])
+        bs = int(fb.batch_size)
+        self.registry.fill_from(fb, raw_bs=bs, padded_bs=bs, raw_num_tokens=n, padded_num_tokens=size)
+
+        def slot(name):
+            return self.registry.get_slot(name).slice_for(bs, size)
+
+        mode = self._fbi.ForwardMode
+        pcg_mode = mode.EXTEND if fb.forward_mode == mode.MIXED else fb.forward_mode
+        out_cache_loc = slot("out_cache_loc")
+        static = self._fbi.ForwardBatch(
+            forward_mode=pcg_mode, batch_size=bs, input_ids=slot("input_ids"),
+            req_pool_indices=fb.req_pool_indices, seq_lens=fb.seq_lens, orig_seq_lens=fb.orig_seq_lens,
+            seq_lens_cpu=fb.seq_lens_cpu, out_cache_loc=out_cache_loc, seq_lens_sum=fb.seq_lens_sum,
+            return_logprob=False, extend_seq_lens=fb.extend_seq_lens, extend_prefix_lens=fb.extend_prefix_lens,
+            extend_start_loc=fb.extend_start_loc, extend_prefix_lens_cpu=fb.extend_prefix_lens_cpu,
+            extend_seq_lens_cpu=fb.extend_seq_lens_cpu, extend_num_tokens=fb.extend_num_tokens,
+            positions=slot("positions"), global_num_token_non_padded_cpu=fb.global_num_token_non_padded_cpu,
+            global_forward_mode=pcg_mode)
+        if fb.kv_loc_plan is not None:
+            fb.kv_loc_plan.bind_replay(static, self.runner.translator, slots=out_cache_loc)
+        self.replays += 1
+        return static
+
+    def metadata(self, fb) -> None:
+        """``_prepare_forward_metadata_for_replay`` for a backend without captured metadata: its
+        ``init_forward_metadata`` of the live batch, inside the runner's ``replay_session``."""
+        with self._breakable(), self._ctx():
+            self.backend.init_forward_metadata(fb)
+
+    def scope(self, static, raw_num_tokens: int) -> Callable:
+        """The runner's scope around a layer of ``static`` (``_prefill_forward_context`` inside
+        ``replay_session``), as a context-manager factory."""
+
+        @contextmanager
+        def entered() -> Iterator[None]:
+            with ExitStack() as stack:
+                stack.enter_context(self._breakable())
+                stack.enter_context(self._batch.set_forward_batch(static))
+                stack.enter_context(self._prefill.prefill_graph_scope(full_graph=False,
+                                                                      raw_num_tokens=raw_num_tokens))
+                stack.enter_context(self._ctx(static))
+                yield
+        return entered
+
+
+# --------------------------------------------------------------------------- a boundary's graph paths
+
+#: what a path's metadata prep is called in a finding when the release's code raises there
+GRAPH_PREP = {
+    "eager": "init_forward_metadata",
+    "decode_graph": "the decode-graph replay prep (CudaGraphBufferRegistry.fill_from, build_replay_fb_view, "
+                    "init_forward_metadata_out_graph / _in_graph)",
+    "piecewise": "the prefill-graph load (CudaGraphBufferRegistry.fill_from, KVLocPlan.bind_replay) and "
+                 "init_forward_metadata",
+}
+#: why piecewise graphs without per-layer shrinkage stay the model's
+NO_SHRINK = ("graph path piecewise with piecewise_shrink = false (0.5.23 narrows every prefill-graph layer: "
+             "_eager_attention / padded_extend_real_tokens; no release path runs one unnarrowed): the model's "
+             "boundary")
+
+
+def _raised(e: BaseException) -> str:
+    """``where raised Type: message`` (the innermost frame: a release function, or ours)."""
+    import traceback
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f"{tb[-1].name} " if tb else ""
+    text = str(e)
+    return f"{where}raised {type(e).__name__}{': ' + text if text else ''}"
+
+
+class GraphPaths:
+    """One boundary's graph runners, made at its first forward (the release captures at start-up), and why a
+    graph path of the scenario is not driven (its forwards are then the model's boundary's, counted by reason).
+
+    ``boundary`` is engine_path/forward/boundary.py's ``ReleaseBoundary``: its runner, backend, adapter, layers,
+    ``forward_scope(fb)`` and ``layer_call(layer, kind, fb, rows, scope)``."""
+
+    def __init__(self, boundary):
+        self.b = boundary
+        self.decode: DecodeGraphs | None = None
+        self.prefill: PrefillGraphs | None = None
+        self.unavailable: dict[str, str] = {}
+
+    @classmethod
+    def start(cls, boundary) -> "GraphPaths":
+        got = cls(boundary)
+        eng = boundary.model.engine
+        if eng.cuda_graph and eng.cuda_graph_bs and not eng.speculative.enabled:
+            got._start_decode()
+        if eng.piecewise_cuda_graph:
+            got._start_prefill()
+        return got
+
+    def _start_decode(self) -> None:
+        b = self.b
+
+        def writer(li):
+            return lambda fb, rows, scope: b.layer_call(li.layer, li.kind, fb, rows, scope).loc
+        # the release's clamp (get_batch_sizes_to_capture): no size past the request pool's rows, which it adds
+        rows = int(b.runner.req_to_token_pool.size)
+        sizes = [s for s in b.model.engine.cuda_graph_bs if s <= rows]
+        sizes += [rows] if max(b.model.engine.cuda_graph_bs) > rows else []
+        try:
+            dg = DecodeGraphs(b.runner, b.backend, b.adapter, sizes, str(b.device), b.forward_scope)
+            dg.capture([Layer(li.layer, li.kind, writer(li)) for li in b.model_layers()])
+        except Exception as e:       # the release's capture cannot run for this backend: that path is the model's
+            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: {_raised(e)}): "
+                                                f"the model's boundary")
+            return
+        self.decode = dg
+
+    def _start_prefill(self) -> None:
+        b = self.b
+        eng = b.model.engine
+        if not eng.piecewise_shrink:
+            self.unavailable["piecewise"] = NO_SHRINK
+            return
+        try:
+            rows = int(b.runner.req_to_token_pool.req_to_token.shape[0])
+            self.prefill = PrefillGraphs(b.runner, b.backend, eng.piecewise_capture_sizes, str(b.device), rows,
+                                         b.forward_scope)
+        except Exception as e:
+            self.unavailable["piecewise"] = (f"graph path piecewise (the release's prefill runner buffers: "
+                                             f"{_raised(e)}): the model's boundary")
+
+    # ------------------------------------------------------------------ per forward
+
+    def prepare(self, meta, batch) -> None:
+        """The forward's metadata as the release's runner for ``batch.graph`` makes it, on ``meta`` (a
+        ReleaseMetadata whose ``fb`` is the release's batch)."""
+        b, fb = self.b, meta.fb
+        if batch.graph == "decode_graph":
+            pad_decode_rows(fb, self.decode.fill)
+            meta.graph = self.decode.replay(fb, batch.padded_len)
+            meta.rows = batch.padded_len
+        elif batch.graph == "piecewise":
+            static = self.prefill.load(fb, batch.padded_len)
+            self.prefill.metadata(fb)
+            meta.layer_fb = static
+            meta.scope = self.prefill.scope(static, int(fb.input_ids.shape[0]))
+        else:
+            with b.forward_scope():
+                b.backend.init_forward_metadata(fb)
+
+    def pieces(self) -> list:
+        """The graph paths' pieces (engine_path/forward/adapters.py's ``Piece``), whose code ran each."""
+        out = []
+        if self.decode is not None:
+            out += [Piece("decode graphs: init_cuda_graph_state, capture per size (bind_runner_slots, "
+                          "init_forward_metadata_out_graph in_capture, in-graph prep, each layer's write location)",
+                          "engine"),
+                    Piece("decode-graph replay: CudaGraphBufferRegistry.fill_from, build_replay_fb_view, "
+                          "init_forward_metadata_out_graph / _in_graph; layers write at the capture-time tensors",
+                          "engine")]
+        if self.prefill is not None:
+            out.append(Piece("prefill graphs (breakable): CudaGraphBufferRegistry.fill_from, KVLocPlan.bind_replay, "
+                             "init_forward_metadata, layers in prefill_graph_scope (_eager_attention narrowing)",
+                             "engine"))
+        out += [Piece(f"graph path {path}", "model", why) for path, why in sorted(self.unavailable.items())]
+        return out
