@@ -180,5 +180,20 @@ def request_rows(scenario) -> int:
 
 
 def context_len(scenario) -> int:
-    """Room per request row of ``req_to_token``: no request holds more tokens than the full pool has slots."""
-    return scenario.pool.full_size + scenario.pool.page_size
+    """Room per request row of ``req_to_token`` (the release's ``max_context_len``): no request holds more tokens
+    than the full pool has slots, nor more than the workload's longest request (its prompt, system prompt and
+    output at their upper bounds, the draft's tokens, a page of slack) where that is known: single-turn requests.
+    The bound matters on a CPU: a backend's decode-graph capture launches its metadata kernel over every page of
+    a row (flashattention's ``normal_decode_set_metadata``, interpreted: seconds per capture size)."""
+    pool, w = scenario.pool, scenario.workload
+    room = pool.full_size + pool.page_size
+    if w.explicit:
+        longest = max(r.prompt_len + r.output_len for r in w.explicit)
+    elif w.turns.upper <= 1:
+        longest = w.prompt_len.upper + w.output_len.upper + (w.system_prompt_len.upper if w.system_prompts else 0)
+    else:
+        return room
+    spec = scenario.engine.speculative
+    longest += 2 * (spec.num_draft_tokens + 1) if spec.enabled else 0
+    need = -(-(longest + 2 * pool.page_size) // pool.page_size) * pool.page_size
+    return min(room, need)

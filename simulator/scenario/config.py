@@ -47,6 +47,15 @@ class Distribution:
     values: tuple[int, ...] = ()
     weights: tuple[float, ...] = ()
 
+    @property
+    def upper(self) -> int:
+        """The largest length it can draw."""
+        if self.dist == "fixed":
+            return self.value
+        if self.dist == "choice":
+            return max(self.values)
+        return self.max
+
     def sample(self, rng, n: int):
         import numpy as np
 
