@@ -7,7 +7,8 @@ backend module binds from it do not exist there; they are set in the module's na
 * the wrappers (``BatchPrefillWithRaggedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``,
   ``BatchDecodeWithPagedKVCacheWrapper``) are :class:`PlannedWrapper` s: ``plan`` / ``begin_forward`` records what
   the backend's indices updaters hand it (the read table), ``run`` / ``forward`` returns zeros;
-* ``_safe_merge_state`` (the ragged + paged merge) returns the ragged part; ``fast_decode_plan`` raises;
+* ``_safe_merge_state`` (the ragged + paged merge) returns the ragged part; ``fast_decode_plan`` (the decode
+  graphs' replay plan) records as the decode wrapper's plan does;
 * the module's ``torch`` makes a tensor asked for on ``"cuda"`` on the CPU (the decode updater allocates
   ``kv_indices`` with ``device="cuda"``).
 
@@ -81,8 +82,12 @@ def merge_state_first(v_a, s_a, v_b, s_b):
     return v_a, s_a
 
 
-def fast_decode_plan(*args, **kwargs):
-    raise RuntimeError("flashinfer's fast_decode_plan is not available here (slotscope stub)")
+def fast_decode_plan(wrapper, *args, **kwargs) -> None:
+    """Stands in for flashinfer's ``fast_decode_plan``, the decode wrappers' plan once a decode graph is captured
+    (the release binds ``partial(fast_decode_plan, wrapper)`` as ``begin_forward`` at capture): what it is handed
+    is recorded as :meth:`PlannedDecodeWrapper.plan` records it (flashinfer's own plan without its host checks;
+    the KV table it is handed is the one the replayed kernels read)."""
+    wrapper.plan(*args, **kwargs)
 
 
 def _host(device):
@@ -129,7 +134,8 @@ FI_SHIMS = {
     f"{FI}:BatchDecodeWithPagedKVCacheWrapper": "flashinfer's decode wrapper: plan records the KV table, run "
                                                 "returns zeros",
     f"{FI}:_safe_merge_state": "flashinfer's merge of the ragged and paged outputs (arithmetic): the first",
-    f"{FI}:fast_decode_plan": "flashinfer's graph-replay plan (not on an eager path): raises",
+    f"{FI}:fast_decode_plan": "flashinfer's decode-graph replay plan (bound as begin_forward at capture): records "
+                              "the KV table it is handed, as the decode wrapper's plan",
     f"{FI}:torch": "torch with device='cuda' factories made on the CPU (the decode updater's kv_indices)",
 }
 
