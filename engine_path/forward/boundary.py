@@ -71,6 +71,9 @@ class ReleaseBoundary:
         #: the release's graph runners (made at the first forward: the release captures at start-up), and why a
         #: graph path of the scenario is not driven (that path's forwards are the model's boundary's)
         self.graphs: Optional[GraphPaths] = None
+        #: the pool's mapping as this backend last saw it (at construction: what its constructor could keep)
+        self._mapping = runner.capture.full_to_swa_index_mapping
+        self._followed: set[str] = set()     # the backend's attributes moved with it (follow_mapping)
 
     # the model side's window (the run sets it on every boundary)
     @property
@@ -159,10 +162,14 @@ class ReleaseBoundary:
         registered with the pool's own ``register_mapping`` (every backend and the translator read it there)."""
         pool = self.runner.capture
         cur = pool.full_to_swa_index_mapping
-        if full_to_swa is None or cur is None or cur is full_to_swa:
-            return
-        if cur.shape == full_to_swa.shape and cur.device == full_to_swa.device:
+        if full_to_swa is not None and cur is not None and cur is not full_to_swa \
+                and cur.shape == full_to_swa.shape and cur.device == full_to_swa.device:
             pool.register_mapping(full_to_swa)
+        # the pool is shared by a side's backends: another boundary may have registered it first
+        now = pool.full_to_swa_index_mapping
+        if self._mapping is not now:
+            self._followed.update(follow_mapping(self.backend, self._mapping, now))
+            self._mapping = now
 
     # ------------------------------------------------------------------ one layer of the release
 
@@ -224,11 +231,29 @@ class ReleaseBoundary:
         pieces = [p.__dict__ for p in self.adapter.pieces(str(self.device))]
         if self.graphs is not None:
             pieces += [p.__dict__ for p in self.graphs.pieces()]
+        if self._followed:
+            pieces.append(Piece(f"backend's kept mapping: {', '.join(sorted(self._followed))}", "model",
+                                "moved to the mapping the run registers with the pool per forward (in the engine "
+                                "one device mapping is registered before the backends are built)").__dict__)
         if kernels.installed() is not None and self.device.type == "cpu":
             pieces.append(Piece(kernels.PIECE, "model", kernels.WHY).__dict__)
         return {"pieces": pieces, "release_forwards": self.release_forwards,
                 "release_paths": dict(self.release_paths), "model_forwards": dict(self.model_forwards),
                 "model_reads": dict(self.model_reads)}
+
+
+def follow_mapping(backend, old: torch.Tensor, new: torch.Tensor) -> list[str]:
+    """The backend's own references to the pool's mapping moved to the one now registered (returns their names).
+
+    A backend may keep the tensor the pool held at its construction (0.5.23's trtllm_mha:
+    ``_swa_full_to_swa_mapping``, read by its in-graph metadata kernel). In the engine that is the one device
+    mapping, registered before any backend is built; here the run registers the mapping its backends read per
+    forward (the overlap timeline's device copy), so a kept reference would read the host's array instead,
+    ahead of the timeline (a finished request's entries cleared before the forward that still writes them)."""
+    moved = [name for name, value in vars(backend).items() if value is old]
+    for name in moved:
+        setattr(backend, name, new)
+    return moved
 
 
 class ReleaseBackends:
