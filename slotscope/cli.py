@@ -19,9 +19,10 @@ from simulator.designs.types import DesignError
 from simulator.scenario import MAX_SEED, ScenarioError
 
 from . import __version__
-from .options import add_engine_option, add_engine_patch, backend_list, positive_int, use_engine_patches
+from .options import (add_allow_design_files, add_engine_option, add_engine_patch, backend_list, positive_int,
+                      use_engine_patches)
 from .partial import RunStopped, stop_on_signals
-from .rundir import UsageError
+from .rundir import OutputError, UsageError, confined, run_dir_problem
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_CRASH = 0, 1, 2, 3
 EXIT_LIVE_EXPORT, EXIT_CUT = 4, 5
@@ -104,6 +105,7 @@ def _add_run(sub) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
                         "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
+    add_allow_design_files(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
 
@@ -111,24 +113,32 @@ def _add_run(sub) -> None:
 def cmd_run(args) -> int:
     from .pipeline import RunOptions, run_scenario
     from .progress import Progress
+    from .run_setup import check_design_file
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario)
+    check_design_file(scenario, args.design, args.allow_design_files)
     use_engine_patches(args, args.engine or scenario.engine_release)
-    out = args.out or str(Path("out") / scenario.name)
+    out = str(args.out if args.out is not None else confined(Path("out"), scenario.name,
+                                                               f"{scenario.source}: name"))
     progress = None if args.quiet else Progress(scenario.name)
     try:
         res = run_scenario(scenario, out, RunOptions(
             design=args.design, backends=args.backends, seed=args.seed, device=args.device,
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
             otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
-            max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject)))
+            max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject),
+            allow_design_files=True))         # checked above, where the scenario file is known
     except BaseException as exc:
         if progress is not None:
             progress.close()
         marker = getattr(exc, "partial_outputs", None)
         if marker is not None:
-            exc.partial_message = _stopped_line(marker, out)  # type: ignore[attr-defined]
+            exc.partial_message = _stopped_line(marker, out, getattr(exc, "partial_summary", True))  # type: ignore
+        elif getattr(exc, "outputs_untouched", False):
+            what = "stopped by SIGTERM" if isinstance(exc, RunStopped) else "interrupted"
+            exc.partial_message = (f"{what} before the run began; nothing in {out}/ was "  # type: ignore
+                                   f"touched")
         raise
     if progress is not None:
         progress.close()
@@ -161,9 +171,10 @@ def cmd_run(args) -> int:
     return EXIT_CUT if res.incomplete is not None else EXIT_CLEAN
 
 
-def _stopped_line(marker: dict, out: str) -> str:
-    return (f"{marker['message']} after {marker['steps_done']} steps; partial outputs in {out}/ "
-            "(summary.json says incomplete)")
+def _stopped_line(marker: dict, out: str, summary_written: bool = True) -> str:
+    says = ("summary.json says incomplete" if summary_written else
+            "summary.json could not be written: run.json and the report say the run did not finish")
+    return f"{marker['message']} after {marker['steps_done']} steps; partial outputs in {out}/ ({says})"
 
 
 def _add_trace_commands(sub) -> None:
@@ -203,6 +214,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the commands whose positional arguments are run directories to read (attribute -> one or a list)
+RUN_DIR_ARGS = {"report": "run_dir", "compare": "run_dirs", "minimize": "run_dir"}
+#: path options that an empty string would silently turn into a default or the current directory
+PATH_OPTIONS = {"out": "--out", "output": "-o/--output", "run": "--run", "corpus": "--corpus"}
+
+
+def check_paths(args) -> None:
+    """The checks every command shares: no empty path option, and a run directory argument that is one (a
+    file given there is named as a file). UsageError (exit 2) otherwise."""
+    for attr, flag in PATH_OPTIONS.items():
+        if getattr(args, attr, None) == "":
+            raise UsageError(f"{flag}: must not be empty (give a path)")
+    attr = RUN_DIR_ARGS.get(args.command)
+    if attr is not None:
+        value = getattr(args, attr, None)
+        for d in value if isinstance(value, list) else [value]:
+            problem = run_dir_problem(d)
+            if problem is not None:
+                raise UsageError(problem)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -211,10 +243,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BAD_INPUT
     try:
         with stop_on_signals():   # SIGTERM like ^C: every command stops cleanly (a run keeps partial outputs)
+            check_paths(args)
             return int(args.func(args))
     except (ScenarioError, DesignError, UsageError, EngineError) as e:
         print(f"slotscope: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OutputError as e:      # a full disk, a file size limit: one line, the partial outputs marked
+        print(f"slotscope: error: {getattr(e, 'partial_message', str(e))} (exit 3)", file=sys.stderr)
+        return EXIT_CRASH
     except RunStopped as e:
         print(f"slotscope: {getattr(e, 'partial_message', 'terminated (' + str(e) + ')')}", file=sys.stderr)
         return 128 + e.signum

@@ -47,7 +47,7 @@ from simulator.records import Finding
 from simulator.scenario import Scenario, ScenarioError, parse_scenario
 
 from .minimize_candidates import Candidates
-from .rundir import UsageError
+from .rundir import UsageError, describe, write_atomic
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 2, 3
 ERROR_FILE = "minimize-error.toml"
@@ -339,15 +339,20 @@ def _design_spec(sc: Scenario, run: dict, given: Optional[str], run_dir: Path) -
 
 
 def minimize(run_dir: Path, design_spec: Optional[str] = None,
-             log: Callable[[str], None] = lambda s: None) -> tuple[Scenario, Target, Minimizer]:
-    """The minimal scenario for a run directory's first finding."""
+             log: Callable[[str], None] = lambda s: None,
+             allow_design_files: bool = False) -> tuple[Scenario, Target, Minimizer]:
+    """The minimal scenario for a run directory's first finding. A design file that the run directory's
+    scenario.toml names runs only with ``allow_design_files`` (--allow-design-files) or as ``design_spec``."""
     import torch
 
     from .resources import check_resources
+    from .run_setup import check_design_file
 
     torch.set_num_threads(1)
     rd = read_run(run_dir)
     spec = _design_spec(rd.scenario, rd.run, design_spec, run_dir)
+    if design_spec is None:
+        check_design_file(replace(rd.scenario, design=spec), None, allow_design_files)
     design = load_design(spec)
     recorded = rd.run.get("design")
     if design_spec is None and recorded and spec != recorded and design.name != recorded:
@@ -371,11 +376,20 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
     log(f"minimize: keeping {target.describe()} under {design.name}")
     m = Minimizer(sc, design, target, log)
     out = m.run()
-    name = out.name if out.name.endswith("-minimal") else f"{out.name}-minimal"
+    name = out.name if out.name.endswith("-minimal") else minimal_name(out.name)
     out = replace(out, name=name,
                   description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
                               f"{design.name} ({m.runs} candidate runs).")
     return out, target, m
+
+
+def minimal_name(name: str) -> str:
+    """``NAME-minimal``, cut so that it still names one directory (a scenario name's limit)."""
+    from simulator.scenario import MAX_NAME_BYTES
+
+    suffix = "-minimal"
+    data = name.encode("utf-8")[:MAX_NAME_BYTES - len(suffix)]
+    return data.decode("utf-8", "ignore") + suffix
 
 
 def register(subparsers: Any) -> None:
@@ -394,15 +408,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("-o", "--output", metavar="PATH",
                    help="where to write the minimal scenario (default DIR/minimal.toml)")
     p.add_argument("--design", help="the run's design, when it was a user design (path/to/file.py:ClassName)")
+    from .options import add_allow_design_files
+
+    add_allow_design_files(p, "the run directory's scenario.toml")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_minimize)
 
 
 def cmd_minimize(args) -> int:
     run_dir = Path(args.run_dir)
-    out = Path(args.output) if args.output else run_dir / "minimal.toml"
+    out = Path(args.output) if args.output is not None else run_dir / "minimal.toml"
     if out.is_dir():
         raise UsageError(f"-o {out}: is a directory; give the file to write (e.g. {out / 'minimal.toml'})")
+    if out.exists() and not out.is_file():
+        raise UsageError(f"-o {out}: is {describe(out)}; give a file to write")
 
     def log(line: str) -> None:
         if not args.quiet:
@@ -410,12 +429,17 @@ def cmd_minimize(args) -> int:
 
     t0 = time.perf_counter()
     try:
-        sc, target, m = minimize(run_dir, args.design, log)
+        sc, target, m = minimize(run_dir, args.design, log, args.allow_design_files)
     except InternalError as e:
         return _report_internal(e, out.parent if args.output else run_dir)
     text = sc.to_toml(defaults=False)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(out, text)          # through a fresh temporary file: a link at OUT is replaced, not followed
+    except OSError as e:
+        print(text, end="")              # the search's result is not lost
+        raise UsageError(f"-o {out}: cannot write the minimal scenario ({e.strerror or e}); it was printed "
+                         f"above") from None
     back = parse_scenario(text, str(out))
     reqs = len(back.workload.explicit) or back.workload.requests
     log(f"minimize: done in {time.perf_counter() - t0:.1f}s, {m.runs} runs: {reqs} request(s), layers "
@@ -428,7 +452,7 @@ def _report_internal(e: InternalError, where: Path) -> int:
     path = where / ERROR_FILE
     try:
         where.mkdir(parents=True, exist_ok=True)
-        path.write_text(e.candidate.to_toml(defaults=False))
+        write_atomic(path, e.candidate.to_toml(defaults=False))
         saved = f"the candidate that triggered it is in {path} (rerun it: slotscope run {path})"
     except OSError as ose:
         saved = f"the candidate could not be saved ({ose.strerror or ose})"

@@ -28,6 +28,8 @@ def backend_list(text: str) -> tuple[str, ...]:
     if names == ("all",):
         return BACKENDS
     for n in names:
+        if n == "all":
+            raise argparse.ArgumentTypeError(f"'all' stands alone (got {text!r}): give all, or a list of backends")
         if n not in BACKENDS:
             raise argparse.ArgumentTypeError(f"unknown backend {n!r} (allowed: {', '.join(BACKENDS)}, or all)")
     if not names:
@@ -82,6 +84,14 @@ def engine_release_spec(text: str, where: str) -> EngineSpec:
         return parse_spec(text)
     except EngineSpecError as e:
         raise e.at(where) from None
+
+
+def add_allow_design_files(parser: argparse.ArgumentParser, what: str = "the scenario file") -> None:
+    """``--allow-design-files``: a Python design file that ``what`` names (design = "path.py:Class") may run."""
+    parser.add_argument("--allow-design-files", action="store_true",
+                        help=f"run a Python design file that {what} names (design = \"path.py:Class\"); without it "
+                             f"such a file is refused (exit 2): a scenario is data you may have from someone else, "
+                             f"and importing a design file runs its code. A design given with --design needs no flag")
 
 
 def add_engine_patch(parser: argparse.ArgumentParser) -> None:

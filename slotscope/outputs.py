@@ -16,6 +16,8 @@ from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult
 from simulator.scenario import Scenario
 
+from .rundir import output_error
+
 class ShapeTimeline:
     """Observer that keeps, per (step, backend, kind), the first layer's loc and swa_loc lengths."""
 
@@ -75,14 +77,15 @@ class StreamingOutputs:
     """Observer that writes findings.jsonl and steps.jsonl as the run goes, so a crash, ^C or kill keeps
     everything found up to the last finished step.
 
-    Each step's lines go to the file in one ``write`` of whole lines (no Python buffer that could
-    spill half a line), so even after SIGKILL both files hold whole JSON lines only."""
+    The files are opened when the run starts (``on_start`` runs first: the run directory begins there), never
+    through a link. Each step's lines go to the file in one ``write`` of whole lines (no Python buffer that
+    could spill half a line), so even after SIGKILL both files hold whole JSON lines only; a write that fails
+    part-way (a full disk) is cut back to the last whole line and raises :class:`~slotscope.rundir.OutputError`."""
 
     def __init__(self, out: Path, on_start: Optional[Callable[[RunInfo], None]] = None):
+        self._out = Path(out)
         self._on_start = on_start
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-        self._findings = os.open(out / "findings.jsonl", flags, 0o644)
-        self._steps = os.open(out / "steps.jsonl", flags, 0o644)
+        self._files: dict[str, tuple[int, list[int]]] = {}      # name -> (fd, [bytes written])
         self._pending: list[str] = []
         self.steps_written = 0
         self.closed = False
@@ -90,6 +93,16 @@ class StreamingOutputs:
     def on_run_start(self, run: RunInfo) -> None:
         if self._on_start is not None:
             self._on_start(run)
+        self.open()
+
+    def open(self) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        for name in ("findings.jsonl", "steps.jsonl"):
+            if name not in self._files:
+                try:
+                    self._files[name] = (os.open(self._out / name, flags, 0o644), [0])
+                except OSError as e:
+                    raise output_error(e, self._out / name) from e
 
     def on_boundary(self, *args) -> None:
         pass
@@ -104,15 +117,30 @@ class StreamingOutputs:
     def _write_findings(self) -> None:
         if self._pending:
             data, self._pending = "".join(self._pending).encode(), []
-            _write_all(self._findings, data)
+            self._append("findings.jsonl", data)
 
     def on_step(self, step: StepRecord) -> None:
         self._write_step(step)
 
     def _write_step(self, step: StepRecord) -> None:
         self._write_findings()
-        _write_all(self._steps, (json.dumps(step_json(step), separators=(",", ":")) + "\n").encode())
+        self._append("steps.jsonl", (json.dumps(step_json(step), separators=(",", ":")) + "\n").encode())
         self.steps_written += 1
+
+    def _append(self, name: str, data: bytes) -> None:
+        if name not in self._files:
+            self.open()
+        fd, size = self._files[name]
+        try:
+            _write_all(fd, data)
+        except OSError as e:
+            try:
+                os.ftruncate(fd, size[0])      # back to the last whole line (freeing space needs none)
+                os.lseek(fd, size[0], os.SEEK_SET)
+            except OSError:
+                pass
+            raise output_error(e, self._out / name) from e
+        size[0] += len(data)
 
     def on_run_end(self) -> None:
         self.close()
@@ -124,11 +152,12 @@ class StreamingOutputs:
             return
         self.closed = True
         try:
-            self._write_findings()       # a step cut short: the findings its backends already had
-            for step in steps[self.steps_written:]:
-                self._write_step(step)
+            if self._files:
+                self._write_findings()       # a step cut short: the findings its backends already had
+                for step in steps[self.steps_written:]:
+                    self._write_step(step)
         finally:
-            for fd in (self._findings, self._steps):
+            for fd, _ in self._files.values():
                 os.close(fd)
 
 

@@ -7,11 +7,22 @@ a run is ever shown as clean.
 """
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Optional
+
+from engine_path.errors import EngineError
+from simulator.designs.types import DesignError
+from simulator.scenario import ScenarioError
+
+from .rundir import OutputError, UsageError, output_error
+
+#: the errors that refuse a run (exit 2): raised before it begins, they leave its directory as it was
+REFUSALS: tuple[type[BaseException], ...] = (ScenarioError, DesignError, UsageError, EngineError)
 
 
 class RunStopped(BaseException):
@@ -51,6 +62,67 @@ def stop_on_signals():
             signal.signal(sig, h)
 
 
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM wait (blocked, not lost) while inside: a few writes that must not be cut in two, such as
+    the files that say a run is incomplete. A no-op outside the main thread or without ``pthread_sigmask``."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _os_error_in(exc: BaseException) -> Optional[OSError]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def as_output_error(write: Callable[[], Any], path: Path, also: tuple[type[BaseException], ...] = ()) -> Any:
+    """``write()``; an exception caused by an OSError (a report writer's), or one of ``also`` (the trace's span
+    loss, which counts its exporter's OSErrors instead of raising them), becomes :class:`OutputError` naming
+    ``path``, so a full disk ends in one line, not in another component's traceback."""
+    try:
+        return write()
+    except Exception as e:
+        if also and isinstance(e, also):
+            raise OutputError(None, str(e), str(path)) from e
+        ose = _os_error_in(e)
+        if ose is None:
+            raise
+        raise output_error(ose, ose.filename or path) from e
+
+
+def whole_lines(path: Path) -> None:
+    """Cut a JSON-lines file back to its last whole line (a write that a full disk stopped part-way)."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            keep = size
+            while keep > 0:
+                start = max(0, keep - 65536)
+                f.seek(start)
+                chunk = f.read(keep - start)
+                nl = chunk.rfind(b"\n")
+                if nl >= 0:
+                    keep = start + nl + 1
+                    break
+                keep = start
+            if keep != size:
+                f.truncate(keep)
+    except OSError:
+        pass
+
+
 class ProgressTracker:
     """Passes progress on and remembers the last (finished, total) requests, to tell a run that ended
     by itself from one cut by max_steps."""
@@ -86,6 +158,10 @@ def stop_marker(exc: BaseException, steps_done: int) -> dict[str, Any]:
         return {"reason": name, "message": f"stopped by {name}", "steps_done": steps_done}
     if isinstance(exc, KeyboardInterrupt):
         return {"reason": "SIGINT", "message": "interrupted (^C / SIGINT)", "steps_done": steps_done}
+    if isinstance(exc, OutputError):
+        error = str(exc)
+        return {"reason": "error", "message": f"writing the outputs failed: {error}"[:2000], "error": error[:2000],
+                "steps_done": steps_done}
     error = f"{type(exc).__name__}: {exc}"
     return {"reason": "error", "message": f"the run failed: {error}"[:2000], "error": error[:2000],
             "steps_done": steps_done}

@@ -38,10 +38,11 @@ from simulator.scenario import Scenario
 
 from . import __version__
 from .outputs import ShapeTimeline, StreamingOutputs, jsonl_text, summary_of
-from .partial import ProgressTracker, cut_marker, stop_marker
+from .partial import (REFUSALS, ProgressTracker, RunStopped, as_output_error, cut_marker, signals_held, stop_marker,
+                      whole_lines)
 from .pools import make_draft_pool_factory, make_pool_factory
 from .resources import check_resources, pools_shared
-from .rundir import RunDir, UsageError, write_atomic, write_json_atomic
+from .rundir import OutputError, RunDir, UsageError, check_out, write_atomic, write_json_atomic  # noqa: F401
 from .run_setup import RunOptions, Setup, setup
 
 
@@ -74,14 +75,6 @@ def _simulate(su: Setup, observer: RunObserver, progress: ProgressTracker) -> Ru
 
         executor = CudaGraphExecutor()
     su.extra["cuda_graphs"] = executor is not None
-    if su.opts.inject:
-        from simulator.plugins.faults import FaultInjector, parse_inject
-
-        try:
-            kinds = parse_inject(su.opts.inject)
-        except ValueError as e:
-            raise UsageError(str(e)) from None
-        su.faults = FaultInjector(kinds, su.scenario.seed)
     kwargs: dict[str, Any] = dict(device=su.device, observer=observer, progress=progress, run_info_extra=su.extra,
                                   version=__version__, max_steps=su.scenario.max_steps, executor=executor,
                                   make_draft_pool=make_draft_pool_factory(su.device, su.geometry, su.store))
@@ -109,19 +102,29 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
                  options: Optional[RunOptions] = None) -> RunOutput:
     """Run one scenario end to end and write its outputs to ``out_dir`` (if given).
 
-    With ``out_dir`` the directory is locked for the run and the previous run's files are removed first
-    (see slotscope/rundir.py). A run stopped by an exception or a signal writes its partial outputs,
-    marked incomplete, and re-raises; ``exc.partial_outputs`` then holds the "incomplete" entry.
+    Every check that can refuse the run (the options, ``--inject``, the design and its ``backend_spec``, the
+    engine's options, the memory estimate, ``out_dir`` itself, what the run's set-up refuses) comes before
+    anything in ``out_dir`` is touched: a refused run leaves the previous run's files as they were. The
+    directory is locked for the run and the previous run's files are removed when the first step is next
+    (slotscope/rundir.py). A run stopped by an exception or a signal writes its partial outputs, marked
+    incomplete, and re-raises; ``exc.partial_outputs`` then holds the "incomplete" entry.
     """
     opts = options or RunOptions()
-    su = setup(scenario_or_path, opts)
-    shared = pools_shared(su.scenario, su.device, cuda_graphs=_uses_graph_executor(su),
-                          plugins=bool(su.opts.inject) or su.opts.forward_observer is not None)
-    check_resources(su.scenario, su.design, su.device, su.geometry, shared=shared)   # will it fit? (exit 2)
-    if out_dir is None:
+    try:
+        if out_dir is not None:
+            check_out(out_dir)            # a bad --out before anything is loaded (touches nothing)
+        su = setup(scenario_or_path, opts)
+        shared = pools_shared(su.scenario, su.device, cuda_graphs=_uses_graph_executor(su),
+                              plugins=bool(su.opts.inject) or su.opts.forward_observer is not None)
+        check_resources(su.scenario, su.design, su.device, su.geometry, shared=shared)   # will it fit? (exit 2)
+        rd = None if out_dir is None else RunDir.open(out_dir)            # checked and locked, not yet cleared
+    except (KeyboardInterrupt, RunStopped) as exc:
+        exc.outputs_untouched = True  # type: ignore[attr-defined]
+        raise
+    if rd is None:
         return _run_in_memory(su)
-    with RunDir.open(out_dir) as rd:
-        return _RunWriter(su, rd.path).run()
+    with rd:
+        return _RunWriter(su, rd).run()
 
 
 def _run_in_memory(su: Setup) -> RunOutput:
@@ -137,11 +140,12 @@ def _run_in_memory(su: Setup) -> RunOutput:
 
 
 class _RunWriter:
-    """One run into a (locked, cleared) directory: provenance first, streamed files while it runs, the
-    rest at the end, partial outputs when it is stopped."""
+    """One run into a locked directory: nothing touched until the run begins (its set-up done, the first step
+    next), then provenance first, streamed files while it runs, the rest at the end, partial outputs marked
+    incomplete when it is stopped (also while the last outputs are written)."""
 
-    def __init__(self, su: Setup, out: Path):
-        self.su, self.out = su, out
+    def __init__(self, su: Setup, rd: RunDir):
+        self.su, self.rd, self.out = su, rd, rd.path
         self.timeline = ShapeTimeline()
         self.layers: list[list[Any]] = [[l.layer, l.kind] for l in su.scenario.model.layers()]
         self.timings: dict[str, Any] = {}
@@ -149,6 +153,7 @@ class _RunWriter:
         self.live_export_error: Optional[str] = None
         #: which source served each concern (simulator RunResult.sources), once the run has a result
         self.sources: Optional[dict[str, Any]] = None
+        self.complete_claims: set[str] = set()       # files written saying "complete"
 
     # ---------------------------------------------------------------------------- provenance
     def run_json(self, status: str, incomplete: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -181,18 +186,21 @@ class _RunWriter:
 
     def write_run_json(self, status: str, incomplete: Optional[dict[str, Any]] = None) -> None:
         write_json_atomic(self.out / "run.json", self.run_json(status, incomplete))
+        (self.complete_claims.add if status == "complete" else self.complete_claims.discard)("run.json")
 
-    def _on_run_start(self, run: RunInfo) -> None:
-        """The run's layers (the draft's too) are known now: run.json says so before the first step."""
-        self.layers = [[l.layer, l.kind] for l in run.layers]
+    def _begin(self, run: Optional[RunInfo] = None) -> None:
+        """The run begins (its set-up passed; its layers, the draft's too, are known): the previous run's files
+        go, scenario.toml and run.json come before the first step."""
+        if run is not None:
+            self.layers = [[l.layer, l.kind] for l in run.layers]
+        self.rd.begin()
+        write_atomic(self.out / "scenario.toml", self.su.scenario.to_toml())
         self.write_run_json("running")
 
     # ---------------------------------------------------------------------------- the run
     def run(self) -> RunOutput:
         su = self.su
-        write_atomic(self.out / "scenario.toml", su.scenario.to_toml())
-        self.write_run_json("running")
-        streaming = StreamingOutputs(self.out, on_start=self._on_run_start)
+        streaming = StreamingOutputs(self.out, on_start=self._begin)
         observers: list[RunObserver] = [self.timeline, *su.opts.extra_observers, streaming]
         if su.opts.trace_level != "off":
             from tracing.session import TraceSession
@@ -204,23 +212,43 @@ class _RunWriter:
         try:
             result = _simulate(su, ObserverFanout(observers), progress)
         except BaseException as exc:
-            partial = getattr(exc, "partial_result", None)
             self.timings["run_s"] = time.perf_counter() - t0
-            try:
-                streaming.close(partial.steps if partial is not None else ())
-            except Exception as e:  # noqa: BLE001 - the summary must still be written
-                self.timings["streaming_error"] = f"{type(e).__name__}: {e}"[:500]
-            steps_done = len(partial.steps) if partial is not None else 0
-            marker = stop_marker(exc, steps_done)
-            exc.partial_outputs = marker  # type: ignore[attr-defined]
-            self._write_partial(partial, marker)
+            self._stopped(exc, streaming)
             raise
-        streaming.close()
         self.timings["run_s"] = time.perf_counter() - t0
         incomplete = cut_marker(su.scenario.max_steps, len(result.steps), progress)
-        summary = self._write_outputs(result, incomplete)
+        try:
+            streaming.close()
+            summary = self._write_outputs(result, incomplete)
+        except BaseException as exc:      # a signal or a failed write after the last step: never left complete
+            self._stopped_writing(exc, result)
+            raise
         return RunOutput(result, summary, self.out, self.timings, incomplete=incomplete,
                          live_export_error=self.live_export_error, faults=self.su.faults)
+
+    def _stopped(self, exc: BaseException, streaming: StreamingOutputs) -> None:
+        """The run stopped. Refused or signalled before it began: nothing was touched (say so). Otherwise its
+        partial outputs, marked incomplete."""
+        if not self.rd.begun and isinstance(exc, REFUSALS + (KeyboardInterrupt, RunStopped)):
+            exc.outputs_untouched = True  # type: ignore[attr-defined]
+            return
+        partial = getattr(exc, "partial_result", None)
+        try:
+            if not self.rd.begun:
+                self._begin()                # a crash in the set-up: the directory records it
+            streaming.close(partial.steps if partial is not None else ())
+        except Exception as e:  # noqa: BLE001 - the summary must still be written
+            self.timings["streaming_error"] = f"{type(e).__name__}: {e}"[:500]
+        marker = stop_marker(exc, len(partial.steps) if partial is not None else 0)
+        exc.partial_outputs = marker  # type: ignore[attr-defined]
+        self._write_partial(exc, partial, marker)
+
+    def _stopped_writing(self, exc: BaseException, result: RunResult) -> None:
+        marker = stop_marker(exc, len(result.steps))
+        if not isinstance(exc, OutputError):
+            marker["message"] += " while the outputs were written"
+        exc.partial_outputs = marker  # type: ignore[attr-defined]
+        self._write_partial(exc, result, marker)
 
     def _write_outputs(self, result: RunResult, incomplete: Optional[dict[str, Any]]) -> dict[str, Any]:
         """summary.json, shapes.jsonl and run.json first (cheap, what every other tool reads), then the
@@ -232,53 +260,78 @@ class _RunWriter:
             # --inject: every fault, and what detected it (simulator/plugins/faults.py)
             summary["faults"] = self.su.faults.summary()
             write_atomic(self.out / "faults.jsonl", self.su.faults.jsonl())
-        write_json_atomic(self.out / "summary.json", summary)
         self._write_shapes()
+        write_json_atomic(self.out / "summary.json", summary)
+        if incomplete is None:
+            self.complete_claims.add("summary.json")
         status = "complete" if incomplete is None else "incomplete"
         self.write_run_json(status, incomplete)
         self.timings["write_s"] = time.perf_counter() - t1
         if self.trace is not None:
+            from tracing.processor import SpanLossError
+
             t2 = time.perf_counter()
-            self.timings["trace"] = self.trace.finish(result.info, live_failure="report")
+            self.timings["trace"] = as_output_error(lambda: self.trace.finish(result.info, live_failure="report"),
+                                                    self.out / "trace.otlp.jsonl", (SpanLossError,))
             self.live_export_error = self.timings["trace"].get("live_export_error")
             self.timings["trace_s"] = time.perf_counter() - t2
         if self.su.opts.report:
             t3 = time.perf_counter()
             from reports.html import write_report
 
-            write_report(self.out)
+            as_output_error(lambda: write_report(self.out), self.out / "report.html")
+            if incomplete is None:
+                self.complete_claims.add("report.html")
             self.timings["report_s"] = time.perf_counter() - t3
         self.write_run_json(status, incomplete)
+        self.rd.free_reserve()
         return summary
 
-    def _write_partial(self, partial: Optional[RunResult], marker: dict[str, Any]) -> None:
-        """What a stopped run leaves: the summary so far (marked incomplete), shapes, run.json, then,
-        as far as they go, the trace and the report. A failure here never hides the run's own error."""
-        if partial is not None:
-            self.sources = partial.sources
-            write_json_atomic(self.out / "summary.json", summary_of(self.su.scenario, self.su.design, partial, marker,
-                                                                     self.su.engine))
-            self._write_shapes()
-        self.write_run_json("incomplete", marker)
+    def _write_partial(self, exc: BaseException, partial: Optional[RunResult], marker: dict[str, Any]) -> None:
+        """What a stopped run leaves: the summary so far (marked incomplete), shapes, run.json, then, as far as
+        they go, the trace and the report. The kept-back room is freed first (a full disk); a file that cannot
+        say incomplete and said complete is removed; a failure here never hides the run's own error."""
+        self.rd.free_reserve()
+        with signals_held():                 # summary.json and run.json say incomplete before a signal acts
+            if partial is not None:
+                self.sources = partial.sources
+                summary = summary_of(self.su.scenario, self.su.design, partial, marker, self.su.engine)
+                exc.partial_summary = self._try_write("summary.json", lambda: write_json_atomic(  # type: ignore
+                    self.out / "summary.json", summary))
+                self._try_write("shapes.jsonl", self._write_shapes)
+            self._try_write("run.json", lambda: self.write_run_json("incomplete", marker))
         if partial is None:
             return
-        if self.trace is not None:
+        if self.trace is not None and not self.trace.finished:
             try:
                 self.timings["trace"] = self.trace.finish(partial.info, live_failure="report")
                 self.live_export_error = self.timings["trace"].get("live_export_error")
             except Exception as e:  # noqa: BLE001 - the run's own failure is what gets reported
                 self.timings["trace_error"] = f"{type(e).__name__}: {e}"[:500]
+        whole_lines(self.out / "trace.otlp.jsonl")
         if self.su.opts.report:
-            try:
-                from reports.html import write_report
+            from reports.html import write_report
 
-                write_report(self.out)
-            except Exception as e:  # noqa: BLE001
-                self.timings["report_error"] = f"{type(e).__name__}: {e}"[:500]
-        self.write_run_json("incomplete", marker)
+            self._try_write("report.html", lambda: write_report(self.out), (Exception,))
+        self._try_write("run.json", lambda: self.write_run_json("incomplete", marker))
+
+    def _try_write(self, name: str, write, catch: tuple = (OSError,)) -> bool:
+        """``write()``; on failure the error goes to run.json's timings and a file of ``name`` that said complete
+        goes (whole or absent, never a complete claim). Whether it was written."""
+        try:
+            write()
+            self.complete_claims.discard(name)
+            return True
+        except catch as e:
+            self.timings.setdefault("write_errors", []).append(f"{name}: {type(e).__name__}: {e}"[:500])
+            if name in self.complete_claims:
+                try:
+                    (self.out / name).unlink()
+                except OSError:
+                    pass
+                self.complete_claims.discard(name)
+            return False
 
     def _write_shapes(self) -> None:
         write_atomic(self.out / "shapes.jsonl", jsonl_text(
             {"step": s, "backend": b, "kind": k, "loc_len": l, "swa_loc_len": w} for s, b, k, l, w in self.timeline.rows))
-
-

@@ -20,7 +20,7 @@ from engine_path.releases import EngineSpec
 from simulator.core.observe import RunObserver
 from simulator.designs.base import Design
 from simulator.designs.loading import load_design
-from simulator.scenario import MAX_SEED, Scenario, load_scenario
+from simulator.scenario import MAX_SEED, Scenario, design_file_spec, load_scenario
 
 from .rundir import UsageError
 
@@ -70,6 +70,9 @@ class RunOptions:
     quiet_engine: bool = False            # no "importing sglang ..." lines on stderr
     extra_observers: Sequence[RunObserver] = field(default_factory=tuple)
     inject: Sequence[str] = ()            # --inject KIND[:PROB] (simulator/plugins/faults.py)
+    #: a design file (path.py:Class) that a scenario read from a path names may run (--allow-design-files);
+    #: a Scenario object the caller built, or a design given here (``design``), runs without it
+    allow_design_files: bool = False
     forward_observer: Any = None          # simulator.core.observe.ForwardObserver (bench/vs_kv_canary.py)
 
 
@@ -109,8 +112,45 @@ def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -
                                    max_steps=opts.max_steps, engine_release=engine_release)
 
 
+ALLOW_FLAG = "--allow-design-files"
+
+
+def check_design_file(scenario: Scenario, given: Optional[str], allowed: bool, *, field: str = "design",
+                      flag: str = ALLOW_FLAG) -> None:
+    """A scenario file is data (you may have it from someone else): a Python design file it names runs only when
+    the user says so (``flag``), or gives the design on the command line (``given``). UsageError otherwise,
+    naming the scenario file, the design file and the flag."""
+    spec = design_file_spec(scenario.design)
+    if given is not None or allowed or spec is None:
+        return
+    raise UsageError(f"{scenario.source}: {field}: names the Python file {spec[0]} (class {spec[1]}), which running "
+                     f"the scenario would import and execute. A scenario file is data you may have got from someone "
+                     f"else, so its design file runs only when you say so: pass {flag} if you trust {spec[0]}, or "
+                     f"give the design yourself (--design {scenario.design})")
+
+
+def check_faults(scenario: Scenario, inject: Sequence[str]):
+    """--inject, read and checked before the run (a FaultInjector, or None): UsageError naming the flag."""
+    if not inject:
+        return None
+    from simulator.plugins.faults import FaultInjector, parse_inject
+
+    try:
+        kinds = parse_inject(inject)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if scenario.engine.overlap:
+        raise UsageError(f"--inject: not modelled on an overlap timeline ({scenario.source}: engine.overlap = true; "
+                         f"its landings are the timeline driver's)")
+    return FaultInjector(kinds, scenario.seed)
+
+
 def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
+    if not isinstance(scenario_or_path, Scenario):
+        scenario_or_path = load_scenario(scenario_or_path)
+        check_design_file(scenario_or_path, opts.design, opts.allow_design_files)
     scenario = scenario_as_run(scenario_or_path, opts)
+    faults = check_faults(scenario, opts.inject)
     runtime = None
     if scenario.engine_release is not None:
         from .engine_run import check_options, check_scenario, load_runtime
@@ -157,5 +197,5 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
     if runtime is not None:
         extra.update({f"engine.{k}": v for k, v in runtime.api.info.to_json().items()})
-    return Setup(scenario, design, device, geometry, store, extra, opts, runtime)
+    return Setup(scenario, design, device, geometry, store, extra, opts, runtime, faults)
 

@@ -27,7 +27,7 @@ from typing import Any, Optional
 from simulator.scenario.models import PRESETS
 from simulator.scenario import RequestSpec, ScenarioError, load_scenario, parse_scenario, scenario_data
 
-from .rundir import UsageError
+from .rundir import UsageError, describe, write_atomic
 
 DEFAULT_STEP_MS = 10.0
 CACHED_GROUP = "cached"
@@ -309,9 +309,10 @@ def cmd_from_records(args) -> int:
     if out is None:
         sys.stdout.write(text)
     else:
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
+        try:
+            write_atomic(out, text)       # a fresh temporary file, renamed: a link at OUT is replaced, not followed
+        except OSError as e:
+            raise UsageError(f"-o {out}: cannot write the scenario ({e.strerror or e})") from None
     _log_reading(log, stats, read_s)
     _log_replay(log, stats, rep, base, out, step_s, how)
     return 0
@@ -321,7 +322,8 @@ def _checked_args(args) -> tuple[Optional[tuple], Optional[Path]]:
     """The flags checked before anything is read: (the --window cut, the output file or None for stdout)."""
     for f in args.files:
         if not Path(f).is_file():
-            raise UsageError(f"{f}: no such file")
+            what = describe(Path(f))
+            raise UsageError(f"{f}: no such file" if what == "nothing" else f"{f}: is {what}, not a record file")
     if args.step_ms is not None and not (math.isfinite(args.step_ms) and args.step_ms > 0):
         raise UsageError(f"--step-ms must be a positive number, got {args.step_ms}")
     if args.limit is not None and args.limit < 1:
@@ -332,6 +334,10 @@ def _checked_args(args) -> tuple[Optional[tuple], Optional[Path]]:
     out = Path(args.output) if args.output and args.output != "-" else None
     if out is not None and out.is_dir():
         raise UsageError(f"-o {out}: is a directory; give the file to write")
+    if out is not None and not out.parent.is_dir():
+        what = describe(out.parent)
+        raise UsageError(f"-o {out}: its directory {out.parent} " + ("does not exist" if what == "nothing" else
+                                                                       f"is {what}, not a directory"))
     return window, out
 
 

@@ -45,10 +45,11 @@ from typing import Any, Callable, Optional, Sequence
 
 from engine_path.errors import EngineError
 from engine_path.releases import EngineSpec
-from simulator.scenario import BACKENDS, Scenario, ScenarioError, load_scenario, parse_scenario
+from simulator.scenario import (BACKENDS, Scenario, ScenarioError, design_file_spec, load_scenario, parse_scenario,
+                                path_name_problem)
 from simulator.scenario.models import PRESETS
 
-from .rundir import UsageError
+from .rundir import UsageError, confined, describe, write_atomic
 
 EXIT_OK, EXIT_POINT_FAILED, EXIT_BAD_INPUT, EXIT_SIGINT = 0, 1, 2, 130
 DEFAULT_BASE = Path(__file__).resolve().parent.parent / "scenarios" / "smoke.toml"
@@ -150,8 +151,10 @@ def _sources(data: dict, path: Path) -> list[tuple[str, Scenario]]:
     return out
 
 
-def _runners(data: dict, path: Path, engine: Optional[EngineSpec] = None) -> list[tuple[str, str]]:
-    """The grid's designs and engine releases, checked; with ``engine`` (--engine) that engine alone."""
+def _runners(data: dict, path: Path, engine: Optional[EngineSpec] = None,
+             allow_design_files: bool = False) -> list[tuple[str, str]]:
+    """The grid's designs and engine releases, checked; with ``engine`` (--engine) that engine alone. A design
+    file (path.py:Class) is imported only with ``allow_design_files`` (a grid is data, like a scenario)."""
     from simulator.designs.types import DesignError
     from simulator.designs.loading import load_design
 
@@ -160,8 +163,14 @@ def _runners(data: dict, path: Path, engine: Optional[EngineSpec] = None) -> lis
     out: list[tuple[str, str]] = []
     for i, d in enumerate(_list(data, path, "designs", str)):
         spec = d
-        if ":" in d and d.split(":")[0].endswith(".py"):
-            spec = f"{_rel(path, d.rsplit(':', 1)[0]).resolve()}:{d.rsplit(':', 1)[1]}"
+        file_spec = design_file_spec(d)
+        if file_spec is not None:
+            spec = f"{_rel(path, file_spec[0]).resolve()}:{file_spec[1]}"
+            if not allow_design_files:
+                raise UsageError(f"{path}: designs[{i}]: names the Python file {spec.rsplit(':', 1)[0]}, which the "
+                                 f"sweep would import and execute. A grid file is data you may have got from someone "
+                                 f"else, so its design files run only when you say so: pass --allow-design-files "
+                                 f"if you trust it")
         try:
             load_design(spec)
         except (DesignError, ValueError, OSError) as e:
@@ -179,12 +188,15 @@ def _runners(data: dict, path: Path, engine: Optional[EngineSpec] = None) -> lis
     return out
 
 
-def load_grid(path: str | Path, engine: Optional[EngineSpec] = None) -> Grid:
+def load_grid(path: str | Path, engine: Optional[EngineSpec] = None, allow_design_files: bool = False) -> Grid:
     """Read and check a grid file; every error names the file and the field. ``engine`` (--engine): every
-    point runs with it, in place of the grid's designs and engines (which are still checked)."""
+    point runs with it, in place of the grid's designs and engines (which are still checked).
+    ``allow_design_files``: the grid's design files may be imported (--allow-design-files)."""
     import tomllib
 
     path = Path(path)
+    if path.is_dir():
+        raise ScenarioError(f"{path}: is a directory, not a grid file")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
@@ -205,9 +217,11 @@ def load_grid(path: str | Path, engine: Optional[EngineSpec] = None) -> Grid:
     if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1):
         raise _fail(path, "max_steps", f"must be an integer >= 1, got {max_steps!r}")
     name = data.get("name", path.stem)
-    if not isinstance(name, str):
-        raise _fail(path, "name", f"must be a string, got {name!r}")
-    return Grid(name=name, sources=tuple(_sources(data, path)), runners=tuple(_runners(data, path, engine)),
+    problem = path_name_problem(name)     # it names the default output directory, out/sweep-<name>
+    if problem is not None:
+        raise _fail(path, "name", f"{name!r:.80} {problem}")
+    return Grid(name=name, sources=tuple(_sources(data, path)),
+                runners=tuple(_runners(data, path, engine, allow_design_files)),
                 backends=tuple(backends) or (None,),
                 dp_sizes=tuple(_list(data, path, "dp_sizes", int, 1)) or (None,),
                 page_sizes=tuple(_list(data, path, "page_sizes", int, 1)) or (None,),
@@ -247,9 +261,10 @@ def point_scenario(grid: Grid, p: Point) -> Scenario:
 def point_hash(sc: Scenario) -> str:
     """The cache key: the scenario as run, and a user design file's text."""
     h = hashlib.sha256(sc.raw.encode())
-    if ":" in sc.design and sc.design.split(":")[0].endswith(".py"):
+    file_spec = design_file_spec(sc.design)
+    if file_spec is not None:
         try:
-            h.update(Path(sc.design.rsplit(":", 1)[0]).read_bytes())
+            h.update(Path(file_spec[0]).read_bytes())
         except OSError:
             pass
     return h.hexdigest()[:16]
@@ -298,12 +313,10 @@ def _first(summary: dict) -> Optional[dict]:
 
 
 def _write_point(cache: Path, p: Point, rec: dict[str, Any]) -> None:
-    d = cache / rec["hash"]
+    d = confined(cache, str(rec["hash"]), "a point's hash")
     d.mkdir(parents=True, exist_ok=True)
     rec = dict(rec, point={"source": p.source, "row": p.row, "label": p.label})
-    tmp = d / "point.json.tmp"
-    tmp.write_text(json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, d / "point.json")
+    write_atomic(d / "point.json", json.dumps(rec, indent=2, sort_keys=True) + "\n")
 
 
 def _cached(cache: Path, h: str) -> Optional[dict[str, Any]]:
@@ -436,7 +449,7 @@ def sweep(grid: Grid, out: Path, *, local: bool = False, address: Optional[str] 
 
 
 def register(subparsers: Any) -> None:
-    from .options import add_engine_option
+    from .options import add_allow_design_files, add_engine_option, positive_int
 
     p = subparsers.add_parser(
         "sweep", help="run a grid of scenarios x designs/releases x backends x DP x page sizes x seeds on Ray",
@@ -455,11 +468,26 @@ def register(subparsers: Any) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--local", action="store_true", help="one process, no Ray")
     where.add_argument("--address", help="an existing Ray cluster (ray.init(address=...))")
-    p.add_argument("--num-cpus", type=int, metavar="N", help="local Ray: use N cores (default every core)")
+    p.add_argument("--num-cpus", type=positive_int, metavar="N", help="local Ray: use N cores (default every core)")
+    add_allow_design_files(p, "the grid file")
     add_engine_option(p, help="sglang or sglang==VERSION: every point runs with this engine in the write path, "
                               "in place of the grid's designs and engines (one row: engine SPEC)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_sweep)
+
+
+def check_sweep_out(out: Path) -> Path:
+    """A sweep's directory: a directory (or nothing yet) whose points/ and report.html can be written."""
+    if str(out) == "":
+        raise UsageError("--out: must not be empty (give a directory)")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: is {describe(out)}, not a directory")
+    for name in ("points", "report.html"):
+        p = out / name
+        if p.exists() and p.is_dir() != (name == "points"):
+            raise UsageError(f"--out {out}: {name} is {describe(p)}; the sweep writes "
+                             f"{'a directory' if name == 'points' else 'a file'} of that name there")
+    return out
 
 
 def cmd_sweep(args) -> int:
@@ -469,10 +497,11 @@ def cmd_sweep(args) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
-    grid = load_grid(args.grid, engine=args.engine)
+    out = None if args.out is None else check_sweep_out(Path(args.out))
+    grid = load_grid(args.grid, engine=args.engine, allow_design_files=args.allow_design_files)
     if args.engine is not None:
         log(f"sweep: --engine {args.engine}: every point runs with it (the grid's designs and engines are not run)")
-    out = Path(args.out or f"out/sweep-{grid.name}")
+    out = out or check_sweep_out(confined(Path("out"), f"sweep-{grid.name}", f"{args.grid}: name"))
     if not args.local:
         _ray()                       # a clear error naming the extra before anything runs
     records, invalid, interrupted = sweep(grid, out, local=args.local, address=args.address,

@@ -112,8 +112,12 @@ def test_bad_inputs_exit_2(tmp_path, capsys):
     summary["backends"]["triton"]["first_finding"] = {"step": 0, "layer": 0, "class": "missed"}
     (user / "summary.json").write_text(json.dumps(summary))
     assert run["design"] == "strict-slice"
-    # scenario.toml is the scenario as run: it names the user design by its spec, so minimize loads it
+    # scenario.toml is the scenario as run: it names the user design by its spec, which minimize imports only
+    # when asked (a run directory is data you may have got from someone else)
     assert main(["minimize", str(user)]) == 2
+    err = capsys.readouterr().err
+    assert f"{user / 'scenario.toml'}: design: names the Python file" in err and "--allow-design-files" in err
+    assert main(["minimize", str(user), "--allow-design-files"]) == 2
     err = capsys.readouterr().err
     assert "under strict-slice" in err and "does not reproduce missed at a swa layer on triton" in err
     # an older run directory (scenario.toml as the user wrote it) records only the design's name

@@ -183,7 +183,8 @@ def local_ray():
 def test_ray_runs_points_and_reports_a_dying_worker_after_one_retry(tmp_path, local_ray):
     design = tmp_path / "dying.py"
     design.write_text(DYING)
-    g = load_grid(small_grid(tmp_path, designs=f'"sglang-post-29460", "kvwriteloc-strict", "{design}:Dying"'))
+    g = load_grid(small_grid(tmp_path, designs=f'"sglang-post-29460", "kvwriteloc-strict", "{design}:Dying"'),
+                  allow_design_files=True)
     out = tmp_path / "out"
     records, invalid, interrupted = sweep(g, out)
     by = {p.row.split("/")[-1]: r for p, r in records.items()}

@@ -11,6 +11,7 @@ from simulator.designs.base import Design
 from simulator.designs.catalogue import BUILTIN_DESIGNS
 from simulator.designs.types import DesignError
 from simulator.engine_model.padding_convention import PaddingConvention, padding_convention
+from simulator.scenario import design_file_spec
 
 
 def design_instance(design: Design) -> Design:
@@ -23,40 +24,68 @@ def design_instance(design: Design) -> Design:
 
 
 def load_design(spec: str) -> Design:
-    """A design by name, or ``path/to/file.py:ClassName`` for a user's own."""
+    """A design by name, or ``path/to/file.py:ClassName`` for a user's own (imported: its code runs)."""
+    if not isinstance(spec, str):
+        raise DesignError(f"a design is a name or path/to/file.py:ClassName (a string), got {spec!r}")
     if spec in BUILTIN_DESIGNS:
         return BUILTIN_DESIGNS[spec]()
-    if ":" not in spec or not spec.split(":", 1)[0].endswith(".py"):
+    file_spec = design_file_spec(spec)
+    if file_spec is None:
         raise DesignError(f"unknown design {spec!r}: use one of {', '.join(sorted(BUILTIN_DESIGNS))} "
                           f"or path/to/file.py:ClassName")
-    path_s, cls_name = spec.rsplit(":", 1)
-    path = Path(path_s)
-    if not path.is_file():
+    path, cls_name = Path(file_spec[0]), file_spec[1]
+    where = f"{path}:{cls_name}"
+    cls = getattr(_import_file(path), cls_name, None)
+    if cls is None:
+        raise DesignError(f"design file {path} has no class {cls_name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, Design)):
+        raise DesignError(f"{where} must subclass simulator.designs.Design")
+    try:
+        design = cls()
+    except (Exception, SystemExit) as e:
+        raise DesignError(f"{where}() raised {type(e).__name__}: {e}") from e
+    design_padding(design, where)
+    name = getattr(design, "name", None)
+    if name == Design.name:
+        design.name = f"{path.name}:{cls_name}"      # no name of its own: the file and class name it
+    else:
+        _check_name(name, f"{where}.name")
+    return design
+
+
+def _import_file(path: Path):
+    """The module of a user's design file (its top-level code runs); DesignError naming the file on any failure."""
+    if not path.exists():
         raise DesignError(f"design file {path} does not exist")
+    if not path.is_file():
+        raise DesignError(f"design file {path} is {'a directory' if path.is_dir() else 'not a regular file'}, "
+                          f"not a Python file")
     mod_name = f"slotscope_user_design_{abs(hash(str(path.resolve())))}"
     module_spec = importlib.util.spec_from_file_location(mod_name, path)
-    assert module_spec and module_spec.loader
+    if module_spec is None or module_spec.loader is None:
+        raise DesignError(f"design file {path} cannot be imported as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[mod_name] = module
     try:
         module_spec.loader.exec_module(module)
     except DesignError as e:
+        del sys.modules[mod_name]
         raise DesignError(f"design file {path}: {e}") from e
-    except Exception as e:  # the user's file: report, don't crash with a traceback
+    except (Exception, SystemExit) as e:  # the user's file (sys.exit at import too): report, no traceback
+        del sys.modules[mod_name]
         raise DesignError(f"design file {path} failed to import: {type(e).__name__}: {e}") from e
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise DesignError(f"design file {path} has no class {cls_name!r}")
-    if not (isinstance(cls, type) and issubclass(cls, Design)):
-        raise DesignError(f"{path}:{cls_name} must subclass simulator.designs.Design")
-    try:
-        design = cls()
-    except Exception as e:
-        raise DesignError(f"{path}:{cls_name}() raised {type(e).__name__}: {e}") from e
-    design_padding(design, f"{path}:{cls_name}")
-    if not getattr(cls, "name", None) or cls.name == "design":
-        design.name = f"{path.name}:{cls_name}"
-    return design
+    return module
+
+
+def _check_name(name: object, where: str) -> None:
+    """A design's name is shown in every table, summary and span: a non-empty string of one line."""
+    if not isinstance(name, str):
+        raise DesignError(f"{where}: must be a string, got {type(name).__name__} {name!r}"[:300])
+    if not name.strip():
+        raise DesignError(f"{where}: must not be empty (leave it out and the file and class name the design)")
+    bad = next((c for c in name if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise DesignError(f"{where}: must not contain a control character ({bad!r})")
 
 
 def design_padding(design: Design, where: Optional[str] = None) -> PaddingConvention:

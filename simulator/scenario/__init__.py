@@ -17,7 +17,7 @@ from simulator.scenario.config import (ARRIVALS, BACKENDS, CUSTOM_MODEL, DEFAULT
                                        RESERVES, SPEC_ALGORITHMS, WAR_BARRIERS, Distribution, EngineConfig,
                                        PoolConfig, RequestSpec, Scenario, ScenarioError, SpeculativeConfig,
                                        WorkloadConfig, content_ids, scenario_data)
-from simulator.scenario.fields import MAX_INT
+from simulator.scenario.fields import MAX_INT, MAX_NAME_BYTES, design_file_spec, path_name_problem
 from simulator.scenario.parse import MAX_FILE_BYTES, load_scenario, parse_scenario, tomllib
 
 __all__ = [
@@ -28,7 +28,9 @@ __all__ = [
     "BACKENDS", "ARRIVALS", "SPEC_ALGORITHMS", "DISTRIBUTIONS", "WAR_BARRIERS", "PLATFORMS", "RESERVES",
     "DEFAULT_DESIGN", "CUSTOM_MODEL", "DEFAULT_PROMPT_LEN", "DEFAULT_OUTPUT_LEN", "DEFAULT_DP_OTHER_TOKENS",
     "DEFAULT_SYSTEM_PROMPT_LEN", "ONE_TURN", "NO_THINK_TIME", "NO_SPECULATIVE", "MAX_SEED", "MAX_INT",
-    "MAX_FILE_BYTES",
+    "MAX_FILE_BYTES", "MAX_NAME_BYTES",
+    # what a name that becomes a directory, and a design spec that names a file, must be
+    "path_name_problem", "design_file_spec",
     # reading and writing back
     "parse_scenario", "load_scenario", "scenario_data",
     # the TOML reader of this Python (tomllib, or tomli before 3.11), which corpus files are read with too

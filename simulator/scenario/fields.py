@@ -12,6 +12,41 @@ from typing import Any, Optional
 from simulator.scenario.config import DISTRIBUTIONS, Distribution, ScenarioError
 
 MAX_INT = 2**31 - 1    # the largest value of any integer field without its own limit
+#: the longest name that becomes a directory (a file name's limit on common file systems)
+MAX_NAME_BYTES = 255
+
+
+def path_name_problem(name: Any) -> Optional[str]:
+    """What keeps ``name`` from being one directory name (``out/<name>``), or None when it can be one.
+
+    A scenario's ``name`` (and a sweep grid's) becomes the default output directory, so it must stay one path
+    component inside ``out/``: a string, not empty, no path separator, no ``.`` or ``..``, no NUL or other
+    control character, at most :data:`MAX_NAME_BYTES` bytes."""
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__} {short_repr(name)}"
+    if not name:
+        return "must not be empty"
+    for i, c in enumerate(name):
+        if c == "\0":
+            return f"must not contain a NUL character (at {i})"
+        if ord(c) < 32 or ord(c) == 127:
+            return f"must not contain a control character ({c!r} at {i})"
+        if c in "/\\":
+            return f"must not contain a path separator ({c!r} at {i}): it names the output directory out/<name>"
+    if name in (".", ".."):
+        return f"must not be {name!r}: it names the output directory out/<name>"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"must be at most {MAX_NAME_BYTES} bytes (it names the output directory out/<name>), got {len(name)}"
+    return None
+
+
+def design_file_spec(spec: str) -> Optional[tuple[str, str]]:
+    """``(path, class name)`` when a design spec names a Python file (``path/to/file.py:ClassName``), else None
+    (a built-in design's name)."""
+    if not isinstance(spec, str) or ":" not in spec:
+        return None
+    path, cls = spec.rsplit(":", 1)
+    return (path, cls) if path.endswith(".py") else None
 
 
 class TomlTable:

@@ -6,6 +6,7 @@ fields (a conversation's turns, combinations a mode does not run with), each ref
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from simulator.scenario.config import (ARRIVALS, BACKENDS, CUSTOM_MODEL, DEFAULT
                                        NO_THINK_TIME, ONE_TURN, PLATFORMS, RESERVES, SPEC_ALGORITHMS, WAR_BARRIERS,
                                        EngineConfig, PoolConfig, RequestSpec, Scenario, ScenarioError,
                                        SpeculativeConfig, WorkloadConfig)
-from simulator.scenario.fields import TomlTable, read_distribution, short_repr
+from simulator.scenario.fields import TomlTable, design_file_spec, path_name_problem, read_distribution, short_repr
 
 MAX_FILE_BYTES = 64 * 2**20    # a scenario file is at most this large
 
@@ -318,6 +319,19 @@ def _unified_combos(t: TomlTable, cfg: EngineConfig) -> None:
             raise t.fail(key, f"cannot be on with pool.unified = true ({why[key]})")
 
 
+def _name(top: TomlTable, stem: str) -> str:
+    """The scenario's name: it is the default output directory (out/<name>), so one plain directory name."""
+    given = top.has("name")
+    name = top.get("name", str, stem)
+    problem = path_name_problem(name)
+    if problem is not None:
+        if given:
+            raise top.fail("name", f"{short_repr(name)} {problem}")
+        raise top.fail("name", f"not given, and the file's name gives {short_repr(name)}, which {problem}; "
+                               f"give the scenario a name")
+    return name
+
+
 def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
     """Parse and validate scenario TOML text; ``source`` names the file in error messages."""
     try:
@@ -330,7 +344,7 @@ def parse_scenario(text: str, source: str = "<inline>") -> Scenario:
         raise ScenarioError(f"{source}: the file holds no scenario (it is empty or only comments): "
                             f"a scenario needs at least [model], [pool] and [workload]")
     top = TomlTable(data, "", source)
-    name = top.get("name", str, Path(source).stem)
+    name = _name(top, Path(source).stem)
     description = top.get("description", str, "")
     try:
         seed = top.get("seed", int, 0, minimum=0, maximum=MAX_SEED)
@@ -385,4 +399,13 @@ def load_scenario(path: str | Path) -> Scenario:
                             f"column {col}); scenario files are UTF-8 TOML") from None
     if text.startswith("\ufeff"):
         text = text[1:]          # a byte-order mark is not part of the TOML
-    return parse_scenario(text, str(p))
+    return _design_beside(parse_scenario(text, str(p)), p)
+
+
+def _design_beside(sc: Scenario, path: Path) -> Scenario:
+    """A design file the scenario names by a relative path is the one beside the scenario file (not one in the
+    current directory): the spec becomes that file's absolute path (the scenario's text and hash stay)."""
+    spec = design_file_spec(sc.design)
+    if spec is None or Path(spec[0]).is_absolute():
+        return sc
+    return replace(sc, design=f"{os.path.normpath((path.parent / spec[0]).absolute())}:{spec[1]}")
