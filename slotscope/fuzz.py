@@ -21,11 +21,16 @@ pool of interesting scenarios, and half the draws mutate one of them (a few knob
 others are fresh. Everything depends only on the seed and the runs' deterministic results, so the
 same seed gives the same sequence of scenarios (``--max-scenarios`` bounds it for a test).
 
-On the first failing scenario (any finding on any backend) the search stops, minimizes it with
-:class:`slotscope.minimize.Minimizer` and writes into ``--out``: ``found.toml`` (the scenario as
-drawn), ``minimal.toml``, ``run/`` (the minimal scenario's run: summary, findings, report.html) and
-``fuzz.json`` (seed, counts, the finding, timings). Exit 1 then; 0 when the budget ran out clean;
-3 on an internal error of slotscope (the scenario that triggered it is written to ``--out``).
+A failure counts only where the reference design runs the same scenario clean: by default the design's own
+release (``--against release``: ``sglang-0.5.23`` for a design of 0.5.23, ``sglang-post-33587`` for one of
+mid-2026; none for a design that is the release, or with ``--engine``), ``--against DESIGN`` another,
+``--against none`` no reference. On the first failing scenario (any finding on any backend) the search stops,
+minimizes it with :class:`slotscope.minimize.Minimizer` and writes into ``--out``: ``found.toml`` (the
+scenario as drawn), ``minimal.toml``, ``run/`` (the minimal scenario's run: summary, findings, report.html)
+and ``fuzz.json`` (seed, counts, the finding, timings). An internal error of slotscope on a draw (an exception,
+not a finding) is slotscope's own bug: the draw is written to ``--out/internal-errors/`` with its traceback,
+counted, and the search goes on. Exit 1 when a failing scenario was found; else 3 when an internal error
+was recorded; else 0 (the budget ran out clean).
 
 Where each part lives: the draws (``Generator``, ``fix_up``, ``fit_fill``, ``draw_scenario``) in
 fuzz_space.py, the features in fuzz_coverage.py, the search loop (``Fuzzer``, ``fuzz``, ``run_one``) in
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -42,11 +48,13 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from engine_path.releases import EngineSpec
-from simulator.scenario import Scenario, parse_scenario
+from simulator.scenario import MAX_SEED, Scenario, parse_scenario
 
-from .fuzz_search import FuzzResult, fuzz, run_one
+from .fuzz_search import NO_REFERENCE, OWN_RELEASE, FuzzResult, fuzz, run_one
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+#: internal errors written to --out/internal-errors/ at most (every one is counted)
+MAX_INTERNAL_WRITTEN = 20
 
 
 def parse_budget(text: str) -> float:
@@ -59,8 +67,21 @@ def parse_budget(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: give seconds or a number with s, m or h "
                                          f"(e.g. 90s, 10m)") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--budget {text!r}: must be a finite time (seconds, or with s, m, h)")
     if not value > 0:
         raise argparse.ArgumentTypeError(f"--budget {text!r}: must be positive")
+    return value
+
+
+def parse_seed(text: str) -> int:
+    """The search's seed: an integer in [0, 2^63), as ``slotscope run --seed`` takes it."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed {text!r}: must be an integer in [0, 2^63)") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"--seed {value}: must be an integer in [0, 2^63)")
     return value
 
 
@@ -90,7 +111,9 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
 
 def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], log: Callable[[str], None],
                 against: Optional[str] = None) -> dict:
-    """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json."""
+    """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json (``against``: the
+    reference design, default the result's)."""
+    against = res.against if against is None else against
     from .pipeline import RunOptions, run_scenario
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,16 +130,46 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
             "finding": {"class": f.cls, "backend": f.backend, "step": f.step, "layer": f.layer, "kind": f.kind,
                         "message": f.message},
             "minimal_findings_total": run.summary["findings_total"]}
+    info["against"] = against
     if against is not None:
-        info["against"] = against
         info["shared_with_against"] = res.shared
-        info["against_on_minimal"] = run_one(replace(back, design=against), None).status
+        try:
+            info["against_on_minimal"] = run_one(replace(back, design=against), None).status
+        except Exception as exc:          # slotscope's own bug on the reference: said, not raised
+            info["against_on_minimal"] = f"internal error: {type(exc).__name__}: {str(exc)[:200]}"
+    info.update(write_internal(res, out_dir))
+    (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def write_internal(res: FuzzResult, out_dir: Path) -> dict:
+    """Each recorded internal error's draw (``internal-errors/NNN.toml``, the design that raised as its design)
+    and traceback (``NNN.txt``), the first MAX_INTERNAL_WRITTEN of them; fuzz.json's counts."""
+    if not res.internal:
+        return {"internal_errors": 0}
+    d = out_dir / "internal-errors"
+    d.mkdir(parents=True, exist_ok=True)
+    files = []
+    for i, f in enumerate(res.internal[:MAX_INTERNAL_WRITTEN]):
+        (d / f"{i:03d}.toml").write_text(f.scenario.to_toml(defaults=False))
+        (d / f"{i:03d}.txt").write_text(f"during: {f.during} (design {f.scenario.design})\n\n{f.error}")
+        files.append(f"internal-errors/{i:03d}.toml")
+    return {"internal_errors": len(res.internal), "internal_error_files": files}
+
+
+def write_clean(res: FuzzResult, out_dir: Path, design: str, seed: int) -> dict:
+    """fuzz.json (and the internal errors) of a search that found no failure but recorded internal errors."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    info = {"status": "clean", "design": design, "seed": seed, "tried": res.tried, "rejected": res.rejected,
+            "elapsed_s": round(res.elapsed_s, 2), "coverage": res.coverage, "against": res.against,
+            "shared_with_against": res.shared}
+    info.update(write_internal(res, out_dir))
     (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
 def register(subparsers: Any) -> None:
-    from .options import add_engine_option
+    from .options import add_engine_option, positive_int
 
     p = subparsers.add_parser(
         "fuzz", help="search the scenario space for a scenario that makes a design fail",
@@ -126,20 +179,24 @@ def register(subparsers: Any) -> None:
                     "seen yet. On the first failure: minimize it and write found.toml, minimal.toml, run/ (its run "
                     "and report.html) and fuzz.json into --out. Progress on stderr.",
         epilog="exit codes: 0 the budget ran out clean, 1 a failing scenario was found, 2 bad input,\n"
-               "            3 internal error of slotscope (the scenario is written to --out)\n"
+               "            3 no failure found, but slotscope failed on a draw (an internal error: each is\n"
+               "              written to --out/internal-errors/ and the search went on)\n"
                "example: slotscope fuzz --design sglang-pre-24743 --budget 2m --seed 1 --out out/fuzz-b2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--design", required=True, help="a built-in design or path/to/file.py:ClassName")
     add_engine_option(p, help="sglang or sglang==VERSION: the real release in the write path of every scenario "
                               "drawn (default: none, the design's model)")
     p.add_argument("--budget", type=parse_budget, default=600.0, metavar="TIME",
-                   help="how long to search: 90s, 10m, 1h (default 10m)")
-    p.add_argument("--seed", type=int, default=0, help="the search's seed (same seed, same scenarios)")
+                   help="how long to search: 90s, 10m, 1h (a finite time > 0; default 10m)")
+    p.add_argument("--seed", type=parse_seed, default=0,
+                   help="the search's seed, an integer in [0, 2^63) (same seed, same scenarios; default 0)")
     p.add_argument("--out", metavar="DIR", help="where a failure goes (default out/fuzz-<design>)")
-    p.add_argument("--against", metavar="DESIGN",
-                   help="a reference design: count a failure only where it runs clean (e.g. the design yours "
-                        "started from: a bug they share, like W7 on ROCm, is not yours)")
-    p.add_argument("--max-scenarios", type=int, metavar="N", help="stop after N scenarios run")
+    p.add_argument("--against", metavar="DESIGN", default=OWN_RELEASE,
+                   help="a reference design: count a failure only where it runs clean. 'release' (the default): "
+                        "the design's own release (sglang-0.5.23 for a design of 0.5.23, sglang-post-33587 for one of "
+                        "mid-2026; none for the release itself or with --engine), so a bug the release has, like W7 "
+                        "on ROCm, does not end the search; a design name or path.py:Class; 'none': no reference")
+    p.add_argument("--max-scenarios", type=positive_int, metavar="N", help="stop after N scenarios run (N >= 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_fuzz)
 
@@ -155,34 +212,41 @@ def cmd_fuzz(args) -> int:
 
     engine = args.engine
     out_dir = Path(args.out or f"out/fuzz-{_slug(args.design)}")
-    log(f"fuzz: design {args.design}, seed {args.seed}, budget {args.budget:.0f}s")
+    from .fuzz_search import resolve_against
+
+    against = resolve_against(args.design, args.against, engine)
+    why = " (the design's own release)" if args.against == OWN_RELEASE and against else ""
+    log(f"fuzz: design {args.design}, seed {args.seed}, budget {args.budget:.0f}s, against "
+        f"{against or 'nothing'}{why}")
     res = fuzz(args.design, seed=args.seed, budget_s=args.budget, engine=engine, max_scenarios=args.max_scenarios,
-               log=log, against=args.against)
+               log=log, against=against or NO_REFERENCE)
+    internal = f", {len(res.internal)} internal errors of slotscope" if res.internal else ""
     log(f"fuzz: {res.status}: {res.tried} scenarios run, {res.rejected} rejected, {res.elapsed_s:.1f}s, "
-        f"coverage {res.coverage} combinations")
-    if res.status == "internal":
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "internal-error.toml").write_text(res.scenario.to_toml(defaults=False))
-        sys.stderr.write(res.error or "")
-        log(f"slotscope: error: internal error of slotscope on a valid scenario; it is in "
-            f"{out_dir / 'internal-error.toml'} (rerun: slotscope run {out_dir / 'internal-error.toml'})")
-        return EXIT_INTERNAL
+        f"coverage {res.coverage} combinations" + (f", {res.shared} failing under {against} too" if against else "")
+        + internal)
     if res.status == "clean":
-        return EXIT_CLEAN
+        if not res.internal:
+            return EXIT_CLEAN
+        write_clean(res, out_dir, args.design, args.seed)
+        log(f"slotscope: error: {len(res.internal)} internal errors of slotscope on valid draws (slotscope's own "
+            f"bugs): {out_dir / 'internal-errors'} (rerun one: slotscope run {out_dir / 'internal-errors' / '000.toml'})")
+        return EXIT_INTERNAL
     f = res.finding
     log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {f.cls} on {f.backend} at step {f.step}, "
         f"layer {f.layer} ({f.kind}); minimizing")
     from .minimize import InternalError
 
     try:
-        info = write_found(res, out_dir, engine, log, args.against)
+        info = write_found(res, out_dir, engine, log)
     except InternalError as e:
+        write_internal(res, out_dir)
         (out_dir / "minimize-error.toml").write_text(e.candidate.to_toml(defaults=False))
         sys.stderr.write(e.trace)
         log(f"slotscope: error: internal error of slotscope while minimizing: {e}; the failing scenario is in "
             f"{out_dir / 'found.toml'}, the candidate that triggered the error in {out_dir / 'minimize-error.toml'}")
         return EXIT_INTERNAL
     log(f"fuzz: wrote {out_dir}/found.toml, minimal.toml, run/report.html, fuzz.json "
-        f"(minimized in {info['minimize_s']}s)")
+        f"(minimized in {info['minimize_s']}s)" + (f"; {len(res.internal)} internal errors in "
+                                                   f"{out_dir / 'internal-errors'}" if res.internal else ""))
     print((out_dir / "minimal.toml").read_text(), end="")
     return EXIT_FOUND

@@ -4,16 +4,26 @@ Small first, growing: the size level grows with the number of scenarios drawn. H
 interesting scenario (recent ones preferred), the others are fresh. Each valid draw runs in-process on the
 CPU without outputs and stops at its first finding; a draw the validator, the scheduler or the resource check
 refuses is counted as rejected. Everything depends only on the seed and the runs' deterministic results.
+
+A failure counts only where the reference design runs the same scenario clean: by default the design's own
+release (:func:`own_release_design`), so a failure the release shares (W7 on ROCm, R8 with a cache linker) does
+not end the search. An exception inside slotscope on a valid draw (not a finding) is slotscope's own bug: it is
+recorded (:class:`InternalFailure`) and the search goes on.
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional
 
 from engine_path.releases import EngineSpec
-from simulator.scenario import Scenario, ScenarioError
+from simulator.designs.base import Design
+from simulator.designs.catalogue import CATALOGUE
+from simulator.designs.loading import load_design
+from simulator.engine_model.release import MID_2026_RELEASE, SGLANG_0_5_23_RELEASE
+from simulator.scenario import MAX_SEED, Scenario, ScenarioError
 
 from .fuzz_coverage import features
 from .fuzz_space import Generator, draw_scenario, fix_up
@@ -21,6 +31,14 @@ from .minimize import stalled
 from .rundir import UsageError
 
 MAX_LEVEL = 6
+
+#: ``against``: the design's own release (the default), or no reference design
+OWN_RELEASE, NO_REFERENCE = "release", "none"
+#: the releases modelled as a whole (simulator/engine_model/release.py)
+RELEASES = (MID_2026_RELEASE, SGLANG_0_5_23_RELEASE)
+#: the hooks through which a design changes the write path (a release's own design overrides none)
+HOOKS = ("translate", "fill_graph_loc_buffer", "fill_graph_swa_buffer", "read_ids", "make_write_loc",
+         "size_draft_pools", "backend_spec")
 
 
 class _Found(Exception):
@@ -68,9 +86,69 @@ def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
     return Outcome("clean", None, out.result.steps, out.result.radix)
 
 
+# --------------------------------------------------------------------------- the reference design
+
+
+def _is_release_design(cls: type[Design], rel) -> bool:
+    """Whether a built-in design is the release ``rel`` as a whole: it declares that release in its own class
+    and changes nothing else (no hook of the base design overridden, the base padding)."""
+    if vars(cls).get("release") != rel or cls.padding != Design.padding:
+        return False
+    return not any(h in vars(k) for k in cls.__mro__ if issubclass(k, Design) and k is not Design for h in HOOKS)
+
+
+def release_designs() -> list[tuple[Any, type[Design]]]:
+    """(release, its design) for each modelled release, in RELEASES order: mid-2026's ``sglang-post-33587``
+    (the base design), 0.5.23's ``sglang-0.5.23``."""
+    out = []
+    for rel in RELEASES:
+        cls = next((c for c in CATALOGUE if _is_release_design(c, rel)), None)
+        if cls is not None:
+            out.append((rel, cls))
+    return out
+
+
+def own_release_design(design: str) -> Optional[str]:
+    """The design's own release, as the name of the design that is that release: the first modelled release its
+    class declares or inherits (a design that declares a variant of one, with another WAR barrier, other cache
+    free paths or another unified pool, inherits the release it varies). None for a design that is the release
+    itself (nothing to compare against) or whose classes declare no modelled release."""
+    cls = type(load_design(design))
+    table = release_designs()
+    for k in cls.__mro__:
+        rel = vars(k).get("release")
+        match = next((rd for r, rd in table if rel is not None and rel == r), None)
+        if match is not None:
+            return None if match is cls else match.name
+    return None
+
+
+def resolve_against(design: str, against: Optional[str], engine: Optional[EngineSpec]) -> Optional[str]:
+    """``against`` as a design name, or None for no reference: ``"release"`` the design's own release (none with
+    an engine: the scenarios then run the release's own code), ``"none"`` or None none, else the design named."""
+    if against is None or against == NO_REFERENCE:
+        return None
+    if against == OWN_RELEASE:
+        return None if engine is not None else own_release_design(design)
+    load_design(against)                 # a bad --against is bad input before anything runs
+    return against
+
+
+# --------------------------------------------------------------------------- the search
+
+
+@dataclass
+class InternalFailure:
+    """slotscope's own bug: an exception inside slotscope (not a finding) on a valid draw."""
+
+    scenario: Scenario                            # the draw, under the design that was run
+    error: str                                    # the traceback
+    during: str = "run"                           # "run": the design's run; "against": the reference's
+
+
 @dataclass
 class FuzzResult:
-    status: str                                   # "clean" | "found" | "internal"
+    status: str                                   # "clean" | "found"
     tried: int
     rejected: int
     elapsed_s: float
@@ -79,7 +157,9 @@ class FuzzResult:
     scenario: Optional[Scenario] = None           # the failing one, as drawn
     finding: Any = None
     error: Optional[str] = None
-    shared: int = 0                               # --against: failures the reference design showed too
+    shared: int = 0                               # failures the reference design showed too
+    against: Optional[str] = None                 # the reference design, if any
+    internal: list = field(default_factory=list)  # an InternalFailure per draw slotscope failed on
 
 
 class Fuzzer:
@@ -93,6 +173,7 @@ class Fuzzer:
         self.interesting: list[dict] = []
         self.tried = self.rejected = 0
         self.hashes: list[str] = []
+        self.internal: list[InternalFailure] = []
 
     def level(self) -> int:
         """1 for the first 8 draws, then one more each time the count doubles, up to MAX_LEVEL."""
@@ -114,18 +195,14 @@ class Fuzzer:
             if sc is None:
                 self.rejected += 1
                 continue
-            try:
-                out = run_one(sc, self.engine)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:     # slotscope itself failed on a valid scenario
-                err = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-                return self._result("internal", t0, sc, error=err)
-            if out.status == "rejected":
+            out = self.guarded(sc, self.engine, "run")
+            if out is not None and out.status == "rejected":
                 self.rejected += 1
                 continue
             self.tried += 1
             self.hashes.append(sc.hash)
+            if out is None:                  # slotscope failed on it: recorded, the search goes on
+                continue
             if out.status == "found" and not self.shared_failure(sc):
                 return self._result("found", t0, sc, out.finding)
             new = features(sc, out.steps, out.radix) - self.seen
@@ -137,11 +214,26 @@ class Fuzzer:
                 self.log(self.progress_line(last - t0))
         return self._result("clean", t0)
 
+    def guarded(self, sc: Scenario, engine: Optional[EngineSpec], during: str) -> Optional[Outcome]:
+        """One run; None when slotscope itself raised (recorded as an internal failure). ^C and exits pass."""
+        try:
+            return run_one(sc, engine)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:         # slotscope itself failed on a valid scenario
+            err = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+            self.internal.append(InternalFailure(sc, err, during))
+            self.log(f"fuzz: internal error of slotscope on {sc.name} ({during}, design {sc.design}): "
+                     f"{type(exc).__name__}: {str(exc)[:200]}; recorded, the search goes on")
+            return None
+
     def shared_failure(self, sc: Scenario) -> bool:
-        """With --against: whether the reference design fails the same scenario (then it is not this design's)."""
+        """With a reference design: whether it fails the same scenario too (then the failure is not this design's).
+        A reference run slotscope fails on is recorded; the design's failure then counts as its own."""
         if self.against is None:
             return False
-        if run_one(replace(sc, design=self.against), None).status != "found":
+        out = self.guarded(replace(sc, design=self.against), None, "against")
+        if out is None or out.status != "found":
             return False
         self.shared += 1
         return True
@@ -150,25 +242,34 @@ class Fuzzer:
         paths = sorted({f"{f[1]}/{f[2]}" for f in self.seen if f[0] == "path"})
         return (f"fuzz: {self.tried} scenarios in {elapsed:.0f}s ({self.tried / max(elapsed, 1e-9):.2f}/s), "
                 f"{self.rejected} rejected, " + (f"{self.shared} failing under {self.against} too, " if self.against else "")
+                + (f"{len(self.internal)} internal errors, " if self.internal else "")
                 + f"level {self.level()}, coverage {len(self.seen)} combinations; "
                 f"mode/graph: {', '.join(paths)}")
 
     def _result(self, status: str, t0: float, sc: Optional[Scenario] = None, finding=None,
                 error: Optional[str] = None) -> FuzzResult:
         return FuzzResult(status, self.tried, self.rejected, time.perf_counter() - t0, len(self.seen),
-                          list(self.hashes), sc, finding, error, self.shared)
+                          list(self.hashes), sc, finding, error, self.shared, self.against, list(self.internal))
+
+
+def check_search(seed: Any, budget_s: Any) -> None:
+    """The search's seed and budget as ``slotscope fuzz`` takes them; a ValueError names the option."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an integer in [0, 2^63), got {seed!r}")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or not math.isfinite(budget_s) \
+            or budget_s <= 0:
+        raise ValueError(f"--budget must be a finite number of seconds > 0, got {budget_s!r}")
 
 
 def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optional[EngineSpec] = None,
          max_scenarios: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
-         progress_s: float = 5.0, against: Optional[str] = None) -> FuzzResult:
-    """Search until the first failing scenario or the end of the budget (no outputs written)."""
+         progress_s: float = 5.0, against: Optional[str] = OWN_RELEASE) -> FuzzResult:
+    """Search until the first failing scenario or the end of the budget (no outputs written). ``against``: the
+    reference design, by default the design's own release (:func:`resolve_against`; None or "none": no reference)."""
     import torch
 
-    from simulator.designs.loading import load_design
-
+    check_search(seed, budget_s)
     torch.set_num_threads(1)
     load_design(design)                  # a bad --design is bad input before anything runs
-    if against is not None:
-        load_design(against)
-    return Fuzzer(design, seed, engine, log, progress_s, against).run(budget_s, max_scenarios)
+    ref = resolve_against(design, against, engine)
+    return Fuzzer(design, seed, engine, log, progress_s, ref).run(budget_s, max_scenarios)

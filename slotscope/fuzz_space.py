@@ -28,6 +28,10 @@ DRAFT_SHARES = ("half", "page-short", "quarter", "same")
 #: the WAR barriers drawn: the design's release decides, or one that orders every scheduler write (an explicit
 #: weaker one, none / loop_top / read_done_after_metadata, fails every design: it is what the W designs model)
 BARRIERS = ("release", "release", "release", "release", "after_launch", "coarse")
+#: the paths of issue 29 point 7 drawn together (Generator.recipe; scenarios/cover-*.toml ship one of each)
+RECIPES = ("overlap-mixed-dp-pcg-paged", "overlap-retract", "dp-attn-tp-eager", "radix-paged", "unified-dp-pcg-mixed")
+#: the share of draws that take a recipe: fresh ones, and mutations (which redraw the knobs a recipe sets)
+RECIPE_FRESH, RECIPE_MUTATE = 0.2, 0.1
 
 
 class Generator:
@@ -46,6 +50,8 @@ class Generator:
         data: dict[str, Any] = {"name": f"fuzz-{index}", "seed": self.rng.randrange(2**31), "backends": list(BACKENDS)}
         for g in self.GROUPS:
             getattr(self, f"g_{g}")(data, level)
+        if self.chance(RECIPE_FRESH):
+            self.recipe(data, level)
         self.couple(data)
         return data
 
@@ -54,8 +60,71 @@ class Generator:
         data["name"], data["seed"] = f"fuzz-{index}", self.rng.randrange(2**31)
         for g in self.rng.sample(self.GROUPS, self.rng.randint(1, 3)):
             getattr(self, f"g_{g}")(data, level)
+        if self.chance(RECIPE_MUTATE):
+            self.recipe(data, level)
         self.couple(data)
         return data
+
+    def recipe(self, d: dict, level: int) -> None:
+        """Knobs of several groups set together for one of the paths of issue 29 point 7 (:data:`RECIPES`), which
+        independent draws reach only rarely: the overlap scheduler with MIXED batches, DP padding, piecewise graphs
+        and a paged pool; retraction under the overlap scheduler on a tight pool; DP attention with attn_tp_size >
+        1 and eager (not piecewise) prefills; the radix cache on a paged pool; the unified pool with DP padding,
+        piecewise graphs and MIXED batches. The knobs the path does not take are cleared (fix_up would drop them)."""
+        r, name = self.rng, self.rng.choice(RECIPES)
+        e, pool = d.setdefault("engine", {}), d["pool"]
+        for k in ("speculative", "pd_decode", "radix_cache", "cache_linker", "overlap", "war_barrier", "platform",
+                  "reserve"):
+            e.pop(k, None)
+        pool.pop("unified", None)
+        d.pop("_fill", None)                       # a fill load's pools are its own (fit_fill)
+        if "request" in d.get("workload", {}) or name == "radix-paged":
+            d["workload"] = self._generated(level)      # arrivals over time (shared prefixes for the radix cache)
+            self.g_pool(d, level)
+            pool = d["pool"]
+            pool.pop("unified", None)
+        if name in ("overlap-mixed-dp-pcg-paged", "unified-dp-pcg-mixed", "dp-attn-tp-eager"):
+            top = r.choice((64, 256, 512))
+            e["dp_size"] = r.choice((2, 2, 4))
+            e["dp_other_tokens"] = {"dist": "choice", "values": sorted({0, r.choice((3, 5, top // 4)), top // 2})}
+            e["mixed_chunk"] = True
+            e["piecewise_cuda_graph"] = name != "dp-attn-tp-eager"
+            for k in ("piecewise_max_tokens", "piecewise_shrink", "attn_tp_size"):
+                e.pop(k, None)
+            if e["piecewise_cuda_graph"]:
+                e["piecewise_max_tokens"] = top
+                e["chunked_prefill_size"] = min(e.get("chunked_prefill_size", 8192), top)
+            else:
+                e["attn_tp_size"] = r.choice((2, 4, 8))
+                e["dp_other_tokens"]["values"] = sorted({0, r.choice((3, 5, 13)), r.choice((37, 301))})
+        if name == "overlap-mixed-dp-pcg-paged":
+            e["overlap"], e["war_barrier"] = True, r.choice(BARRIERS)
+            self._paged(pool, r.choice((2, 4, 16)))
+        elif name == "overlap-retract":
+            e["overlap"], e["war_barrier"], e["reserve"], e["mixed_chunk"] = True, r.choice(BARRIERS), "none", False
+            biggest, demand = _demand(d["workload"])
+            pool["full_size"] = max(biggest + 8, int(demand * r.choice((0.3, 0.5))))
+            pool["full_size"] += (-pool["full_size"]) % pool.get("page_size", 1)
+        elif name == "radix-paged":
+            self.g_sharing(d, level)
+            e["radix_cache"] = True
+            e.pop("pd_decode", None)
+            self._paged(pool, r.choice((4, 16, 16, 64)))
+        elif name == "unified-dp-pcg-mixed":
+            pool["unified"] = True
+
+    def _generated(self, level: int) -> dict:
+        """A generated workload of arrivals over time (what the recipes' paths need: requests that meet)."""
+        r = self.rng
+        hi = r.randint(16, 32 * 2 ** level)
+        return {"requests": r.randint(3, 3 + 3 * level), "arrival": "poisson", "rate": r.choice((0.5, 1.0, 2.0)),
+                "prompt_len": {"dist": "uniform", "min": r.randint(1, hi), "max": hi},
+                "output_len": {"dist": "uniform", "min": r.randint(1, 4), "max": r.randint(8, 8 * level + 16)}}
+
+    @staticmethod
+    def _paged(pool: dict, page: int) -> None:
+        pool["page_size"] = page
+        pool["full_size"] = max(2 * page, pool["full_size"] + (-pool["full_size"]) % page)
 
     def couple(self, d: dict) -> None:
         """Knobs of different groups drawn to meet, half the time, where they only act together: DP padding
