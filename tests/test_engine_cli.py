@@ -2,10 +2,11 @@
 `__post_init__` slice), none in 0.5.15 and 0.5.23, the post-fix gap (swa_loc shorter than loc) still failing
 in 0.5.23; what the outputs say of the engine; bad input (exit 2, one line, never a traceback).
 
-The four engine runs are subprocesses started at once (each imports its release: 10-30 s); the tests read
-their output directories. Counts follow from the scenarios (docs/ENGINE.md, "B1 and its gap in the real
-code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer than loc per backend; no backend slices its
-own swa_loc, so all 8 mismatch in 0.5.14.
+The four engine runs are started two at a time: 0.5.15's a subprocess of its own (it imports the release:
+10-30 s), the others ``python -m slotscope run`` in a child forked from the session's one import of their
+release (tests/warm_engine.py); the tests read their output directories. Counts follow from the scenarios
+(docs/ENGINE.md, "B1 and its gap in the real code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer
+than loc per backend; no backend slices its own swa_loc, so all 8 mismatch in 0.5.14.
 """
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subp
                           timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
+#: the run that stays a fresh process (its release's one import this session); the other three run in a child
+#: forked from the session's one import of their release (tests/warm_engine.py)
+FRESH = ("b1", "0.5.15")
+
+
 @pytest.fixture(scope="module")
-def engine_runs(engine_releases, tmp_path_factory):
+def engine_runs(warm, tmp_path_factory):
     """{(scenario, release): (CompletedProcess, out dir)} of the four CLI runs, run two at a time."""
     from engine_path.releases import EngineSpec, fetch
 
@@ -50,7 +56,9 @@ def engine_runs(engine_releases, tmp_path_factory):
     def one(key):
         name, version = key
         out = base / f"{name}-{version}"
-        return key, (slotscope("run", paths[name], "--engine", f"sglang=={version}", "--out", str(out)), out)
+        argv = ("run", paths[name], "--engine", f"sglang=={version}", "--out", str(out))
+        proc = slotscope(*argv) if key == FRESH else warm(f"sglang=={version}").cli(*argv, cwd=ROOT, timeout=600)
+        return key, (proc, out)
 
     with ThreadPoolExecutor(2) as ex:
         return dict(ex.map(one, PINNED))
