@@ -29,7 +29,7 @@ CATCHER = {
     cd.DecodeGraphLiveSwa: ("cover-overlap-retract", ("padding_slot", "flashinfer", 32)),
     cd.EagerCutToDpLength: ("cover-dp-attn-tp-eager", ("length_mismatch", "flashinfer", 7)),
     cd.EagerSliceFromEnd: ("cover-dp-attn-tp-eager", ("missed", "flashinfer", 7)),
-    cd.ReadIdsPageEarly: ("cover-radix-paged", ("stale_read", "flashinfer", 34)),
+    cd.ReadIdsPageEarly: ("cover-radix-paged", ("stale_read", "flashinfer", 2)),
     cd.RadixReadMemo: ("cover-radix-paged", ("stale_read", "flashinfer", 35)),
     cd.MixedPlanLagsOneForward: ("cover-unified-dp-pcg-mixed", ("missed", "flashinfer", 15)),
     cd.MixedPlanReusesMappedRows: ("cover-unified-dp-pcg-mixed", ("missed", "flashinfer", 15)),
