@@ -92,6 +92,20 @@ def test_b1_0514_the_findings_are_the_release_shape_error(engine_runs):
                                 "broadcast to indexing result of shape [1048, 1, 16]")
 
 
+def test_the_verdict_names_the_release_it_is_about(engine_runs):
+    """--engine replaces B1's own design (sglang-pre-29460): the table line, summary.json and the report's verdict
+    say the verdict is about the release's code."""
+    for version, findings, verdict in (("0.5.14", "144 finding(s)", "Not clean: 8 of 8"),
+                                       ("0.5.23", "no findings", "Clean: on all 8")):
+        proc, out = engine_runs[("b1", version)]
+        assert json.loads((out / "summary.json").read_text())["engine"]["replaces_design"] == "sglang-pre-29460"
+        assert (f"verdict: {findings}, about sglang {version}'s own code (run instead of the scenario's design "
+                f"sglang-pre-29460)") in proc.stdout
+        page = (out / "report.html").read_text()
+        assert (f"About sglang {version}&#39;s own code, run instead of the scenario&#39;s design sglang-pre-29460. "
+                f"{verdict}") in page
+
+
 def test_engine_outputs_name_the_release(engine_runs):
     proc, out = engine_runs[("b1", "0.5.14")]
     run = json.loads((out / "run.json").read_text())
