@@ -189,9 +189,11 @@ def _engine_verdict_line(eng: dict, findings: int, cut: bool) -> str:
             + (f" (run instead of the scenario's design {replaced})" if replaced else ""))
 
 
-def _stopped_line(marker: dict, out: str, summary_written: bool = True) -> str:
-    says = ("summary.json says incomplete" if summary_written else
-            "summary.json could not be written: run.json and the report say the run did not finish")
+def _stopped_line(marker: dict, out: str, summary_written: Optional[bool] = True) -> str:
+    """``summary_written``: True, False (it could not be: run.json and the report say the run did not finish) or
+    None (the run stopped before it had a result: run.json says so)."""
+    says = {True: "summary.json says incomplete", None: "run.json says incomplete",
+            False: "summary.json could not be written: the report says the run did not finish"}[summary_written]
     return f"{marker['message']} after {marker['steps_done']} steps; partial outputs in {out}/ ({says})"
 
 

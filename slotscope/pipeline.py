@@ -292,6 +292,7 @@ class _RunWriter:
         they go, the trace and the report. The kept-back room is freed first (a full disk); a file that cannot
         say incomplete and said complete is removed; a failure here never hides the run's own error."""
         self.rd.free_reserve()
+        exc.partial_summary = None if partial is None else False  # type: ignore[attr-defined]
         with signals_held():                 # summary.json and run.json say incomplete before a signal acts
             if partial is not None:
                 self.sources = partial.sources
