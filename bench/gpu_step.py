@@ -169,12 +169,13 @@ def _print_table(sc, figures: dict, r) -> None:
           f"{r.crossings} crossings, "
           f"{r.total_findings} findings")
     print(f"run (cold, first in process) {cold_s:8.2f} s")
-    print(f"run (warm, median of {n_warm})       {warm_s:8.2f} s   target <= {TARGETS['run_s']:.0f} s   "
+    targets = figures["targets"]
+    print(f"run (warm, median of {n_warm})       {warm_s:8.2f} s   target <= {targets['run_s']:g} s   "
           f"{r.crossings / warm_s:,.0f} crossings/s, {figures['gc_s_warm']:.2f} s in the garbage collector, "
           f"{figures['torch_threads']} torch threads")
     print(f"host syncs per step          mean {figures['syncs_per_step_mean']}, steady decode max "
           f"{figures['steady_syncs_per_step_max']} median {figures['steady_syncs_per_step_median']} "
-          f"over {steady_n} steps (target <= {TARGETS['steady_syncs_per_step']})")
+          f"over {steady_n} steps (target <= {targets['steady_syncs_per_step']})")
     for g, v in figures["syncs_per_step_by_graph"].items():
         print(f"  {g:14s} {v['steps']:6d} steps  mean {v['mean']:6.2f}  max {v['max']}")
     print(f"physical pools at the end    {figures['physical_pools']} (pool.full_size {figures['pool_full_size']:,})")
@@ -489,7 +490,7 @@ def main() -> int:
         out, secs = one_run(sc, "cuda")
         warms.append((secs, GC["s"], out, HOST["cpu_s"], HOST["steal_s"]))
     warm_s, warm_gc_s, warm = sorted(warms, key=lambda w: w[0])[len(warms) // 2][:3]
-    TARGETS["run_s"] = RUN_S_TARGET.get(sc.workload.requests, TARGETS["run_s"])
+    targets = {**TARGETS, "run_s": RUN_S_TARGET.get(sc.workload.requests, TARGETS["run_s"])}
     split_totals, split_per, _ = time_phases(sc, 1)          # one more warm run, its host time split by phase
     try:
         counted, counted_s, per_step, where = counted_run(sc)
@@ -519,11 +520,11 @@ def main() -> int:
         figures["cpu_run_s"] = round(cpu_s, 3)
         figures["same_as_cpu"] = (findings_of(cpu) == findings_of(warm)
                                   and cpu.summary["backends"] == warm.summary["backends"])
-    figures["targets"] = dict(TARGETS)
+    figures["targets"] = targets
     figures["targets_met"] = {
-        "run_s_warm": warm_s <= TARGETS["run_s"],
+        "run_s_warm": warm_s <= targets["run_s"],
         "steady_syncs_per_step": syncs["steady_syncs_per_step_max"] is not None
-        and syncs["steady_syncs_per_step_max"] <= TARGETS["steady_syncs_per_step"],
+        and syncs["steady_syncs_per_step_max"] <= targets["steady_syncs_per_step"],
     }
     _print_table(sc, figures, r)
     print(json.dumps(figures))

@@ -170,9 +170,8 @@ def _print_run(res, out: str) -> None:
     if eng:
         print(f"engine: {eng['name']} {eng['version']} from {eng['path']} (which pieces ran: run.json "
               f"engine_pieces, the report, docs/ENGINE.md)")
-    for pt in (eng or {}).get("patches", ()):
-        print(f"engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})")
-    if eng:
+        for pt in eng.get("patches", ()):
+            print(f"engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})")
         print(_engine_verdict_line(eng, res.result.total_findings, res.incomplete is not None))
     if (Path(out) / "report.html").exists():
         print(f"report: {Path(out) / 'report.html'}")
