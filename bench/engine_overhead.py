@@ -1,10 +1,12 @@
-"""Cost of the real engine in the write path: engine runs of B1 and B2 against model runs of the same.
+"""Cost of the real engine in the write path: engine runs of B1, B2 and the scale scenario against model runs.
 
 Why: `slotscope run --engine sglang==X` swaps the modelled allocator, translation, KVWriteLoc and pool
-for the release's own (engine_path/); the target is at most 3x the model run's time. The release is
-imported once, before anything is timed (10-30 s, excluded); then, per scenario, model and engine runs
+for the release's own (engine_path/); the target (issue 26 point 7) is at most 10x the model run's time on a
+CPU and 3x on CUDA (``--device``), and the release's import at most 10 s warm: ``import_warm_s`` is a second
+import in a fresh process, after the first has left its byte code (the first, ``import_s``, is excluded from
+the ratios). Then, per scenario (``--scenarios``, default all three), model and engine runs
 alternate in this one process (same CPU state for both), best of ``--repeat``, each the whole
-in-memory ``run_scenario`` (no trace, no report) on the CPU. Two model runs per scenario: the scenario's
+in-memory ``run_scenario`` (no trace, no report) on the device. Two model runs per scenario: the scenario's
 own design (what ``slotscope run SCENARIO`` runs; B1's and B2's are buggy, so they also find and record
 their bugs) and the model of the engine's release (``sglang-<version>``: the same allocator behaviour and
 the same findings as the engine run, i.e. the same work). Prints per scenario the times, both ratios and
@@ -25,16 +27,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SCENARIOS = {"B1": "scenarios/b1-pcg-dp-padding.toml", "B2": "scenarios/b2-decode-stale-tail.toml"}
-TARGET = 3.0
+SCENARIOS = {"B1": "scenarios/b1-pcg-dp-padding.toml", "B2": "scenarios/b2-decode-stale-tail.toml",
+             "scale": "scenarios/scale.toml"}
+#: engine / model run time at most, by device; the release's warm import at most IMPORT_TARGET_S
+TARGETS = {"cpu": 10.0, "cuda": 3.0}
+IMPORT_TARGET_S = 10.0
+TARGET = TARGETS["cpu"]
+DEVICE = {"name": "cpu"}
 
 
 def _once(path: str, engine, design=None):
     from slotscope.pipeline import RunOptions, run_scenario
 
     t0 = time.perf_counter()
-    out = run_scenario(ROOT / path, None, RunOptions(engine=engine, design=design, device="cpu", report=False,
-                                                     trace_level="off", quiet_engine=True))
+    out = run_scenario(ROOT / path, None, RunOptions(engine=engine, design=design, device=DEVICE["name"],
+                                                     report=False, trace_level="off", quiet_engine=True))
     wall = time.perf_counter() - t0
     run_s = out.timings["run_s"]
     return {"wall_s": wall, "run_s": run_s, "setup_s": wall - run_s, "findings": out.result.total_findings,
@@ -48,7 +55,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_option(ap, default=EngineSpec("sglang", "0.5.23"), help="the release (default sglang==0.5.23)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each kind per scenario, best taken (default 3)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
+                    help=f"which, comma-separated (default {','.join(SCENARIOS)})")
+    ap.add_argument("--device", choices=sorted(TARGETS), default="cpu", help="where the runs go (default cpu)")
     args = ap.parse_args(argv)
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        print(f"engine_overhead: --scenarios: unknown {', '.join(unknown) or '(none given)'}; "
+              f"choose from {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    global TARGET
+    TARGET = TARGETS[args.device]
+    DEVICE["name"] = args.device
 
     from engine_path.api import load
     from engine_path.errors import EngineError
@@ -60,18 +79,35 @@ def main(argv=None) -> int:
         print(f"engine_overhead: {e}", file=sys.stderr)
         return 2
     import_s = time.perf_counter() - t0
-    print(f"engine: sglang {api.info.version} ({api.info.path}); import {import_s:.1f} s (excluded)")
-    figures = {"engine": api.info.to_json(), "import_s": round(import_s, 2), "repeat": args.repeat,
+    warm_s = _warm_import_s(str(args.engine))
+    print(f"engine: sglang {api.info.version} ({api.info.path}); import {import_s:.1f} s (excluded), warm import "
+          f"in a fresh process {warm_s:.1f} s (target <= {IMPORT_TARGET_S:.0f} s)")
+    figures = {"engine": api.info.to_json(), "device": args.device, "import_s": round(import_s, 2),
+               "import_warm_s": round(warm_s, 2), "import_target_s": IMPORT_TARGET_S, "repeat": args.repeat,
                "target_ratio": TARGET, "scenarios": {}}
     release_model = _release_model(api.info.version)
     figures["release_model"] = release_model
-    for name, path in SCENARIOS.items():
-        figures["scenarios"][name] = _scenario(name, path, args, release_model)
+    for name in names:
+        figures["scenarios"][name] = _scenario(name, SCENARIOS[name], args, release_model)
     worst = max(max(s["ratio"], s.get("ratio_vs_release_model", 0.0)) for s in figures["scenarios"].values())
     figures["worst_ratio"] = worst
-    figures["within_target"] = worst <= TARGET
+    figures["within_target"] = worst <= TARGET and warm_s <= IMPORT_TARGET_S
     print(json.dumps(figures, separators=(",", ":")))
     return 0
+
+
+def _warm_import_s(spec: str) -> float:
+    """Seconds a fresh process takes to load the release (engine_path.api.load), its byte code already
+    written by this process's import: what a user's second run pays."""
+    import subprocess
+
+    code = ("import time; t0 = time.perf_counter(); from engine_path.api import load; "
+            "from engine_path.releases import parse_spec; load(parse_spec(%r)); print(time.perf_counter() - t0)" % spec)
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        print(f"engine_overhead: the warm import failed: {out.stderr.strip()[-500:]}", file=sys.stderr)
+        return float("nan")
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def _release_model(version: str):

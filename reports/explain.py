@@ -263,8 +263,23 @@ def incomplete_sentence(run: RunData) -> Optional[str]:
             "those steps: this is not a clean verdict.")
 
 
+def verdict_subject(run: RunData) -> str:
+    """What an engine run's verdict is about: the release (and its patches), and the scenario's design it
+    replaced; "" for a model run (its design is the page's subject)."""
+    label = run.provenance.engine_label
+    if not label:
+        return ""
+    replaced = (run.provenance.engine or {}).get("replaces_design")
+    return f"About {label}'s own code" + (f", run instead of the scenario's design {replaced}" if replaced else "") + ". "
+
+
 def verdict_sentence(run: RunData) -> str:
-    """One plain sentence for the top of the page. "Clean" only for a complete run without findings."""
+    """One plain sentence for the top of the page. "Clean" only for a complete run without findings; an engine
+    run's names the release it is about (:func:`verdict_subject`)."""
+    return verdict_subject(run) + _verdict(run)
+
+
+def _verdict(run: RunData) -> str:
     n = len(run.backends)
     if run.clean:
         writes = sum(b.writes or 0 for b in run.backends)

@@ -146,20 +146,7 @@ def cmd_run(args) -> int:
         print(f"slotscope: INCOMPLETE after {res.incomplete['steps_done']} steps ({res.incomplete['message']}): "
               "the counts cover those steps only, not a clean verdict", file=sys.stderr)
     if not args.quiet:
-        from .outputs import format_table
-
-        print(format_table(res.summary))
-        r = res.result
-        print(f"\n{len(r.steps)} steps, {r.crossings} boundary crossings in {r.wall_s:.1f}s "
-              f"({r.crossings / max(r.wall_s, 1e-9):,.0f}/s); outputs in {out}/")
-        eng = res.summary.get("engine")
-        if eng:
-            print(f"engine: {eng['name']} {eng['version']} from {eng['path']} (which pieces ran: run.json "
-                  f"engine_pieces, the report, docs/ENGINE.md)")
-        for pt in (eng or {}).get("patches", ()):
-            print(f"engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})")
-        if (Path(out) / "report.html").exists():
-            print(f"report: {Path(out) / 'report.html'}")
+        _print_run(res, out)
     if res.live_export_error is not None:
         code = EXIT_FINDINGS if res.result.total_findings else EXIT_LIVE_EXPORT
         print(f"slotscope: {res.live_export_error}; the run's own outputs are complete in {out}/ "
@@ -171,9 +158,41 @@ def cmd_run(args) -> int:
     return EXIT_CUT if res.incomplete is not None else EXIT_CLEAN
 
 
-def _stopped_line(marker: dict, out: str, summary_written: bool = True) -> str:
-    says = ("summary.json says incomplete" if summary_written else
-            "summary.json could not be written: run.json and the report say the run did not finish")
+def _print_run(res, out: str) -> None:
+    """The run's table and what follows it on stdout: counts, the engine and its patches, the verdict's subject."""
+    from .outputs import format_table
+
+    print(format_table(res.summary))
+    r = res.result
+    print(f"\n{len(r.steps)} steps, {r.crossings} boundary crossings in {r.wall_s:.1f}s "
+          f"({r.crossings / max(r.wall_s, 1e-9):,.0f}/s); outputs in {out}/")
+    eng = res.summary.get("engine")
+    if eng:
+        print(f"engine: {eng['name']} {eng['version']} from {eng['path']} (which pieces ran: run.json "
+              f"engine_pieces, the report, docs/ENGINE.md)")
+        for pt in eng.get("patches", ()):
+            print(f"engine patch: {pt['path']} (sha256 {pt['sha256'][:16]}, applied by {pt['applied_by']})")
+        print(_engine_verdict_line(eng, res.result.total_findings, res.incomplete is not None))
+    if (Path(out) / "report.html").exists():
+        print(f"report: {Path(out) / 'report.html'}")
+
+
+def _engine_verdict_line(eng: dict, findings: int, cut: bool) -> str:
+    """The verdict of an engine run, naming the release (and patches) it is about, and the design it replaced."""
+    pats = eng.get("patches") or ()
+    about = f"{eng['name']} {eng['version']}" + (" patched with " + ", ".join(p["path"] for p in pats) if pats else "")
+    how = (f"{findings:,} finding(s)" if findings else "no findings") + (" in the steps that ran (incomplete)"
+                                                                         if cut else "")
+    replaced = eng.get("replaces_design")
+    return (f"verdict: {how}, about {about}'s own code"
+            + (f" (run instead of the scenario's design {replaced})" if replaced else ""))
+
+
+def _stopped_line(marker: dict, out: str, summary_written: Optional[bool] = True) -> str:
+    """``summary_written``: True, False (it could not be: run.json and the report say the run did not finish) or
+    None (the run stopped before it had a result: run.json says so)."""
+    says = {True: "summary.json says incomplete", None: "run.json says incomplete",
+            False: "summary.json could not be written: the report says the run did not finish"}[summary_written]
     return f"{marker['message']} after {marker['steps_done']} steps; partial outputs in {out}/ ({says})"
 
 

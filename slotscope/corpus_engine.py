@@ -4,15 +4,16 @@ A case's ``engine`` entry in scenarios/corpus.toml says how it runs as release c
 
     engine = { buggy = "sglang==0.5.14", fixed = "sglang==0.5.15", mechanism = ["KVWriteLoc"] }
     engine = { buggy = "sglang==0.5.23", buggy_patches = ["examples/engine-patches/revert-X.yaml"],
-               fixed = "sglang==0.5.23", mechanism = [...], expect = {...}, why = "..." }
+               fixed = "sglang==0.5.23", mechanism = [...], expect = {...}, also = [...], why = "..." }
     engine = "model-only: why"
 
 ``buggy`` is a release that had the bug, or today's with its fix reverted by a shipped engine patch (one per fix
 PR, examples/engine-patches/); ``fixed`` the release with the fix. Each runs the case's scenario through
 ``slotscope run --engine SPEC`` in a process of its own (a release is imported, and patched, once per process),
 the scenario's design replaced by the release (the verdict names the release and its patches, never the
-design). A verdict holds as the case's ``expect`` / ``expect_fixed`` say (the engine entry's own where the real
-code's findings differ from the model's, e.g. a backend the release's forward does not drive here yet). A
+design). A verdict holds as the case's ``expect`` / ``expect_fixed`` / ``also`` say (the engine entry's own where
+the real code's findings differ from the model's, e.g. a backend whose refresh the release does not run here yet,
+or a class the release's own code adds). A
 case is **real** only where both runs took the release's code for every piece its ``mechanism`` names (run.json's
 ``engine_pieces``: a row or a backend piece whose code was the engine's); otherwise it is model-only, and why.
 """
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from simulator.records import FINDING_CLASSES
 from simulator.scenario import ScenarioError
 
 from .corpus import ROLES, Case, Outcome, expect_table, slug
@@ -49,6 +51,7 @@ class EngineCase:
     expect: Optional[dict] = None
     expect_fixed: Optional[dict] = None
     why: str = ""
+    also: Optional[tuple[str, ...]] = None
 
     def spec(self, role: str) -> str:
         """The engine spec and its patches, as the verdict names them."""
@@ -67,7 +70,7 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         return raw
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: must be a table or a '{MODEL_ONLY} why' string")
-    known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "why"}
+    known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "also", "why"}
     bad = sorted(set(raw) - known)
     if bad:
         raise ScenarioError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
@@ -89,15 +92,32 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         raise ScenarioError(f"{where}.mechanism: must list engine pieces")
     exp = {k: expect_table(raw[k], source, f"case {case.id}.engine.{k}") for k in ("expect", "expect_fixed")
            if k in raw}
+    also = raw.get("also")
+    if also is not None and (not isinstance(also, list) or any(a not in FINDING_CLASSES for a in also)):
+        raise ScenarioError(f"{where}.also: must list finding classes (allowed: {', '.join(FINDING_CLASSES)})")
     return EngineCase(raw["buggy"], raw["fixed"], paths("buggy_patches"), paths("fixed_patches"), tuple(mech),
-                      exp.get("expect"), exp.get("expect_fixed"), str(raw.get("why", "")))
+                      exp.get("expect"), exp.get("expect_fixed"), str(raw.get("why", "")),
+                      None if also is None else tuple(also))
+
+
+def engine_scenario(case: Case, spec: str):
+    """The case's scenario as its engine run takes it. A static-pool run replaces the scenario's design by the
+    release's code; a ``pool.unified`` run keeps a design for what stays slotscope's there (write locations,
+    read ids, the byte budget: engine_path/unified.py), so it gets our model of the release's unified pool
+    (``sglang-V-unified``, where slotscope has one) instead of the case's buggy or fixed design: otherwise both
+    runs would carry, and be labelled with, the scenario's buggy design while the bug is the release's."""
+    from simulator.designs.catalogue import BUILTIN_DESIGNS
+
+    sc = case.load()
+    name = f"sglang-{spec.partition('==')[2]}-unified"
+    return sc.with_overrides(design=name) if sc.pool.unified and name in BUILTIN_DESIGNS else sc
 
 
 def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
     """One engine run of a case (a subprocess), its summary and engine pieces."""
     scenario = out.with_suffix(".toml")
-    scenario.write_text(case.load().to_toml())
     spec, patches = (eng.buggy, eng.buggy_patches) if role == "buggy" else (eng.fixed, eng.fixed_patches)
+    scenario.write_text(engine_scenario(case, spec).to_toml())
     cmd = [sys.executable, "-m", "slotscope", "run", str(scenario), "--engine", spec, "--out", str(out),
            "--no-report", "--trace-level", "off", "-q", "--backends", ",".join(backends)]
     for p in patches:
@@ -162,7 +182,8 @@ def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
         return EngineVerdict(case, None, eng[len(MODEL_ONLY):].strip(), {}, {})
     out_dir.mkdir(parents=True, exist_ok=True)
     seen = dataclasses.replace(case, expect=eng.expect or case.expect,
-                               expect_fixed=eng.expect_fixed or case.expect_fixed)
+                               expect_fixed=eng.expect_fixed or case.expect_fixed,
+                               also=case.also if eng.also is None else eng.also)
     with cf.ThreadPoolExecutor(2) as pool:
         futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends)
                 for role in ROLES}
@@ -216,4 +237,4 @@ def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, prog
     return verdicts
 
 
-__all__ = ["EngineCase", "EngineVerdict", "engine_of", "format_engine_table", "run_engine_corpus", "write_json"]
+__all__ = ["EngineCase", "EngineVerdict", "engine_of", "engine_scenario", "format_engine_table", "run_engine_corpus", "write_json"]

@@ -41,13 +41,16 @@ HOOKS = ("translate", "fill_graph_loc_buffer", "fill_graph_swa_buffer", "read_id
          "size_draft_pools", "backend_spec")
 
 
-class _Found(Exception):
+class FirstFinding(Exception):
+    """Raised by :class:`StopAtFirst`: the run's first finding (``finding``)."""
+
     def __init__(self, finding):
+        super().__init__(finding)
         self.finding = finding
 
 
-class _StopAtFirst:
-    """A run observer that ends the run at its first finding (the fuzzer needs one)."""
+class StopAtFirst:
+    """A run observer that ends the run at its first finding (the fuzzer needs one; so do tests)."""
 
     def on_run_start(self, run) -> None: pass
     def on_step(self, step) -> None: pass
@@ -56,7 +59,7 @@ class _StopAtFirst:
 
     def on_findings(self, findings) -> None:
         if findings:
-            raise _Found(findings[0])
+            raise FirstFinding(findings[0])
 
 
 @dataclass
@@ -72,10 +75,10 @@ def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
     from .pipeline import RunOptions, run_scenario
 
     opts = RunOptions(device="cpu", trace_level="off", report=False, engine=engine, quiet_engine=True,
-                      extra_observers=(_StopAtFirst(),))
+                      extra_observers=(StopAtFirst(),))
     try:
         out = run_scenario(sc, None, opts)
-    except _Found as f:
+    except FirstFinding as f:
         return Outcome("found", f.finding)
     except (ScenarioError, UsageError):
         return Outcome("rejected")

@@ -115,7 +115,7 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             check_out(out_dir)            # a bad --out before anything is loaded (touches nothing)
         su = setup(scenario_or_path, opts)
         shared = pools_shared(su.scenario, su.device, cuda_graphs=_uses_graph_executor(su),
-                              plugins=bool(su.opts.inject) or su.opts.forward_observer is not None)
+                              plugins=su.faults is not None or su.opts.forward_observer is not None)
         check_resources(su.scenario, su.design, su.device, su.geometry, shared=shared)   # will it fit? (exit 2)
         rd = None if out_dir is None else RunDir.open(out_dir)            # checked and locked, not yet cleared
     except (KeyboardInterrupt, RunStopped) as exc:
@@ -292,6 +292,7 @@ class _RunWriter:
         they go, the trace and the report. The kept-back room is freed first (a full disk); a file that cannot
         say incomplete and said complete is removed; a failure here never hides the run's own error."""
         self.rd.free_reserve()
+        exc.partial_summary = None if partial is None else False  # type: ignore[attr-defined]
         with signals_held():                 # summary.json and run.json say incomplete before a signal acts
             if partial is not None:
                 self.sources = partial.sources

@@ -92,9 +92,14 @@ class Setup:
 
     @property
     def engine(self) -> Optional[dict[str, Any]]:
+        """The release in the write path (summary.json's and run.json's ``"engine"``); ``replaces_design``: the
+        scenario's own design where the release's code ran instead of it (the verdict is about the release)."""
         from .engine_run import engine_json
 
-        return engine_json(self.runtime)
+        got = engine_json(self.runtime)
+        if got is not None and self.scenario.design != self.design.name:
+            got = {**got, "replaces_design": self.scenario.design}
+        return got
 
 
 def scenario_as_run(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Scenario:

@@ -56,3 +56,47 @@ def engine_releases():
         except EngineError as e:
             pytest.skip(f"sglang=={version} is not in the cache and cannot be fetched: {e}")
     return out
+
+
+#: the releases the warm servers import ahead of their first use (tests/warm_engine.py)
+WARM_AHEAD = ("none", "sglang==0.5.23", "sglang==0.5.14")
+_SERVERS = None
+
+
+def _servers():
+    global _SERVERS
+    if _SERVERS is None:
+        from warm_engine import Servers
+
+        _SERVERS = Servers()
+    return _SERVERS
+
+
+def pytest_collection_finish(session):
+    """Start the warm servers' imports while the tests before the first engine test run (the second core is
+    idle then); only for releases already cached (a missing one is fetched by ``engine_releases`` first)."""
+    import importlib.util
+
+    if not any("engine" in item.keywords for item in session.items):
+        return
+    if any(importlib.util.find_spec(m) is None for m in ENGINE_DEPENDENCIES):
+        return
+    from engine_path.releases import is_cached
+
+    for spec in WARM_AHEAD:
+        if spec == "none" or is_cached(spec.split("==")[1]):
+            _servers().start(spec)
+
+
+def pytest_unconfigure(config):
+    if _SERVERS is not None:
+        _SERVERS.stop()
+
+
+@pytest.fixture(scope="session")
+def warm(engine_releases):
+    """``warm(spec)``: a server that imported release ``spec`` once this session and forks a child per request
+    (tests/warm_engine.py): ``.call(target, *args)`` as ``engine_path.isolate.call(spec, target, *args)``,
+    ``.cli(*argv)`` as ``python -m slotscope *argv``; ``warm("none")``: no release imported;
+    ``warm.socket(spec)``: its socket, for a request's ``route``."""
+    return _servers()

@@ -108,8 +108,9 @@ class EagerSliceFromEnd(Release0523):
 
 class ReadIdsPageEarly(RadixFixed):
     """Starts every SWA read window at a page boundary one page early (``page_floor(start) - page``, "the page
-    table is built in whole pages, and one more for the partial one"): at page size 16 a request reads a page
-    that left its window, tombstoned in the tree or freed."""
+    table is built in whole pages, and one more for the partial one"): at page size 16 a request reads up to a
+    page and more before its window, positions tombstoned in the tree, freed, or left there (a stale read either
+    way: attention would read them)."""
 
     name = "cover-read-ids-page-early"
 

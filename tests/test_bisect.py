@@ -122,14 +122,23 @@ def _bisect(*args, env):
     return proc, time.perf_counter() - t0
 
 
+def _warm_bisect(warm, *args, env, route=None):
+    t0 = time.perf_counter()
+    proc = warm("none").cli("bisect", B1, "--engine", "sglang", *args, cwd=ROOT, timeout=900, env=env, route=route)
+    return proc, time.perf_counter() - t0
+
+
 @pytest.mark.engine
-def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(engine_releases, tmp_path):
+def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(warm, tmp_path):
+    """Both commands in children of the session's warm CLI process (tests/warm_engine.py): 0.5.15's verdict in a
+    fresh ``engine_path.isolate`` subprocess, 0.5.14's in a child forked from the session's one import of it."""
     from engine_path.releases import EngineSpec, engines_dir, fetch
 
     fetch(EngineSpec("sglang", "0.5.15"))
     (tmp_path / "engines").symlink_to(engines_dir())        # the releases shared, the bisect results fresh
     env = {"SLOTSCOPE_CACHE": str(tmp_path)}
-    proc, _ = _bisect("--versions", "0.5.14..0.5.15", "--jobs", "2", "--json", env=env)
+    proc, _ = _warm_bisect(warm, "--versions", "0.5.14..0.5.15", "--jobs", "2", "--json", env=env,
+                           route={"sglang==0.5.14": warm.socket("sglang==0.5.14")})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "first release where the verdict changed: 0.5.15" in proc.stdout
     lines = proc.stdout.splitlines()
@@ -140,7 +149,7 @@ def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(engine_releases, tmp_path
     assert result["changes"][0]["release"] == "0.5.15"
     assert {v: r["source"] for v, r in result["results"].items()} == {"0.5.14": "run", "0.5.15": "run"}
 
-    again, seconds = _bisect("--versions", "0.5.14..0.5.15", "--json", env=env)
+    again, seconds = _warm_bisect(warm, "--versions", "0.5.14..0.5.15", "--json", env=env)
     assert again.returncode == 0, again.stderr[-3000:]
     rerun = json.loads(again.stdout.splitlines()[-1])
     # "cached", or "cached (other code)" when simulator/ or engine_path/ changed between the two runs

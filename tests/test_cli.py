@@ -156,3 +156,15 @@ def test_crash_keeps_partial_outputs(tmp_path, capsys, monkeypatch):
     findings = (out / "findings.jsonl").read_text().splitlines()
     assert len(steps) == s["incomplete"]["steps_done"]
     assert len(findings) == sum(sum(b["findings"].values()) for b in s["backends"].values()) > 0
+
+
+def test_an_engine_verdict_line_names_the_release_its_patches_and_the_design_it_replaced():
+    from slotscope.cli import _engine_verdict_line
+
+    eng = {"name": "sglang", "version": "0.5.23", "replaces_design": "sglang-pre-29460",
+           "patches": [{"path": "examples/engine-patches/revert-29460.yaml", "sha256": "ab" * 32, "applied_by": "x"}]}
+    assert _engine_verdict_line(eng, 144, False) == (
+        "verdict: 144 finding(s), about sglang 0.5.23 patched with examples/engine-patches/revert-29460.yaml's own "
+        "code (run instead of the scenario's design sglang-pre-29460)")
+    assert _engine_verdict_line({"name": "sglang", "version": "0.5.14"}, 0, True) == (
+        "verdict: no findings in the steps that ran (incomplete), about sglang 0.5.14's own code")

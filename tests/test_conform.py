@@ -1,7 +1,7 @@
 """slotscope conform: our model of SGLang 0.5.23 against the release, step by step.
 
-Three ``slotscope conform`` runs against the cached 0.5.23 (each imports the release in a process of its
-own: 10-60 s on a shared 2-core machine), two at a time: B1 at page 1 and paths-paged at page 16 under
+Five ``slotscope conform`` runs against the cached 0.5.23, two at a time (B1's in fresh processes, the others
+forked from the session's warm processes: tests/warm_engine.py): B1 at page 1 and paths-paged at page 16 under
 the design ``sglang-0.5.23`` conform on every field; a model with LIFO free lists at page 1
 (tests/conform_designs.py) exits 1 naming its first divergence exactly. The comparison itself is
 tested on hand-made traces without the engine.
@@ -38,11 +38,21 @@ def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           timeout=timeout, env=dict(os.environ))
 
 
+#: the run that stays two fresh processes end to end (the CLI's and the release's, engine_path.isolate)
+FRESH = "b1"
+
+
 @pytest.fixture(scope="module")
-def conform_runs(engine_releases):
+def conform_runs(warm):
+    """The five runs, two at a time: b1 as ``python -m slotscope conform`` whose engine side is a fresh
+    ``engine_path.isolate`` child; the others the same command in a child of the session's warm CLI process,
+    its engine side in a child forked from the session's one import of 0.5.23 (tests/warm_engine.py)."""
+    route = {"sglang==0.5.23": warm.socket("sglang==0.5.23")}
+
     def one(item):
         key, args = item
-        return key, slotscope("conform", *args, "--engine", "sglang==0.5.23", "--json")
+        argv = ("conform", *args, "--engine", "sglang==0.5.23", "--json")
+        return key, slotscope(*argv) if key == FRESH else warm("none").cli(*argv, route=route, timeout=900)
 
     with ThreadPoolExecutor(2) as ex:
         return dict(ex.map(one, RUNS.items()))

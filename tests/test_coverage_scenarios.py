@@ -12,6 +12,7 @@ import pytest
 
 from simulator.scenario import BACKENDS, load_scenario
 from slotscope.fuzz_coverage import COMBOS, features
+from slotscope.fuzz_search import FirstFinding, StopAtFirst
 from slotscope.pipeline import RunOptions, run_scenario
 
 import coverage_designs as cd
@@ -29,7 +30,7 @@ CATCHER = {
     cd.DecodeGraphLiveSwa: ("cover-overlap-retract", ("padding_slot", "flashinfer", 32)),
     cd.EagerCutToDpLength: ("cover-dp-attn-tp-eager", ("length_mismatch", "flashinfer", 7)),
     cd.EagerSliceFromEnd: ("cover-dp-attn-tp-eager", ("missed", "flashinfer", 7)),
-    cd.ReadIdsPageEarly: ("cover-radix-paged", ("stale_read", "flashinfer", 34)),
+    cd.ReadIdsPageEarly: ("cover-radix-paged", ("stale_read", "flashinfer", 2)),
     cd.RadixReadMemo: ("cover-radix-paged", ("stale_read", "flashinfer", 35)),
     cd.MixedPlanLagsOneForward: ("cover-unified-dp-pcg-mixed", ("missed", "flashinfer", 15)),
     cd.MixedPlanReusesMappedRows: ("cover-unified-dp-pcg-mixed", ("missed", "flashinfer", 15)),
@@ -178,19 +179,6 @@ def test_fuzz_counts_each_path_as_a_feature(clean, name):
     assert reached == {COMBOS[COVER.index(name)]}
 
 
-class Caught(Exception):
-    pass
-
-
-class StopAtFirst:
-    def on_run_start(self, run) -> None: pass
-    def on_step(self, step) -> None: pass
-    def on_boundary(self, *args) -> None: pass
-    def on_run_end(self) -> None: pass
-
-    def on_findings(self, findings) -> None:
-        if findings:
-            raise Caught(findings[0])
 
 
 def test_the_buggy_designs():
@@ -207,9 +195,9 @@ def test_buggy_design_is_caught_by_a_coverage_scenario(mutant):
     scenario, first = CATCHER[mutant]
     assert load_scenario(ROOT / "scenarios" / f"{scenario}.toml").design == \
         next(b for b in (cd.Unified0523, cd.RadixFixed, cd.Post33587, cd.Release0523) if issubclass(mutant, b)).name
-    with pytest.raises(Caught) as caught:
+    with pytest.raises(FirstFinding) as caught:
         run(scenario, f"{MODULE}:{mutant.__name__}", observers=[StopAtFirst()])
-    f = caught.value.args[0]
+    f = caught.value.finding
     assert (f.cls, f.backend, f.step) == first
 
 

@@ -2,10 +2,11 @@
 `__post_init__` slice), none in 0.5.15 and 0.5.23, the post-fix gap (swa_loc shorter than loc) still failing
 in 0.5.23; what the outputs say of the engine; bad input (exit 2, one line, never a traceback).
 
-The four engine runs are subprocesses started at once (each imports its release: 10-30 s); the tests read
-their output directories. Counts follow from the scenarios (docs/ENGINE.md, "B1 and its gap in the real
-code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer than loc per backend; no backend slices its
-own swa_loc, so all 8 mismatch in 0.5.14.
+The four engine runs are started two at a time: 0.5.15's a subprocess of its own (it imports the release:
+10-30 s), the others ``python -m slotscope run`` in a child forked from the session's one import of their
+release (tests/warm_engine.py); the tests read their output directories. Counts follow from the scenarios
+(docs/ENGINE.md, "B1 and its gap in the real code"): B1 has 18 SWA-layer writes whose swa_loc is 3 longer
+than loc per backend; no backend slices its own swa_loc, so all 8 mismatch in 0.5.14.
 """
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subp
                           timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
+#: the run that stays a fresh process (its release's one import this session); the other three run in a child
+#: forked from the session's one import of their release (tests/warm_engine.py)
+FRESH = ("b1", "0.5.15")
+
+
 @pytest.fixture(scope="module")
-def engine_runs(engine_releases, tmp_path_factory):
+def engine_runs(warm, tmp_path_factory):
     """{(scenario, release): (CompletedProcess, out dir)} of the four CLI runs, run two at a time."""
     from engine_path.releases import EngineSpec, fetch
 
@@ -50,7 +56,9 @@ def engine_runs(engine_releases, tmp_path_factory):
     def one(key):
         name, version = key
         out = base / f"{name}-{version}"
-        return key, (slotscope("run", paths[name], "--engine", f"sglang=={version}", "--out", str(out)), out)
+        argv = ("run", paths[name], "--engine", f"sglang=={version}", "--out", str(out))
+        proc = slotscope(*argv) if key == FRESH else warm(f"sglang=={version}").cli(*argv, cwd=ROOT, timeout=600)
+        return key, (proc, out)
 
     with ThreadPoolExecutor(2) as ex:
         return dict(ex.map(one, PINNED))
@@ -82,6 +90,20 @@ def test_b1_0514_the_findings_are_the_release_shape_error(engine_runs):
     # the 1,048 entries of the unsliced, DP-padded swa_loc
     assert first["message"] == ("RuntimeError: shape mismatch: value tensor of shape [51, 1, 16] cannot be "
                                 "broadcast to indexing result of shape [1048, 1, 16]")
+
+
+def test_the_verdict_names_the_release_it_is_about(engine_runs):
+    """--engine replaces B1's own design (sglang-pre-29460): the table line, summary.json and the report's verdict
+    say the verdict is about the release's code."""
+    for version, findings, verdict in (("0.5.14", "144 finding(s)", "Not clean: 8 of 8"),
+                                       ("0.5.23", "no findings", "Clean: on all 8")):
+        proc, out = engine_runs[("b1", version)]
+        assert json.loads((out / "summary.json").read_text())["engine"]["replaces_design"] == "sglang-pre-29460"
+        assert (f"verdict: {findings}, about sglang {version}'s own code (run instead of the scenario's design "
+                f"sglang-pre-29460)") in proc.stdout
+        page = (out / "report.html").read_text()
+        assert (f"About sglang {version}&#39;s own code, run instead of the scenario&#39;s design sglang-pre-29460. "
+                f"{verdict}") in page
 
 
 def test_engine_outputs_name_the_release(engine_runs):

@@ -234,3 +234,19 @@ def test_bugs_engine_runs_cases_as_release_code_and_says_which(tmp_path):
         "gap": (True, True, "sglang==0.5.23", "sglang==0.5.23 + fix-gap-pad-short-swa-loc.yaml")}
     assert got["B3"]["real"] is False and got["B3"]["buggy"] is None and got["B3"]["why"]
     assert set(got["B1"]) >= {"case", "pr", "real", "buggy", "fixed", "holds"}
+
+
+def test_bugs_engine_runs_fix_reverts_and_proposed_fixes_as_release_code(tmp_path):
+    """B2 on 0.5.23 with #24743 reverted by a shipped patch (triton's own graph SWA refresh), R8 on 0.5.23 and with
+    #38519's proposed fix as a patch: both real, both verdicts hold; W1 (the overlap scheduler's timeline) stays
+    model-only, saying why."""
+    out = tmp_path / "bugs.json"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "bugs", "--engine", "sglang", "--only", "B2,R8,W1",
+                        "--json", str(out), "-q"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = {v["case"]: v for v in json.loads(out.read_text())}
+    assert {k: (v["real"], v["holds"], v["buggy"], v["fixed"]) for k, v in got.items() if k != "W1"} == {
+        "B2": (True, True, "sglang==0.5.23 + revert-24743-swa-graph-tail.yaml", "sglang==0.5.23"),
+        "R8": (True, True, "sglang==0.5.23", "sglang==0.5.23 + fix-38519-filter-unmapped-swa-pages.yaml")}
+    assert got["W1"]["real"] is False and "overlap scheduler" in got["W1"]["why"]
+    assert "2 of 3 cases real; 2 of 2 engine verdicts hold" in p.stdout

@@ -1,7 +1,8 @@
 """The engine in the loop under the overlap timeline (issue 11 point 7): SGLang 0.5.23's own allocator and
 eviction rule make the scheduler's writes, the overlap timeline lands them inside our forward.
 
-One subprocess, one import of the release (engine_path.isolate), five runs in it:
+One child of the release's process, one import of the release (engine_path.isolate's child, forked from the
+session's one import of it: tests/warm_engine.py), five runs in it:
 
 * W7 (ROCm, 0.5.23's default there has no WAR barrier) gives exactly the model's pinned counts
   (tests/test_pinned_counts.py, ("W7", "buggy")), and the same scenario under the barrier 0.5.23 uses on CUDA /
@@ -102,15 +103,13 @@ def _with_barrier(tmp, src: Path, barrier: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(engine_releases, tmp_path_factory):
-    from engine_path import isolate
-
+def runs(warm, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("w")
     paths = (str(W7), _with_barrier(tmp, W7, "after_launch"), str(W1), _with_barrier(tmp, W1, "none"),
              str(W5), _with_barrier(tmp, W5, "read_done_after_metadata"), _chunked(tmp))
     path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p)
-    out = isolate.call("sglang==0.5.23", "test_engine_overlap:all_runs", str(tmp / "engine"), *paths,
-                       env={"PYTHONPATH": path})
+    out = warm("sglang==0.5.23").call("test_engine_overlap:all_runs", str(tmp / "engine"), *paths,
+                                      env={"PYTHONPATH": path})
     # the model runs beside them: slotscope run FILE --design sglang-0.5.23
     out["model"] = {name: _cli_run(p, str(tmp / "model" / name), "--design", "sglang-0.5.23")
                     for name, p in zip(CLI, paths[2:])}

@@ -4,11 +4,13 @@
 * the parser and our patcher (engine_path/patches.py) on a toy module written to a temporary directory: no
   sglang needed; match + replacement / prepend / append, and each way a patch can fail (no match,
   ambiguous match, unknown target) is an EngineError naming the target and the edit;
-* through the CLI (four 0.5.23 runs, started at once): B1 with the revert of #29460's slice gives exactly
+* through the CLI (five 0.5.23 runs, two at a time; the two without a patch forked from the session's one import
+  of the release, tests/warm_engine.py): B1 with the revert of #29460's slice gives exactly
   0.5.14's pinned counts (length_mismatch 18 on every backend: none slices swa_loc itself in a release;
   tests/test_engine_cli.py's PINNED), B1 without it is clean; the gap scenario is clean with the fix and
   fails without it; summary.json and run.json name the patches with their sha256 and who applied them
-  (the release's patcher for the revert; ours for the fix, forced with SLOTSCOPE_ENGINE_PATCHER=slotscope).
+  (the release's patcher for the revert; ours for the fix, forced with SLOTSCOPE_ENGINE_PATCHER=slotscope); a
+  patch whose match the release's source lacks is bad input (exit 2) naming the target and the edit.
 """
 from __future__ import annotations
 
@@ -189,23 +191,36 @@ def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subp
 
 RUNS = {
     "b1+revert": ("scenarios/b1-pcg-dp-padding.toml", [REVERT], {}),
-    "b1": ("scenarios/b1-pcg-dp-padding.toml", [], {}),
     "gap+fix": ("scenarios/gap-swa-shorter.toml", [FIX], {"SLOTSCOPE_ENGINE_PATCHER": "slotscope"}),
+    "bad": ("scenarios/b1-pcg-dp-padding.toml", ["bad.yaml"], {}),
+    "b1": ("scenarios/b1-pcg-dp-padding.toml", [], {}),
     "gap": ("scenarios/gap-swa-shorter.toml", [], {}),
 }
 
 
+def _bad_patch(base: Path) -> Path:
+    """The revert with a match the release's source does not have."""
+    bad = base / "bad.yaml"
+    bad.write_text(REVERT.read_text().replace("self.swa_loc = self.swa_loc[: self.loc.shape[0]]",
+                                              "self.swa_loc = self.swa_loc[:1]"))
+    return bad
+
+
 @pytest.fixture(scope="module")
-def patched_runs(engine_releases, tmp_path_factory):
+def patched_runs(warm, tmp_path_factory):
+    """The five runs, two at a time: those with a patch are subprocesses of their own (the release's import
+    applies the patch); the two without one run in a child forked from the session's one import of 0.5.23
+    (tests/warm_engine.py)."""
     base = tmp_path_factory.mktemp("patched")
+    bad = _bad_patch(base)
 
     def one(key):
         scenario, pats, env = RUNS[key]
         out = base / key.replace("+", "_")
         args = [scenario, "--engine", "sglang==0.5.23", "-q", "--no-report", "--trace-level", "off", "--out", str(out)]
         for p in pats:
-            args += ["--engine-patch", str(p)]
-        proc = slotscope("run", *args, env=env)
+            args += ["--engine-patch", str(bad if p == "bad.yaml" else p)]
+        proc = slotscope("run", *args, env=env) if pats else warm("sglang==0.5.23").cli("run", *args, env=env)
         return key, proc, out
 
     with ThreadPoolExecutor(max_workers=2) as ex:
@@ -251,12 +266,8 @@ def test_outputs_name_patches(patched_runs):
 
 
 @pytest.mark.engine
-def test_cli_bad_patch(engine_releases, tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(REVERT.read_text().replace("self.swa_loc = self.swa_loc[: self.loc.shape[0]]",
-                                              "self.swa_loc = self.swa_loc[:1]"))
-    proc = slotscope("run", "scenarios/b1-pcg-dp-padding.toml", "--engine", "sglang==0.5.23", "-q", "--no-report",
-                     "--trace-level", "off", "--out", str(tmp_path / "o"), "--engine-patch", str(bad))
+def test_cli_bad_patch(patched_runs, tmp_path):
+    proc, _ = patched_runs["bad"]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert "KVWriteLoc.__post_init__, edit 0" in proc.stderr and "no match" in proc.stderr, proc.stderr

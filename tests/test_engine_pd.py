@@ -1,7 +1,7 @@
 """A PD decode node (engine.pd_decode) with SGLang 0.5.23's own allocator: ``alloc_extend_swa_tail`` and the row free.
 
-One subprocess, one import of the release (engine_path.isolate): (1) ``EngineAllocator.extend_swa_tail`` (the
-release's ``alloc_extend_swa_tail``) and its row free against the model's ``HybridAllocator`` (0.5.23's "head"
+One child of the session's one import of the release (engine_path.isolate's, tests/warm_engine.py): (1)
+``EngineAllocator.extend_swa_tail`` (the release's ``alloc_extend_swa_tail``) and its row free against the model's ``HybridAllocator`` (0.5.23's "head"
 free lists), id for id and entry for entry of the mapping, over a sequence that recycles a long request's full
 pages (the non-tail ids' mapping must be cleared: #25805); (2) the conformance traces of A1 at page 16 and of
 A1 / A2 at page 1 (their first 200 forwards; A2 at page 16 runs whole in tests/test_conform.py through the CLI),
@@ -64,12 +64,10 @@ def child(jobs: list, steps: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(engine_releases):
-    from engine_path import isolate
-
+def run(warm):
     path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p)
-    return isolate.call("sglang==0.5.23", "test_engine_pd:child", [list(j) for j in JOBS], STEPS,
-                        env={"PYTHONPATH": path}, timeout=1200)
+    return warm("sglang==0.5.23").call("test_engine_pd:child", [list(j) for j in JOBS], STEPS,
+                                       env={"PYTHONPATH": path}, timeout=1200)
 
 
 def test_alloc_extend_swa_tail_gives_the_models_ids(run):

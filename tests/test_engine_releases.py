@@ -1,7 +1,8 @@
 """SGLang's real write path against slotscope's oracle, per release (0.5.14: before the #29460 fix; 0.5.23).
 
-Each release is imported once, in a subprocess of its own (one release per process), which runs
-engine_path.checks.release_report; the two releases run at once. The tests below assert on what the
+Each release is imported once, in a subprocess of its own (one release per process: the session's warm
+server of it, tests/warm_engine.py), whose forked child runs engine_path.checks.release_report; the two
+releases run at once. The tests below assert on what the
 release's own code did there.
 """
 from __future__ import annotations
@@ -21,12 +22,12 @@ ALL_BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter",
 
 
 @pytest.fixture(scope="module")
-def _children(engine_releases):
-    """Every subprocess of this module at once: one report per release, and ``--engine sglang`` (the cached
-    0.5.23 put on PYTHONPATH, as an installed or editable checkout would be)."""
+def _children(engine_releases, warm):
+    """Every child of this module at once: one report per release (forked from the session's one import of
+    it: tests/warm_engine.py), and ``--engine sglang`` (the cached 0.5.23 put on PYTHONPATH, as an installed or
+    editable checkout would be) in a fresh subprocess of its own."""
     with ThreadPoolExecutor(len(engine_releases) + 1) as ex:
-        futures = {v: ex.submit(isolate.call, f"sglang=={v}", "engine_path.checks:release_report", SCENARIOS,
-                                SHARED)
+        futures = {v: ex.submit(warm(f"sglang=={v}").call, "engine_path.checks:release_report", SCENARIOS, SHARED)
                    for v in engine_releases}
         installed = ex.submit(isolate.call, "sglang", "engine_path.checks:info",
                               env={"PYTHONPATH": str(engine_releases["0.5.23"])})

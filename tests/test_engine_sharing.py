@@ -10,7 +10,7 @@ holds page 0, and the release's capacity assert (``available_size() <= size``, i
 is what ends the run. As ``slotscope run scenarios/r8-sink-free-list.toml --engine sglang==0.5.23`` does, the
 run takes our model of the release for what stays ours (the scheduler's cadence and free groups).
 
-One subprocess, one import of the release (engine_path.isolate).
+One child of the session's one import of the release (engine_path.isolate's, tests/warm_engine.py).
 """
 from __future__ import annotations
 
@@ -59,11 +59,9 @@ def r8_run(path: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(engine_releases):
-    from engine_path import isolate
-
+def run(warm):
     path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p)
-    return isolate.call("sglang==0.5.23", "test_engine_sharing:r8_run", str(R8), env={"PYTHONPATH": path})
+    return warm("sglang==0.5.23").call("test_engine_sharing:r8_run", str(R8), env={"PYTHONPATH": path})
 
 
 def test_r8_reproduces_in_0523s_own_free_paths(run):

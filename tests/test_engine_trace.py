@@ -150,10 +150,8 @@ def test_reader_memory_is_bounded_by_requests_not_bytes(tmp_path):
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.parametrize("release", ("0.5.14", "0.5.23"))
-def test_releases_logger_and_tracing_drive_to_the_same_numbers(tmp_path, engine_releases, release):
-    from engine_path import isolate
-
-    res = isolate.call(f"sglang=={release}", "slotscope.sglang_fixtures:drive", str(tmp_path))
+def test_releases_logger_and_tracing_drive_to_the_same_numbers(tmp_path, warm, release):
+    res = warm(f"sglang=={release}").call("slotscope.sglang_fixtures:drive", str(tmp_path))
     assert res["version"] == release and res["requests"] == 6
     for fmt in ("json", "text"):
         got = {r.rid: (r.prompt_tokens, r.completion_tokens, r.cached_tokens)

@@ -10,7 +10,7 @@ lazy compaction, flushed at each scheduler boundary as the model's is). Under th
 allocates and translates, so both stay clean: 0.5.23 has both fixes in its own code (its SWA page table
 spans the full side's virtual ids; its translation clamps a tombstoned page to the sink).
 
-One subprocess, one import of the release (engine_path.isolate).
+One child of the session's one import of the release (engine_path.isolate's, tests/warm_engine.py).
 """
 from __future__ import annotations
 
@@ -117,11 +117,9 @@ def child(u2: str, u1: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(engine_releases):
-    from engine_path import isolate
-
+def run(warm):
     path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")) if p)
-    return isolate.call("sglang==0.5.23", "test_engine_unified:child", str(U2), str(U1), env={"PYTHONPATH": path})
+    return warm("sglang==0.5.23").call("test_engine_unified:child", str(U2), str(U1), env={"PYTHONPATH": path})
 
 
 def test_the_release_unified_allocator_runs_the_loop(run):
@@ -161,17 +159,15 @@ def test_u1_and_u2_are_fixed_in_the_release_code(run):
     assert (u1["num_virtual_ids"], u1["swa_v2p_len"]) == (3074, 3075)
 
 
-def test_slotscope_run_engine_on_a_unified_scenario(engine_releases, tmp_path):
+def test_slotscope_run_engine_on_a_unified_scenario(warm, tmp_path):
     """``slotscope run SCENARIO --engine sglang==0.5.23`` on a pool.unified scenario: the release's unified
-    allocator, the scenario's modelled design, our pools; 30 forwards, no findings (exit 5: cut short)."""
+    allocator, the scenario's modelled design, our pools; 30 forwards, no findings (exit 5: cut short). The
+    command runs in a child forked from the session's one import of the release (tests/warm_engine.py)."""
     import json
-    import subprocess
-    import sys
 
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "slotscope", "run", str(U2), "--engine", "sglang==0.5.23",
-                           "--backends", "flashattention", "--max-steps", "30", "--out", str(out), "--no-report"],
-                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    proc = warm("sglang==0.5.23").cli("run", str(U2), "--engine", "sglang==0.5.23", "--backends", "flashattention",
+                                      "--max-steps", "30", "--out", str(out), "--no-report", cwd=ROOT, timeout=900)
     assert proc.returncode == 5, proc.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["engine"]["version"] == "0.5.23" and s["design"] == "sglang-unified-pre-35933" and s["steps"] == 30

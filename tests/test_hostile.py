@@ -213,6 +213,21 @@ def test_a_refused_run_into_a_new_directory_leaves_no_directory(tmp_path, capsys
     assert not (tmp_path / "new").exists()
 
 
+def test_a_crash_in_the_set_up_is_no_refusal_it_clears_and_records_the_failure(previous, monkeypatch, capsys):
+    """Not bad input but a failure (exit 3): the previous run's files go, so none of them reads as this run's."""
+    import simulator.run as run_mod
+
+    def no_room(*a, **kw):
+        raise MemoryError("no room for the pools")
+
+    monkeypatch.setattr(run_mod, "make_run", no_room)
+    assert main(["run", str(previous.parent / "tiny.toml"), "--out", str(previous), "-q"]) == 3
+    assert "MemoryError: no room for the pools after 0 steps" in capsys.readouterr().err
+    assert sorted(p.name for p in previous.iterdir()) == ["run.json", "scenario.toml"]
+    run = json.loads((previous / "run.json").read_text())
+    assert run["status"] == "incomplete" and run["incomplete"]["steps_done"] == 0
+
+
 @pytest.mark.parametrize("what", ["directory", "fifo"])
 def test_a_run_directory_holding_a_non_file_under_an_output_name_is_refused_untouched(previous, capsys, what):
     p = previous / "findings.jsonl"

@@ -41,6 +41,14 @@ def _run(name, design, stepwise, max_steps=None, host=None):
     return r, obs.events, ex
 
 
+#: the physical pools each side holds at the end: B1's failed writes, B2's stale tails, the gap's missed writes,
+#: R7 and A2 (target and draft) are the same on every backend; only triton's draft (B4) leaves its twins
+PHYSICAL = {"b1-pcg-dp-padding": {"target": 1}, "b2-decode-stale-tail": {"target": 1},
+            "gap-swa-shorter": {"target": 1}, "r7-grouped-free-flush": {"target": 1},
+            "a2-pd-decode-swa-tail": {"target": 1, "draft": 1},
+            "b4-draft-extend-window": {"target": 1, "draft": 2}}
+
+
 @pytest.mark.parametrize("host", [None, True])          # True: metadata on host copies, as on a GPU
 @pytest.mark.parametrize("name, design, max_steps", [
     ("b1-pcg-dp-padding", "sglang-pre-29460", None),      # length mismatches: failed writes
@@ -59,6 +67,8 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
     assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
     assert fast.crossings == own.crossings and len(fast.steps) == len(own.steps)
     assert fast_events == own_events
+    # one physical pool per class of backends whose writes agreed (copy on divergence), as the CPU's shared step
+    assert fast.physical_pools == own.physical_pools == PHYSICAL[name]
     runner = ex.runner
     assert runner.fast_checks > 0
     # the base read tables are incremental (cuda_path/read_cache.py) except under the radix cache's content keys

@@ -1,21 +1,20 @@
 """The model's unified pool against SGLang 0.5.23's unified allocator (issue 10 point 5, the unified-pool rows).
 
-* A differential (engine_path.unified.differential, in the release's own process): the same random operations
+* A differential (engine_path.unified.differential, in the release's own process, forked from the session's one
+  import of it: tests/warm_engine.py): the same random operations
   (admit, grow, evict, truncate, grouped and plain frees, in-flight windows and lazy flushes), then a pressure
   phase that makes the release run its urgent, allocation-time flush, on the model's
   :class:`~simulator.memory.unified_pool.UnifiedPool` and on the release's ``UnifiedSWATokenToKVPoolAllocator``, at page
   sizes 1 and 16: after every operation the ids handed out, both sides' page tables, the used and available
   counts and the ownership events are identical.
-* ``slotscope conform`` of u1 and u2 at page sizes 1 and 16 (four runs, two at a time): every step conforms, exit 0,
+* ``slotscope conform`` of u1 and u2 at page sizes 1 and 16 (four runs, two at a time, in the session's warm
+  processes): every step conforms, exit 0,
   nothing listed as not compared; at page 16 the release's paged ``alloc_extend`` / ``alloc_decode`` were driven.
 * Without the engine: the model's trace at page 16 binds each forward to the release's layout.
 """
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,10 +29,8 @@ CONFORM = {(U1, 1): 66, (U2, 1): 180, (U1, 16): 73, (U2, 16): 197}
 
 
 @pytest.mark.engine
-def test_the_model_hands_out_the_release_ids(engine_releases):
-    from engine_path import isolate
-
-    got = isolate.call("sglang==0.5.23", "engine_path.unified:differentials", 0)
+def test_the_model_hands_out_the_release_ids(warm):
+    got = warm("sglang==0.5.23").call("engine_path.unified:differentials", 0)
     assert got == {
         "page 1": {"first_difference": None, "moves": 577, "refused": 99, "urgent_flushes": 8, "ops": 540},
         "page 16": {"first_difference": None, "moves": 96, "refused": 118, "urgent_flushes": 8, "ops": 540},
@@ -41,12 +38,16 @@ def test_the_model_hands_out_the_release_ids(engine_releases):
 
 
 @pytest.fixture(scope="module")
-def conform_runs(engine_releases):
+def conform_runs(warm):
+    """``python -m slotscope conform`` in a child of the session's warm CLI process, its engine side in a child
+    forked from the session's one import of 0.5.23 (tests/warm_engine.py; tests/test_conform.py runs one
+    conform in fresh processes end to end)."""
+    route = {"sglang==0.5.23": warm.socket("sglang==0.5.23")}
+
     def one(key):
         path, page = key
-        proc = subprocess.run([sys.executable, "-m", "slotscope", "conform", path, "--engine", "sglang==0.5.23",
-                               "--page-size", str(page), "--json"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=900, env=dict(os.environ))
+        proc = warm("none").cli("conform", path, "--engine", "sglang==0.5.23", "--page-size", str(page), "--json",
+                                cwd=ROOT, route=route, timeout=900)
         return key, proc
 
     with ThreadPoolExecutor(2) as ex:

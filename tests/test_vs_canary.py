@@ -31,8 +31,9 @@ def _bench(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def rows(engine_releases):
-    proc = _bench("--child", "0.5.23", "--only", "B2,repoint_req_to_token")
+def rows(warm):
+    """The bench's child for 0.5.23, forked from the session's one import of the release (tests/warm_engine.py)."""
+    proc = warm("sglang==0.5.23").script(BENCH, "--child", "0.5.23", "--only", "B2,repoint_req_to_token", cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["references"] == "sglang.kernels.ops.kv_canary (the launchers' CPU fallback)"

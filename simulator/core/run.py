@@ -61,6 +61,9 @@ class RunResult:
     radix: Optional[dict] = None
     #: which source served each concern, the plug-ins, the design's declared fast paths (run.json's ``sources``)
     sources: dict = field(default_factory=dict)
+    #: the physical pools under test each side held at the end ("target", "draft"): 1 while all its backends'
+    #: writes agreed (shared pools, simulator/memory/pool.py), up to one per backend
+    physical_pools: dict = field(default_factory=dict)
 
     @property
     def total_findings(self) -> int:
@@ -167,7 +170,10 @@ class Run:
                          findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
                          wall_s=time.perf_counter() - self._wall0,
                          radix=self.scheduler.summary(self.findings) if hasattr(self.scheduler, "cache") else None,
-                         sources=self.sources)
+                         sources=self.sources,
+                         physical_pools={role: len({id(p) for p in side.pools.values()})
+                                         for role, side in (("target", self.target), ("draft", self.draft))
+                                         if side is not None})
 
     # ------------------------------------------------------------------ what the phases and plug-ins call
 

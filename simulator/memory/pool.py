@@ -151,11 +151,6 @@ class PoolClasses:
             out.extend(parts)
         return out
 
-    @property
-    def count(self) -> int:
-        """The physical pools the side holds now (its classes)."""
-        return len(set(self.of.values()))
-
     @staticmethod
     def _copy(pool: PoolWriter, classes: int) -> Optional[PoolWriter]:
         try:
