@@ -4,9 +4,10 @@
 write path was given and what the allocator did since the previous forward:
 
 * ``out_cache_loc`` (DP and graph padding included) and the forward's mode / graph;
-* per backend: where its SWA ids come from (``plan`` / ``translate``), ``swa_loc`` as its metadata
-  holds it (a graph replay's static buffer included, with its dtype) and the ``loc`` / ``swa_loc`` of
-  the ``KVWriteLoc`` an SWA layer gets;
+* per backend: where its SWA ids come from (``plan`` / ``translate``), ``swa_loc``: the SWA ids its
+  metadata hands the forward's first layer's write (a graph replay's static buffer included, with its dtype;
+  read after ``KVWriteLoc`` on both sides, :func:`_first_write_swa`) and the ``loc`` / ``swa_loc`` of the
+  write of a full and of an SWA layer;
 * the mapping entries ``full_to_swa`` at the full slots that changed, the SWA slots freed by
   out-of-window eviction, and the full / SWA slots freed.
 
@@ -16,8 +17,8 @@ The same function makes both sides of the comparison:
   release), the design's translation and ``make_write_loc``;
 * engine (``engine=True``, the release's own process: ``engine_path.isolate.call(spec,
   "engine_path.conformance:trace", ...)``): :class:`~engine_path.runtime.EngineRuntime`'s allocator (the
-  release's ``SWATokenToKVPoolAllocator`` and its eviction rule), the release's translation per backend
-  (plan write ids or ``translate_loc_from_full_to_swa``) and its ``KVWriteLoc``.
+  release's ``SWATokenToKVPoolAllocator`` and its eviction rule), and each backend as the release's own
+  (engine_path.forward: its metadata init, graph buffers, narrowing and layer forward up to the pool write).
 
 Both sides run the scenario's own scheduler (``simulator.run.make_scheduler``, the run's choice: the radix
 cache's ``SharingScheduler`` over the release's free paths on the engine side; a PD decode node's
@@ -180,6 +181,7 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
         b.window = sc.model.window
     swa_layer = next((li for li in sc.model.layers() if li.kind == "swa"), None)
     full_layer = next((li for li in sc.model.layers() if li.kind == "full"), None)
+    first_layer = next(iter(sc.model.layers()))
     mapping = None if getattr(alloc, "translate_kv_loc", None) is not None else torch.from_numpy(alloc.full_to_swa)
     swa_ids = {name: b.spec.swa_ids for name, b in bounds.items()}
     steps: list = []
@@ -203,7 +205,8 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
             loc = torch.from_numpy(batch.out_cache_loc)
             for name, b in bounds.items():
                 meta = b.init_metadata(batch, loc, mapping)
-                rec["swa_loc"][name] = [str(meta.swa_loc.dtype).replace("torch.", ""), _ints(meta.swa_loc)]
+                ids = _first_write_swa(b, meta, first_layer)
+                rec["swa_loc"][name] = [str(ids.dtype).replace("torch.", ""), _ints(ids)]
                 for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer)):
                     if li is not None:
                         wl = b.write_loc(meta, li.layer, li.kind)
@@ -212,6 +215,17 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
     except Exception as e:  # what stopped a side is part of its record (compared like a value)
         stopped = f"{type(e).__name__}: {e}"
     return steps, stopped, swa_ids
+
+
+def _first_write_swa(b, meta, first) -> torch.Tensor:
+    """The SWA ids of a forward's first layer's write (its ``KVWriteLoc``'s ``swa_loc``; a write without one:
+    its ``loc``), as :class:`engine_path.forward.boundary.ReleaseBoundary` keeps them in its metadata: the release's
+    metadata ids are seen where its store sees them, after ``KVWriteLoc.__post_init__`` (a longer plan cut there
+    is a difference no write shows), so the model's side is read at the same point."""
+    if getattr(meta, "fb", None) is not None:      # the release's metadata: already its first write's
+        return meta.swa_loc
+    wl = b.write_loc(meta, first.layer, first.kind)
+    return wl.swa_loc if wl.swa_loc is not None else wl.loc
 
 
 class _UnifiedBind:

@@ -53,6 +53,15 @@ def _around(values: Any, i: int, k: int = 3) -> str:
             + (", ...]" if i + k + 1 < len(values) else "]") + f" (len {len(values)})")
 
 
+def _short(value: Any, limit: int = 120) -> str:
+    """A value in JSON: a list longer than ``limit`` characters cut to its head and its length, anything else
+    to ``3 * limit`` characters (an error's text is read whole where it can be)."""
+    text = json.dumps(value)
+    if isinstance(value, list):
+        return text if len(text) <= limit else _around(value, 0, k=5)
+    return text if len(text) <= 3 * limit else text[:3 * limit] + "..."
+
+
 #: the two parts of a paired field's value
 PARTS = {"mapping": ("slots", "entries"), "swa_loc": ("dtype", "values"), "write_loc": ("loc", "swa_loc"),
          "write_loc_full": ("loc", "swa_loc"),
@@ -74,10 +83,10 @@ def _diff(model: Any, engine: Any, parts: Optional[tuple] = None) -> Optional[st
                         i = _first_index(model[j], engine[j])
                         return (f"{names[j]} first differs at index {i}: model "
                                 f"{_around(model[j], i)}, engine {_around(engine[j], i)}")
-                    return f"{names[j]}: model {json.dumps(model[j])}, engine {json.dumps(engine[j])}"
+                    return f"{names[j]}: model {_short(model[j])}, engine {_short(engine[j])}"
         i = _first_index(flat_m, flat_e)
         return f"first differs at index {i}: model {_around(flat_m, i)}, engine {_around(flat_e, i)}"
-    return f"model {json.dumps(model)}, engine {json.dumps(engine)}"
+    return f"model {_short(model)}, engine {_short(engine)}"
 
 
 def compare(model: dict, engine: dict) -> dict:
@@ -127,16 +136,17 @@ def compare(model: dict, engine: dict) -> dict:
             for src, names in sorted(groups.items()):
                 for b in names:
                     note(f"{field} [{src}]", step, b, ms.get(field, {}).get(b), es.get(field, {}).get(b))
+    # a side that stopped early (a failure in its code) is the first thing to say, before the count it shortens
+    for side, tr in (("model", model), ("engine", engine)):
+        if tr["info"].get("stopped"):
+            note("stopped", len(tr["steps"]), side, model["info"].get("stopped"), engine["info"].get("stopped"))
+            break
     if len(m_steps) != len(e_steps):
         note("steps", None, "count", len(m_steps), len(e_steps))
     # the scheduler each side ran, and the radix cache's counters (engine.radix_cache) over the whole run
     note("scheduler", None, "class", model["info"].get("scheduler"), engine["info"].get("scheduler"))
     if model["info"].get("radix") is not None or engine["info"].get("radix") is not None:
         note("radix", None, "counters", model["info"].get("radix"), engine["info"].get("radix"))
-    for side, tr in (("model", model), ("engine", engine)):
-        if tr["info"].get("stopped"):
-            note("stopped", len(tr["steps"]), side, model["info"].get("stopped"), engine["info"].get("stopped"))
-            break
     return {"steps_compared": n, "fields": rows, "first": first, "groups": groups}
 
 
@@ -285,10 +295,12 @@ def register(sub) -> None:
     p = sub.add_parser(
         "conform", help="compare our model of an SGLang release with the release, step by step",
         description="Drive the model of a release (the design sglang-VERSION unless --design) and the real release "
-                    "(its allocator, eviction rule, translation per backend and KVWriteLoc, in a process of its "
-                    "own) through SCENARIO under the same scheduler decisions, and compare every step: "
-                    "out_cache_loc, where each backend takes its SWA ids from, swa_loc per backend group, the "
-                    "KVWriteLoc of an SWA layer, mapping entries at the changed full slots, evictions, frees.",
+                    "(its allocator, eviction rule, and each backend's own metadata, graph buffers, narrowing and "
+                    "layer forward up to the pool write, in a process of its own) through SCENARIO under the same "
+                    "scheduler decisions, and compare every step: out_cache_loc, where each backend takes its SWA "
+                    "ids from, swa_loc per backend group, the write location of a full and of an SWA layer, "
+                    "mapping entries at the changed full slots, evictions, frees. A side that stops early (its "
+                    "code raised) is named with the error.",
         epilog="examples:\n"
                "  slotscope conform scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.23\n"
                "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n\n"

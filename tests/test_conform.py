@@ -203,6 +203,16 @@ def test_compare_names_first_index_and_neighbours():
     assert res["first"]["detail"] == 'dtype: model "int64", engine "int32"'
 
 
+def test_compare_cuts_a_long_value_against_none():
+    """One side None, the other a long list: the detail names the list's head and length, not all of it."""
+    from slotscope.conform import _diff
+
+    assert _diff(list(range(100)), None) == "model [0, 1, 2, 3, 4, 5, ...] (len 100), engine null"
+    assert _diff([[1], list(range(50))], [[1], None], ("loc", "swa_loc")) == (
+        "swa_loc: model [0, 1, 2, 3, 4, 5, ...] (len 50), engine null")
+    assert _diff("a" * 400, None) == 'model "' + "a" * 359 + '..., engine null'
+
+
 def test_unified_trace_binds_each_forward_to_physical_ids():
     """pool.unified at page 1 (model side, no engine): the trace runs the model's unified pool and records each
     forward's physical ids and compaction moves; the swa_loc a backend gets is the physical SWA translation."""
