@@ -49,6 +49,7 @@ class BackendBoundary:
             raise DesignError(f"design {design.name}: backend_spec({spec.name}) returned "
                               f"{type(self.spec).__name__}, not a BackendSpec")
         self.padding = design_padding(design)
+        self.release = release_of(design)
         self.engine = engine
         self.device = device
         self.side = side
@@ -91,7 +92,7 @@ class BackendBoundary:
                 loc[:real] = out_cache_loc[:real]
             return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
         # eager DP-padded extends are narrowed per layer too where the release does it (0.5.23)
-        rows = release_of(self.design).eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
+        rows = self.release.eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
         loc = out_cache_loc if rows is None else out_cache_loc[:rows]
         return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
 
@@ -145,6 +146,16 @@ class BackendBoundary:
         """The design's ``make_write_loc`` is declared ``layer_free`` (a layer's result is its kind's)."""
         return declared(self.design.make_write_loc, "layer_free")
 
+    def base_reads(self) -> bool:
+        """The read table is the base formula (the design's ``read_ids`` declared ``base_reads``): the GPU runner
+        may build it from the requests' slots instead of asking :meth:`read_table`."""
+        return declared(self.design.read_ids, "base_reads")
+
+    def span_checked(self) -> bool:
+        """The read table is held to its span (simulator/oracle/read_rules.py): every table but the base
+        formula's, which is exact by construction."""
+        return not self.base_reads()
+
     def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
         """One layer's write location; raises HookFailure when make_write_loc fails or returns a bad index."""
         loc = meta.layer_loc
@@ -152,6 +163,8 @@ class BackendBoundary:
         swa: Optional[torch.Tensor] = meta.swa_loc if meta.window or kind != "swa" else loc
         if self.spec.slices_swa_loc and swa is not None and swa.shape[0] > loc.shape[0]:
             swa = swa[: loc.shape[0]]
+        if kind == "full" and self.spec.name in self.release.kernel_write_backends:
+            swa = None
         wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
         return check_write_loc(wl, kind, self.device)
 
@@ -178,6 +191,10 @@ class Boundary(Protocol):
     def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def layer_free_write_loc(self) -> bool: ...
+
+    def base_reads(self) -> bool: ...
+
+    def span_checked(self) -> bool: ...
 
 
 class BackendSource(Protocol):

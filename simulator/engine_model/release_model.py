@@ -285,6 +285,9 @@ class ReleaseBehaviour:
     #: eager (not graph) extends padded by DP attention run each layer on the real rows only
     #: (0.5.23 ``padded_extend_real_tokens``); read by the backend boundary
     eager_extend_narrowing: bool = False
+    #: backends whose hybrid-pool write is their kernel's own (0.5.23's aiter: ``launch_reshape_and_cache_flash``
+    #: with the whole mapping, no ``KVWriteLoc``): a full layer's write carries no SWA ids
+    kernel_write_backends: frozenset = frozenset()
     #: backends that take SWA ids from the per-iteration plan (the rest translate themselves)
     plan_swa_backends: frozenset = frozenset()
     #: the overlap scheduler's WAR barrier per platform (simulator.scheduling.timeline.BARRIERS), when the scenario
@@ -319,6 +322,7 @@ SGLANG_0_5_23 = ReleaseBehaviour(
     dp_padding=DpPaddingModes(),
     draft_columns=True,
     eager_extend_narrowing=True,
+    kernel_write_backends=frozenset({"aiter"}),
     plan_swa_backends=PLAN_SWA_BACKENDS_0523,
     pd_row_free=True,
 )
