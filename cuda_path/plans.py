@@ -113,10 +113,11 @@ def base_read_table(rq, seq_lens: torch.Tensor, window: int, full_to_swa: np.nda
 METADATA_HOOKS = ("translate", "fill_graph_loc_buffer", "fill_graph_swa_buffer")
 
 
-def base_read_ids(design) -> bool:
-    """Whether a design's ``read_ids`` is declared ``base_reads`` (the base formula, which the runner builds from
-    the requests' slots, incrementally: cuda_path/read_cache.py)."""
-    return declared(design.read_ids, "base_reads")
+def base_read_ids(boundary) -> bool:
+    """Whether a boundary's read table is the base formula (``Boundary.base_reads``: its design's ``read_ids``
+    declared ``base_reads``), which the runner builds from the requests' slots, incrementally:
+    cuda_path/read_cache.py. The release's own tables (engine_path.forward) are not."""
+    return boundary.base_reads()
 
 
 def twin_key(boundary) -> Optional[tuple]:

@@ -286,7 +286,7 @@ class GpuStepRunner:
         if facts is not None:
             boundary, base_reads, slices = facts.host, facts.base_reads, facts.slices
         else:
-            boundary, base_reads, slices = b, base_read_ids(b.design), b.spec.slices_swa_loc
+            boundary, base_reads, slices = b, base_read_ids(b), b.spec.slices_swa_loc
         p.base_reads = base_reads
         shared = twin is not None and twin.per_kind is not None and twin.boundary.spec.slices_swa_loc == slices
         try:
@@ -347,7 +347,7 @@ class GpuStepRunner:
         if got is None or got.boundary is not boundary:
             hb = copy.copy(boundary)      # the same design instance and spec; static buffers of its own
             hb.device, hb._static = CPU, {}
-            got = self._host_b[id(boundary)] = BoundaryFacts(boundary, hb, twin_key(hb), base_read_ids(hb.design),
+            got = self._host_b[id(boundary)] = BoundaryFacts(boundary, hb, twin_key(hb), base_read_ids(hb),
                                                       hb.spec.slices_swa_loc, hb.layer_free_write_loc(),
                                                       hb.spec.window_graphs)
         return got

@@ -125,6 +125,8 @@ def test_the_releases_backends_run_every_path_of_smoke_and_say_so(clean):
     assert triton["release_paths"] == {g: sum(s["graph"] == g for s in steps) for g in paths}
     t = _whose(pieces, "triton")
     assert t["read tables"]["whose"] == "engine"
+    # its entries are checked, their span not yet: said, not left silent
+    assert t["read tables' span"]["whose"] == "model" and t["read tables' span"]["why"].startswith("not checked")
     assert t["attention arithmetic: decode_attention_fwd"]["whose"] == "model"
     assert any(p.startswith("decode graphs: init_cuda_graph_state") and v["whose"] == "engine" for p, v in t.items())
     assert any(p.startswith("decode-graph replay:") and v["whose"] == "engine" for p, v in t.items())
@@ -138,6 +140,7 @@ def test_the_releases_backends_run_every_path_of_smoke_and_say_so(clean):
     assert native["release_paths"]["piecewise"] == sum(s["graph"] == "piecewise" for s in steps)
     n = _whose(pieces, "torch_native")
     assert n["read tables"]["whose"] == "model" and "req_to_token" in n["read tables"]["why"]
+    assert "read tables' span" not in n
     assert n["graph path decode_graph"] == {"piece": "graph path decode_graph", "whose": "model", "why": why}
 
 
@@ -250,3 +253,20 @@ def test_bugs_engine_runs_fix_reverts_and_proposed_fixes_as_release_code(tmp_pat
         "R8": (True, True, "sglang==0.5.23", "sglang==0.5.23 + fix-38519-filter-unmapped-swa-pages.yaml")}
     assert got["W1"]["real"] is False and "overlap scheduler" in got["W1"]["why"]
     assert "2 of 3 cases real; 2 of 2 engine verdicts hold" in p.stdout
+
+
+def test_the_releases_tables_are_asked_on_every_executor(engine_releases):
+    """A release boundary's table is its backend's own, never the base formula the GPU step runner may build
+    from the requests' slots instead (cuda_path/plans.py ``base_read_ids``); torch_native, which builds none, is
+    the model's base table, exact by construction."""
+    from cuda_path.plans import base_read_ids
+    from engine_path.forward.adapters import ADAPTERS
+    from engine_path.forward.boundary import ReleaseBoundary
+
+    model = type("ModelBoundary", (), {"base_reads": lambda self: True, "span_checked": lambda self: False})()
+    for name, adapter in ADAPTERS.items():
+        b = ReleaseBoundary.__new__(ReleaseBoundary)
+        b.adapter, b.model = adapter, model
+        own = adapter.reads is not None
+        assert (base_read_ids(b), b.span_checked()) == ((False, False) if own else (True, False)), name
+    assert sum(a.reads is not None for a in ADAPTERS.values()) == 7

@@ -2,9 +2,10 @@
 
 The table is held to its span exactly (:mod:`simulator.oracle.read_rules`): full layers the prefix, SWA layers
 each new token's window where the forward's graph path builds window indices, else (B4) the prefix they read
-through the full table. A design whose ``read_ids`` is declared ``base_reads`` builds the base formula, exact by
-construction (and on the GPU step runner only its entries not known clean, cuda_path/read_cache.py): its
-table's span is not checked, on every executor alike."""
+through the full table. A boundary whose table is not held to a span (``Boundary.span_checked``: the base
+formula's, the design's ``read_ids`` declared ``base_reads``, exact by construction, and on the GPU step runner
+only its entries not known clean, cuda_path/read_cache.py) has its entries held to the requests' positions and
+slots alone, on every executor alike."""
 from __future__ import annotations
 
 from typing import Optional
@@ -12,7 +13,6 @@ from typing import Optional
 import numpy as np
 
 from simulator.core.sides import ModelSide
-from simulator.designs.base import declared
 from simulator.oracle.read_rules import ReadSpan, prefix_span, window_span
 from simulator.records import Finding, LayerInfo
 from simulator.scheduling.batch import BatchTruth, ForwardBatch
@@ -44,7 +44,7 @@ class ReadCheck:
         self._left = dict(_kind_counts(side.layers))
         # (window, whether the graph path builds window indices) of the span check; None: the base formula's table
         b = side.boundaries.get(backend)
-        self._spans = None if b is None or declared(b.design.read_ids, "base_reads") else \
+        self._spans = None if b is None or not b.span_checked() else \
             (b.window, batch.graph in b.spec.window_graphs)
 
     def at_layer(self, layer: LayerInfo) -> None:
