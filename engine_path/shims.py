@@ -160,6 +160,16 @@ class _Unavailable:
     def __repr__(self) -> str:
         return f"<slotscope stub {self._qualname}>"
 
+    def __mro_entries__(self, bases):
+        # a release class deriving from a stubbed one (``class _Fixed(TorchDistBackend)`` under a ``try`` that
+        # expects ImportError on CUDA builds): the class is made, and making an instance of it raises
+        qualname, missing = self._qualname, self._missing
+
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError(f"{qualname} is a slotscope stub: {missing} is not installed")
+
+        return (type(qualname.rsplit(".", 1)[-1], (), {"__init__": __init__, "__module__": "slotscope.stub"}),)
+
 
 class _StubLoader(importlib.abc.Loader):
     def __init__(self, root: str):

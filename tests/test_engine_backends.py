@@ -57,6 +57,10 @@ def test_a_backend_modules_platform_stubs_live_for_its_import_only(tmp_path, mon
     (tmp_path / "slotscope_probe_backend.py").write_text(textwrap.dedent("""
         from slotscope_absent_native import fused_kernel
         from slotscope_absent_native.sub import other
+        from slotscope_absent_native.comm import Backend
+
+        class Fixed(Backend):        # a release class deriving from a stubbed one (flashinfer_comm_fusion on CUDA)
+            pass
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     finder = shims.ScopedStubFinder({"slotscope_probe_backend": ("slotscope_absent_native",)})
@@ -66,6 +70,8 @@ def test_a_backend_modules_platform_stubs_live_for_its_import_only(tmp_path, mon
         assert finder.used == {"slotscope_absent_native"}
         with pytest.raises(RuntimeError, match="slotscope stub: slotscope_absent_native is not installed"):
             mod.fused_kernel()
+        with pytest.raises(RuntimeError, match="slotscope_absent_native.comm.Backend is a slotscope stub"):
+            mod.Fixed()
         assert not any(m.startswith("slotscope_absent_native") for m in sys.modules)
         with pytest.raises(ImportError):
             importlib.import_module("slotscope_absent_native")
