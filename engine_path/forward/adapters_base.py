@@ -16,6 +16,7 @@ its kernels' left window (:func:`page_table_reads`).
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -71,17 +72,24 @@ class Adapter:
     #: ``get_cuda_graph_seq_len_fill_value``); a backend that raises there runs that path as the model's (named)
     metadata_attr: str = "forward_metadata"
 
+    def stand_ins(self, device: str) -> bool:
+        """Whether this backend's kernels are replaced here: on a CPU, and on a GPU whose image lacks a platform
+        package the backend's kernels come from (xpu's sgl_kernel on an H200): there the release's own
+        kernels run."""
+        # (the real finders only: on CUDA slotscope's own native-package stubs answer for sgl_kernel, flashinfer)
+        return device == "cpu" or any(importlib.machinery.PathFinder.find_spec(root) is None for root in self.stubs)
+
     def build(self, bag, device: str):
-        """The release's backend over the stand-in; its attention arithmetic replaced on a CPU only (on a GPU
-        the release's own kernels run)."""
-        cpu = device == "cpu"
+        """The release's backend over the stand-in; its attention arithmetic replaced where it cannot run
+        (:meth:`stand_ins`)."""
+        cpu, stand = device == "cpu", self.stand_ins(device)
         if cpu:
             bag = self.view(bag)
-        with shims.stubbed_imports(tuple(self.stubs) if cpu else ()):
-            if cpu:
+        with shims.stubbed_imports(tuple(self.stubs) if stand else ()):
+            if stand:
                 self.install(bag)
             backend = self.construct(bag)
-        if cpu:
+        if stand:
             for attr in self.replaced:
                 setattr(backend, attr, self.kernel(attr))
             self.finish(backend, bag)
@@ -109,17 +117,19 @@ class Adapter:
         """After construction (a family's probes on the backend instance)."""
 
     def pieces(self, device: str = "cpu") -> list[Piece]:
-        cpu = device == "cpu"
+        cpu, stand = device == "cpu", self.stand_ins(device)
+        where = "on the CPU" if cpu else "here (a platform package is not installed)"
         how = f"built by {self.factory} ({self.factory_why})" if self.factory else ""
         out = [Piece("backend constructor", "engine", how), Piece("init_forward_metadata", "engine"),
                Piece("RadixAttention.forward (per-layer narrowing)", "engine"),
                Piece("forward_extend / forward_decode up to set_kv_buffer (the write location)", "engine")]
-        out += [Piece(f"attention arithmetic: {attr}", "model", f"replaced by a no-op on the CPU: {why}")
-                if cpu else Piece(f"attention arithmetic: {attr}", "engine") for attr, why in self.replaced.items()]
-        if cpu:
-            out += [Piece(f"module global {name}", "model", f"set on the CPU: {why}") for name, why in self.shims.items()]
+        out += [Piece(f"attention arithmetic: {attr}", "model", f"replaced by a no-op {where}: {why}")
+                if stand else Piece(f"attention arithmetic: {attr}", "engine") for attr, why in self.replaced.items()]
+        if stand:
+            out += [Piece(f"module global {name}", "model", f"set {where}: {why}") for name, why in self.shims.items()]
             out += [Piece(f"import stub: {root}", "model", f"stubbed where not installed (calling it raises): {why}")
                     for root, why in self.stubs.items()]
+        if cpu:
             out += [Piece(f"model-runner stand-in: {name}", "model", why) for name, why in self.stand_in.items()]
         out.append(Piece("read tables", "engine") if self.reads is not None else
                    Piece("read tables", "model", self.reads_why))

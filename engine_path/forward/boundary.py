@@ -174,8 +174,10 @@ class ReleaseBoundary:
         registered with the pool's own ``register_mapping`` (every backend and the translator read it there)."""
         pool = self.runner.capture
         cur = pool.full_to_swa_index_mapping
+        # (on CUDA the release's allocator runs on the host and its mapping is a host tensor: the forward's
+        # backends read the run's device mapping, as the engine's read its one device mapping)
         if full_to_swa is not None and cur is not None and cur is not full_to_swa \
-                and cur.shape == full_to_swa.shape and cur.device == full_to_swa.device:
+                and cur.shape == full_to_swa.shape and full_to_swa.device.type == self.device.type:
             pool.register_mapping(full_to_swa)
         # the pool is shared by a side's backends: another boundary may have registered it first
         now = pool.full_to_swa_index_mapping
