@@ -16,7 +16,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bugs", help="run the known-bug corpus: every buggy design reproduces, every fix is clean",
         description="Run every case of the known-bug corpus (scenarios/corpus.toml: SGLang's B1-B4, the post-"
-                    "#29460 gap, B2 under the other engines' padding conventions, paged pools) under the design "
+                    "#29460 gap, B2 under the other engines' padding conventions, paged pools, and the 2026 "
+                    "bugs W1, W2, W5, W7, R2, R3, R7, R8, A1, A2, P7, U1, U2) under the design "
                     "that had the bug and the design that fixed it, on every backend, and print bug, design, "
                     "expected and observed outcome per backend, and verdict. Exit 0 when every verdict holds.",
         epilog="exit codes: 0 every verdict holds, 1 some verdict fails, 2 bad input\n"
