@@ -62,6 +62,7 @@ def _json(proc) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 @pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 60)])
 def test_model_conforms(conform_runs, key, steps):
@@ -79,6 +80,7 @@ def test_model_conforms(conform_runs, key, steps):
     assert "every step conforms" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_paged_run_used_the_paged_allocator(conform_runs):
     calls = _json(conform_runs["paged"])["engine_calls"]
@@ -86,6 +88,7 @@ def test_paged_run_used_the_paged_allocator(conform_runs):
     assert _json(conform_runs["paged"])["page_size"] == 16
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_lifo_model_diverges_at_first_reuse(conform_runs):
     proc = conform_runs["lifo"]
@@ -101,6 +104,7 @@ def test_lifo_model_diverges_at_first_reuse(conform_runs):
     assert fields["mapping"][1] > 0 and fields["swa_ids"] == [8, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_radix_scenario_runs_the_radix_scheduler_on_both_sides(conform_runs):
     """R3 (engine.radix_cache): both sides run the SharingScheduler (the run's own choice), the release's free
@@ -118,6 +122,7 @@ def test_radix_scenario_runs_the_radix_scheduler_on_both_sides(conform_runs):
     assert "every step conforms (60 steps)" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_pd_decode_scenario_runs_the_decode_node_on_both_sides(conform_runs):
     """A2 (engine.pd_decode) at page 16, whole: both sides run the PDDecodeScheduler, the engine side's

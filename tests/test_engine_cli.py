@@ -64,7 +64,7 @@ def engine_runs(warm, tmp_path_factory):
         return dict(ex.map(one, PINNED))
 
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("key", list(PINNED), ids=lambda k: f"{k[0]}-{k[1]}")

@@ -27,6 +27,9 @@ import pytest
 
 from engine_path.errors import EngineError
 
+#: every test here runs the engine (b1 through the release's forward on eight backends): the slow tier
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "examples" / "engine-patches"
 REVERT = PATCHES / "revert-29460-slice.yaml"
