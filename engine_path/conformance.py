@@ -6,7 +6,7 @@ write path was given and what the allocator did since the previous forward:
 * ``out_cache_loc`` (DP and graph padding included) and the forward's mode / graph;
 * per backend: where its SWA ids come from (``plan`` / ``translate``), ``swa_loc``: the SWA ids its
   metadata hands the forward's first layer's write (a graph replay's static buffer included, with its dtype;
-  read after ``KVWriteLoc`` on both sides, :func:`_first_write_swa`) and the ``loc`` / ``swa_loc`` of the
+  read after ``KVWriteLoc`` on both sides) and the ``loc`` / ``swa_loc`` of the
   write of a full and of an SWA layer;
 * the mapping entries ``full_to_swa`` at the full slots that changed, the SWA slots freed by
   out-of-window eviction, and the full / SWA slots freed.
@@ -181,7 +181,7 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
         b.window = sc.model.window
     swa_layer = next((li for li in sc.model.layers() if li.kind == "swa"), None)
     full_layer = next((li for li in sc.model.layers() if li.kind == "full"), None)
-    first_layer = next(iter(sc.model.layers()))
+    first_kind = next(iter(sc.model.layers())).kind
     mapping = None if getattr(alloc, "translate_kv_loc", None) is not None else torch.from_numpy(alloc.full_to_swa)
     swa_ids = {name: b.spec.swa_ids for name, b in bounds.items()}
     steps: list = []
@@ -205,27 +205,20 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
             loc = torch.from_numpy(batch.out_cache_loc)
             for name, b in bounds.items():
                 meta = b.init_metadata(batch, loc, mapping)
-                ids = _first_write_swa(b, meta, first_layer)
+                writes = {field: b.write_loc(meta, li.layer, li.kind)
+                          for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer)) if li is not None}
+                for field, wl in writes.items():
+                    rec[field][name] = [_ints(wl.loc), None if wl.swa_loc is None else _ints(wl.swa_loc)]
+                # swa_loc: the SWA ids the first layer's write carries (its loc where it carries none), read after
+                # KVWriteLoc on both sides, as the release's metadata holds them (a longer plan cut by
+                # __post_init__ is a difference no write shows); the first layer is the first of its kind
+                first = writes["write_loc_full" if first_kind == "full" else "write_loc"]
+                ids = first.swa_loc if first.swa_loc is not None else first.loc
                 rec["swa_loc"][name] = [str(ids.dtype).replace("torch.", ""), _ints(ids)]
-                for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer)):
-                    if li is not None:
-                        wl = b.write_loc(meta, li.layer, li.kind)
-                        rec[field][name] = [_ints(wl.loc), None if wl.swa_loc is None else _ints(wl.swa_loc)]
             steps.append(rec)
     except Exception as e:  # what stopped a side is part of its record (compared like a value)
         stopped = f"{type(e).__name__}: {e}"
     return steps, stopped, swa_ids
-
-
-def _first_write_swa(b, meta, first) -> torch.Tensor:
-    """The SWA ids of a forward's first layer's write (its ``KVWriteLoc``'s ``swa_loc``; a write without one:
-    its ``loc``), as :class:`engine_path.forward.boundary.ReleaseBoundary` keeps them in its metadata: the release's
-    metadata ids are seen where its store sees them, after ``KVWriteLoc.__post_init__`` (a longer plan cut there
-    is a difference no write shows), so the model's side is read at the same point."""
-    if getattr(meta, "fb", None) is not None:      # the release's metadata: already its first write's
-        return meta.swa_loc
-    wl = b.write_loc(meta, first.layer, first.kind)
-    return wl.swa_loc if wl.swa_loc is not None else wl.loc
 
 
 class _UnifiedBind:
