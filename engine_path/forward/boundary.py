@@ -39,10 +39,6 @@ from .runner import COMPACT_WIDTH, Capture, Runner
 #: why a forward's reads are the model's although the release made its metadata
 LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
              "tables were built on later rows")
-#: why the release's read tables are not held to the oracle's span (their entries' slots and positions are)
-SPAN_UNCHECKED = ("the span the release's tables read is the backend's own and not modelled yet: its kernels read "
-                  "a forward's new tokens from their K/V (triton, flashinfer's ragged prefill) and its window "
-                  "edge from sliding_window_size (FA-shaped kernels one position more than triton's decode)")
 FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
 
@@ -102,7 +98,7 @@ class ReleaseBoundary:
         return self.adapter.reads is None and self.model.base_reads()
 
     def span_checked(self) -> bool:
-        # (SPAN_UNCHECKED) the release's tables: slots and positions checked, not their span
+        # the release's tables: slots and positions checked, not their span (adapters_base.SPAN_UNCHECKED)
         return self.adapter.reads is None and self.model.span_checked()
 
     # ------------------------------------------------------------------ per forward
@@ -245,8 +241,6 @@ class ReleaseBoundary:
         pieces = [p.__dict__ for p in self.adapter.pieces(str(self.device))]
         if self.graphs is not None:
             pieces += [p.__dict__ for p in self.graphs.pieces()]
-        if self.adapter.reads is not None:
-            pieces.append(Piece("read tables' span", "model", f"not checked: {SPAN_UNCHECKED}").__dict__)
         if self._followed:
             pieces.append(Piece(f"backend's kept mapping: {', '.join(sorted(self._followed))}", "model",
                                 "moved to the mapping the run registers with the pool per forward (in the engine "
