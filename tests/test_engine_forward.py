@@ -209,11 +209,66 @@ def test_unshrunk_prefill_graphs_stay_the_models_and_the_fixs_gap_still_shows(tm
     assert why.startswith("graph path piecewise with piecewise_shrink = false")
 
 
-def test_the_kv_index_gather_stand_in_equals_the_interpreted_kernel():
+def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_were_checked_against():
+    """Each torch model of a release kernel against the interpreted kernel on random launches (the KV-index
+    gather: 16 launches; the decode metadata: 60, page sizes, SWA mappings, v2p, zero tail, lengths only;
+    trtllm_mha's graph metadata: 72, with the graph's SWA write locations and each cu_seqlens_q mode), and
+    the release's sources are the ones the models stand in for (a differing source is interpreted)."""
     from engine_path import isolate
+    from engine_path.forward import kernels
 
     got = isolate.call(SPEC, "engine_path.forward.kernels:self_check")
-    assert got["cases"] == 16 and got["differ"] == [] and got["stored"] > 0
+    assert got["cases"] == 148 and got["differ"] == [] and got["stored"] > 0
+    assert {m.name: got["fingerprints"][m.name] in m.checked for m in kernels.MODELS} == {
+        "create_flashinfer_kv_indices_triton": True, "_fused_decode_metadata_kernel": True,
+        "update_trtllm_mha_graph_metadata_kernel": True}
+
+
+def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_source_is_not_stood_in(monkeypatch):
+    """The stand-in hands a launch whose access would leave a tensor to the kernel itself, having stored
+    nothing; a kernel whose source differs from the checked one (an --engine-patch, another release) is
+    interpreted and named so."""
+    import torch
+
+    from engine_path.forward import kernels
+
+    ran = []
+
+    class Kernel:
+        @staticmethod
+        def fn(store_to, at):          # the signature the stand-in binds
+            pass
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: ran.append(grid)
+
+    def compute(store, grid, *, store_to, at):
+        store(store_to, torch.tensor([0]), torch.tensor([7]))
+        store(store_to, torch.tensor([at]), torch.tensor([9]))
+
+    model = kernels.KernelModel("m", "k", (), frozenset(), compute, "a test kernel")
+    s = kernels.StandIn(Kernel(), model)
+    t = torch.zeros(3, dtype=torch.int64)
+    s[(1,)](store_to=t, at=2)
+    assert t.tolist() == [7, 0, 9] and (s.launches, s.handed_back, ran) == (1, 0, [])
+    t.zero_()
+    s[(1,)](store_to=t, at=3)
+    assert t.tolist() == [0, 0, 0] and (s.launches, s.handed_back, ran) == (1, 1, [(1,)])
+    monkeypatch.setattr(kernels, "_installed", {})
+    monkeypatch.setattr(kernels, "_refused", {})
+    monkeypatch.setattr(kernels, "MODELS", (kernels.KernelModel(
+        "tests.test_engine_forward", "_a_jit_kernel", (), frozenset({"not its sha"}), compute, "x"),))
+    assert kernels.install() == {}
+    assert list(kernels.refused()) == ["_a_jit_kernel"] and "is not the one" in kernels.refused()["_a_jit_kernel"]
+    assert kernels.pieces() == [("_a_jit_kernel", "engine", kernels.refused()["_a_jit_kernel"])]
+
+
+class _AJit:
+    def fn(self):
+        return None
+
+
+_a_jit_kernel = _AJit()
 
 
 def test_a_shifted_swa_write_id_in_tritons_own_metadata_is_not_clean(tmp_path):

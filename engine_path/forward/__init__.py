@@ -12,6 +12,6 @@ cannot run here, and every replacement is named (``engine_pieces``).
 Modules: ``runner`` (the model-runner stand-in a backend is built over: the release's pools, allocator,
 translator, server args), ``batch`` (the release's ``ForwardBatch`` of a step), ``adapters`` (per backend: how it
 is built, what of it is replaced, where its read tables are), ``graphs`` (the release's decode and prefill
-CUDA-graph runners on the write path: capture, replay, the prefill-graph scope), ``kernels`` (the metadata's
-KV-index gather as torch ops on CPU tensors), ``boundary`` (the ``Boundary`` and the source).
+CUDA-graph runners on the write path: capture, replay, the prefill-graph scope), ``kernels`` (three of the metadata's
+Triton kernels as torch ops on CPU tensors, checked equal), ``boundary`` (the ``Boundary`` and the source).
 """

@@ -245,8 +245,8 @@ class ReleaseBoundary:
             pieces.append(Piece(f"backend's kept mapping: {', '.join(sorted(self._followed))}", "model",
                                 "moved to the mapping the run registers with the pool per forward (in the engine "
                                 "one device mapping is registered before the backends are built)").__dict__)
-        if kernels.installed() is not None and self.device.type == "cpu":
-            pieces.append(Piece(kernels.PIECE, "model", kernels.WHY).__dict__)
+        if self.device.type == "cpu":
+            pieces += [Piece(*p).__dict__ for p in kernels.pieces()]
         return {"pieces": pieces, "release_forwards": self.release_forwards,
                 "release_paths": dict(self.release_paths), "model_forwards": dict(self.model_forwards),
                 "model_reads": dict(self.model_reads)}

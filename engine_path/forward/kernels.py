@@ -1,158 +1,514 @@
-"""The one release kernel of the backends' metadata a CPU run does not interpret: the KV-index gather.
+"""The release's metadata kernels a CPU run does not interpret: each computed by torch, checked equal.
 
 The backends' metadata (eager and CUDA-graph, capture and replay) builds its read tables with the release's Triton
-kernel ``create_flashinfer_kv_indices_triton`` (sglang/kernels/ops/attention/kv_indices.py), launched with one
-program per request row (a graph's rows: its capture size). Under ``TRITON_INTERPRET=1`` each program costs a few
-milliseconds, so a run with decode graphs of size 256 spent most of its time there (docs/ENGINE.md, "Cost").
+kernels, launched with one program per request row (a graph's rows: its capture size), sometimes per column
+block of a page table too. Under ``TRITON_INTERPRET=1`` each program costs milliseconds, so a run with decode
+graphs spent nearly all its time there: flashattention's capture and replay of B1 spent 139 of 160 s in
+``_fused_decode_metadata_kernel`` (docs/ENGINE.md, "Cost").
 
-:class:`KVIndicesGather` stands in for the kernel's launches on CPU tensors: what the kernel computes, a CSR
-gather, written here as vectorised torch ops: for each program ``p`` of the grid, the row
-``req_pool_indices[p]`` of the token table from ``kv_start_idx[p]`` (0 without it) for ``page_kernel_lens[p]``
-entries goes to ``kv_indices[kv_indptr[p]:]``; a page-granular table (``ENTRY_PAGE_SIZE`` > 1) rebuilds token ids
-from page ids; ``token_mapping`` remaps every id >= 0. It is checked equal to the interpreted kernel
-(:func:`self_check`, tests/test_engine_forward.py). Launches on CUDA tensors, or with a grid that is not a
-tuple, go to the kernel itself; ``SLOTSCOPE_INTERPRET_KERNELS=1`` keeps the interpreted kernel everywhere.
-Every module of the release that imported the kernel by name gets the stand-in (:func:`install`), and run.json's
-``engine_pieces`` names it.
+A :class:`KernelModel` is what one kernel stores, as vectorised torch ops over the same pointers and strides the
+kernel is handed (``grid``, the bound arguments): :func:`kv_indices` (``create_flashinfer_kv_indices_triton``, a
+CSR gather of token-table rows) and :func:`decode_metadata` (``_fused_decode_metadata_kernel``, the lengths,
+their prefix sum and the full and SWA page tables of a decode batch). :class:`StandIn` takes a kernel's
+launches on CPU tensors; it hands a launch back to the kernel itself when an argument is on another device, the
+grid is not a tuple, or an access the kernel would make falls outside its tensor (the kernel's behaviour there
+is the memory's, not a value to model).
+
+A model stands in only for the source it was checked against: the sha256 of the kernel's source and of the
+``@triton.jit`` helpers it calls must be one in :attr:`KernelModel.checked` (0.5.23's). A release whose kernel
+differs, or a kernel an ``--engine-patch`` edited, is interpreted, and engine_pieces says which ran.
+:func:`self_check` compares each model with the interpreted kernel on random launches
+(tests/test_engine_forward.py); ``SLOTSCOPE_INTERPRET_KERNELS=1`` interprets every kernel.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import os
 import sys
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
-KV_INDICES = "sglang.kernels.ops.attention.kv_indices"
-KERNEL = "create_flashinfer_kv_indices_triton"
-#: what engine_pieces says of it
-PIECE = f"{KERNEL} (the metadata's KV-index gather)"
-WHY = ("a vectorised torch gather of the same CSR on CPU tensors (interpreted, the kernel costs milliseconds a "
-       "program: one program per request row, a graph's capture size); equal to the interpreted kernel "
-       "(engine_path/forward/kernels.py self_check); SLOTSCOPE_INTERPRET_KERNELS=1 interprets it")
+I64 = torch.int64
+I32 = torch.int32
 
 
-class KVIndicesGather:
-    """``kernel[grid](...)`` of :data:`KERNEL`, on CPU tensors computed by torch (see the module docstring)."""
+class OutOfBounds(Exception):
+    """An access the kernel would make lies outside its tensor: the launch goes to the kernel itself."""
 
-    def __init__(self, kernel):
-        self.kernel = kernel
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s storage from its first element to the storage's end, as a 1-D tensor (what a pointer reaches)."""
+    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return t.as_strided((max(n, 0),), (1,))
+
+
+def _at(t: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the flat view of ``t``, ``offsets`` as int64) once every offset is inside it; OutOfBounds otherwise."""
+    flat = _flat(t)
+    offsets = offsets.to(I64)
+    if offsets.numel() and (int(offsets.min()) < 0 or int(offsets.max()) >= flat.numel()):
+        raise OutOfBounds
+    return flat, offsets
+
+
+def _load(t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    flat, offsets = _at(t, offsets)
+    return flat[offsets]
+
+
+class Stores:
+    """A launch's stores, each checked in bounds when it is made and written only by :meth:`apply`, after every
+    load: a launch that meets an access out of bounds has changed nothing when it goes to the kernel."""
+
+    def __init__(self):
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, t: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor) -> None:
+        flat, offsets = _at(t, offsets)
+        self.pending.append((flat, offsets, values.to(flat.dtype)))
+
+    def apply(self) -> None:
+        for flat, offsets, values in self.pending:
+            flat[offsets] = values
+
+
+def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
+    """Triton's integer ``//``: truncation toward zero (``sdiv``), not Python's floor."""
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+# --------------------------------------------------------------------------- create_flashinfer_kv_indices_triton
+
+def kv_indices(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr,
+               kv_indptr, kv_start_idx, kv_indices_ptr, req_to_token_ptr_stride, ENTRY_PAGE_SIZE=1,
+               TOKEN_BLOCK_PARALLEL=False, token_mapping=None) -> None:
+    """For each program ``p`` of the grid, row ``req_pool_indices[p]`` of the token table from
+    ``kv_start_idx[p]`` (0 without it) for ``page_kernel_lens[p]`` entries goes to ``kv_indices[kv_indptr[p]:]``;
+    a page-granular table (``ENTRY_PAGE_SIZE`` > 1) rebuilds token ids from page ids; ``token_mapping`` remaps
+    every id >= 0 (its token-block split changes nothing stored)."""
+    programs = int(grid[0])
+    if programs <= 0:
+        return
+    p = torch.arange(programs)
+    lens = _load(page_kernel_lens_ptr, p).to(I64).clamp(min=0)
+    total = int(lens.sum())
+    if total == 0:
+        return
+    prog = torch.repeat_interleave(p, lens)
+    within = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    start = _load(kv_start_idx, p).to(I64)[prog] if kv_start_idx is not None else 0
+    pos = start + within
+    eps = int(ENTRY_PAGE_SIZE)
+    col = pos if eps == 1 else _tdiv(pos, eps)
+    rows = _load(req_pool_indices_ptr, p).to(I64)[prog]
+    data = _load(req_to_token_ptr, rows * int(req_to_token_ptr_stride) + col)
+    if eps != 1:
+        data = data.to(I64) * eps + torch.fmod(pos, eps)
+    if token_mapping is not None:                 # -1 (no slot) stays -1; the rest read the mapping
+        live = data >= 0
+        mapped = torch.full(data.shape, -1, dtype=token_mapping.dtype)
+        mapped[live] = _load(token_mapping, data[live].to(I64))
+        data = mapped
+    store(kv_indices_ptr, _load(kv_indptr, p).to(I64)[prog] + within, data)
+
+
+# --------------------------------------------------------------------------- _fused_decode_metadata_kernel
+
+def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, req_to_token,
+                    req_to_token_stride_0, req_to_token_stride_1, req_pool_indices, req_pool_indices_stride_0,
+                    cache_seqlens_int32, cache_seqlens_int32_stride_0, cu_seqlens_k, cu_seqlens_k_stride_0,
+                    page_table, page_table_stride_0, page_table_stride_1, swa_page_table, swa_page_table_stride_0,
+                    swa_page_table_stride_1, full_to_swa_index_mapping, full_to_swa_mapping_stride_0, full_v2p,
+                    full_v2p_stride_0, swa_v2p, swa_v2p_stride_0, B, max_seq_pages, PAGE_SIZE, SEQ_LEN_DELTA,
+                    BLOCK_COLS, SKIP_PAGE_TABLE, ZERO_TAIL) -> None:
+    """Program (0, 0): ``cache_seqlens[i] = seq_lens[i] + delta`` (int32) and their exclusive prefix sum with the
+    total in ``cu_seqlens_k``. Every program (b, c) unless the page tables are skipped: columns
+    ``c * BLOCK_COLS ..`` of row b, live below ``min(cdiv(seq_len + delta, PAGE_SIZE), max_seq_pages)``: the
+    full page of the token at column * PAGE_SIZE of the request's token-table row (through ``full_v2p``), the SWA
+    page of its SWA slot (``full_to_swa_index_mapping``, or the page through ``swa_v2p``); with ``ZERO_TAIL`` the
+    columns past the live ones up to ``max_seq_pages`` get 0, else they are left as they are (a program whose
+    column block starts past its row's live pages returns before it loads anything)."""
+    gb, gc = (tuple(int(g) for g in grid) + (1, 1))[:2]
+    page, delta, n = int(PAGE_SIZE), int(SEQ_LEN_DELTA), int(B)
+    if gb <= 0 or gc <= 0:
+        return
+    i = torch.arange(n, dtype=I64)
+    val = (_load(seq_lens, i * int(seq_lens_stride_0)) + delta).to(I32)
+    store(cache_seqlens_int32, i * int(cache_seqlens_int32_stride_0), val)
+    store(cu_seqlens_k, torch.arange(n + 1, dtype=I64) * int(cu_seqlens_k_stride_0),
+          torch.cat([torch.zeros(1, dtype=I64), torch.cumsum(val.to(I64), 0)]))
+    if SKIP_PAGE_TABLE or int(max_seq_pages) == 0:
+        return
+    b = torch.arange(gb, dtype=I64)
+    seq_len = _load(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
+    num_live = torch.clamp(_tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
+    cols = torch.arange(gc * int(BLOCK_COLS), dtype=I64)
+    live = cols[None, :] < num_live[:, None]
+    stored = (cols[None, :] < int(max_seq_pages)).expand(gb, -1) if ZERO_TAIL else live
+    runs = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
+    rb = b[runs]
+    if not rb.numel():
+        return
+    row = _load(req_pool_indices, rb * int(req_pool_indices_stride_0)).to(I64)
+    live, stored = live[runs], stored[runs]
+    lb, lc = torch.nonzero(live, as_tuple=True)
+    token = torch.zeros(live.shape, dtype=req_to_token.dtype)
+    token[lb, lc] = _load(req_to_token, row[lb] * int(req_to_token_stride_0)
+                          + cols[lc] * page * int(req_to_token_stride_1))
+    sb, sc = torch.nonzero(stored, as_tuple=True)
+    store(page_table, rb[sb] * int(page_table_stride_0) + cols[sc] * int(page_table_stride_1),
+          _pages(token, live, page, full_v2p, full_v2p_stride_0)[sb, sc])
+    if swa_page_table is not None:
+        swa = _pages(token, live, page, swa_v2p, swa_v2p_stride_0, full_to_swa_index_mapping,
+                     full_to_swa_mapping_stride_0)
+        store(swa_page_table, rb[sb] * int(swa_page_table_stride_0) + cols[sc] * int(swa_page_table_stride_1),
+              swa[sb, sc])
+
+
+def _pages(token: torch.Tensor, live: torch.Tensor, page: int, page_mapping, page_stride, token_mapping=None,
+           token_stride=0) -> torch.Tensor:
+    """``_resolve_metadata_page_ids``: a token slot (through ``token_mapping``) to its page (through
+    ``page_mapping``, at least 0); masked-off lanes load 0."""
+    lb, lc = torch.nonzero(live, as_tuple=True)
+    if token_mapping is not None:
+        mapped = torch.zeros(live.shape, dtype=token_mapping.dtype)
+        mapped[lb, lc] = _load(token_mapping, token[lb, lc].to(I64) * int(token_stride))
+        token = mapped
+    pages = _tdiv(token, page)
+    if page_mapping is not None:
+        out = torch.zeros(live.shape, dtype=page_mapping.dtype)
+        out[lb, lc] = _load(page_mapping, pages[lb, lc].to(I64).clamp(min=0) * int(page_stride))
+        pages = out.clamp(min=0)
+    return pages
+
+
+# --------------------------------------------------------------------------- update_trtllm_mha_graph_metadata_kernel
+
+def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, seq_lens_ptr, req_to_token_ptr,
+                          swa_mapping_ptr, out_cache_loc_ptr, qlens_ptr, cache_seqlens_ptr, cu_seqlens_k_ptr,
+                          cu_seqlens_q_ptr, page_table_ptr, swa_page_table_ptr, swa_out_cache_loc_ptr, bs,
+                          seqlen_offset, max_seq_pages, q_stride, num_out_tokens, swa_out_len, req_to_token_stride,
+                          page_table_stride, swa_page_table_stride, PAGE_SIZE, HAS_SWA, HAS_SWA_OUT, Q_MODE,
+                          PAGE_BLOCK, BS_BLOCK, SKIP_PAGE_TABLE=0) -> None:
+    """Programs ``0 .. bs - 1``, one per row: ``cache_seqlens = seq_lens + seqlen_offset`` (int32) and, unless the
+    page tables are skipped, its live pages (``min(cdiv(cache_seqlen, PAGE_SIZE), max_seq_pages)``): the page of
+    the token at page * PAGE_SIZE of the request's token-table row, and (``HAS_SWA``) the SWA page of its SWA
+    slot, -1 where the token or its SWA slot is negative; the rest of each row is left as it is. Program ``bs``:
+    ``cu_seqlens_k[1:]`` the prefix sum of the lengths (``cu_seqlens_k[0]`` untouched), ``cu_seqlens_q[1:]``
+    per ``Q_MODE``. The programs after: ``swa_out_cache_loc[j]`` for ``j < swa_out_len`` (the graph's SWA write
+    locations) = the SWA slot of ``out_cache_loc[j]`` for ``j < num_out_tokens`` (-1 for a negative one, 0 where
+    the mapping is skipped), 0 past them."""
+    programs, n, page = int(grid[0]), int(bs), int(PAGE_SIZE)
+    rows = torch.arange(min(programs, n), dtype=I64)
+    if rows.numel():
+        seqlen = (_load(seq_lens_ptr, rows) + int(seqlen_offset)).to(I32)
+        store(cache_seqlens_ptr, rows, seqlen)
+        if not SKIP_PAGE_TABLE:
+            live = torch.clamp(_tdiv(seqlen.to(I64) + page - 1, page), max=int(max_seq_pages)).clamp(min=0)
+            if int(live.sum()):
+                r = torch.repeat_interleave(rows, live)
+                col = torch.arange(int(live.sum()), dtype=I64) - torch.repeat_interleave(
+                    torch.cumsum(live, 0) - live, live)
+                req = _load(req_pool_indices_ptr, rows).to(I64)[r]
+                token = _load(req_to_token_ptr, req * int(req_to_token_stride) + col * page)
+                store(page_table_ptr, r * int(page_table_stride) + col, _tdiv(token, page))
+                if HAS_SWA:
+                    token64 = token.to(I64)
+                    swa = torch.full(token64.shape, -1, dtype=swa_mapping_ptr.dtype)
+                    ok = token64 >= 0
+                    swa[ok] = _load(swa_mapping_ptr, token64[ok])
+                    swa_page = torch.where(swa < 0, -1, _tdiv(swa, page)).to(I32)
+                    store(swa_page_table_ptr, r * int(swa_page_table_stride) + col, swa_page)
+    if programs > n:
+        i = torch.arange(n, dtype=I64)
+        lens = (_load(seq_lens_ptr, i).to(I32) + int(seqlen_offset)).to(I32)
+        store(cu_seqlens_k_ptr, 1 + i, torch.cumsum(lens.to(I64), 0))
+        if int(Q_MODE) == 1:
+            store(cu_seqlens_q_ptr, 1 + i, torch.cumsum(_load(qlens_ptr, i).to(I32).to(I64), 0))
+        elif int(Q_MODE) == 2:
+            store(cu_seqlens_q_ptr, 1 + i, (i + 1) * int(q_stride))
+    if HAS_SWA_OUT and programs > n + 1:
+        j = torch.arange((programs - n - 1) * int(PAGE_BLOCK), dtype=I64)
+        j = j[j < int(swa_out_len)]
+        real = j < int(num_out_tokens)
+        loc = torch.zeros(j.shape, dtype=out_cache_loc_ptr.dtype)
+        loc[real] = _load(out_cache_loc_ptr, j[real])
+        got = torch.zeros(j.shape, dtype=swa_mapping_ptr.dtype)
+        mapped = real & (loc >= 0)
+        got[mapped] = _load(swa_mapping_ptr, loc[mapped].to(I64))
+        got[real & (loc < 0)] = -1
+        store(swa_out_cache_loc_ptr, j, got)
+
+
+# --------------------------------------------------------------------------- the models and their stand-ins
+
+@dataclass(frozen=True)
+class KernelModel:
+    """One release kernel computed by torch: where it lives, the ``@triton.jit`` helpers it calls, the sha256 of
+    the sources (kernel then helpers) the model was checked against, and what it computes."""
+
+    module: str
+    name: str
+    helpers: tuple[str, ...]
+    checked: frozenset[str]
+    compute: Callable[..., None]
+    what: str
+
+    def fingerprint(self) -> Optional[str]:
+        """The sha256 of the release's kernel and helpers as loaded now; None when a source cannot be read
+        (an edited kernel compiled from a string) or a name is missing."""
+        try:
+            mod = importlib.import_module(self.module)
+            text = "".join(inspect.getsource(_jit_fn(getattr(mod, n))) for n in (self.name, *self.helpers))
+        except (ImportError, AttributeError, OSError, TypeError):
+            return None
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _jit_fn(obj):
+    obj = obj.kernel if isinstance(obj, StandIn) else obj
+    return getattr(obj, "fn", obj)
+
+
+#: the sources each model was checked against, by release
+KV_INDICES_0_5_23 = "6314646407b950a925814db6e9880406cc5da5d490a8a7b7dd36745ab38ca5ff"
+DECODE_METADATA_0_5_23 = "a51c8509bf96113863d4d354653be1ce4f76697444f4ece5025f2e6a38b52a78"
+TRTLLM_GRAPH_METADATA_0_5_23 = "909dad236e6e3e49e611c3500d2f15fd144d4951da3af401170baa8e01935f29"
+
+MODELS = (
+    KernelModel("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton", (),
+                frozenset({KV_INDICES_0_5_23}), kv_indices, "the metadata's KV-index gather"),
+    KernelModel("sglang.kernels.ops.attention.metadata", "_fused_decode_metadata_kernel",
+                ("_resolve_metadata_page_ids",), frozenset({DECODE_METADATA_0_5_23}), decode_metadata,
+                "the decode metadata's lengths and page tables"),
+    KernelModel("sglang.kernels.ops.attention.trtllm_mha_graph_metadata", "update_trtllm_mha_graph_metadata_kernel",
+                (), frozenset({TRTLLM_GRAPH_METADATA_0_5_23}), trtllm_graph_metadata,
+                "trtllm_mha's graph metadata: lengths, page tables, the graph's SWA write locations"),
+)
+#: what engine_pieces says of the stand-ins
+WHY = ("vectorised torch over the same pointers and strides on CPU tensors (interpreted, a kernel costs "
+       "milliseconds a program: one program per request row, a graph's capture size); checked equal to the "
+       "interpreted kernel (engine_path/forward/kernels.py self_check) and used only for the kernel source it "
+       "was checked against; SLOTSCOPE_INTERPRET_KERNELS=1 interprets it")
+
+
+class StandIn:
+    """``kernel[grid](...)`` of a :class:`KernelModel`'s kernel, on CPU tensors computed by torch."""
+
+    def __init__(self, kernel, model: KernelModel):
+        self.kernel, self.model = kernel, model
         self.signature = inspect.signature(kernel.fn)
-        self.launches = 0
+        self.launches = 0          # computed by the model
+        self.handed_back = 0       # run by the kernel (another device, an access out of bounds)
 
     def __getitem__(self, grid):
         if not isinstance(grid, tuple):
             return self.kernel[grid]
 
         def launch(*args, **kwargs):
-            bound = self.signature.bind(*args, **kwargs)
+            params = self.signature.parameters
+            bound = self.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
             bound.apply_defaults()
             a = bound.arguments
             if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in a.values()):
+                self.handed_back += 1
                 return self.kernel[grid](*args, **kwargs)
+            store = Stores()
+            try:
+                self.model.compute(store, grid, **a)
+            except OutOfBounds:
+                self.handed_back += 1
+                return self.kernel[grid](*args, **kwargs)
+            store.apply()
             self.launches += 1
-            return gather(int(grid[0]), **a)
         return launch
 
 
-def gather(programs: int, *, req_to_token_ptr, req_pool_indices_ptr, page_kernel_lens_ptr, kv_indptr,
-           kv_start_idx, kv_indices_ptr, req_to_token_ptr_stride, ENTRY_PAGE_SIZE=1, TOKEN_BLOCK_PARALLEL=False,
-           token_mapping=None) -> None:
-    """The kernel's stores for programs ``0 .. programs - 1`` (its token-block split changes nothing stored)."""
-    if programs <= 0:
-        return
-    i64 = torch.int64
-    lens = page_kernel_lens_ptr[:programs].to(i64).clamp(min=0)
-    total = int(lens.sum())
-    if total == 0:
-        return
-    prog = torch.repeat_interleave(torch.arange(programs), lens)
-    within = torch.arange(total, dtype=i64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    start = kv_start_idx[:programs].to(i64)[prog] if kv_start_idx is not None else 0
-    pos = start + within
-    eps = int(ENTRY_PAGE_SIZE)
-    col = pos if eps == 1 else torch.div(pos, eps, rounding_mode="floor")
-    idx = req_pool_indices_ptr[:programs].to(i64)[prog] * int(req_to_token_ptr_stride) + col
-    table = req_to_token_ptr.as_strided((int(idx.max()) + 1,), (1,))
-    data = table[idx]
-    if eps != 1:
-        data = data.to(i64) * eps + pos % eps
-    if token_mapping is not None:
-        live = data >= 0
-        flat = token_mapping.as_strided((int(data.max()) + 1 if bool(live.any()) else 1,), (1,))
-        data = torch.where(live, flat[data.clamp(min=0).to(i64)].to(data.dtype), torch.full_like(data, -1))
-    dst = kv_indptr[:programs].to(i64)[prog] + within
-    out = kv_indices_ptr.as_strided((int(dst.max()) + 1,), (1,))
-    out[dst] = data.to(out.dtype)
+_installed: dict[str, StandIn] = {}
+_refused: dict[str, str] = {}
 
 
-_installed: Optional[KVIndicesGather] = None
-
-
-def install() -> Optional[KVIndicesGather]:
-    """The stand-in in every imported module of the release holding the kernel by name (idempotent; None when
-    ``SLOTSCOPE_INTERPRET_KERNELS=1`` or the release has no such kernel)."""
-    global _installed
+def install() -> dict[str, StandIn]:
+    """Each model's stand-in in every imported module of the release holding its kernel by name (idempotent);
+    a kernel whose source is not one its model was checked against is left to the interpreter (:func:`refused`
+    says why). Nothing is stood in under ``SLOTSCOPE_INTERPRET_KERNELS=1``."""
     if os.environ.get("SLOTSCOPE_INTERPRET_KERNELS") == "1":
-        return None
-    if _installed is None:
-        try:
-            kernel = getattr(importlib.import_module(KV_INDICES), KERNEL)
-        except (ImportError, AttributeError):
-            return None
-        if isinstance(kernel, KVIndicesGather) or not callable(getattr(kernel, "fn", None)):
-            return None
-        _installed = KVIndicesGather(kernel)
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("sglang") and getattr(mod, KERNEL, None) is _installed.kernel:
-            setattr(mod, KERNEL, _installed)
-    return _installed
+        return {}
+    for m in MODELS:
+        if m.name not in _installed and m.name not in _refused:
+            try:
+                kernel = getattr(importlib.import_module(m.module), m.name)
+            except (ImportError, AttributeError):
+                continue
+            if isinstance(kernel, StandIn) or not callable(getattr(kernel, "fn", None)):
+                continue
+            got = m.fingerprint()
+            if got not in m.checked:
+                _refused[m.name] = ("interpreted: its source (sha256 " + (got[:12] if got else "unreadable") +
+                                    ") is not the one the stand-in was checked against")
+                continue
+            _installed[m.name] = StandIn(kernel, m)
+        stand_in = _installed.get(m.name)
+        if stand_in is None:
+            continue
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("sglang") and getattr(mod, m.name, None) is stand_in.kernel:
+                setattr(mod, m.name, stand_in)
+    return dict(_installed)
 
 
-def installed() -> Optional[KVIndicesGather]:
-    return _installed
+def installed() -> dict[str, StandIn]:
+    return dict(_installed)
 
+
+def refused() -> dict[str, str]:
+    """Kernels with a model whose release source differs from the checked one (interpreted), and why."""
+    return dict(_refused)
+
+
+def pieces() -> list[tuple[str, str, str]]:
+    """``(piece, whose, why)`` of every modelled kernel of the release: stood in ("model") or interpreted."""
+    out = [(f"{name} ({s.model.what})", "model", WHY) for name, s in _installed.items()]
+    out += [(f"{name}", "engine", why) for name, why in _refused.items()]
+    return out
+
+
+# --------------------------------------------------------------------------- checked against the kernels
 
 def self_check(seed: int = 0) -> dict[str, Any]:
-    """The stand-in against the interpreted kernel on random launches (token and page tables, a start offset,
-    a token mapping, a 2-D grid): ``{"cases": n, "differ": [case names]}`` (run in a release's process:
+    """Each model against the interpreted kernel on random launches: ``{"cases": n, "differ": [case names],
+    "stored": entries the kernels changed, "fingerprints": {kernel: sha256}}`` (run in a release's process:
     ``engine_path.isolate.call(spec, "engine_path.forward.kernels:self_check")``)."""
-    kernel = getattr(importlib.import_module(KV_INDICES), KERNEL)
-    kernel = kernel.kernel if isinstance(kernel, KVIndicesGather) else kernel
     g = torch.Generator().manual_seed(seed)
     differ, cases, stored = [], 0, 0
+    for model in MODELS:
+        mod = importlib.import_module(model.module)
+        kernel = getattr(mod, model.name)
+        kernel = kernel.kernel if isinstance(kernel, StandIn) else kernel
+        for name, args, grid in CASES[model.name](g):
+            cases += 1
+            outs = [k for k, v in args.items() if isinstance(v, torch.Tensor)]
+            want = {k: args[k].clone() for k in outs}
+            got = {k: args[k].clone() for k in outs}
+            kernel[grid](**{**args, **want})
+            store = Stores()
+            model.compute(store, grid, **{**args, **got})
+            store.apply()
+            if any(not torch.equal(want[k], got[k]) for k in outs):
+                differ.append(f"{model.name}: {name}")
+            stored += sum(int((want[k] != args[k]).sum()) for k in outs)
+    return {"cases": cases, "differ": differ, "stored": stored,
+            "fingerprints": {m.name: m.fingerprint() for m in MODELS}}
+
+
+def _kv_indices_cases(g: torch.Generator):
     for eps in (1, 4):
         for start in (False, True):
             for mapping in (False, True):
                 for blocks in (1, 2):
-                    cases += 1
-                    args, grid = _case(g, eps, start, mapping, blocks)
-                    want, got = args["kv_indices_ptr"].clone(), args["kv_indices_ptr"].clone()
-                    kernel[grid](**{**args, "kv_indices_ptr": want})
-                    gather(grid[0], **{**args, "kv_indices_ptr": got})
-                    name = f"eps={eps} start={start} mapping={mapping} blocks={blocks}"
-                    if not torch.equal(want, got):
-                        differ.append(name)
-                    stored += int((want != args["kv_indices_ptr"]).sum())
-    return {"cases": cases, "differ": differ, "stored": stored}
+                    rows, width, bs = 6, 40, 5
+                    table = torch.randint(0, 50, (rows, width), generator=g, dtype=I32)
+                    lens = torch.randint(0, 30, (bs,), generator=g, dtype=I32)
+                    lens[1] = 0
+                    starts = torch.randint(0, 8, (bs,), generator=g, dtype=I32) if start else None
+                    indptr = torch.zeros(bs + 1, dtype=I32)
+                    indptr[1:] = torch.cumsum(lens, 0)
+                    token_map = (torch.randint(-1, 100, (50 * eps + eps,), generator=g, dtype=I64)
+                                 if mapping else None)
+                    args = dict(req_to_token_ptr=table, req_pool_indices_ptr=torch.randint(0, rows, (bs,), generator=g),
+                                page_kernel_lens_ptr=lens, kv_indptr=indptr, kv_start_idx=starts,
+                                kv_indices_ptr=torch.full((int(indptr[-1]) + 7,), -7, dtype=I64),
+                                req_to_token_ptr_stride=width, ENTRY_PAGE_SIZE=eps, TOKEN_BLOCK_PARALLEL=blocks > 1,
+                                token_mapping=token_map)
+                    yield f"eps={eps} start={start} mapping={mapping} blocks={blocks}", args, (bs, blocks)
 
 
-def _case(g: torch.Generator, eps: int, start: bool, mapping: bool, blocks: int):
-    rows, width, bs = 6, 40, 5
-    table = torch.randint(0, 50, (rows, width), generator=g, dtype=torch.int32)
-    lens = torch.randint(0, 30, (bs,), generator=g, dtype=torch.int32)
-    lens[1] = 0
-    starts = torch.randint(0, 8, (bs,), generator=g, dtype=torch.int32) if start else None
-    indptr = torch.zeros(bs + 1, dtype=torch.int32)
-    indptr[1:] = torch.cumsum(lens, 0)
-    token_map = None
-    if mapping:
-        token_map = torch.randint(-1, 100, (50 * eps + eps,), generator=g, dtype=torch.int64)
-    args = dict(req_to_token_ptr=table, req_pool_indices_ptr=torch.randint(0, rows, (bs,), generator=g),
-                page_kernel_lens_ptr=lens, kv_indptr=indptr, kv_start_idx=starts,
-                kv_indices_ptr=torch.full((int(indptr[-1]) + 7,), -7, dtype=torch.int64),
-                req_to_token_ptr_stride=width, ENTRY_PAGE_SIZE=eps, TOKEN_BLOCK_PARALLEL=blocks > 1,
-                token_mapping=token_map)
-    return args, (bs, blocks)
+def _decode_metadata_cases(g: torch.Generator):
+    rows, width, pool = 7, 48, 64
+    for page in (1, 4):
+        for swa in ("none", "tokens", "pages"):
+            for v2p in (False, True):
+                for zero_tail in (False, True):
+                    for delta, skip in ((0, False), (1, False), (0, True)):
+                        if swa == "pages" and not v2p:
+                            continue
+                        bs, block = 5, 4
+                        max_pages = width // page - 1
+                        seq = torch.randint(0, width - 2, (bs,), generator=g, dtype=I64)
+                        seq[2] = 0
+                        table = torch.randint(0, pool, (rows, width), generator=g, dtype=I32)
+                        f2s = torch.randint(-1, pool // 2, (pool + 1,), generator=g, dtype=I64)
+                        n_pages = pool // page + 1
+                        fv = torch.randint(-1, n_pages, (n_pages,), generator=g, dtype=I64) if v2p else None
+                        sv = torch.randint(-1, n_pages, (n_pages,), generator=g, dtype=I64) if swa == "pages" else None
+                        if swa == "tokens":          # a token mapping: only ids the pool has (-1 maps to the sink 0)
+                            f2s = f2s.clamp(min=0)
+                        pt = torch.full((bs, max_pages + 3), -5, dtype=I32)
+                        spt = torch.full((bs, max_pages + 3), -6, dtype=I32) if swa != "none" else None
+                        args = dict(
+                            seq_lens=seq, seq_lens_stride_0=1, req_to_token=table, req_to_token_stride_0=width,
+                            req_to_token_stride_1=1,
+                            req_pool_indices=torch.randint(0, rows, (bs,), generator=g, dtype=I64),
+                            req_pool_indices_stride_0=1, cache_seqlens_int32=torch.full((bs,), -3, dtype=I32),
+                            cache_seqlens_int32_stride_0=1, cu_seqlens_k=torch.full((bs + 1,), -4, dtype=I32),
+                            cu_seqlens_k_stride_0=1, page_table=pt, page_table_stride_0=pt.stride(0),
+                            page_table_stride_1=1, swa_page_table=spt,
+                            swa_page_table_stride_0=spt.stride(0) if spt is not None else 0,
+                            swa_page_table_stride_1=1 if spt is not None else 0,
+                            full_to_swa_index_mapping=f2s if swa == "tokens" else None,
+                            full_to_swa_mapping_stride_0=1 if swa == "tokens" else 0,
+                            full_v2p=fv, full_v2p_stride_0=1 if fv is not None else 0,
+                            swa_v2p=sv, swa_v2p_stride_0=1 if sv is not None else 0,
+                            B=bs, max_seq_pages=max_pages, PAGE_SIZE=page, SEQ_LEN_DELTA=delta, BLOCK_COLS=block,
+                            SKIP_PAGE_TABLE=skip, ZERO_TAIL=zero_tail)
+                        grid = (1, 1) if skip else (bs, -(-max_pages // block))
+                        yield (f"page={page} swa={swa} v2p={v2p} zero_tail={zero_tail} delta={delta} skip={skip}",
+                               args, grid)
+
+
+def _trtllm_graph_metadata_cases(g: torch.Generator):
+    rows, width, pool = 6, 40, 64
+    for page in (1, 4):
+        for swa in (False, True):
+            for swa_out in (False, True):
+                for q_mode in (0, 1, 2):
+                    for skip, offset in ((0, 0), (0, 1), (1, 0)):
+                        bs, block = 5, 4
+                        max_pages = width // page - 2
+                        seq = torch.randint(0, width - 1, (bs,), generator=g, dtype=I64)
+                        seq[1] = 0
+                        table = torch.randint(-1, pool, (rows, width), generator=g, dtype=I32)
+                        mapping = torch.randint(-1, pool // 2, (pool + page + 1,), generator=g, dtype=I64)
+                        n_out, out_len = 7, 10
+                        out = torch.randint(-1, pool, (n_out,), generator=g, dtype=I64)
+                        cu_q = torch.full((bs + 1,), -2, dtype=I32)
+                        args = {
+                            "req_pool_indices_ptr": torch.randint(0, rows, (bs,), generator=g, dtype=I64),
+                            "seq_lens_ptr": seq, "req_to_token_ptr": table,
+                            "swa_mapping_ptr": mapping if (swa or swa_out) else None,
+                            "out_cache_loc_ptr": out if swa_out else None,
+                            "qlens_ptr": torch.randint(1, 4, (bs,), generator=g, dtype=I32) if q_mode == 1 else None,
+                            "cache_seqlens_ptr": torch.full((bs,), -3, dtype=I32),
+                            "cu_seqlens_k_ptr": torch.full((bs + 1,), -4, dtype=I32),
+                            "cu_seqlens_q_ptr": cu_q if q_mode else None,
+                            "page_table_ptr": torch.full((bs, max_pages + 2), -5, dtype=I32),
+                            "swa_page_table_ptr": torch.full((bs, max_pages + 2), -6, dtype=I32) if swa else None,
+                            "swa_out_cache_loc_ptr": torch.full((out_len,), -7, dtype=I64) if swa_out else None,
+                            "bs": bs, "seqlen_offset": offset, "max_seq_pages": max_pages, "q_stride": 3,
+                            "num_out_tokens": n_out if swa_out else 0, "swa_out_len": out_len if swa_out else 0,
+                            "req_to_token_stride": width, "page_table_stride": max_pages + 2,
+                            "swa_page_table_stride": max_pages + 2 if swa else 0, "PAGE_SIZE": page,
+                            "HAS_SWA": swa, "HAS_SWA_OUT": swa_out, "Q_MODE": q_mode, "PAGE_BLOCK": block,
+                            "BS_BLOCK": 8, "SKIP_PAGE_TABLE": skip}
+                        grid = (bs + 1 + (-(-out_len // block) if swa_out else 0),)
+                        yield (f"page={page} swa={swa} swa_out={swa_out} q_mode={q_mode} skip={skip} "
+                               f"offset={offset}", args, grid)
+
+
+CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
+         "_fused_decode_metadata_kernel": _decode_metadata_cases,
+         "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases}
