@@ -16,6 +16,7 @@ from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult
 from simulator.scenario import Scenario
 
+from .partial import signals_held
 from .rundir import output_error
 
 class ShapeTimeline:
@@ -123,9 +124,11 @@ class StreamingOutputs:
         self._write_step(step)
 
     def _write_step(self, step: StepRecord) -> None:
-        self._write_findings()
-        self._append("steps.jsonl", (json.dumps(step_json(step), separators=(",", ":")) + "\n").encode())
-        self.steps_written += 1
+        line = (json.dumps(step_json(step), separators=(",", ":")) + "\n").encode()
+        with signals_held():      # a signal between the write and the count would make close() write it twice
+            self._write_findings()
+            self._append("steps.jsonl", line)
+            self.steps_written += 1
 
     def _append(self, name: str, data: bytes) -> None:
         if name not in self._files:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -156,6 +158,31 @@ def test_crash_keeps_partial_outputs(tmp_path, capsys, monkeypatch):
     findings = (out / "findings.jsonl").read_text().splitlines()
     assert len(steps) == s["incomplete"]["steps_done"]
     assert len(findings) == sum(sum(b["findings"].values()) for b in s["backends"].values()) > 0
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_that_lands_as_a_step_line_is_written_leaves_each_step_once(tmp_path, capsys, monkeypatch, sig, code):
+    """The race CI once hit (937 lines for 936 steps): a signal right after a step's line reached the file but
+    before it was counted made the partial outputs write that step again."""
+    from slotscope import outputs
+
+    write_all, lines = outputs._write_all, []
+
+    def signalled(fd, data):
+        write_all(fd, data)
+        if b'"mode"' in data:                     # a steps.jsonl line
+            lines.append(data)
+            if len(lines) == 5:
+                os.kill(os.getpid(), sig)         # the handler runs at the next bytecode it can
+
+    monkeypatch.setattr(outputs, "_write_all", signalled)
+    out = tmp_path / "o"
+    rc = run(str(ROOT / "scenarios/b2-decode-stale-tail.toml"), "--out", str(out))
+    monkeypatch.setattr(outputs, "_write_all", write_all)
+    assert rc == code
+    s = json.loads((out / "summary.json").read_text())
+    steps = [json.loads(l)["step"] for l in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps == list(range(len(steps))) and len(steps) == s["incomplete"]["steps_done"] == s["steps"] >= 5
 
 
 def test_an_engine_verdict_line_names_the_release_its_patches_and_the_design_it_replaced():

@@ -442,6 +442,7 @@ def test_a_signal_stops_the_run_with_partial_outputs_and_a_red_report(tmp_path, 
     assert s["incomplete"]["reason"] == name
     steps = whole_json_lines(out / "steps.jsonl")
     assert len(steps) == s["incomplete"]["steps_done"] == s["steps"] >= 2
+    assert [x["step"] for x in steps] == list(range(len(steps)))      # each step once, in order
     whole_json_lines(out / "findings.jsonl")
     assert_red((out / "report.html").read_text(), name if sig == signal.SIGTERM else "interrupted")
     assert json.loads((out / "run.json").read_text())["status"] == "incomplete"
