@@ -34,6 +34,17 @@ class RunStopped(BaseException):
         super().__init__(signal.Signals(signum).name)
 
 
+class _Gate:
+    """Where :func:`stop_on_signals`'s handler defers to :func:`signals_held`: a signal that arrives while a
+    section is held waits in ``pending`` and acts when the outermost section ends. A flag in Python, not a
+    signal mask: a process-directed signal is delivered to any thread that does not block it (OpenTelemetry's
+    exporter, Ray's threads), and Python runs its handler in the main thread whatever that thread's mask."""
+
+    held = 0
+    pending: Optional[int] = None
+    fire: Optional[Callable[[int], None]] = None    # the installed handler's action (None: no handler of ours)
+
+
 @contextmanager
 def stop_on_signals():
     """While inside: SIGTERM raises :class:`RunStopped` and SIGINT KeyboardInterrupt, once; a second
@@ -44,37 +55,55 @@ def stop_on_signals():
         return
     fired: list[int] = []
 
-    def handler(signum, frame):
-        if fired:
-            print(f"slotscope: {signal.Signals(signum).name} again: still writing the partial outputs "
-                  "(SIGKILL abandons them)", file=sys.stderr)
-            return
+    def fire(signum: int) -> None:
         fired.append(signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise RunStopped(signum)
 
+    def handler(signum, frame):
+        if fired:
+            print(f"slotscope: {signal.Signals(signum).name} again: still writing the partial outputs "
+                  "(SIGKILL abandons them)", file=sys.stderr)
+            return
+        if _Gate.held:
+            if _Gate.pending is None:
+                _Gate.pending = signum
+            return
+        fire(signum)
+
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_fire, _Gate.fire = _Gate.fire, fire
     try:
         yield
     finally:
+        _Gate.fire = old_fire
         for sig, h in old.items():
             signal.signal(sig, h)
 
 
 @contextmanager
 def signals_held():
-    """SIGINT and SIGTERM wait (blocked, not lost) while inside: a few writes that must not be cut in two, such as
-    the files that say a run is incomplete. A no-op outside the main thread or without ``pthread_sigmask``."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """SIGINT and SIGTERM wait (deferred, not lost) while inside: a few writes that must not be cut in two, such
+    as a step's line and its count, or the files that say a run is incomplete. The signal acts when the outermost
+    section ends normally; a section that ends by an exception is already stopping the run, and the signal that
+    waited is dropped. A no-op outside the main thread."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    _Gate.held += 1
     try:
         yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    except BaseException:
+        _Gate.held -= 1
+        if _Gate.held == 0 and _Gate.pending is not None:
+            _Gate.pending = None
+        raise
+    _Gate.held -= 1
+    if _Gate.held == 0 and _Gate.pending is not None:
+        signum, _Gate.pending = _Gate.pending, None
+        if _Gate.fire is not None:
+            _Gate.fire(signum)
 
 
 def _os_error_in(exc: BaseException) -> Optional[OSError]:
