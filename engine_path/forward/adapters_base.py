@@ -29,8 +29,10 @@ from .. import shims
 REGISTRY = "sglang.srt.layers.attention.attention_registry"
 #: why the release's read tables are not held to the oracle's span (their entries' slots and positions are)
 SPAN_UNCHECKED = ("the span the release's tables read is the backend's own and not modelled yet: its kernels read "
-                  "a forward's new tokens from their K/V (triton, flashinfer's ragged prefill) and its window "
-                  "edge from sliding_window_size (FA-shaped kernels one position more than triton's decode)")
+                  "a forward's new tokens from their K/V (triton, flashinfer's ragged prefill), and the release is "
+                  "given sliding_window_size = the scenario's window W where SGLang's models give W - 1 (a radius: "
+                  "FA-shaped kernels and flashinfer read it + 1 keys, triton's decode it, sglang#32087), as the "
+                  "model's eviction thresholds assume")
 
 
 @dataclass(frozen=True)
