@@ -139,6 +139,12 @@ def _stub_module(name: str, missing: str = "torchvision") -> types.ModuleType:
     return mod
 
 
+def is_stub(obj) -> bool:
+    """Whether ``obj`` is one of slotscope's native-package stubs (a stub module or a name taken from one)."""
+    return isinstance(obj, _Unavailable) or bool(getattr(obj, _STUB_MARK, False) if isinstance(obj, types.ModuleType)
+                                                  else False)
+
+
 class _Unavailable:
     """What a stub module's attribute is: raises when called; its own attributes are more of the same, so
     import-time code that only names them (``scalar_types.uint4b8`` in a table, a decorator) still imports."""

@@ -51,6 +51,11 @@ def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
     return ReadTable(full=full, swa=swa)
 
 
+def pdl_unsupported() -> bool:
+    """Stands in for sgl_kernel's ``is_arch_support_pdl`` where sgl_kernel is not installed: no PDL launches."""
+    return False
+
+
 #: the adapters written so far, by backend
 ADAPTERS: dict[str, Adapter] = {
     "torch_native": Adapter(
@@ -62,7 +67,10 @@ ADAPTERS: dict[str, Adapter] = {
         "triton",
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
-        reads=triton_reads),
+        reads=triton_reads,
+        platform={"sglang.srt.layers.attention.triton_backend:is_arch_support_pdl": (
+            pdl_unsupported, "sgl_kernel's query whether the GPU supports programmatic dependent launch (a launch "
+                             "option of the attention kernels): False, as where sgl_kernel is absent")}),
     "flashinfer": FLASHINFER,
     "trtllm_mha": TRTLLM_MHA,
     "flashattention": FLASHATTENTION,

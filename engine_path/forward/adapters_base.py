@@ -77,21 +77,28 @@ class Adapter:
     #: the release's generic API (``init_cuda_graph_state``, ``init_forward_metadata_out_graph``,
     #: ``get_cuda_graph_seq_len_fill_value``); a backend that raises there runs that path as the model's (named)
     metadata_attr: str = "forward_metadata"
+    #: platform packages the backend's kernels come from that are not stubbed for its import (flashinfer: its
+    #: module imports them only where CUDA is): where one is not installed, the kernels are replaced here too
+    needs: tuple[str, ...] = ()
+    #: module globals bound from a platform package that the constructor calls ("module:name" -> (value, why)):
+    #: set on any device where the global is a slotscope stub (the package is not installed), else left alone
+    platform: dict[str, tuple] = field(default_factory=dict)
 
     def stand_ins(self, device: str) -> bool:
         """Whether this backend's kernels are replaced here: on a CPU, and on a GPU whose image lacks a platform
         package the backend's kernels come from (xpu's sgl_kernel on an H200): there the release's own
         kernels run."""
         # (the real finders only: on CUDA slotscope's own native-package stubs answer for sgl_kernel, flashinfer)
-        return device == "cpu" or any(importlib.machinery.PathFinder.find_spec(root) is None for root in self.stubs)
+        return device == "cpu" or any(importlib.machinery.PathFinder.find_spec(root) is None
+                                      for root in (*self.stubs, *self.needs))
 
     def build(self, bag, device: str):
         """The release's backend over the stand-in; its attention arithmetic replaced where it cannot run
         (:meth:`stand_ins`)."""
-        cpu, stand = device == "cpu", self.stand_ins(device)
-        if cpu:
-            bag = self.view(bag)
+        stand = self.stand_ins(device)
+        bag = self.view(bag)           # the run's runner stand-in corrected for this backend, on every device
         with shims.stubbed_imports(tuple(self.stubs) if stand else ()):
+            self.platform_set = self._set_platform_globals()
             if stand:
                 self.install(bag)
             backend = self.construct(bag)
@@ -100,6 +107,17 @@ class Adapter:
                 setattr(backend, attr, self.kernel(attr))
             self.finish(backend, bag)
         return backend
+
+    def _set_platform_globals(self) -> list[str]:
+        """Set the :attr:`platform` globals whose module holds a slotscope stub there; the names set."""
+        done = []
+        for target, (value, _) in self.platform.items():
+            mod, _, name = target.partition(":")
+            m = importlib.import_module(mod)
+            if shims.is_stub(getattr(m, name, None)):
+                setattr(m, name, value)
+                done.append(target)
+        return done
 
     def construct(self, bag):
         if self.factory:
@@ -135,8 +153,9 @@ class Adapter:
             out += [Piece(f"module global {name}", "model", f"set {where}: {why}") for name, why in self.shims.items()]
             out += [Piece(f"import stub: {root}", "model", f"stubbed where not installed (calling it raises): {why}")
                     for root, why in self.stubs.items()]
-        if cpu:
-            out += [Piece(f"model-runner stand-in: {name}", "model", why) for name, why in self.stand_in.items()]
+        out += [Piece(f"module global {name}", "model", f"set here (its platform package is not installed): "
+                      f"{self.platform[name][1]}") for name in getattr(self, "platform_set", ())]
+        out += [Piece(f"model-runner stand-in: {name}", "model", why) for name, why in self.stand_in.items()]
         out += ([Piece("read tables", "engine"), Piece("read tables' span", "model", f"not checked: {SPAN_UNCHECKED}")]
                 if self.reads is not None else [Piece("read tables", "model", self.reads_why)])
         return out

@@ -26,13 +26,16 @@ a paged-only extend. trtllm_mha (:func:`trtllm_reads`) reads its page tables (``
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
+import os
 import types
 
 import torch
 
 from simulator.designs.types import ReadTable
 
-from .adapters_base import Adapter, attention_output, csr_ending_at, lens_of, page_table_reads
+from .adapters_base import Adapter, Piece, attention_output, csr_ending_at, lens_of, page_table_reads
 
 FI = "sglang.srt.layers.attention.flashinfer_backend"
 TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
@@ -148,8 +151,10 @@ class FlashInferAdapter(Adapter):
         fi.BatchDecodeWithPagedKVCacheWrapper = PlannedDecodeWrapper
         fi._safe_merge_state = merge_state_first
         fi.fast_decode_plan = fast_decode_plan
-        if not isinstance(fi.torch, TorchOnHost):
+        if str(bag.device) == "cpu" and not isinstance(fi.torch, TorchOnHost):
             fi.torch = TorchOnHost()
+        elif str(bag.device) != "cpu" and isinstance(fi.torch, TorchOnHost):
+            fi.torch = torch
         if self.name == "trtllm_mha":
             tm = importlib.import_module(TRTLLM)
             tm.flashinfer = TRTLLM_FLASHINFER
@@ -159,6 +164,30 @@ class FlashInferAdapter(Adapter):
         got = types.SimpleNamespace(**vars(bag))
         got.prefill_attention_backend_str = got.decode_attention_backend_str = self.name
         return got
+
+    def construct(self, bag):
+        """The release's constructor; where flashinfer is a slotscope stub (a GPU image without it), its
+        tensor-core probe (``should_use_tensor_core`` calls flashinfer's compiled-kernel query) answers from
+        the release's own environment override, for the constructor only (:data:`TENSOR_CORE_WHY`)."""
+        if importlib.util.find_spec("flashinfer") is None or \
+                importlib.machinery.PathFinder.find_spec("flashinfer") is not None or TENSOR_CORE_ENV in os.environ:
+            return super().construct(bag)
+        os.environ[TENSOR_CORE_ENV] = "false"
+        try:
+            return super().construct(bag)
+        finally:
+            os.environ.pop(TENSOR_CORE_ENV, None)
+
+    def pieces(self, device: str = "cpu"):
+        out = super().pieces(device)
+        if device != "cpu" and self.stand_ins(device):
+            out.append(Piece(f"environment {TENSOR_CORE_ENV}=false during the constructor", "model", TENSOR_CORE_WHY))
+        return out
+
+
+TENSOR_CORE_ENV = "SGLANG_FLASHINFER_USE_TENSOR_CORE"
+TENSOR_CORE_WHY = ("flashinfer is not installed here and its compiled-kernel probe is a stub; the flag picks only "
+                   "the decode wrapper's kernel, which is replaced")
 
 
 def flashinfer_reads(backend, fb, bs: int):
@@ -186,11 +215,11 @@ def trtllm_reads(backend, fb, bs: int):
 _PLANNED = "the flashinfer wrappers' plan (PlannedWrapper records kv_indptr / kv_indices)"
 
 FLASHINFER = FlashInferAdapter(
-    "flashinfer", reads=flashinfer_reads, shims=dict(FI_SHIMS),
+    "flashinfer", reads=flashinfer_reads, shims=dict(FI_SHIMS), needs=("flashinfer",),
     stand_in={"prefill/decode_attention_backend_str": "the backend's own name (the run's stand-in says triton)"})
 
 TRTLLM_MHA = FlashInferAdapter(
-    "trtllm_mha", reads=trtllm_reads,
+    "trtllm_mha", reads=trtllm_reads, needs=("flashinfer",),
     shims={**FI_SHIMS,
            f"{TRTLLM}:flashinfer": "flashinfer's trtllm-gen kernels (trtllm_batch_decode_with_kv_cache, "
                                   "trtllm_batch_context_with_kv_cache, trtllm_fmha_v2_prefill: the attention "
