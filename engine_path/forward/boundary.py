@@ -104,9 +104,9 @@ class ReleaseBoundary:
     # ------------------------------------------------------------------ per forward
 
     def init_metadata(self, batch, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor) -> ForwardMetadata:
+        self._read_mapping(full_to_swa)        # before the first capture: a graph reads the run's mapping
         if self.graphs is None:
             self.graphs = GraphPaths.start(self)
-        self._read_mapping(full_to_swa)
         why = mode_supported(batch) or self.graphs.unavailable.get(batch.graph)
         if why is not None:
             self.model_forwards[why] += 1
