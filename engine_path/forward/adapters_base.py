@@ -168,9 +168,11 @@ def no_op(*args, **kwargs) -> None:
 
 def attention_output(*args, **kwargs):
     """Stands in for an attention kernel whose caller uses its output's shape: zeros shaped like the query (the
-    first argument, or ``q`` / ``query``), written into ``out`` where the caller passes one; with
-    ``return_softmax_lse`` / ``return_lse`` a zero LSE too."""
+    first argument, or ``q`` / ``query``; a tuple's first, as trtllm's fmha_v2 prefill takes ``(q, kv_cache)``),
+    written into ``out`` where the caller passes one; with ``return_softmax_lse`` / ``return_lse`` a zero LSE too."""
     q = kwargs.get("q", kwargs.get("query", args[0] if args else None))
+    if isinstance(q, (tuple, list)):
+        q = q[0]
     out = kwargs.get("out")
     if out is None:
         dtype = kwargs.get("out_dtype") or q.dtype

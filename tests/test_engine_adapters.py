@@ -1,0 +1,75 @@
+"""The backend adapters' device rules, without a release: what stands in where a platform package is missing on
+a GPU image, the module globals set only where the release bound a stub, the flashinfer probe's override scoped
+to the constructor, and the attention stand-in's output for each calling convention."""
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import torch
+
+from engine_path import shims
+from engine_path.forward.adapters_base import Adapter, attention_output
+from engine_path.forward.adapters_flashinfer import TENSOR_CORE_ENV, FlashInferAdapter
+
+
+def test_a_missing_platform_package_stands_the_backend_in_on_a_gpu_too():
+    assert Adapter("a").stand_ins("cpu") and not Adapter("a").stand_ins("cuda")
+    assert Adapter("a", needs=("slotscope_no_such_package",)).stand_ins("cuda")
+    assert not Adapter("a", needs=("torch",)).stand_ins("cuda")          # installed: the release's kernels run
+
+
+def test_platform_globals_are_set_only_where_the_release_bound_a_stub(monkeypatch):
+    mod = types.ModuleType("slotscope_fake_backend")
+    mod.stubbed = shims._Unavailable("sgl_kernel.utils.is_arch_support_pdl", "sgl_kernel")
+    mod.real = len
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    off = lambda: False  # noqa: E731
+    a = Adapter("a", platform={f"{mod.__name__}:stubbed": (off, "why s"), f"{mod.__name__}:real": (off, "why r"),
+                               f"{mod.__name__}:absent": (off, "why a")})
+    assert a._set_platform_globals() == [f"{mod.__name__}:stubbed"]
+    assert mod.stubbed is off and mod.real is len and not hasattr(mod, "absent")
+    a.platform_set = [f"{mod.__name__}:stubbed"]
+    named = [p for p in a.pieces("cuda") if p.piece == f"module global {mod.__name__}:stubbed"]
+    assert len(named) == 1 and named[0].whose == "model" and "why s" in named[0].why
+
+
+class _Recorder:
+    seen: list = []
+
+    def __init__(self, bag):
+        _Recorder.seen.append(os.environ.get(TENSOR_CORE_ENV))
+
+
+def test_flashinfers_probe_answers_through_the_release_override_only_where_flashinfer_is_a_stub(monkeypatch):
+    mod = types.ModuleType("slotscope_fake_fi")
+    mod.Recorder = _Recorder
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    monkeypatch.delenv(TENSOR_CORE_ENV, raising=False)
+    a = FlashInferAdapter("flashinfer", factory=f"{mod.__name__}:Recorder", needs=("flashinfer",))
+    _Recorder.seen = []
+    a.construct(None)                                   # flashinfer absent, no stub: the probe's ImportError path
+    with shims.stubbed_imports(("flashinfer",)):        # a GPU image: slotscope's stub answers for flashinfer
+        a.construct(None)
+    monkeypatch.setenv(TENSOR_CORE_ENV, "true")         # the user's own setting is kept
+    with shims.stubbed_imports(("flashinfer",)):
+        a.construct(None)
+    assert _Recorder.seen == [None, "false", "true"]
+    assert os.environ[TENSOR_CORE_ENV] == "true"
+    monkeypatch.delenv(TENSOR_CORE_ENV)
+    with shims.stubbed_imports(("flashinfer",)):
+        a.construct(None)
+    assert TENSOR_CORE_ENV not in os.environ           # set for the constructor only
+
+
+def test_the_attention_stand_in_is_shaped_like_the_query_in_every_calling_convention():
+    q = torch.ones(5, 4, 8, dtype=torch.bfloat16)
+    for got in (attention_output(q), attention_output(q=q), attention_output(query=q),
+                attention_output((q, torch.zeros(3, 2))),      # trtllm's fmha_v2 prefill: (q, kv_cache)
+                attention_output(q, out_dtype=torch.bfloat16)):
+        assert got.shape == q.shape and got.dtype == q.dtype and not got.any()
+    out = torch.ones(5, 4, 8)
+    assert attention_output(q, out=out) is out
+    o, lse, _ = attention_output(q, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (5, 4) and lse.dtype == torch.float32
