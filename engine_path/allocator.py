@@ -51,10 +51,16 @@ class EngineAllocator:
         return f"{self.api.info.name} {self.api.info.version}"
 
     def __init__(self, api: ReleaseAPI, full_size: int, swa_size: int, page_size: int = 1, *,
-                 need_sort: bool = False, device: str = "cpu", kvcache=None):
+                 need_sort: bool = False, device: str = "cpu", kvcache=None, kernel_device: Optional[str] = None):
+        """``kernel_device``: on a GPU run, the device the paged allocator's Triton kernels run on over copies of
+        these host tensors (engine_path.host_kernels); None: interpreted on the CPU."""
         if full_size % page_size or swa_size % page_size:
             raise ValueError("pool sizes must be multiples of page_size")
-        if page_size > 1 and not api.features.paged_alloc_has_cpu_path and device == "cpu":
+        if page_size > 1 and device == "cpu" and kernel_device not in (None, "cpu"):
+            # a GPU platform: the release takes its Triton path (use_triton_kernels) on these host tensors
+            from . import host_kernels
+            host_kernels.install(kernel_device)
+        elif page_size > 1 and not api.features.paged_alloc_has_cpu_path and device == "cpu":
             import os
             if os.environ.get("TRITON_INTERPRET") != "1":
                 raise EngineError(f"sglang {api.info.version}: its paged allocator runs a Triton kernel; on a CPU "
@@ -352,7 +358,8 @@ class EngineAllocator:
                        "transferred prompt)")
         if self._row_frees:
             out.append("free_kv_row_segments (a finished request's kv row, as release_kv_cache frees it)")
-        return out
+        from . import host_kernels
+        return out + host_kernels.pieces()
 
     def describe(self) -> dict:
         return {"allocator": f"{type(self.engine).__module__}.{type(self.engine).__name__}",

@@ -48,13 +48,10 @@ class EngineRuntime:
         if swa_size is None:
             cfg = full_size
             full_size, swa_size, page_size = cfg.full_size, cfg.swa_size, cfg.page_size
-        if self.device != "cpu" and page_size > 1:
-            raise EngineError(f"--engine with --device {self.device} runs the release's allocator on the host, and "
-                              f"at page size {page_size} its alloc_extend / alloc_decode take their Triton path "
-                              f"(GPU tensors only) where Triton is installed: use page size 1 on a GPU, or "
-                              f"--device cpu")
-        # the allocator is host bookkeeping (its int64 mapping on the CPU, as the run loop reads it)
-        alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort, device="cpu")
+        # the allocator is host bookkeeping (its int64 mapping on the CPU, as the run loop reads it); on a GPU its
+        # paged kernels run there over copies (engine_path.host_kernels)
+        alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort, device="cpu",
+                                kernel_device=self.device if self.device != "cpu" else None)
         self.allocator = alloc
         pool = alloc.kvcache
         if self.device != "cpu":

@@ -20,6 +20,12 @@ so the byte budget splits as the engine's would) at the scenario's page size, wi
 * ``set_inflight_forward`` -> the release's, with a CPU stand-in for the forward-done event (not done until
   the next forward is planned); ``flush_opportunistic`` -> the release's lazy compaction (on, as in a server).
 
+A tensor index past its table inside any of these calls (torch's ``IndexError`` "index I is out of bounds for
+dimension D with size N") is, on a GPU, the device-side index assert that kills the engine: the adapter raises it
+as :class:`~simulator.memory.unified_pool.IndexOutOfRange`, naming the release's function, so the run loop's guard
+ends the run with an ``out_of_range`` finding on every backend, as it does for the model (U1, #37560 reverted).
+Any other exception of the release propagates as it is.
+
 Ownership events (bind, unbind, tombstone, move) are read off the release's own page tables: after every call
 the adapter compares each sub-pool's ``virtual_to_physical`` with its copy from before, so what the oracle
 learns is what the engine did, compaction moves included (page tables are per page: each changed entry is
@@ -27,6 +33,9 @@ learns is what the engine did, compaction moves included (page tables are per pa
 """
 from __future__ import annotations
 
+import functools
+import re
+import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -35,11 +44,48 @@ import torch
 
 from simulator.memory.allocator import OutOfSlots, RequestSlots
 from simulator.memory.events import SlotEvent
-from simulator.memory.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND
+from simulator.memory.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, OutOfRange
 
 from .errors import EngineError
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+#: torch's message for a tensor index past a dimension (the CPU twin of a device-side index assert)
+_TORCH_INDEX = re.compile(r"index (-?\d+) is out of bounds for dimension \d+ with size (\d+)")
+
+
+def _release_frame(tb) -> str:
+    """The innermost frame of the traceback inside the sglang package: ``module.function`` (or "")."""
+    where = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        mod = tb.tb_frame.f_globals.get("__name__", "")
+        if mod.startswith("sglang."):
+            where = f"{mod.rsplit('.', 1)[-1]}.{code.co_name}"
+        tb = tb.tb_next
+    return where
+
+
+def device_asserts(call: str):
+    """Decorator for a method that calls the release: a torch tensor-index ``IndexError`` raised inside the
+    release becomes :class:`IndexOutOfRange` (``where``: the release's call and function; the token is the
+    page's first virtual token where the index is a page)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except IndexError as e:
+                m = _TORCH_INDEX.search(str(e))
+                frame = _release_frame(sys.exc_info()[2])
+                if m is None or not frame or isinstance(e, IndexOutOfRange):
+                    raise
+                index, size = int(m.group(1)), int(m.group(2))
+                finding = OutOfRange(f"release {call}: {frame}", index, size, index * self.page_size)
+                raise IndexOutOfRange(finding) from e
+        return inner
+    return wrap
 
 
 class _PendingForward:
@@ -81,15 +127,20 @@ class UnifiedEngineAllocator:
     #: whose code this is (run.json's ``sources.allocator``; its runtime names the release)
     source = "engine"
 
-    def __init__(self, model, pool_cfg, budget_bytes: int):
+    def __init__(self, model, pool_cfg, budget_bytes: int, kernel_device: Optional[str] = None):
+        """``kernel_device``: on a GPU run, where the paged alloc kernels run over copies of the host tensors
+        (engine_path.host_kernels); None: interpreted on the CPU."""
         self.page_size = p = pool_cfg.page_size
-        if p > 1:
+        if p > 1 and kernel_device in (None, "cpu"):
             import os
             if os.environ.get("TRITON_INTERPRET") != "1":
                 raise EngineError(f"pool.page_size {p} with pool.unified and --engine: the release's paged unified "
                                   f"alloc_extend / alloc_decode run a Triton kernel; on a CPU set TRITON_INTERPRET=1 "
                                   f"before Triton is imported (engine_path.shims.install does)")
         self.bundle = build_unified(model, budget_bytes, page_size=p)
+        if p > 1 and kernel_device not in (None, "cpu"):
+            from . import host_kernels
+            host_kernels.install(kernel_device)
         self.engine = self.bundle.token_to_kv_pool_allocator
         self.fa, self.sa = self.engine.full_attn_allocator, self.engine.swa_attn_allocator
         self.split = (pool_cfg.full_size, pool_cfg.swa_size)
@@ -183,6 +234,7 @@ class UnifiedEngineAllocator:
 
     # ---- allocation and frees
 
+    @device_asserts("alloc")
     def _alloc(self, slots: RequestSlots, n: int):
         """The release's call for n more tokens of one request (see the module docstring)."""
         start, p = slots.length, self.page_size
@@ -217,6 +269,7 @@ class UnifiedEngineAllocator:
         slots.length = start + n
         return ids.copy()
 
+    @device_asserts("free_swa")
     def evict_swa(self, slots: RequestSlots, end: int) -> int:
         """The SWA side of positions [swa_evicted, end) tombstoned, end rounded down to a page."""
         end = min(end, slots.length)
@@ -231,6 +284,7 @@ class UnifiedEngineAllocator:
         slots.swa_evicted = end
         return end - begin
 
+    @device_asserts("free")
     def _free(self, ids: np.ndarray, cause: str) -> None:
         if ids.size:
             self.calls["free"] += 1
@@ -272,11 +326,16 @@ class UnifiedEngineAllocator:
             for hook in self.group_end_hooks:
                 hook()
             self._in_group = False
-            self.engine.free_group_end()
-            self._diff("flush")
+            self._group_end()
+
+    @device_asserts("free_group_end")
+    def _group_end(self) -> None:
+        self.engine.free_group_end()
+        self._diff("flush")
 
     # ---- the plan's side: translation, the in-flight window, compaction
 
+    @device_asserts("translate")
     def translate_kv_loc(self, loc, pool: str = "full") -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(np.asarray(loc, dtype=np.int64)))
         out = self.engine.translate_kv_loc(t) if pool == "full" else self.engine.translate_loc_from_full_to_swa(t)
@@ -292,6 +351,7 @@ class UnifiedEngineAllocator:
             out[self._tokens(v2p[bound])] = self.translate_kv_loc(self._tokens(bound), "swa")
         return out
 
+    @device_asserts("set_inflight_forward")
     def set_inflight_forward(self, virtual_loc) -> None:
         """The previous forward is done; the new one (``virtual_loc``; None: none) is in flight."""
         if self._forward is not None:
@@ -304,6 +364,7 @@ class UnifiedEngineAllocator:
         self._forward = _PendingForward()
         self.engine.set_inflight_forward(self._forward, torch.from_numpy(np.asarray(virtual_loc, dtype=np.int64).copy()))
 
+    @device_asserts("flush_opportunistic")
     def flush_opportunistic(self) -> int:
         self.calls["flush_opportunistic"] += 1
         moved = int(self.engine.flush_opportunistic())
@@ -315,7 +376,12 @@ class UnifiedEngineAllocator:
                 "page_size": self.page_size,
                 "budget_bytes": self.budget_bytes, "num_virtual_ids": self.num_virtual_ids,
                 "full_rows": self.full_rows, "swa_rows": self.swa_rows, "swa_v2p_len": int(self.sa.virtual_to_physical.shape[0]),
-                "calls": dict(self.calls)}
+                "calls": dict(self.calls), **self._kernels()}
+
+    @staticmethod
+    def _kernels() -> dict:
+        from . import host_kernels
+        return {"kernels": host_kernels.describe()} if host_kernels.installed() else {}
 
 
 class UnifiedEngineRuntime:
@@ -324,10 +390,11 @@ class UnifiedEngineRuntime:
 
     unified = True
 
-    def __init__(self, api, design, scenario):
+    def __init__(self, api, design, scenario, device: str = "cpu"):
         self.api = api
         self.design = design
         self.scenario = scenario
+        self.device = device
         self.allocator: Optional[UnifiedEngineAllocator] = None
 
     def allocator_factory(self, cfg) -> UnifiedEngineAllocator:
@@ -335,7 +402,8 @@ class UnifiedEngineRuntime:
         from simulator.plugins.unified import model_unified_pool
 
         budget = model_unified_pool(self.scenario, self.design.release.unified_pool).budget_bytes
-        self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget)
+        self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget,
+                                                kernel_device=self.device if self.device != "cpu" else None)
         self.allocator.source = f"{self.api.info.name} {self.api.info.version}"
         return self.allocator
 
@@ -348,7 +416,9 @@ class UnifiedEngineRuntime:
              "model_pieces": [f"design {self.design.name} (write locations, read ids)", "backend metadata",
                               "pools under test", "scheduler"]}
         if self.allocator is not None:
+            from . import host_kernels
             d["allocator"] = self.allocator.describe()
+            d["engine_pieces"] += host_kernels.pieces()
         return d
 
 

@@ -176,6 +176,16 @@ class EngineVerdict:
                 "missing": [] if e is None else _missing(e, self.runs) if self.runs else []}
 
 
+def _failure(run: dict) -> str:
+    """Why a run did not finish, on one line: its summary's incomplete message (the exception's type and its whole
+    message), else the last line of its stderr."""
+    inc = (run.get("summary") or {}).get("incomplete") or {}
+    msg = inc.get("message") if isinstance(inc, dict) else None
+    if not msg:
+        msg = (run["stderr"].strip().splitlines() or ["(no message)"])[-1]
+    return " ".join(str(msg).split())
+
+
 def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
     eng = engine_of(case)
     if isinstance(eng, str):
@@ -196,8 +206,7 @@ def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
     why = eng.why
     failed = [role for role, o in outcomes.items() if o is None]
     if failed:
-        last = (runs[failed[0]]["stderr"].strip().splitlines() or ["(no message)"])[-1]
-        why = f"the {' and '.join(failed)} run did not finish: {last}"
+        why = f"the {' and '.join(failed)} run did not finish: {_failure(runs[failed[0]])}"
     elif _missing(eng, runs):
         why = (why + "; " if why else "") + "model-only: " + ", ".join(_missing(eng, runs)) + \
             " did not run as the release's code"

@@ -172,7 +172,7 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
             from engine_path.unified import UnifiedEngineRuntime
 
             design = load_design(scenario.design)
-            runtime = UnifiedEngineRuntime(runtime.api, design, scenario)
+            runtime = UnifiedEngineRuntime(runtime.api, design, scenario, device=device.type)
     else:
         design = load_design(scenario.design)
         device = resolve_device(opts.device)

@@ -149,3 +149,15 @@ def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, caps
 def test_bugs_only_unknown_case_is_bad_input(capsys):
     assert main(["bugs", "-q", "--only", "B9"]) == 2
     assert "no case 'B9'" in capsys.readouterr().err
+
+
+def test_an_engine_run_that_did_not_finish_says_why_on_one_line():
+    """The corpus's engine table says why a run stopped: the summary's incomplete message whole (a multi-line
+    exception message on one line, its type first), else stderr's last line."""
+    from slotscope.corpus_engine import _failure
+
+    run = {"summary": {"incomplete": {"message": "the run failed: AssertionError: pages\n  [3, 4] freed twice"}},
+           "stderr": "slotscope: ...\n  [3, 4] freed twice after 39 steps; partial outputs in out/ (...)\n"}
+    assert _failure(run) == "the run failed: AssertionError: pages [3, 4] freed twice"
+    assert _failure({"summary": None, "stderr": "a\nexit 3: no summary\n"}) == "exit 3: no summary"
+    assert _failure({"summary": {}, "stderr": ""}) == "(no message)"

@@ -15,6 +15,8 @@ One child of the session's one import of the release (engine_path.isolate's, tes
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,30 @@ def test_slotscope_run_engine_on_a_unified_scenario(warm, tmp_path):
     assert pieces["allocator"]["calls"] == {"alloc": 54, "free": 2, "free_swa": 0, "flush_opportunistic": 30,
                                             "set_inflight_forward": 31}
     assert [r["whose"] for r in pieces["rows"]][0] == "engine"
+
+
+def test_the_release_bind_past_its_own_swa_table_ends_the_run_as_the_device_assert(engine_releases, tmp_path):
+    """U1 in the release's own code: 0.5.23 with #37560 reverted (examples/engine-patches/revert-37560-swa-v2p-size.yaml)
+    sizes the SWA page table by the SWA side's own page count (615 at page 1), and the release's bind indexes past it
+    at the first virtual page the full side mints beyond. torch's IndexError there is, on a GPU, the device-side
+    assert that kills the engine: engine_path.unified raises it as the run-ending IndexOutOfRange, so each backend has
+    exactly one out_of_range finding at that step, naming the release's function, and the summary says where it died."""
+    import json
+
+    out = tmp_path / "u1"
+    patch = ROOT / "examples" / "engine-patches" / "revert-37560-swa-v2p-size.yaml"
+    proc = subprocess.run([sys.executable, "-m", "slotscope", "run", str(U1), "--engine", "sglang==0.5.23",
+                           "--engine-patch", str(patch), "--backends", "triton,flashattention", "--out", str(out),
+                           "--no-report", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["steps"] == 28 and s["findings_total"] == 2
+    assert {b: {c: n for c, n in v["findings"].items() if n} for b, v in s["backends"].items()} == \
+        {"triton": {"out_of_range": 1}, "flashattention": {"out_of_range": 1}}
+    died = s["unified"]["died"]
+    assert (died["step"], died["index"], died["length"], died["token"]) == (28, 615, 615, 615)
+    assert died["where"].startswith("release alloc: ") and "bind" in died["where"]
+    rows = [json.loads(line) for line in (out / "findings.jsonl").read_text().splitlines()]
+    assert [(r["backend"], r["step"], r["class"], r["slot"]) for r in rows] == \
+        [("triton", 28, "out_of_range", 615), ("flashattention", 28, "out_of_range", 615)]
