@@ -73,3 +73,44 @@ def test_the_attention_stand_in_is_shaped_like_the_query_in_every_calling_conven
     assert attention_output(q, out=out) is out
     o, lse, _ = attention_output(q, return_lse=True)
     assert o.shape == q.shape and lse.shape == (5, 4) and lse.dtype == torch.float32
+
+
+class _SDPA:
+    """The shape of torch_native's _run_sdpa_forward_decode: gathers k_cache[req_to_token[row, start:end]]."""
+
+    def __init__(self):
+        self.ran = 0
+
+    def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                 encoder_lens=None, scaling=None, enable_gqa=False, causal=False, is_cross_attn=False,
+                                 sliding_window_size=None):
+        self.ran += 1
+        for row, n in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+            k_cache[req_to_token[row, :n]]
+
+
+def test_torch_natives_gathers_are_bounds_checked_before_its_sdpa_on_a_gpu():
+    """On a GPU a gather past the K/V buffer is a device-side assert that ends every backend's run; the adapter
+    checks each request's gather on the host first and raises the IndexError a CPU run raises (the backend's
+    design_error), naming the index and the buffer's size; ids inside the buffer run the release's SDPA as is."""
+    import pytest
+
+    from engine_path.forward.adapters import ADAPTERS, _gather_checked
+
+    sdpa = _SDPA()
+    run = _gather_checked(sdpa._run_sdpa_forward_decode)
+    k = torch.zeros(10, 2)
+    table = torch.tensor([[1, 2, 3, 0], [4, 9, 12, 0]])
+    q = torch.zeros(2, 1)
+    run(q, q, k, k, table, torch.tensor([0]), torch.tensor([3]))
+    run(q, q, k, k, table, torch.tensor([1]), torch.tensor([2]))     # 12 is past the row's length: not gathered
+    assert sdpa.ran == 2
+    with pytest.raises(IndexError, match=r"index 12 is out of bounds for dimension 0 with size 10"):
+        run(q, q, k, k, table, torch.tensor([0, 1]), torch.tensor([3, 3]))
+    with pytest.raises(IndexError, match=r"index -11 is out of bounds"):
+        run(q, q, k, k, torch.tensor([[-11, 1]]), torch.tensor([0]), torch.tensor([2]))
+    assert sdpa.ran == 2                                            # the release's SDPA never saw a bad gather
+    tn = ADAPTERS["torch_native"]
+    named = [p for p in tn.pieces("cuda") if p.piece.startswith("K/V gather bounds")]
+    assert len(named) == 1 and named[0].whose == "model"
+    assert not [p for p in tn.pieces("cpu") if p.piece.startswith("K/V gather bounds")]

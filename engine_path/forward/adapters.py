@@ -36,6 +36,67 @@ from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
 __all__ = ["ADAPTERS", "Adapter", "Piece", "triton_reads"]
 
 
+#: torch_native's own SDPA loops, which gather each request's K/V at ``req_to_token[row, start:end]``
+SDPA_GATHERS = ("_run_sdpa_forward_extend", "_run_sdpa_forward_decode")
+
+GATHER_GUARD_WHY = ("on a GPU its K/V gathers (k_cache[req_to_token[row, :seq_len]]) are bounds-checked on the host "
+                    "before the release's own SDPA runs: a gather past the buffer raises the IndexError a CPU run "
+                    "raises (this backend's design_error) instead of a device-side assert, which would end every "
+                    "backend's run in the process")
+
+
+class TorchNativeAdapter(Adapter):
+    """torch_native: its SDPA runs as released on every device. On a GPU a gather past the K/V buffer (an SWA
+    layer gathered at full-pool ids: the release's own bug on a hybrid pool) is a device-side assert that poisons
+    the CUDA context of the whole run; each gather's ids are checked on the host first, so the backend gets the
+    finding the CPU run gives and the other backends run on."""
+
+    def build(self, bag, device: str):
+        backend = super().build(bag, device)
+        if device != "cpu":
+            for name in SDPA_GATHERS:
+                fn = getattr(backend, name, None)
+                if fn is not None:
+                    setattr(backend, name, _gather_checked(fn))
+        return backend
+
+    def pieces(self, device: str = "cpu") -> list[Piece]:
+        out = super().pieces(device)
+        if device != "cpu":
+            out.append(Piece("K/V gather bounds (before its SDPA)", "model", GATHER_GUARD_WHY))
+        return out
+
+
+def _gather_checked(fn):
+    """``fn`` (a bound ``_run_sdpa_forward_*``) after a host check of the ids each request's gather takes."""
+    import inspect
+
+    sig = inspect.signature(fn)
+
+    def checked(*args, **kwargs):
+        a = sig.bind(*args, **kwargs).arguments
+        k_cache, table = a["k_cache"], a["req_to_token"]
+        rows, lens = a["req_pool_indices"].tolist(), a["seq_lens"].tolist()
+        enc = a.get("encoder_lens")
+        enc = enc.tolist() if enc is not None else None
+        n = int(k_cache.shape[0])
+        for i, (row, length) in enumerate(zip(rows, lens)):
+            if enc is not None:
+                start, end = (0, enc[i]) if a.get("is_cross_attn") else (enc[i], enc[i] + length)
+            else:
+                start, end = 0, length
+            ids = table[row, start:end]
+            if ids.numel():
+                lo, hi = int(ids.min()), int(ids.max())
+                bad = hi if hi >= n else lo if lo < -n else None
+                if bad is not None:
+                    raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {n} (the K/V gather "
+                                     f"of request row {row}, checked before the launch: on a GPU a device-side "
+                                     f"assert)")
+        return fn(*args, **kwargs)
+    return checked
+
+
 def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
     """triton's tables: ``kv_indptr`` / ``kv_indices`` (full layers: the prefix in extend, the whole sequence in
     decode, from position 0) and ``window_kv_indptr`` / ``window_kv_indices`` (SWA layers, already SWA ids: the
@@ -58,7 +119,7 @@ def pdl_unsupported() -> bool:
 
 #: the adapters written so far, by backend
 ADAPTERS: dict[str, Adapter] = {
-    "torch_native": Adapter(
+    "torch_native": TorchNativeAdapter(
         "torch_native",
         # its SDPA runs as released: on the hybrid pool it gathers an SWA layer's K/V at req_to_token's full-pool
         # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
