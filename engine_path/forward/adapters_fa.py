@@ -23,7 +23,6 @@ reads ``sliding_window_size`` positions before the first query.
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import types
 
@@ -62,27 +61,6 @@ class FlashAttentionAdapter(Adapter):
         got.model_config = types.SimpleNamespace(**vars(bag.model_config))
         got.model_config.is_local_attention_model = False
         return got
-
-    def finish(self, backend, bag) -> None:
-        if self.name == "musa":
-            backend.forward_extend = _one_rank_pipeline(backend.forward_extend)
-            backend.forward_decode = _one_rank_pipeline(backend.forward_decode)
-
-
-#: the pipeline group musa's scheduler-metadata wrapper asks its rank and width of: one rank
-ONE_RANK = types.SimpleNamespace(rank_in_group=0, world_size=1)
-
-
-def _one_rank_pipeline(method):
-    """A probe around a musa forward: ``get_parallel().pp_group`` is a one-rank group for the call (the run's
-    published parallel config names no pipeline group)."""
-    rc = importlib.import_module("sglang.srt.runtime_context")
-
-    @functools.wraps(method)
-    def forward(*args, **kwargs):
-        with rc.get_parallel().override(pp_group=ONE_RANK):
-            return method(*args, **kwargs)
-    return forward
 
 
 def fa_reads(backend, fb, bs: int):
@@ -123,9 +101,9 @@ MUSA = _adapter(
                                "flash_attn_varlen_func": attention_output,
                                "get_scheduler_metadata": no_scheduler_metadata}},
     {**_SGL, "flash_attn_interface": "MUSA's flash-attention kernels (mate)"}, _FA_REPLACED)
-MUSA.stand_in["parallel pp_group"] = ("a one-rank group, for the duration of each forward_extend / forward_decode "
-                                      "(musa's scheduler-metadata wrapper reads its rank and width; the run "
-                                      "publishes no pipeline group)")
+MUSA.stand_in["parallel pp_group"] = ("a one-rank group, published with the run's parallel config "
+                                      "(engine_path/forward/runner.py publish_config): musa's scheduler-metadata "
+                                      "wrapper reads its rank and width")
 
 XPU = _adapter(
     "xpu", f"{XPU_MOD}:XPUAttentionBackend", "registered as intel_xpu",

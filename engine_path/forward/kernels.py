@@ -244,6 +244,60 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
         store(swa_out_cache_loc_ptr, j, got)
 
 
+# --------------------------------------------------------------------------- aiter's unified page-table scatters
+
+def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, dest_stride, sw_page_table_ptr,
+                  swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
+    """The body both scatters share: per program (p, b), the columns ``b * BLOCK_SIZE ..`` of row p below
+    ``cdiv(kv_len[p], PAGE_SIZE)`` get the page (``// PAGE_SIZE``) of the token at column * PAGE_SIZE
+    (``gather(p, token_offset)``), and with ``HAS_SWA`` the SWA table the page of that token's SWA slot; a program
+    whose block starts past its row's pages returns before it loads anything."""
+    gp, gb = (tuple(int(g) for g in grid) + (1, 1))[:2]
+    page, block = int(PAGE_SIZE), int(BLOCK_SIZE)
+    if gp <= 0 or gb <= 0:
+        return
+    p = torch.arange(gp, dtype=I64)
+    num_blocks = _tdiv(kv_lens(p) + page - 1, page)
+    live = torch.clamp(torch.minimum(num_blocks, torch.full_like(num_blocks, gb * block)), min=0)
+    total = int(live.sum())
+    if total == 0:
+        return
+    prog = torch.repeat_interleave(p, live)
+    col = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(live, 0) - live, live)
+    vals = gather(prog, first(p)[prog], col * page)
+    at = prog * int(dest_stride) + col
+    store(dest_ptr, at, _tdiv(vals, page))
+    if HAS_SWA:
+        store(sw_page_table_ptr, at, _tdiv(_load(swa_slot_mapping_ptr, vals.to(I64)), page))
+
+
+def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
+                            page_table_ptr, req_to_token_stride, page_table_stride, sw_page_table_ptr,
+                            swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
+    """``scatter_req_to_token_to_page_table_kernel``: row p's pages from the token table's row
+    ``req_pool_indices[p]`` over ``seq_lens[p] + DRAFT_NUM`` tokens."""
+    _page_scatter(
+        store, grid,
+        first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
+        kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64) + int(DRAFT_NUM),
+        gather=lambda prog, row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
+        dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=sw_page_table_ptr,
+        swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
+
+
+def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr, dest_ptr, dest_stride,
+                      sw_page_table_ptr, swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
+    """``scatter_ragged_to_page_table_kernel``: row p's pages from the ragged token ids
+    ``kv_flat[kv_indptr[p]:kv_indptr[p + 1]]``."""
+    _page_scatter(
+        store, grid,
+        first=lambda p: _load(kv_indptr_ptr, p).to(I64),
+        kv_lens=lambda p: _load(kv_indptr_ptr, p + 1).to(I64) - _load(kv_indptr_ptr, p).to(I64),
+        gather=lambda prog, start, off: _load(kv_flat_ptr, start + off),
+        dest_ptr=dest_ptr, dest_stride=dest_stride, sw_page_table_ptr=sw_page_table_ptr,
+        swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
+
+
 # --------------------------------------------------------------------------- the models and their stand-ins
 
 @dataclass(frozen=True)
@@ -278,6 +332,8 @@ def _jit_fn(obj):
 KV_INDICES_0_5_23 = "6314646407b950a925814db6e9880406cc5da5d490a8a7b7dd36745ab38ca5ff"
 DECODE_METADATA_0_5_23 = "a51c8509bf96113863d4d354653be1ce4f76697444f4ece5025f2e6a38b52a78"
 TRTLLM_GRAPH_METADATA_0_5_23 = "909dad236e6e3e49e611c3500d2f15fd144d4951da3af401170baa8e01935f29"
+AITER_REQ_PAGE_TABLE_0_5_23 = "d46574154c1f8fe6cfaac227b564aa55186dfd938f6eabea903c2170271d49e2"
+AITER_RAGGED_PAGE_TABLE_0_5_23 = "4b56cef723421b3385c63ab44102250aca23522d5680563d0cdf1f5c20645ffc"
 
 MODELS = (
     KernelModel("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton", (),
@@ -288,6 +344,12 @@ MODELS = (
     KernelModel("sglang.kernels.ops.attention.trtllm_mha_graph_metadata", "update_trtllm_mha_graph_metadata_kernel",
                 (), frozenset({TRTLLM_GRAPH_METADATA_0_5_23}), trtllm_graph_metadata,
                 "trtllm_mha's graph metadata: lengths, page tables, the graph's SWA write locations"),
+    KernelModel("sglang.kernels.ops.attention.aiter_unified_page_table", "scatter_req_to_token_to_page_table_kernel",
+                (), frozenset({AITER_REQ_PAGE_TABLE_0_5_23}), req_to_token_page_table,
+                "aiter's unified page tables from the token table"),
+    KernelModel("sglang.kernels.ops.attention.aiter_unified_page_table", "scatter_ragged_to_page_table_kernel",
+                (), frozenset({AITER_RAGGED_PAGE_TABLE_0_5_23}), ragged_page_table,
+                "aiter's unified page tables from ragged token ids"),
 )
 #: what engine_pieces says of the stand-ins
 WHY = ("vectorised torch over the same pointers and strides on CPU tensors (interpreted, a kernel costs "
@@ -352,12 +414,16 @@ def install() -> dict[str, StandIn]:
                                     ") is not the one the stand-in was checked against")
                 continue
             _installed[m.name] = StandIn(kernel, m)
-        stand_in = _installed.get(m.name)
-        if stand_in is None:
+    # one pass over the release's modules for every stand-in (a pass costs ~50 ms with a release imported)
+    kernels = {s.kernel: (name, s) for name, s in _installed.items()}
+    mods = [mod for name, mod in list(sys.modules.items()) if name.startswith("sglang") and mod is not None]
+    for mod in mods:
+        d = getattr(mod, "__dict__", None)
+        if d is None:
             continue
-        for name, mod in list(sys.modules.items()):
-            if name.startswith("sglang") and getattr(mod, m.name, None) is stand_in.kernel:
-                setattr(mod, m.name, stand_in)
+        for name, s in kernels.values():
+            if d.get(name) is s.kernel:
+                setattr(mod, name, s)
     return dict(_installed)
 
 
@@ -509,6 +575,39 @@ def _trtllm_graph_metadata_cases(g: torch.Generator):
                                f"offset={offset}", args, grid)
 
 
+def _page_scatter_cases(g: torch.Generator, ragged: bool):
+    rows, width, pool = 6, 48, 64
+    for page in (1, 4):
+        for swa in (False, True):
+            for draft in ((0,) if ragged else (0, 3)):
+                for short_grid in (False, True):
+                    bs, block = 5, 4
+                    seq = torch.randint(0, width - 4, (bs,), generator=g, dtype=I64)
+                    seq[2] = 0
+                    pages = -(-(seq + draft) // page)
+                    blocks = max(1, -(-int(pages.max()) // block))
+                    grid = (bs, max(1, blocks - 1) if short_grid else blocks)
+                    dest_w = int(pages.max()) + 3
+                    mapping = torch.randint(0, pool // 2, (pool + 1,), generator=g, dtype=I64) if swa else None
+                    dest = torch.full((bs, dest_w), -5, dtype=I32)
+                    sw = torch.full((bs, dest_w), -6, dtype=I32) if swa else None
+                    if ragged:
+                        indptr = torch.zeros(bs + 1, dtype=I32)
+                        indptr[1:] = torch.cumsum(seq, 0)
+                        args = dict(kv_flat_ptr=torch.randint(0, pool, (int(indptr[-1]) + 1,), generator=g, dtype=I32),
+                                    kv_indptr_ptr=indptr, dest_ptr=dest, dest_stride=dest_w, sw_page_table_ptr=sw,
+                                    swa_slot_mapping_ptr=mapping, PAGE_SIZE=page, BLOCK_SIZE=block, HAS_SWA=swa)
+                    else:
+                        args = dict(req_to_token_ptr=torch.randint(0, pool, (rows, width), generator=g, dtype=I32),
+                                    req_pool_indices_ptr=torch.randint(0, rows, (bs,), generator=g, dtype=I64),
+                                    seq_lens_ptr=seq, page_table_ptr=dest, req_to_token_stride=width,
+                                    page_table_stride=dest_w, sw_page_table_ptr=sw, swa_slot_mapping_ptr=mapping,
+                                    DRAFT_NUM=draft, PAGE_SIZE=page, BLOCK_SIZE=block, HAS_SWA=swa)
+                    yield f"page={page} swa={swa} draft={draft} short_grid={short_grid}", args, grid
+
+
 CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
          "_fused_decode_metadata_kernel": _decode_metadata_cases,
-         "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases}
+         "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases,
+         "scatter_req_to_token_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=False),
+         "scatter_ragged_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=True)}

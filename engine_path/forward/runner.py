@@ -77,6 +77,10 @@ def model_config(api: ReleaseAPI, model, context_len: int):
     return cfg
 
 
+#: the pipeline group the run publishes: one rank (``pp_size`` 1)
+ONE_RANK = SimpleNamespace(rank_in_group=0, world_size=1)
+
+
 @dataclass
 class RunnerContext:
     """The release's runtime config published for one run (restored by :meth:`close`)."""
@@ -101,8 +105,14 @@ def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str
                           f"the adapter of its backends is not written yet") from None
     ctx = RunnerContext()
     try:
-        par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
-        par.__enter__()
+        try:
+            # a one-rank pipeline group too: musa's scheduler-metadata wrapper reads its rank and width (no other
+            # 0.5.23 backend reads it); releases without the field take the override without it
+            par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0, pp_group=ONE_RANK)
+            par.__enter__()
+        except ValueError:
+            par = rc.get_parallel().override(attn_tp_size=1, attn_dcp_rank=0)
+            par.__enter__()
     except (TypeError, ValueError, AttributeError) as e:
         raise EngineError(f"sglang {api.info.version}: its attention-parallel config takes no attn_tp_size / "
                           f"attn_dcp_rank override ({e}); the adapter of its backends is not written yet") from None
