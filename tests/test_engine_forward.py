@@ -145,10 +145,19 @@ def test_the_releases_backends_run_every_path_of_smoke_and_say_so(clean):
 
 
 def test_decode_graph_replays_of_the_release_are_clean_on_b2(tmp_path):
+    """B2's decode-graph replays through the release's runner, clean; the layers of a capture size are captured
+    at start-up for the largest size and at the first replay for the others, so exactly the sizes replayed and the
+    largest have their layers' write locations taken."""
     rc, summary, pieces, steps = _run(tmp_path, "b2-decode-stale-tail")
     assert rc == 0 and summary["findings_total"] == 0
     graphs = sum(s["graph"] == "decode_graph" for s in steps)
     assert graphs > 0 and pieces["backends"]["triton/target"]["release_paths"]["decode_graph"] == graphs
+    # B2's five capture sizes (1, 2, 4, 8, 12: clamped to its 12 request rows); size 1 is never replayed, so its
+    # layers are never captured
+    assert {s["padded_tokens"] for s in steps if s["graph"] == "decode_graph"} == {2, 4, 8, 12}
+    own = _whose(pieces, "triton")
+    capture = own[next(p for p in own if p.startswith("decode graphs:"))]
+    assert capture["why"] == "layers captured at 4 of 5 capture sizes: the largest and the sizes replayed"
 
 
 def test_a_stale_swa_tail_in_tritons_graph_refill_clobbers_live_slots(tmp_path):

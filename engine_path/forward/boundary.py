@@ -107,6 +107,7 @@ class ReleaseBoundary:
         self._read_mapping(full_to_swa)        # before the first capture: a graph reads the run's mapping
         if self.graphs is None:
             self.graphs = GraphPaths.start(self)
+        self.graphs.ready(batch)
         why = mode_supported(batch) or self.graphs.unavailable.get(batch.graph)
         if why is not None:
             self.model_forwards[why] += 1

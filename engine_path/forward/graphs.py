@@ -119,13 +119,22 @@ class DecodeGraphs:
             setattr(self.buffers, name, self.registry.get_slot(name).buffer)
         self.buffers.encoder_lens = self.buffers.mamba_track_indices = None
         self.captured: dict[int, Captured] = {}
+        self.layers: list[Layer] = []
         self.replays = 0
+        self.layer_captures = 0         # capture sizes whose layers' write locations were taken
 
     # ------------------------------------------------------------------ capture (once, before the first forward)
 
     def capture(self, layers: list[Layer]) -> None:
-        """``init_cuda_graph_state`` once, then every capture size, largest first (``_capture_one_stream``)."""
+        """``init_cuda_graph_state`` once, then every capture size, largest first (``_capture_one_stream``): its
+        batch and metadata. The layers' write locations are taken for the largest size now (a capture the release
+        cannot run for this backend fails here, before the first forward, as at start-up) and for each other size
+        at its first replay (:meth:`writes_of`), with that size's capture-time batch and metadata: a layer's
+        write location at capture is views of the static buffers (checked), fixed by the size alone, and a replay
+        reads what they hold then; most sizes are never replayed (B1: one of 36), and each capture's layers were
+        most of an engine run's time on a CPU."""
         be = self.backend
+        self.layers = layers
         with self._ctx():
             be.init_cuda_graph_state(self.max_bs, self.max_bs)
         for bs in reversed(self.sizes):
@@ -133,10 +142,26 @@ class DecodeGraphs:
             with torch.no_grad(), self._ctx(fb):
                 be.init_forward_metadata_out_graph(fb, in_capture=True)
                 be.init_forward_metadata_in_graph(fb)
-            got = self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None))
-            for li in layers:
-                got.writes[li.layer] = li.write(fb, bs, lambda fb=fb: self._ctx(fb))
-        self._check_static(layers)
+            self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None))
+            if bs == self.max_bs:
+                self._take_writes(self.captured[bs])
+
+    def _take_writes(self, got: Captured) -> None:
+        """Each layer's write location for capture ``got``, its batch and metadata installed; checked static."""
+        with self.installed(got):
+            for li in self.layers:
+                got.writes[li.layer] = li.write(got.fb, got.size, lambda fb=got.fb: self._ctx(fb))
+        self._check_static(self.layers, got)
+        self.layer_captures += 1
+
+    def writes_of(self, size: int) -> Captured:
+        """Capture ``size`` with its layers' write locations (taken now if this is its first replay)."""
+        if size not in self.captured:
+            raise GraphUnavailable(f"capture size {size} was not captured (sizes {list(self.sizes)})")
+        got = self.captured[size]
+        if not got.writes:
+            self._take_writes(got)
+        return got
 
     def _slot(self, name: str, bs: int) -> torch.Tensor:
         return self.registry.get_slot(name).slice_for(bs, bs)
@@ -156,34 +181,32 @@ class DecodeGraphs:
             self.runner.translator.bind_runner_slots(fb)
         return fb
 
-    def _check_static(self, layers: list[Layer]) -> None:
+    def _check_static(self, layers: list[Layer], got: Captured) -> None:
         """Every captured write location must be a view of a buffer the runner or the backend keeps (what a
         replay refreshes); a tensor made at capture would be a copy the graph recomputes, not readable here."""
         static = _storages({n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()}, self.backend)
-        for bs, got in self.captured.items():
-            for li in layers:
-                wl = got.writes[li.layer]
-                for name in ("loc", "swa_loc"):
-                    t = getattr(wl, name, None)
-                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
-                        raise GraphUnavailable(
-                            f"the {name} the store of layer {li.layer} took at capture (size {bs}) is not a view "
-                            f"of a static buffer of the runner or the backend: its replay value is not readable")
+        bs = got.size
+        for li in layers:
+            wl = got.writes[li.layer]
+            for name in ("loc", "swa_loc"):
+                t = getattr(wl, name, None)
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
+                    raise GraphUnavailable(
+                        f"the {name} the store of layer {li.layer} took at capture (size {bs}) is not a view "
+                        f"of a static buffer of the runner or the backend: its replay value is not readable")
 
     # ------------------------------------------------------------------ replay
 
     def replay(self, fb, size: int) -> Captured:
         """The replay prep of ``fb`` at capture size ``size``: ``load_batch``'s fill, the replay view and the
         backend's replay metadata, the in-graph prep (on the capture-time batch). Returns the capture."""
-        if size not in self.captured:
-            raise GraphUnavailable(f"capture size {size} was not captured (sizes {list(self.sizes)})")
+        got = self.writes_of(size)
         raw_bs = int(fb.batch_size)
         raw_n = int(fb.out_cache_loc.shape[0])
         self.registry.fill_from(fb, raw_bs=raw_bs, padded_bs=size, raw_num_tokens=raw_n, padded_num_tokens=size)
         view = self._view(forward_batch=fb, buffers=self.buffers, bs=size, raw_bs=raw_bs, num_tokens=size,
                           global_num_tokens_cpu=None, seq_len_fill_value=self.fill,
                           capture_forward_mode=self._fbi.ForwardMode.DECODE, is_encoder_decoder=False)
-        got = self.captured[size]
         with torch.no_grad():
             with self._ctx():
                 self.backend.init_forward_metadata_out_graph(view)
@@ -354,6 +377,19 @@ class GraphPaths:
 
     # ------------------------------------------------------------------ per forward
 
+    def ready(self, batch) -> None:
+        """Before a decode-graph forward: its capture size's layers captured (their first replay). A capture the
+        release cannot run there makes the decode path the model's from this forward on, as a failure at
+        start-up makes it for the whole run (the largest size's layers are captured at start-up)."""
+        if batch.graph != "decode_graph" or self.decode is None or batch.padded_len not in self.decode.captured:
+            return
+        try:
+            self.decode.writes_of(batch.padded_len)
+        except Exception as e:
+            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture at size "
+                                                f"{batch.padded_len}: {_raised(e)}): the model's boundary")
+            self.decode = None
+
     def prepare(self, meta, batch) -> None:
         """The forward's metadata as the release's runner for ``batch.graph`` makes it, on ``meta`` (a
         ReleaseMetadata whose ``fb`` is the release's batch)."""
@@ -376,8 +412,10 @@ class GraphPaths:
         out = []
         if self.decode is not None:
             out += [Piece("decode graphs: init_cuda_graph_state, capture per size (bind_runner_slots, "
-                          "init_forward_metadata_out_graph in_capture, in-graph prep, each layer's write location)",
-                          "engine"),
+                          "init_forward_metadata_out_graph in_capture, in-graph prep, each layer's write location: the "
+                          "largest size's at start-up, each other's at its first replay)",
+                          "engine", f"layers captured at {self.decode.layer_captures} of "
+                          f"{len(self.decode.sizes)} capture sizes: the largest and the sizes replayed"),
                     Piece("decode-graph replay: CudaGraphBufferRegistry.fill_from, build_replay_fb_view, "
                           "init_forward_metadata_out_graph / _in_graph; layers write at the capture-time tensors",
                           "engine")]
