@@ -128,6 +128,7 @@ def _warm_bisect(warm, *args, env, route=None):
     return proc, time.perf_counter() - t0
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_bisect_b1_names_0515_and_a_rerun_runs_nothing(warm, tmp_path):
     """Both commands in children of the session's warm CLI process (tests/warm_engine.py): 0.5.15's verdict in a

@@ -113,6 +113,7 @@ def test_paged_run_is_clean_under_the_fixed_design():
     assert {s.graph for s in r.steps} >= {"piecewise", "decode_graph"}
 
 
+@pytest.mark.slow
 def test_slotscope_bugs_every_verdict_holds_and_writes_the_report(tmp_path, capsys):
     report = tmp_path / "corpus.html"
     assert main(["bugs", "-q", "--report", str(report)]) == 0

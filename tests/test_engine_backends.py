@@ -248,6 +248,7 @@ PATCHED = ("flashinfer-decode-wrong-request-row.yaml", "fa-swa-page-table-one-pa
            "trtllm-swa-write-shift.yaml", "aiter-decode-swa-mapping-shift.yaml")
 
 
+@pytest.mark.slow
 @pytest.mark.engine
 def test_a_bug_in_one_backends_own_metadata_is_found_on_that_backend_only(tmp_path, engine_releases):
     scenario = _eager(ROOT / "scenarios" / "paths-paged.toml", tmp_path / "paged-eager.toml")

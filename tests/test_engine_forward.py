@@ -290,6 +290,7 @@ def test_a_shifted_swa_write_id_in_tritons_own_metadata_is_not_clean(tmp_path):
     assert found["triton"].get("missed", 0) > 0
 
 
+@pytest.mark.slow
 def test_bugs_engine_runs_cases_as_release_code_and_says_which(tmp_path):
     """`slotscope bugs --engine sglang --json`: B1 real on 0.5.14 / 0.5.15, the gap real on 0.5.23 (fixed by the
     shipped patch); a case without an engine entry is model-only, with why."""
@@ -306,6 +307,7 @@ def test_bugs_engine_runs_cases_as_release_code_and_says_which(tmp_path):
     assert set(got["B1"]) >= {"case", "pr", "real", "buggy", "fixed", "holds"}
 
 
+@pytest.mark.slow
 def test_bugs_engine_runs_fix_reverts_and_proposed_fixes_as_release_code(tmp_path):
     """B2 on 0.5.23 with #24743 reverted by a shipped patch (triton's own graph SWA refresh), R8 on 0.5.23 and with
     #38519's proposed fix as a patch: both real, both verdicts hold; W1 (the overlap scheduler's timeline) stays

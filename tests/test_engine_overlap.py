@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.slow]   # the W-series engine runs (~90 s): the slow tier
 
 ROOT = Path(__file__).resolve().parent.parent
 W7 = ROOT / "scenarios" / "w7-rocm-no-barrier.toml"

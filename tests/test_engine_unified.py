@@ -182,6 +182,7 @@ def test_slotscope_run_engine_on_a_unified_scenario(warm, tmp_path):
     assert [r["whose"] for r in pieces["rows"]][0] == "engine"
 
 
+@pytest.mark.slow
 def test_the_release_bind_past_its_own_swa_table_ends_the_run_as_the_device_assert(engine_releases, tmp_path):
     """U1 in the release's own code: 0.5.23 with #37560 reverted (examples/engine-patches/revert-37560-swa-v2p-size.yaml)
     sizes the SWA page table by the SWA side's own page count (615 at page 1), and the release's bind indexes past it
