@@ -53,7 +53,7 @@ class EngineAllocator:
     def __init__(self, api: ReleaseAPI, full_size: int, swa_size: int, page_size: int = 1, *,
                  need_sort: bool = False, device: str = "cpu", kvcache=None, kernel_device: Optional[str] = None):
         """``kernel_device``: on a GPU run, the device the paged allocator's Triton kernels run on over copies of
-        these host tensors (engine_path.host_kernels); None: interpreted on the CPU."""
+        these host tensors (engine_path.host_kernels); None or "cpu": interpreted on the CPU."""
         if full_size % page_size or swa_size % page_size:
             raise ValueError("pool sizes must be multiples of page_size")
         if page_size > 1 and device == "cpu" and kernel_device not in (None, "cpu"):

@@ -12,11 +12,12 @@ that decides which slots a paged allocation hands out is the release's kernel, c
 else of the host bookkeeping moves.
 
 A launch whose tensors are already on the device goes to the kernel as it is. ``launches`` counts the bridged ones
-(run.json's ``engine_pieces.allocator`` says which kernels were bridged and how often).
+(run.json's ``engine_pieces`` rows say which kernels were bridged and how often: :func:`pieces`).
 """
 from __future__ import annotations
 
 import sys
+
 import torch
 
 #: the release's allocator kernels that take device tensors only, by module global name
@@ -28,7 +29,6 @@ class DeviceBridge:
 
     def __init__(self, kernel, device: str):
         self.kernel, self.device = kernel, torch.device(device)
-        self.name = getattr(getattr(kernel, "fn", kernel), "__name__", type(kernel).__name__)
         self.launches = 0
 
     def __getitem__(self, grid):
@@ -65,17 +65,6 @@ def install(device: str, names=KERNELS) -> dict[str, DeviceBridge]:
                 bridge = _bridges[k] = DeviceBridge(kernel, device)
             setattr(mod, k, bridge)
     return dict(_bridges)
-
-
-def installed() -> dict[str, DeviceBridge]:
-    return dict(_bridges)
-
-
-def describe() -> dict:
-    """What run.json says of the bridged kernels: ``{name: launches}`` and where they ran."""
-    return {k: {"launches": b.launches, "device": str(b.device),
-                "how": "the release's Triton kernel, native, over device copies of the host allocator's tensors"}
-            for k, b in _bridges.items()}
 
 
 def pieces() -> list[str]:

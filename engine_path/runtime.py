@@ -51,7 +51,7 @@ class EngineRuntime:
         # the allocator is host bookkeeping (its int64 mapping on the CPU, as the run loop reads it); on a GPU its
         # paged kernels run there over copies (engine_path.host_kernels)
         alloc = EngineAllocator(self.api, full_size, swa_size, page_size, need_sort=self.need_sort, device="cpu",
-                                kernel_device=self.device if self.device != "cpu" else None)
+                                kernel_device=self.device)
         self.allocator = alloc
         pool = alloc.kvcache
         if self.device != "cpu":

@@ -76,10 +76,12 @@ def device_asserts(call: str):
         def inner(self, *args, **kwargs):
             try:
                 return fn(self, *args, **kwargs)
+            except IndexOutOfRange:
+                raise                       # already the assert (a nested call of the release)
             except IndexError as e:
                 m = _TORCH_INDEX.search(str(e))
                 frame = _release_frame(sys.exc_info()[2])
-                if m is None or not frame or isinstance(e, IndexOutOfRange):
+                if m is None or not frame:
                     raise
                 index, size = int(m.group(1)), int(m.group(2))
                 finding = OutOfRange(f"release {call}: {frame}", index, size, index * self.page_size)
@@ -129,7 +131,7 @@ class UnifiedEngineAllocator:
 
     def __init__(self, model, pool_cfg, budget_bytes: int, kernel_device: Optional[str] = None):
         """``kernel_device``: on a GPU run, where the paged alloc kernels run over copies of the host tensors
-        (engine_path.host_kernels); None: interpreted on the CPU."""
+        (engine_path.host_kernels); None or "cpu": interpreted on the CPU."""
         self.page_size = p = pool_cfg.page_size
         if p > 1 and kernel_device in (None, "cpu"):
             import os
@@ -376,12 +378,7 @@ class UnifiedEngineAllocator:
                 "page_size": self.page_size,
                 "budget_bytes": self.budget_bytes, "num_virtual_ids": self.num_virtual_ids,
                 "full_rows": self.full_rows, "swa_rows": self.swa_rows, "swa_v2p_len": int(self.sa.virtual_to_physical.shape[0]),
-                "calls": dict(self.calls), **self._kernels()}
-
-    @staticmethod
-    def _kernels() -> dict:
-        from . import host_kernels
-        return {"kernels": host_kernels.describe()} if host_kernels.installed() else {}
+                "calls": dict(self.calls)}
 
 
 class UnifiedEngineRuntime:
@@ -402,8 +399,7 @@ class UnifiedEngineRuntime:
         from simulator.plugins.unified import model_unified_pool
 
         budget = model_unified_pool(self.scenario, self.design.release.unified_pool).budget_bytes
-        self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget,
-                                                kernel_device=self.device if self.device != "cpu" else None)
+        self.allocator = UnifiedEngineAllocator(self.scenario.model, cfg, budget, kernel_device=self.device)
         self.allocator.source = f"{self.api.info.name} {self.api.info.version}"
         return self.allocator
 

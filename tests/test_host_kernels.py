@@ -64,8 +64,9 @@ def test_install_puts_one_bridge_per_kernel_in_every_release_module_holding_it(m
     assert got["alloc_extend_kernel"].kernel is kernel and b.alloc_decode_kernel.kernel is other
     assert c.alloc_extend_kernel is kernel                     # only the release's modules
     assert host_kernels.install("cpu:0") == got                # idempotent: no bridge of a bridge
-    d = host_kernels.describe()
-    assert d["alloc_extend_kernel"]["launches"] == 0 and d["alloc_extend_kernel"]["device"] == "cpu:0"
+    said = host_kernels.pieces()
+    assert said[0] == ("alloc_extend_kernel (the release's Triton kernel on cpu:0, over device copies of the host "
+                       "allocator's tensors: 0 launches)") and len(said) == 2
 
 
 def child() -> dict:

@@ -151,7 +151,7 @@ class DecodeGraphs:
         with self.installed(got):
             for li in self.layers:
                 got.writes[li.layer] = li.write(got.fb, got.size, lambda fb=got.fb: self._ctx(fb))
-        self._check_static(self.layers, got)
+        self._check_static(got)
         self.layer_captures += 1
 
     def writes_of(self, size: int) -> Captured:
@@ -181,12 +181,12 @@ class DecodeGraphs:
             self.runner.translator.bind_runner_slots(fb)
         return fb
 
-    def _check_static(self, layers: list[Layer], got: Captured) -> None:
+    def _check_static(self, got: Captured) -> None:
         """Every captured write location must be a view of a buffer the runner or the backend keeps (what a
         replay refreshes); a tensor made at capture would be a copy the graph recomputes, not readable here."""
         static = _storages({n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()}, self.backend)
         bs = got.size
-        for li in layers:
+        for li in self.layers:
             wl = got.writes[li.layer]
             for name in ("loc", "swa_loc"):
                 t = getattr(wl, name, None)

@@ -250,7 +250,7 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
                   swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
     """The body both scatters share: per program (p, b), the columns ``b * BLOCK_SIZE ..`` of row p below
     ``cdiv(kv_len[p], PAGE_SIZE)`` get the page (``// PAGE_SIZE``) of the token at column * PAGE_SIZE
-    (``gather(p, token_offset)``), and with ``HAS_SWA`` the SWA table the page of that token's SWA slot; a program
+    (``gather(start, token_offset)``, ``start`` the row's ``first``), and with ``HAS_SWA`` the SWA table the page of that token's SWA slot; a program
     whose block starts past its row's pages returns before it loads anything."""
     gp, gb = (tuple(int(g) for g in grid) + (1, 1))[:2]
     page, block = int(PAGE_SIZE), int(BLOCK_SIZE)
@@ -264,7 +264,7 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
         return
     prog = torch.repeat_interleave(p, live)
     col = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(live, 0) - live, live)
-    vals = gather(prog, first(p)[prog], col * page)
+    vals = gather(first(p)[prog], col * page)
     at = prog * int(dest_stride) + col
     store(dest_ptr, at, _tdiv(vals, page))
     if HAS_SWA:
@@ -280,7 +280,7 @@ def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req
         store, grid,
         first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
         kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64) + int(DRAFT_NUM),
-        gather=lambda prog, row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
+        gather=lambda row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
         dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=sw_page_table_ptr,
         swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
 
@@ -293,7 +293,7 @@ def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr,
         store, grid,
         first=lambda p: _load(kv_indptr_ptr, p).to(I64),
         kv_lens=lambda p: _load(kv_indptr_ptr, p + 1).to(I64) - _load(kv_indptr_ptr, p).to(I64),
-        gather=lambda prog, start, off: _load(kv_flat_ptr, start + off),
+        gather=lambda start, off: _load(kv_flat_ptr, start + off),
         dest_ptr=dest_ptr, dest_stride=dest_stride, sw_page_table_ptr=sw_page_table_ptr,
         swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
 
@@ -415,13 +415,13 @@ def install() -> dict[str, StandIn]:
                 continue
             _installed[m.name] = StandIn(kernel, m)
     # one pass over the release's modules for every stand-in (a pass costs ~50 ms with a release imported)
-    kernels = {s.kernel: (name, s) for name, s in _installed.items()}
+    stand_ins = list(_installed.items())
     mods = [mod for name, mod in list(sys.modules.items()) if name.startswith("sglang") and mod is not None]
     for mod in mods:
         d = getattr(mod, "__dict__", None)
         if d is None:
             continue
-        for name, s in kernels.values():
+        for name, s in stand_ins:
             if d.get(name) is s.kernel:
                 setattr(mod, name, s)
     return dict(_installed)
