@@ -8,6 +8,8 @@ by --max-steps (not a clean verdict), 130 interrupted (SIGINT, ^C), 143 terminat
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import io
 import signal
 import sys
 from pathlib import Path
@@ -50,6 +52,8 @@ exit codes:
   5    no findings in a run cut short by --max-steps: not a clean verdict
   130  interrupted (^C, SIGINT); partial outputs kept, marked incomplete
   143  terminated (SIGTERM); partial outputs kept, marked incomplete
+
+a command that seems stuck: kill -USR1 PID prints every thread's Python stack on its stderr and it goes on
 """
 
 
@@ -254,12 +258,22 @@ def check_paths(args) -> None:
                 raise UsageError(problem)
 
 
+def _stacks_on_sigusr1() -> None:
+    """kill -USR1 PID prints every thread's Python stack on the process's stderr (a command that seems stuck; the
+    epilog). Not where stderr is no file (a test capturing it) or off the main thread."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError, RuntimeError, io.UnsupportedOperation):
+        pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    _stacks_on_sigusr1()
     try:
         with stop_on_signals():   # SIGTERM like ^C: every command stops cleanly (a run keeps partial outputs)
             check_paths(args)

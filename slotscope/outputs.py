@@ -16,7 +16,7 @@ from simulator.records import FINDING_CLASSES, RunInfo, StepRecord
 from simulator.run import RunResult
 from simulator.scenario import Scenario
 
-from .partial import signals_held
+from .partial import signals_held, stop_if_signalled
 from .rundir import output_error
 
 class ShapeTimeline:
@@ -122,6 +122,7 @@ class StreamingOutputs:
 
     def on_step(self, step: StepRecord) -> None:
         self._write_step(step)
+        stop_if_signalled()
 
     def _write_step(self, step: StepRecord) -> None:
         line = (json.dumps(step_json(step), separators=(",", ":")) + "\n").encode()

@@ -43,6 +43,7 @@ class _Gate:
     held = 0
     pending: Optional[int] = None
     fire: Optional[Callable[[int], None]] = None    # the installed handler's action (None: no handler of ours)
+    fired: Optional[int] = None                     # the signal that stopped this command, once it acted
 
 
 @contextmanager
@@ -53,16 +54,14 @@ def stop_on_signals():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    fired: list[int] = []
-
     def fire(signum: int) -> None:
-        fired.append(signum)
+        _Gate.fired = signum
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise RunStopped(signum)
 
     def handler(signum, frame):
-        if fired:
+        if _Gate.fired is not None:
             print(f"slotscope: {signal.Signals(signum).name} again: still writing the partial outputs "
                   "(SIGKILL abandons them)", file=sys.stderr)
             return
@@ -73,11 +72,14 @@ def stop_on_signals():
         fire(signum)
 
     old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # a mask inherited from the parent (a thread of it that blocked them) would hold both signals forever
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
     old_fire, _Gate.fire = _Gate.fire, fire
+    old_fired, _Gate.fired = _Gate.fired, None
     try:
         yield
     finally:
-        _Gate.fire = old_fire
+        _Gate.fire, _Gate.fired = old_fire, old_fired
         for sig, h in old.items():
             signal.signal(sig, h)
 
@@ -104,6 +106,16 @@ def signals_held():
         signum, _Gate.pending = _Gate.pending, None
         if _Gate.fire is not None:
             _Gate.fire(signum)
+
+
+def stop_if_signalled() -> None:
+    """Raise again the stop of a signal that already acted, when the run is still going: its exception was
+    swallowed on the way up (library code that ignores errors, such as a finalizer or a callback, was what
+    ran when it arrived). Called at each step's end, so no signal is lost to such code for longer than a step."""
+    if _Gate.fired is not None and _Gate.held == 0:
+        if _Gate.fired == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise RunStopped(_Gate.fired)
 
 
 def _os_error_in(exc: BaseException) -> Optional[OSError]:

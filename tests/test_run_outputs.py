@@ -414,6 +414,21 @@ def _wait_for_steps(proc: subprocess.Popen, out: Path, n: int = 2, timeout: floa
     raise AssertionError("no steps in time")
 
 
+def _communicate_or_explain(proc: subprocess.Popen, timeout: float = 240) -> str:
+    """The run's stderr once it has stopped; if it does not stop in time, a failure that shows where it is:
+    its signal state (/proc) and every thread's Python stack (slotscope's SIGUSR1 dump)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        status = Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+        state = [l for l in status if l.startswith(("State", "Threads", "Sig", "ShdPnd"))]
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(3)
+        proc.kill()
+        _, err = proc.communicate(timeout=60)
+        raise AssertionError(f"the run did not stop {timeout} s after the signal; {state}; stderr:\n{err}")
+
+
 @pytest.mark.parametrize("sig, code, name", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
 def test_a_signal_stops_the_run_with_partial_outputs_and_a_red_report(tmp_path, sig, code, name):
     out = tmp_path / "o"
@@ -431,7 +446,7 @@ def test_a_signal_stops_the_run_with_partial_outputs_and_a_red_report(tmp_path, 
             assert live.returncode == 0, live.stderr
             assert f"the run is still in progress (PID {proc.pid})" in (tmp_path / "live.html").read_text()
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=240)
+        err = _communicate_or_explain(proc)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -448,6 +463,24 @@ def test_a_signal_stops_the_run_with_partial_outputs_and_a_red_report(tmp_path, 
     assert json.loads((out / "run.json").read_text())["status"] == "incomplete"
     assert not (out / ".slotscope.lock").exists()
     no_tmp_left(out)
+
+
+def test_sigusr1_prints_where_the_run_is_and_it_goes_on(tmp_path):
+    out = tmp_path / "o"
+    proc = _start(out)
+    try:
+        _wait_for_steps(proc, out)
+        proc.send_signal(signal.SIGUSR1)
+        n = len(whole_json_lines(out / "steps.jsonl"))
+        _wait_for_steps(proc, out, n=n + 2)             # still running
+        proc.send_signal(signal.SIGTERM)
+        err = _communicate_or_explain(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "most recent call first" in err and "simulator/run.py" in err, err
+    assert "terminated" in err.splitlines()[-1] or "SIGTERM" in err.splitlines()[-1], err
 
 
 def test_after_sigkill_the_streamed_files_are_whole_and_report_still_works(tmp_path):
