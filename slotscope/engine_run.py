@@ -21,6 +21,8 @@ What this module adds to engine_path (which owns every ``import sglang``):
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import sys
 import time
 from contextlib import contextmanager
@@ -91,10 +93,26 @@ def load_runtime(spec, *, quiet: bool = False, device: str = "cpu"):
     api = load(spec, device=device)
     rt = EngineRuntime(api, device=device, model=release_model_design(api.info.version))
     rt.import_s = time.perf_counter() - t0        # type: ignore[attr-defined]
+    _kept_out_of_collections()
     if not quiet:
         print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s"
               f"{', device ' + device if device != 'cpu' else ''})", file=sys.stderr, flush=True)
     return rt
+
+
+def _kept_out_of_collections() -> None:
+    """The release's modules and its runtime live as long as the process (0.5.23: some 600 000 objects): frozen,
+    they are out of every scan of the cyclic collector, each of which took 0.3-0.4 s of a run on a CPU
+    (docs/BENCHMARKS.md). Unfrozen at exit, so the interpreter's teardown still frees them (triton's bindings
+    print leak reports otherwise)."""
+    global _FREEZE_UNDONE_AT_EXIT
+    gc.freeze()
+    if not _FREEZE_UNDONE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _FREEZE_UNDONE_AT_EXIT = True
+
+
+_FREEZE_UNDONE_AT_EXIT = False
 
 
 def release_model_design(version: str):
