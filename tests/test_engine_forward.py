@@ -223,17 +223,18 @@ def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_w
     gather: 16 launches; the decode metadata: 60, page sizes, SWA mappings, v2p, zero tail, lengths only;
     trtllm_mha's graph metadata: 72, with the graph's SWA write locations and each cu_seqlens_q mode; aiter's
     page-table scatters: 16 from the token table, with draft tokens, and 8 from ragged ids, SWA tables, grids
-    shorter than the rows), and the release's sources are the ones the models stand in for (a differing source
+    shorter than the rows; trtllm_mha's eager page tables: 8, two 4096-token blocks, clamped SWA reads), and the
+    release's sources are the ones the models stand in for (a differing source
     is interpreted)."""
     from engine_path import isolate
     from engine_path.forward import kernels
 
     got = isolate.call(SPEC, "engine_path.forward.kernels:self_check")
-    assert got["cases"] == 172 and got["differ"] == [] and got["stored"] > 0
+    assert got["cases"] == 180 and got["differ"] == [] and got["stored"] > 0
     assert {m.name: got["fingerprints"][m.name] in m.checked for m in kernels.MODELS} == {
         "create_flashinfer_kv_indices_triton": True, "_fused_decode_metadata_kernel": True,
         "update_trtllm_mha_graph_metadata_kernel": True, "scatter_req_to_token_to_page_table_kernel": True,
-        "scatter_ragged_to_page_table_kernel": True}
+        "scatter_ragged_to_page_table_kernel": True, "create_trtllm_mha_kv_indices_triton": True}
 
 
 def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_source_is_not_stood_in(monkeypatch):

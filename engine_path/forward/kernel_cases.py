@@ -143,8 +143,32 @@ def _page_scatter_cases(g: torch.Generator, ragged: bool):
                     yield f"page={page} swa={swa} draft={draft} short_grid={short_grid}", args, grid
 
 
+def _trtllm_page_table_cases(g: torch.Generator):
+    """Page sizes 1 and 64 over rows of two 4096-token blocks and more, zero lengths, tokens of -1 and past the SWA
+    mapping's end (the kernel clamps its index), grids one block short."""
+    rows, width, bs, pool = 5, 2 * 4096 + 128, 4, 300
+    for page in (1, 64):
+        for swa in (False, True):
+            for short_grid in (False, True):
+                seq = torch.randint(0, width, (bs,), generator=g, dtype=I32)
+                seq[1], seq[2] = 0, width - 1
+                n_pages = -(-width // page) + 2
+                blocks = -(-(-(-int(seq.max()) // page)) // (4096 // page))
+                f2s = torch.randint(-1, pool, (pool - 40,), generator=g, dtype=I64) if swa else None
+                args = dict(req_to_token_ptr=torch.randint(-1, pool, (rows, width), generator=g, dtype=I32),
+                            req_pool_indices_ptr=torch.randint(0, rows, (bs,), generator=g, dtype=I64),
+                            seq_lens_ptr=seq, full_to_swa_ptr=f2s,
+                            page_table_ptr=torch.full((bs, n_pages), -5, dtype=I32),
+                            swa_page_table_ptr=torch.full((bs, n_pages), -6, dtype=I32) if swa else None,
+                            full_to_swa_numel=f2s.numel() if swa else 0, req_to_token_stride=width,
+                            page_table_stride=n_pages, PAGE_SIZE=page, HAS_SWA=swa)
+                grid = (bs, max(1, blocks - 1) if short_grid else blocks)
+                yield f"page={page} swa={swa} short_grid={short_grid}", args, grid
+
+
 CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
          "_fused_decode_metadata_kernel": _decode_metadata_cases,
          "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases,
          "scatter_req_to_token_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=False),
-         "scatter_ragged_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=True)}
+         "scatter_ragged_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=True),
+         "create_trtllm_mha_kv_indices_triton": _trtllm_page_table_cases}

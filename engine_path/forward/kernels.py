@@ -9,7 +9,8 @@ graphs spent nearly all its time there: flashattention's capture and replay of B
 A :class:`KernelModel` is what one kernel stores, as vectorised torch ops over the same pointers and strides the
 kernel is handed (``grid``, the bound arguments): :func:`kv_indices` (``create_flashinfer_kv_indices_triton``, a
 CSR gather of token-table rows) and :func:`decode_metadata` (``_fused_decode_metadata_kernel``, the lengths,
-their prefix sum and the full and SWA page tables of a decode batch). :class:`StandIn` takes a kernel's
+their prefix sum and the full and SWA page tables of a decode batch), trtllm_mha's graph metadata, and the
+page-table scatters of aiter and trtllm_mha (:func:`_page_scatter`). :class:`StandIn` takes a kernel's
 launches on CPU tensors; it hands a launch back to the kernel itself when an argument is on another device, the
 grid is not a tuple, or an access the kernel would make falls outside its tensor (the kernel's behaviour there
 is the memory's, not a value to model).
@@ -247,11 +248,12 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
 # --------------------------------------------------------------------------- aiter's unified page-table scatters
 
 def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, dest_stride, sw_page_table_ptr,
-                  swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
-    """The body both scatters share: per program (p, b), the columns ``b * BLOCK_SIZE ..`` of row p below
-    ``cdiv(kv_len[p], PAGE_SIZE)`` get the page (``// PAGE_SIZE``) of the token at column * PAGE_SIZE
-    (``gather(start, token_offset)``, ``start`` the row's ``first``), and with ``HAS_SWA`` the SWA table the page of that token's SWA slot; a program
-    whose block starts past its row's pages returns before it loads anything."""
+                  swa_slot_mapping_ptr, PAGE_SIZE, BLOCK_SIZE, HAS_SWA, swa_index=None) -> None:
+    """The body the page-table scatters share (aiter's two, trtllm_mha's): per program (p, b), the columns
+    ``b * BLOCK_SIZE ..`` of row p below ``cdiv(kv_len[p], PAGE_SIZE)`` get the page (``// PAGE_SIZE``) of the
+    token at column * PAGE_SIZE (``gather(start, token_offset)``, ``start`` the row's ``first``), and with
+    ``HAS_SWA`` the SWA table the page of that token's SWA slot (the mapping read at ``swa_index(token)``, the
+    token itself without it); a program whose block starts past its row's pages returns before it loads anything."""
     gp, gb = (tuple(int(g) for g in grid) + (1, 1))[:2]
     page, block = int(PAGE_SIZE), int(BLOCK_SIZE)
     if gp <= 0 or gb <= 0:
@@ -268,7 +270,8 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
     at = prog * int(dest_stride) + col
     store(dest_ptr, at, _tdiv(vals, page))
     if HAS_SWA:
-        store(sw_page_table_ptr, at, _tdiv(_load(swa_slot_mapping_ptr, vals.to(I64)), page))
+        idx = vals.to(I64) if swa_index is None else swa_index(vals.to(I64))
+        store(sw_page_table_ptr, at, _tdiv(_load(swa_slot_mapping_ptr, idx), page))
 
 
 def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
@@ -296,6 +299,33 @@ def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr,
         gather=lambda start, off: _load(kv_flat_ptr, start + off),
         dest_ptr=dest_ptr, dest_stride=dest_stride, sw_page_table_ptr=sw_page_table_ptr,
         swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
+
+
+def trtllm_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
+                      full_to_swa_ptr, page_table_ptr, swa_page_table_ptr, full_to_swa_numel, req_to_token_stride,
+                      page_table_stride, PAGE_SIZE, HAS_SWA) -> None:
+    """``create_trtllm_mha_kv_indices_triton`` (trtllm_mha's eager page tables): the scatter of the token table's
+    row ``req_pool_indices[p]`` over ``seq_lens[p]`` tokens, 4096 tokens a block; the SWA page of a token is read
+    at the token clamped into ``[0, full_to_swa_numel - 1]``."""
+    top = int(full_to_swa_numel) - 1
+    _page_scatter(
+        store, grid,
+        first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
+        kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64),
+        gather=lambda row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
+        dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=swa_page_table_ptr,
+        swa_slot_mapping_ptr=full_to_swa_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=_trtllm_block_tokens() // int(PAGE_SIZE),
+        HAS_SWA=HAS_SWA, swa_index=lambda t: torch.clamp(torch.clamp(t, min=0), max=top))
+
+
+def _trtllm_block_tokens() -> int:
+    """The tokens a program of trtllm_mha's page-table kernel covers: the release module's constant (4096 in
+    0.5.23), read where the kernel reads it (a global, outside the kernel source the fingerprint covers)."""
+    c = importlib.import_module(TRTLLM_PAGE_TABLE_MODULE)._MHA_KV_INDEX_BLOCK_TOKENS_TL
+    return int(getattr(c, "value", c))
+
+
+TRTLLM_PAGE_TABLE_MODULE = "sglang.kernels.ops.attention.trtllm_mha_page_table"
 
 
 # --------------------------------------------------------------------------- the models and their stand-ins
@@ -334,6 +364,7 @@ DECODE_METADATA_0_5_23 = "a51c8509bf96113863d4d354653be1ce4f76697444f4ece5025f2e
 TRTLLM_GRAPH_METADATA_0_5_23 = "909dad236e6e3e49e611c3500d2f15fd144d4951da3af401170baa8e01935f29"
 AITER_REQ_PAGE_TABLE_0_5_23 = "d46574154c1f8fe6cfaac227b564aa55186dfd938f6eabea903c2170271d49e2"
 AITER_RAGGED_PAGE_TABLE_0_5_23 = "4b56cef723421b3385c63ab44102250aca23522d5680563d0cdf1f5c20645ffc"
+TRTLLM_PAGE_TABLE_0_5_23 = "01e4f22cca6037275028cf35c4ef27076ec7f6bf8d6ee2e48be65214d7dd695b"
 
 MODELS = (
     KernelModel("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton", (),
@@ -350,6 +381,8 @@ MODELS = (
     KernelModel("sglang.kernels.ops.attention.aiter_unified_page_table", "scatter_ragged_to_page_table_kernel",
                 (), frozenset({AITER_RAGGED_PAGE_TABLE_0_5_23}), ragged_page_table,
                 "aiter's unified page tables from ragged token ids"),
+    KernelModel(TRTLLM_PAGE_TABLE_MODULE, "create_trtllm_mha_kv_indices_triton", (),
+                frozenset({TRTLLM_PAGE_TABLE_0_5_23}), trtllm_page_table, "trtllm_mha's eager page tables"),
 )
 #: what engine_pieces says of the stand-ins
 WHY = ("vectorised torch over the same pointers and strides on CPU tensors (interpreted, a kernel costs "
