@@ -260,7 +260,7 @@ def check_paths(args) -> None:
 
 def _stacks_on_sigusr1() -> None:
     """kill -USR1 PID prints every thread's Python stack on the process's stderr (a command that seems stuck; the
-    epilog). Not where stderr is no file (a test capturing it) or off the main thread."""
+    epilog). Not where stderr is no file (a test capturing it)."""
     try:
         faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
     except (AttributeError, ValueError, OSError, RuntimeError, io.UnsupportedOperation):

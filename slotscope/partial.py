@@ -56,9 +56,7 @@ def stop_on_signals():
         return
     def fire(signum: int) -> None:
         _Gate.fired = signum
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise RunStopped(signum)
+        _stop(signum)
 
     def handler(signum, frame):
         if _Gate.fired is not None:
@@ -113,9 +111,14 @@ def stop_if_signalled() -> None:
     swallowed on the way up (library code that ignores errors, such as a finalizer or a callback, was what
     ran when it arrived). Called at each step's end, so no signal is lost to such code for longer than a step."""
     if _Gate.fired is not None and _Gate.held == 0:
-        if _Gate.fired == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise RunStopped(_Gate.fired)
+        _stop(_Gate.fired)
+
+
+def _stop(signum: int) -> None:
+    """The stop a signal is: KeyboardInterrupt for SIGINT, :class:`RunStopped` for SIGTERM."""
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise RunStopped(signum)
 
 
 def _os_error_in(exc: BaseException) -> Optional[OSError]:

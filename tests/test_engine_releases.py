@@ -268,7 +268,7 @@ def test_shared_step_gives_what_every_backend_s_own_release_store_gives(reports,
         assert gap_counts == dict.fromkeys(ALL_BACKENDS, 12)
 
 
-def test_the_release_is_kept_out_of_the_collectors_scans_and_freed_at_exit():
+def test_the_release_is_kept_out_of_the_collectors_scans_and_freed_at_exit(monkeypatch):
     """slotscope/engine_run.py freezes what the release's import left (the cyclic collector's scans of it cost a
     run 0.3-0.4 s each) and unfreezes at exit, once however many releases a process loads."""
     import atexit
@@ -277,14 +277,11 @@ def test_the_release_is_kept_out_of_the_collectors_scans_and_freed_at_exit():
     from slotscope import engine_run
 
     registered = []
+    monkeypatch.setattr(engine_run, "_FREEZE_UNDONE_AT_EXIT", False)
+    monkeypatch.setattr(atexit, "register", registered.append)
     gc.unfreeze()
     assert gc.get_freeze_count() == 0
-    try:
-        engine_run._FREEZE_UNDONE_AT_EXIT = False
-        real, atexit.register = atexit.register, registered.append
-        for _ in range(2):
-            engine_run._kept_out_of_collections()
-        assert gc.get_freeze_count() > 1000
-        assert registered == [gc.unfreeze]
-    finally:
-        atexit.register = real
+    for _ in range(2):
+        engine_run._kept_out_of_collections()
+    assert gc.get_freeze_count() > 1000
+    assert registered == [gc.unfreeze]

@@ -276,16 +276,17 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
 
 def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
                             page_table_ptr, req_to_token_stride, page_table_stride, sw_page_table_ptr,
-                            swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, BLOCK_SIZE, HAS_SWA) -> None:
+                            swa_slot_mapping_ptr, DRAFT_NUM, PAGE_SIZE, BLOCK_SIZE, HAS_SWA, swa_index=None) -> None:
     """``scatter_req_to_token_to_page_table_kernel``: row p's pages from the token table's row
-    ``req_pool_indices[p]`` over ``seq_lens[p] + DRAFT_NUM`` tokens."""
+    ``req_pool_indices[p]`` over ``seq_lens[p] + DRAFT_NUM`` tokens (``swa_index``: :func:`_page_scatter`'s)."""
     _page_scatter(
         store, grid,
         first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
         kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64) + int(DRAFT_NUM),
         gather=lambda row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
         dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=sw_page_table_ptr,
-        swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
+        swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA,
+        swa_index=swa_index)
 
 
 def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr, dest_ptr, dest_stride,
@@ -304,18 +305,16 @@ def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr,
 def trtllm_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
                       full_to_swa_ptr, page_table_ptr, swa_page_table_ptr, full_to_swa_numel, req_to_token_stride,
                       page_table_stride, PAGE_SIZE, HAS_SWA) -> None:
-    """``create_trtllm_mha_kv_indices_triton`` (trtllm_mha's eager page tables): the scatter of the token table's
-    row ``req_pool_indices[p]`` over ``seq_lens[p]`` tokens, 4096 tokens a block; the SWA page of a token is read
-    at the token clamped into ``[0, full_to_swa_numel - 1]``."""
+    """``create_trtllm_mha_kv_indices_triton`` (trtllm_mha's eager page tables): aiter's token-table scatter
+    without draft tokens, 4096 tokens a block; the SWA page of a token is read at the token clamped into
+    ``[0, full_to_swa_numel - 1]``."""
     top = int(full_to_swa_numel) - 1
-    _page_scatter(
-        store, grid,
-        first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
-        kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64),
-        gather=lambda row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
-        dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=swa_page_table_ptr,
-        swa_slot_mapping_ptr=full_to_swa_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=_trtllm_block_tokens() // int(PAGE_SIZE),
-        HAS_SWA=HAS_SWA, swa_index=lambda t: torch.clamp(torch.clamp(t, min=0), max=top))
+    req_to_token_page_table(
+        store, grid, req_to_token_ptr=req_to_token_ptr, req_pool_indices_ptr=req_pool_indices_ptr,
+        seq_lens_ptr=seq_lens_ptr, page_table_ptr=page_table_ptr, req_to_token_stride=req_to_token_stride,
+        page_table_stride=page_table_stride, sw_page_table_ptr=swa_page_table_ptr, swa_slot_mapping_ptr=full_to_swa_ptr,
+        DRAFT_NUM=0, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=_trtllm_block_tokens() // int(PAGE_SIZE), HAS_SWA=HAS_SWA,
+        swa_index=lambda t: torch.clamp(torch.clamp(t, min=0), max=top))
 
 
 def _trtllm_block_tokens() -> int:
