@@ -16,6 +16,7 @@ What this module adds to engine_path (which owns every ``import sglang``):
   ``allocator_factory`` argument).
 * :func:`verdict` is one release's verdict on one scenario, run in a subprocess of its own by
   ``slotscope bisect`` (``engine_path.isolate.call``).
+* :func:`release_log_kept` keeps the release's log records of a run off the terminal (one line after it).
 * :func:`pieces_table` is the "which pieces were the engine's" table, from the runtime's own
   ``describe()`` (engine_path's list of what it ran), for run.json and the report.
 """
@@ -126,6 +127,22 @@ def release_model_design(version: str):
 
 
 @contextmanager
+def release_log_kept(runtime, *, quiet: bool = False) -> Iterator[None]:
+    """The release's log records of the run kept (engine_path.release_log) instead of printed as they come;
+    afterwards, unless ``quiet``, one line on stderr with their count and the first (crash or not)."""
+    from engine_path.release_log import ReleaseLog
+
+    log = runtime.release_log = ReleaseLog().attach()
+    try:
+        yield
+    finally:
+        log.detach()
+        line = log.summary_line()
+        if line is not None and not quiet:
+            print(f"slotscope: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
 def allocator_seam(runtime, run_kwargs: dict) -> Iterator[None]:
     """Make ``run_simulation`` allocate through the release's allocator."""
     run_kwargs["allocator_factory"] = runtime.allocator_factory
@@ -158,6 +175,9 @@ def pieces_table(runtime) -> dict[str, Any]:
             out[key] = d[key]
     if "allocator" in d:
         out["allocator"] = d["allocator"]
+    log = getattr(runtime, "release_log", None)
+    if log is not None:
+        out["release_log"] = log.describe()      # what the release logged during the run (kept off the terminal)
     return out
 
 

@@ -82,13 +82,22 @@ def _simulate(su: Setup, observer: RunObserver, progress: ProgressTracker) -> Ru
         kwargs["faults"] = su.faults
     if su.opts.forward_observer is not None:
         kwargs["forward_observer"] = su.opts.forward_observer
-    if su.runtime is None or getattr(su.runtime, "unified", False):
-        if su.runtime is not None:
-            kwargs["allocator_factory"] = su.runtime.allocator_factory     # pool.unified: the release's allocator
+    if su.runtime is None:
         return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
                               **kwargs)
+    from .engine_run import release_log_kept
+
+    with release_log_kept(su.runtime, quiet=su.opts.quiet_engine):
+        return _simulate_engine(su, kwargs)
+
+
+def _simulate_engine(su: Setup, kwargs: dict[str, Any]) -> RunResult:
     from .engine_run import allocator_seam
 
+    if getattr(su.runtime, "unified", False):
+        kwargs["allocator_factory"] = su.runtime.allocator_factory     # pool.unified: the release's allocator
+        return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
+                              **kwargs)
     # the release's allocator, its backends' forward, KVWriteLoc and SWAKVPool (docs/ENGINE.md); draft pools stay ours
     with allocator_seam(su.runtime, kwargs):
         kwargs["backends"] = su.runtime.backends(su.scenario)

@@ -193,6 +193,14 @@ def test_the_unpatched_release_is_clean_on_every_backend_through_its_own_forward
         assert got["model_reads"] == reads, b           # every release forward read the backend's own tables
     if name == "smoke-eager":
         assert all(pieces[f"{b}/target"]["model_forwards"] == {} for b in BACKENDS)
+    # the release logs each exception inside a prefill-graph layer (enable_breakable_cuda_graph) and re-raises
+    # it: kept in run.json, off the terminal; an eager forward's raise is not logged by the release
+    log = run["engine_pieces"]["release_log"]
+    logged = crashed if name == "smoke" else 0
+    assert log["by_level"].get("ERROR", 0) == logged
+    assert [f["message"].split(":")[0] for f in log["first"] if f["level"] == "ERROR"] == ["IndexError"] * logged
+    if logged:
+        assert log["worst"]["logger"].endswith("breakable_cuda_graph.context")
 
 
 @pytest.mark.engine
