@@ -114,3 +114,54 @@ def test_torch_natives_gathers_are_bounds_checked_before_its_sdpa_on_a_gpu():
     named = [p for p in tn.pieces("cuda") if p.piece.startswith("K/V gather bounds")]
     assert len(named) == 1 and named[0].whose == "model"
     assert not [p for p in tn.pieces("cpu") if p.piece.startswith("K/V gather bounds")]
+
+
+def test_torch_natives_sdpa_stand_in_checks_what_torchs_sdpa_checks_and_returns_its_output_shape():
+    """On a CPU torch_native's SDPA (and its dense window mask, an input of SDPA only) is stood in: the output
+    has the shape and dtype of torch's own for every argument layout the release passes (GQA, masks of the
+    extend and decode loops), and a mismatch torch's SDPA refuses raises here too."""
+    import pytest
+
+    from engine_path.forward.adapters import WindowMask, sdpa_shapes_only
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    def mask(q_len, kv_len, offset=0):
+        q_pos = torch.arange(offset, offset + q_len)[:, None]
+        k_pos = torch.arange(kv_len)[None, :]
+        return (k_pos <= q_pos) & (k_pos >= q_pos - 3)
+
+    g = torch.Generator().manual_seed(0)
+    for hq, hk, gqa, L, S, dv, offset in ((1, 1, False, 5, 5, 16, 0), (4, 2, True, 7, 7, 8, 0),
+                                          (2, 2, False, 1, 9, 16, 8), (6, 3, True, 1, 4, 4, 3)):
+        q = torch.randn(1, hq, L, 16, generator=g, dtype=torch.bfloat16)
+        k = torch.randn(1, hk, S, 16, generator=g, dtype=torch.bfloat16)
+        v = torch.randn(1, hk, S, dv, generator=g, dtype=torch.bfloat16)
+        want = sdpa(q, k, v, attn_mask=mask(L, S, offset), enable_gqa=gqa, is_causal=False)
+        got = sdpa_shapes_only(q, k, v, attn_mask=WindowMask(q_len=torch.tensor(L), kv_len=S, sliding_window_size=3,
+                                                             device="cpu", query_offset=offset), enable_gqa=gqa)
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) and not got.any()
+    q, k = torch.zeros(1, 4, 5, 16), torch.zeros(1, 3, 5, 16)
+    bad = [dict(query=q, key=k, value=k),                                                  # 4 heads over 3
+           dict(query=q[..., :8], key=k[:, :1], value=k[:, :1]),                           # head sizes
+           dict(query=q, key=k[:, :1], value=k[:, :1], attn_mask=torch.ones(5, 6, dtype=torch.bool))]
+    for kw in bad:
+        with pytest.raises(RuntimeError):
+            sdpa(**kw, enable_gqa=True)
+        with pytest.raises(RuntimeError, match="scaled_dot_product_attention"):
+            sdpa_shapes_only(**kw, enable_gqa=True)
+
+
+def test_torch_natives_sdpa_is_stood_in_on_a_cpu_only_and_named(monkeypatch):
+    from engine_path.forward.adapters import ADAPTERS, RELEASE_SDPA_ENV
+
+    tn = ADAPTERS["torch_native"]
+    monkeypatch.delenv(RELEASE_SDPA_ENV, raising=False)
+    assert tn.stand_ins("cpu") and not tn.stand_ins("cuda")
+    named = {p.piece: p for p in tn.pieces("cpu")}
+    assert named["attention arithmetic: _make_sliding_window_mask"].whose == "model"
+    assert named["module global sglang.srt.layers.attention.torch_native_backend:scaled_dot_product_attention"
+                 ].whose == "model"
+    assert not [p for p in tn.pieces("cuda") if p.whose == "model" and "scaled_dot" in p.piece]
+    monkeypatch.setenv(RELEASE_SDPA_ENV, "1")
+    assert not tn.stand_ins("cpu")
+    assert {p.whose for p in tn.pieces("cpu") if "_make_sliding_window_mask" in p.piece} == {"engine"}

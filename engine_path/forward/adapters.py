@@ -22,6 +22,8 @@ aiter              adapters_aiter.py               unified_attention's block tab
 """
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Optional
 
 import torch
@@ -45,13 +47,74 @@ GATHER_GUARD_WHY = ("on a GPU its K/V gathers (k_cache[req_to_token[row, :seq_le
                     "backend's run in the process")
 
 
+TORCH_NATIVE = "sglang.srt.layers.attention.torch_native_backend"
+#: set to 1 to run torch_native's SDPA and its window mask as released on a CPU too
+RELEASE_SDPA_ENV = "SLOTSCOPE_TORCH_NATIVE_SDPA"
+SDPA_WHY = ("torch's scaled_dot_product_attention over each request's whole sequence with the release's dense "
+            "seq x seq window mask, per layer: 17.4 s of a 38.1 s engine run of 120 requests of the scale scenario on "
+            "a CPU, its output feeding nothing on the write path; stood in by the checks SDPA makes of its "
+            "arguments' shapes (query, key, value, mask), returning zeros. The K/V gathers before it run as released; "
+            f"{RELEASE_SDPA_ENV}=1 runs both as released")
+
+
+class WindowMask:
+    """Stands in for the dense mask of ``_make_sliding_window_mask``: its shape and window, no elements."""
+
+    def __init__(self, *, q_len, kv_len, sliding_window_size, device=None, query_offset=0):
+        self.shape = torch.Size((int(q_len), int(kv_len)))
+        self.window, self.query_offset = int(sliding_window_size), int(query_offset)
+
+
+def sdpa_shapes_only(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                     enable_gqa=False):
+    """torch's ``scaled_dot_product_attention`` without the arithmetic: its shape checks (a mismatch raises
+    RuntimeError, as SDPA does), then zeros of the output's shape ``(..., L, Ev)``."""
+    q, k, v = query.shape, key.shape, value.shape
+    problems = []
+    if not (query.dim() == key.dim() == value.dim() >= 2):
+        problems.append(f"query, key and value of {query.dim()}, {key.dim()} and {value.dim()} dimensions")
+    elif q[-1] != k[-1]:
+        problems.append(f"query {tuple(q)} and key {tuple(k)}: head sizes differ")
+    elif query.dim() >= 3 and q[-3] != k[-3] and not (enable_gqa and q[-3] % k[-3] == 0):
+        problems.append(f"{q[-3]} query heads over {k[-3]} key heads (enable_gqa={enable_gqa})")
+    if attn_mask is not None and not problems:
+        want = (q[-2], k[-2])
+        got = tuple(attn_mask.shape[-2:])
+        if any(g not in (w, 1) for g, w in zip(got, want)):
+            problems.append(f"a mask of {tuple(attn_mask.shape)} for {want[0]} queries over {want[1]} keys")
+    if problems:
+        raise RuntimeError(f"scaled_dot_product_attention: {problems[0]}")
+    return torch.zeros((*q[:-1], v[-1]), dtype=query.dtype, device=query.device)
+
+
 class TorchNativeAdapter(Adapter):
-    """torch_native: its SDPA runs as released on every device. On a GPU a gather past the K/V buffer (an SWA
-    layer gathered at full-pool ids: the release's own bug on a hybrid pool) is a device-side assert that poisons
-    the CUDA context of the whole run; each gather's ids are checked on the host first, so the backend gets the
-    finding the CPU run gives and the other backends run on."""
+    """torch_native: its forward as released, the K/V gathers included; on a CPU its SDPA arithmetic and dense
+    window mask are stood in (:data:`SDPA_WHY`). On a GPU its SDPA runs as released, and a gather past the K/V
+    buffer (an SWA layer gathered at full-pool ids: the release's own bug on a hybrid pool) would be a device-side
+    assert that poisons the CUDA context of the whole run; each gather's ids are checked on the host first, so the
+    backend gets the finding the CPU run gives and the other backends run on."""
+
+    def stand_ins(self, device: str) -> bool:
+        return super().stand_ins(device) and os.environ.get(RELEASE_SDPA_ENV) != "1"
+
+    def install(self, bag) -> None:
+        self._sdpa(sdpa_shapes_only)
+
+    @staticmethod
+    def _sdpa(fn=None) -> None:
+        """Set the module's SDPA to ``fn`` (None: back to the one the release bound at import)."""
+        m = importlib.import_module(TORCH_NATIVE)
+        released = getattr(m, "_slotscope_released_sdpa", None)
+        if released is None:
+            released = m._slotscope_released_sdpa = m.scaled_dot_product_attention
+        m.scaled_dot_product_attention = fn or released
+
+    def kernel(self, attr: str):
+        return WindowMask
 
     def build(self, bag, device: str):
+        if not self.stand_ins(device):
+            self._sdpa()                # a stand-in set by an earlier build in this process is undone
         backend = super().build(bag, device)
         if device != "cpu":
             for name in SDPA_GATHERS:
@@ -121,6 +184,8 @@ def pdl_unsupported() -> bool:
 ADAPTERS: dict[str, Adapter] = {
     "torch_native": TorchNativeAdapter(
         "torch_native",
+        replaced={"_make_sliding_window_mask": "its dense seq x seq window mask, an input of SDPA only: " + SDPA_WHY},
+        shims={f"{TORCH_NATIVE}:scaled_dot_product_attention": SDPA_WHY},
         # its SDPA runs as released: on the hybrid pool it gathers an SWA layer's K/V at req_to_token's full-pool
         # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
         reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
