@@ -220,7 +220,7 @@ def test_unshrunk_prefill_graphs_stay_the_models_and_the_fixs_gap_still_shows(tm
 
 def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_were_checked_against():
     """Each torch model of a release kernel against the interpreted kernel on random launches (the KV-index
-    gather: 16 launches; the decode metadata: 60, page sizes, SWA mappings, v2p, zero tail, lengths only;
+    gather: 16 launches; the decode metadata: 64, page sizes, SWA mappings, v2p, zero tail, lengths only, column-major tables;
     trtllm_mha's graph metadata: 72, with the graph's SWA write locations and each cu_seqlens_q mode; aiter's
     page-table scatters: 16 from the token table, with draft tokens, and 8 from ragged ids, SWA tables, grids
     shorter than the rows; trtllm_mha's eager page tables: 8, two 4096-token blocks, clamped SWA reads), and the
@@ -230,7 +230,7 @@ def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_w
     from engine_path.forward import kernels
 
     got = isolate.call(SPEC, "engine_path.forward.kernels:self_check")
-    assert got["cases"] == 180 and got["differ"] == [] and got["stored"] > 0
+    assert got["cases"] == 184 and got["differ"] == [] and got["stored"] > 0
     assert {m.name: got["fingerprints"][m.name] in m.checked for m in kernels.MODELS} == {
         "create_flashinfer_kv_indices_triton": True, "_fused_decode_metadata_kernel": True,
         "update_trtllm_mha_graph_metadata_kernel": True, "scatter_req_to_token_to_page_table_kernel": True,

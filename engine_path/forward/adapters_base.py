@@ -203,16 +203,19 @@ def page_reads(page_table: torch.Tensor, page_size: int, start: torch.Tensor, en
     position past the table's width (a kernel would read beyond the row) reads slot -1, which is never live."""
     start = start.to(torch.int64).cpu().clamp(min=0)
     end = torch.maximum(end.to(torch.int64).cpu(), start)
-    table = page_table.to(torch.int64).cpu()
     lens = end - start
     indptr = torch.zeros(lens.shape[0] + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(lens, 0)
     row = torch.repeat_interleave(torch.arange(lens.shape[0]), lens)
     pos = torch.arange(int(indptr[-1]), dtype=torch.int64) - indptr[:-1][row] + start[row]
     col = pos // page_size
-    inside = col < table.shape[1]
-    slots = torch.where(inside, table[row, col.clamp(max=max(table.shape[1] - 1, 0))] * page_size + pos % page_size,
-                        torch.full_like(pos, -1)) if table.shape[1] else torch.full_like(pos, -1)
+    width = page_table.shape[1]
+    if not width:
+        return ReadIds(indptr, torch.full_like(pos, -1), start)
+    # only the entries read are gathered (and widened): a table's rows are as wide as the context
+    dev = page_table.device
+    entry = page_table[row.to(dev), col.clamp(max=width - 1).to(dev)].to(torch.int64).cpu()
+    slots = torch.where(col < width, entry * page_size + pos % page_size, torch.full_like(pos, -1))
     return ReadIds(indptr, slots, start)
 
 

@@ -161,9 +161,14 @@ class ReleaseBoundary:
         boundary made the batch) are the ones the run says this forward reads (taken when the batch was made: under
         the overlap scheduler, before the scheduler ran ahead)."""
         bs, width = req_to_token.shape
-        mine = self.runner.req_to_token_pool.req_to_token[:bs, :width].to(torch.int64)
-        live = torch.arange(width, device=seq_lens.device)[None, :] < seq_lens.to(torch.int64)[:, None]
-        return torch.equal(mine[live.to(mine.device)], req_to_token.to(torch.int64)[live].to(mine.device))
+        lens = seq_lens.to(torch.int64).cpu().clamp(min=0, max=width)
+        # each request's live entries only (a row is as wide as the context)
+        row = torch.repeat_interleave(torch.arange(bs), lens)
+        col = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+        mine = self.runner.req_to_token_pool.req_to_token
+        theirs = req_to_token[row.to(req_to_token.device), col.to(req_to_token.device)]
+        return torch.equal(mine[row.to(mine.device), col.to(mine.device)].to(torch.int64),
+                           theirs.to(device=mine.device, dtype=torch.int64))
 
     def _read_mapping(self, full_to_swa: torch.Tensor) -> None:
         """The release's pool translates through the mapping the run's backends read (the allocator's own array,

@@ -71,6 +71,20 @@ def _decode_metadata_cases(g: torch.Generator):
                         grid = (1, 1) if skip else (bs, -(-max_pages // block))
                         yield (f"page={page} swa={swa} v2p={v2p} zero_tail={zero_tail} delta={delta} skip={skip}",
                                args, grid)
+                        if swa == "tokens" and not v2p and delta == 0 and not skip:
+                            yield (f"page={page} swa=tokens zero_tail={zero_tail}: column-major tables, a grid "
+                                   f"of fewer column blocks than pages", _column_major(args), (bs, 2))
+
+
+def _column_major(args: dict) -> dict:
+    """The same launch over page tables laid out column by column (row stride 1, column stride the rows: a block
+    that strides cannot hold as rows, so stored through offsets)."""
+    out = dict(args)
+    for name in ("page_table", "swa_page_table"):
+        t = args[name]
+        ct = t.t().contiguous().t()
+        out[name], out[f"{name}_stride_0"], out[f"{name}_stride_1"] = ct, ct.stride(0), ct.stride(1)
+    return out
 
 
 def _trtllm_graph_metadata_cases(g: torch.Generator):

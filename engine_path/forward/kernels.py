@@ -72,9 +72,29 @@ class Stores:
         flat, offsets = _at(t, offsets)
         self.pending.append((flat, offsets, values.to(flat.dtype)))
 
+    def fill_block(self, t: torch.Tensor, rows: torch.Tensor, cols: int, s0: int, s1: int, value) -> None:
+        """``value`` at ``r * s0 + c * s1`` for each r of ``rows`` and c < ``cols``: a strided view when the rows
+        are consecutive and the block is one that strides can hold without overlap, else as offsets."""
+        if not rows.numel() or cols <= 0:
+            return
+        flat = _flat(t)
+        first, n = int(rows[0]), rows.numel()
+        consecutive = int(rows[-1]) - first == n - 1
+        if consecutive and s1 > 0 and s0 >= cols * s1:
+            if first < 0 or (first + n - 1) * s0 + (cols - 1) * s1 >= flat.numel():
+                raise OutOfBounds
+            view = flat[first * s0:].as_strided((n, cols), (s0, s1))
+            self.pending.append((view, None, value))
+            return
+        offsets = (rows[:, None] * s0 + torch.arange(cols, dtype=I64)[None, :] * s1).reshape(-1)
+        self(t, offsets, torch.full(offsets.shape, value, dtype=flat.dtype))
+
     def apply(self) -> None:
         for flat, offsets, values in self.pending:
-            flat[offsets] = values
+            if offsets is None:
+                flat.fill_(values)          # a block (fill_block)
+            else:
+                flat[offsets] = values
 
 
 def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -144,46 +164,41 @@ def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, 
           torch.cat([torch.zeros(1, dtype=I64), torch.cumsum(val.to(I64), 0)]))
     if SKIP_PAGE_TABLE or int(max_seq_pages) == 0:
         return
+    # the live entries only (row-major, as lists), never the grid's whole rows x columns: at page 1 a row is as
+    # wide as the context (a dense matrix of them was most of this kernel's time)
+    width = gc * int(BLOCK_COLS)
     b = torch.arange(gb, dtype=I64)
     seq_len = _load(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
     num_live = torch.clamp(_tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
-    cols = torch.arange(gc * int(BLOCK_COLS), dtype=I64)
-    live = cols[None, :] < num_live[:, None]
-    stored = (cols[None, :] < int(max_seq_pages)).expand(gb, -1) if ZERO_TAIL else live
     runs = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
     rb = b[runs]
     if not rb.numel():
         return
     row = _load(req_pool_indices, rb * int(req_pool_indices_stride_0)).to(I64)
-    live, stored = live[runs], stored[runs]
-    lb, lc = torch.nonzero(live, as_tuple=True)
-    token = torch.zeros(live.shape, dtype=req_to_token.dtype)
-    token[lb, lc] = _load(req_to_token, row[lb] * int(req_to_token_stride_0)
-                          + cols[lc] * page * int(req_to_token_stride_1))
-    sb, sc = torch.nonzero(stored, as_tuple=True)
-    store(page_table, rb[sb] * int(page_table_stride_0) + cols[sc] * int(page_table_stride_1),
-          _pages(token, live, page, full_v2p, full_v2p_stride_0)[sb, sc])
+    lens = num_live[runs].clamp(min=0, max=width)
+    at_row = torch.repeat_interleave(torch.arange(rb.numel(), dtype=I64), lens)
+    col = torch.arange(int(lens.sum()), dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    token = _load(req_to_token, row[at_row] * int(req_to_token_stride_0) + col * page * int(req_to_token_stride_1))
+    tables = [(page_table, page_table_stride_0, page_table_stride_1, _pages(token, page, full_v2p, full_v2p_stride_0))]
     if swa_page_table is not None:
-        swa = _pages(token, live, page, swa_v2p, swa_v2p_stride_0, full_to_swa_index_mapping,
-                     full_to_swa_mapping_stride_0)
-        store(swa_page_table, rb[sb] * int(swa_page_table_stride_0) + cols[sc] * int(swa_page_table_stride_1),
-              swa[sb, sc])
+        tables.append((swa_page_table, swa_page_table_stride_0, swa_page_table_stride_1,
+                       _pages(token, page, swa_v2p, swa_v2p_stride_0, full_to_swa_index_mapping,
+                              full_to_swa_mapping_stride_0)))
+    for table, s0, s1, pages in tables:
+        if ZERO_TAIL:       # every column below max_seq_pages: 0 (what a masked-off lane loads), then the live ones
+            store.fill_block(table, rb, min(width, int(max_seq_pages)), int(s0), int(s1), 0)
+        store(table, rb[at_row] * int(s0) + col * int(s1), pages)
 
 
-def _pages(token: torch.Tensor, live: torch.Tensor, page: int, page_mapping, page_stride, token_mapping=None,
+def _pages(token: torch.Tensor, page: int, page_mapping, page_stride, token_mapping=None,
            token_stride=0) -> torch.Tensor:
-    """``_resolve_metadata_page_ids``: a token slot (through ``token_mapping``) to its page (through
-    ``page_mapping``, at least 0); masked-off lanes load 0."""
-    lb, lc = torch.nonzero(live, as_tuple=True)
+    """``_resolve_metadata_page_ids`` of live lanes: a token slot (through ``token_mapping``) to its page (through
+    ``page_mapping``, at least 0)."""
     if token_mapping is not None:
-        mapped = torch.zeros(live.shape, dtype=token_mapping.dtype)
-        mapped[lb, lc] = _load(token_mapping, token[lb, lc].to(I64) * int(token_stride))
-        token = mapped
+        token = _load(token_mapping, token.to(I64) * int(token_stride))
     pages = _tdiv(token, page)
     if page_mapping is not None:
-        out = torch.zeros(live.shape, dtype=page_mapping.dtype)
-        out[lb, lc] = _load(page_mapping, pages[lb, lc].to(I64).clamp(min=0) * int(page_stride))
-        pages = out.clamp(min=0)
+        pages = _load(page_mapping, pages.to(I64).clamp(min=0) * int(page_stride)).clamp(min=0)
     return pages
 
 
