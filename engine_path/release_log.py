@@ -9,17 +9,25 @@ run of the scale scenario, while the run already records each failure as a findi
 holds the records of one run instead: their count per level and logger, and the first few messages whole;
 run.json's ``engine_pieces.release_log`` carries them and the command prints one line naming the count and
 the first message.
+
+Some release modules ``print`` instead (0.5.23's aiter_backend.py, where aiter is not installed: "aiter is AMD
+specific kernel library ..." on stdout, amid a command's table or JSON). :func:`printed_as_log` turns what the
+release prints while a backend is built into records of the logger ``sglang.printed`` (WARNING), kept like the rest.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 #: the release's loggers all live under this name
 ROOT_LOGGER = "sglang"
 #: records below this level are left alone (the last-resort handler prints none of them either)
 LEVEL = logging.WARNING
+#: the logger what the release prints is logged as
+PRINTED_LOGGER = f"{ROOT_LOGGER}.printed"
 #: messages kept whole, in order (the rest are only counted)
 KEPT = 5
 MESSAGE_CHARS = 2000
@@ -90,3 +98,18 @@ class ReleaseLog(logging.Handler):
         return (f"the release logged {self.records} record(s) during the run ({levels}; run.json "
                 f"engine_pieces.release_log keeps the first {len(self.first)}), the first {head['level'].lower()} "
                 f"from {head['logger']}: {first[:300]}")
+
+
+@contextlib.contextmanager
+def printed_as_log(where: str) -> Iterator[None]:
+    """What the release prints to stdout inside the block, as WARNING records of :data:`PRINTED_LOGGER` (one per
+    non-empty line, ``where`` named), after it: kept by an attached :class:`ReleaseLog`, else on stderr."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            yield
+    finally:
+        log = logging.getLogger(PRINTED_LOGGER)
+        for line in buf.getvalue().splitlines():
+            if line.strip():
+                log.warning("%s printed: %s", where, line.strip())

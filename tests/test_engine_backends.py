@@ -253,7 +253,8 @@ def test_the_platform_stubs_are_gone_after_the_backends_imported(runs):
 
 #: one patch per backend family, all in one run: each into that backend's own metadata or write
 PATCHED = ("flashinfer-decode-wrong-request-row.yaml", "fa-swa-page-table-one-page-short.yaml",
-           "trtllm-swa-write-shift.yaml", "aiter-decode-swa-mapping-shift.yaml")
+           "trtllm-swa-write-shift.yaml", "aiter-decode-swa-mapping-shift.yaml", "xpu-swa-page-table-one-page-off.yaml",
+           "torch-native-swa-write-shift.yaml")
 
 
 @pytest.mark.slow
@@ -269,12 +270,14 @@ def test_a_bug_in_one_backends_own_metadata_is_found_on_that_backend_only(tmp_pa
     summary = json.loads((out / "summary.json").read_text())
     found = {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
     assert p.returncode == 1, p.stderr[-2000:]
-    assert [x["applied_by"] for x in summary["engine"]["patches"]] == ["sglang"] * 4
+    assert [x["applied_by"] for x in summary["engine"]["patches"]] == ["sglang"] * len(PATCHED)
     assert found == {
         "flashinfer": {"stale_read": 60652},            # decode reads the previous request's row
         "flashattention": {"stale_read": 30088},        # the SWA page table one page short
         "musa": {"stale_read": 30088},                  # ... which musa inherits
         "trtllm_mha": {"missed": 6496, "clobbered": 50, "evicted_slot": 440},   # every SWA write one slot off
         "aiter": {"missed": 10, "clobbered": 10, "padding_slot": 312},          # decode's SWA write via mapping[1:]
-        "triton": {}, "xpu": {}, "torch_native": {},
+        "xpu": {"stale_read": 30088},                   # its own SWA page table one page off
+        "torch_native": {"missed": 6496, "clobbered": 50, "evicted_slot": 440},  # its SWA write ids one slot off
+        "triton": {},
     }

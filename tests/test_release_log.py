@@ -70,3 +70,17 @@ def test_run_json_carries_the_log(monkeypatch):
     with release_log_kept(runtime, quiet=True):
         logging.getLogger(LOGGER).warning("w")
     assert pieces_table(runtime)["release_log"]["by_level"] == {"WARNING": 1}
+
+
+def test_what_the_release_prints_while_a_backend_is_built_becomes_a_kept_record(capsys):
+    from engine_path.release_log import PRINTED_LOGGER, printed_as_log
+
+    runtime = types.SimpleNamespace()
+    with release_log_kept(runtime, quiet=True):
+        with printed_as_log("aiter's module or constructor"):
+            print("aiter is AMD specific kernel library.\n")
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+    assert runtime.release_log.describe()["first"] == [
+        {"level": "WARNING", "logger": PRINTED_LOGGER,
+         "message": "aiter's module or constructor printed: aiter is AMD specific kernel library."}]

@@ -30,6 +30,7 @@ from simulator.core.boundary import BackendBoundary, ForwardMetadata, ModelBacke
 from simulator.designs.checks import HookFailure, check_read_table, check_write_loc
 from simulator.designs.types import KVWriteLoc, ReadTable
 
+from ..release_log import printed_as_log
 from . import kernels
 from .adapters import ADAPTERS, Adapter, Piece
 from .batch import mode_supported, release_batch
@@ -298,7 +299,8 @@ class ReleaseBackends:
             return model
         runner = self.runner_for(side)
         try:
-            built = adapter.build(runner.bag, device.type)
+            with printed_as_log(f"{backend}'s module or constructor"):
+                built = adapter.build(runner.bag, device.type)
         except Exception as e:          # the release's constructor over the stand-in: say why, run the model's
             self.boundaries.append((backend, side, None, f"its constructor failed here: {type(e).__name__}: {e}"))
             return model
