@@ -6,3 +6,10 @@ class EngineError(RuntimeError):
     """An engine could not be used: a bad spec, an unknown version, an unreachable registry, a failed
     import, or an API the adapter does not know. The message names what was tried; the CLI prints it
     and exits 2, never with a traceback."""
+
+
+class ReleaseLacks(EngineError):
+    """The release has not got a piece the scenario needs (0.5.14 has no unified memory pool): this release
+    cannot run this scenario, other releases may. ``slotscope bisect`` lists such a release as "cannot run" and
+    looks for the change among the releases that can; a single run exits 2 with the message, as for any
+    EngineError."""

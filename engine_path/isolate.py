@@ -3,7 +3,7 @@
 ``call("sglang==0.5.14", "engine_path.checks:b1_write", 3)`` starts ``python -m engine_path.isolate``,
 which activates the release, imports the target and calls it with the JSON arguments; the result
 comes back as JSON. An :class:`EngineError` in the child is raised again in the parent with its
-message (so the caller's user sees one clear line); any other failure raises ``IsolatedFailure``
+message (a :class:`ReleaseLacks` as itself) (so the caller's user sees one clear line); any other failure raises ``IsolatedFailure``
 with the child's traceback. Bisection across releases uses this: one subprocess per release.
 """
 from __future__ import annotations
@@ -16,9 +16,11 @@ import sys
 import traceback
 from typing import Any, Optional
 
-from .errors import EngineError
+from .errors import EngineError, ReleaseLacks
 
 MARK = "@@slotscope-isolate@@"
+#: the engine errors raised again in the parent as themselves
+ERRORS = {"EngineError": EngineError, "ReleaseLacks": ReleaseLacks}
 
 
 class IsolatedFailure(RuntimeError):
@@ -43,8 +45,8 @@ def call(spec: str, target: str, *args: Any, timeout: float = 900, env: Optional
                               f"{proc.stderr[-4000:]}")
     if reply["ok"]:
         return reply["result"]
-    if reply["kind"] == "EngineError":
-        raise EngineError(reply["message"])
+    if reply["kind"] in ERRORS:
+        raise ERRORS[reply["kind"]](reply["message"])
     raise IsolatedFailure(f"{target} under {spec} raised {reply['kind']}: {reply['message']}\n{reply['traceback']}")
 
 
@@ -64,7 +66,8 @@ def _main(argv: list[str]) -> int:
         fn = getattr(importlib.import_module(mod_name), fn_name)
         reply = {"ok": True, "result": fn(*args)}
     except EngineError as e:
-        reply = {"ok": False, "kind": "EngineError", "message": str(e)}
+        reply = {"ok": False, "kind": type(e).__name__ if type(e).__name__ in ERRORS else "EngineError",
+                 "message": str(e)}
     except Exception as e:  # reported to the parent with the child's traceback
         reply = {"ok": False, "kind": type(e).__name__, "message": str(e), "traceback": traceback.format_exc()}
     sys.stdout.write("\n" + MARK + json.dumps(reply) + "\n")

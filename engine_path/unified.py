@@ -34,6 +34,7 @@ learns is what the engine did, compaction moves included (page tables are per pa
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import sys
 from contextlib import contextmanager
@@ -46,7 +47,7 @@ from simulator.memory.allocator import OutOfSlots, RequestSlots
 from simulator.memory.events import SlotEvent
 from simulator.memory.unified_pool import BIND, MOVE, TOMBSTONE, UNBIND, IndexOutOfRange, OutOfRange
 
-from .errors import EngineError
+from .errors import EngineError, ReleaseLacks
 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn}
 
@@ -108,10 +109,10 @@ def build_unified(model, budget_bytes: int, page_size: int = 1, lazy_compaction:
     try:
         from sglang.srt.mem_cache.unified_memory_pool import init_unified_swa_pools
     except ImportError as e:
-        raise EngineError(f"this release has no unified memory pool (init_unified_swa_pools): {e}") from None
+        raise ReleaseLacks(f"this release has no unified memory pool (init_unified_swa_pools): {e}") from None
     layers = model.layers()
     full, swa = model.geometry("full"), model.geometry("swa")
-    return init_unified_swa_pools(
+    kwargs = dict(
         device="cpu", kv_cache_dtype=_TORCH_DTYPES.get(model.kv_dtype, torch.bfloat16),
         head_num=full.heads, head_dim=full.head_dim, v_head_dim=full.v_head_dim,
         swa_head_num=swa.heads, swa_head_dim=swa.head_dim, swa_v_head_dim=swa.v_head_dim,
@@ -119,6 +120,12 @@ def build_unified(model, budget_bytes: int, page_size: int = 1, lazy_compaction:
         swa_attention_layer_ids=[li.layer for li in layers if li.kind == "swa"],
         full_attention_layer_ids=[li.layer for li in layers if li.kind == "full"],
         total_bytes=budget_bytes, enable_memory_saver=False, need_sort=False, lazy_compaction=lazy_compaction)
+    try:
+        inspect.signature(init_unified_swa_pools).bind(**kwargs)
+    except TypeError as e:         # an older unified pool (0.5.15 .. 0.5.20 take other parameters)
+        raise ReleaseLacks(f"this release's unified memory pool is not one slotscope drives (init_unified_swa_pools: "
+                           f"{e}; slotscope calls it with the parameters of 0.5.21 and later)") from None
+    return init_unified_swa_pools(**kwargs)
 
 
 class UnifiedEngineAllocator:

@@ -11,6 +11,9 @@ first release whose verdict differs from the one before.
   are not run, ``--all`` runs them); different ones are bisected, which assumes the verdict changes once
   (monotonic). A release whose verdict is neither end's shows it is not, and then every release in the
   range is run. ``--all`` runs every release from the start.
+* A release that has not got a piece the scenario needs (``engine_path.errors.ReleaseLacks``: 0.5.14 has no
+  unified memory pool) is listed as ``cannot run: ...``, and the change is looked for among the releases that can;
+  where an end of the range cannot, the first (or last) release that can is bisected for first.
 * A verdict is ``clean`` or the findings per class (counts summed over the backends).
 * Results are cached in ``<cache>/bisect/`` (``$SLOTSCOPE_CACHE`` or ``~/.cache/slotscope``), one file per
   (release, scenario hash), the scenario hash taken over the scenario as run (backends applied, the
@@ -37,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from engine_path.errors import EngineError
+from engine_path.errors import EngineError, ReleaseLacks
 
 EXIT_CHANGED, EXIT_NO_CHANGE, EXIT_BAD_INPUT = 0, 1, 2
 #: why --engine takes no version here
@@ -150,6 +153,12 @@ def scenario_key(path: str, backends: Optional[tuple[str, ...]]) -> tuple[Any, s
     return sc, hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def error_label(error: str) -> str:
+    """An error verdict without the release's own name in it (the same failure is the same verdict in every release:
+    ``slotscope.bisect:verdict under sglang==0.5.16 raised TypeError: ...`` -> ``TypeError: ...``)."""
+    return re.sub(r"^\S+ under sglang==\S+ raised ", "", error.splitlines()[0])[:120]
+
+
 def verdict_label(findings: dict[str, int]) -> str:
     if not findings:
         return "clean"
@@ -200,17 +209,18 @@ class Bisection:
             from .run_setup import git_commit
 
             rec = {"release": version, "scenario": self.scenario.name, "scenario_hash": self.scenario_hash,
-                   "patches": self.patch_hashes, "code": self.code, "commit": git_commit(), "findings": res.get("findings", {}), "backends": res.get("backends", {}),
+                   "patches": self.patch_hashes, "code": self.code, "commit": git_commit(),
+                   "findings": res.get("findings", {}), "backends": res.get("backends", {}),
                    "steps": res.get("steps"), "engine": res.get("engine"), "error": res.get("error"),
-                   "seconds": round(time.perf_counter() - t0, 1)}
+                   "lacks": res.get("lacks"), "seconds": round(time.perf_counter() - t0, 1)}
             if rec["error"] is None and not res.get("incomplete"):
                 f.parent.mkdir(parents=True, exist_ok=True)
                 tmp = f.with_name(f.name + f".tmp-{os.getpid()}")
                 tmp.write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
                 os.replace(tmp, f)
             rec["source"] = "run"
-        rec["verdict"] = ("error: " + rec["error"].splitlines()[0][:120]) if rec.get("error") else \
-            verdict_label(rec["findings"])
+        rec["verdict"] = ("error: " + error_label(rec["error"])) if rec.get("error") else \
+            ("cannot run: " + rec["lacks"].splitlines()[0][:120]) if rec.get("lacks") else verdict_label(rec["findings"])
         self.results[version] = rec
         secs = f"{rec['seconds']:.1f} s" if rec["source"] == "run" else f"{rec['source']} (ran in {rec['seconds']:.1f} s)"
         self.log(f"[bisect] sglang=={version}: {rec['verdict']}  {secs}")
@@ -228,13 +238,51 @@ class Bisection:
         with ThreadPoolExecutor(min(jobs, len(todo))) as ex:
             list(ex.map(self.verdict, todo))
 
-    def search(self, run_all: bool = False, jobs: int = 1) -> dict:
-        """Run what the search needs; returns {"changes": [...], "mode"}."""
+    def can_run(self, version: str) -> bool:
+        """Whether the release has what the scenario needs (its verdict is not "cannot run": ReleaseLacks)."""
+        return self.verdict(version).get("lacks") is None
+
+    def _runnable(self, run_all: bool, jobs: int) -> list[str]:
+        """The releases the change is looked for among: those that can run the scenario. Where an end of the range
+        cannot, the first (or last) release that can is bisected for, assuming a release keeps a piece once it has
+        it; every release is run when neither end can. EngineError when none can."""
         vs = self.versions
+        self.prefetch(vs if run_all else [vs[0], vs[-1]], jobs)
+        if not run_all:
+            first, last = self.can_run(vs[0]), self.can_run(vs[-1])
+            if first and last:
+                return list(vs)
+            if first != last:
+                lo, hi = 0, len(vs) - 1            # the one that cannot run, the one that can
+                if first:
+                    lo, hi = hi, lo
+                while abs(hi - lo) > 1:
+                    mid = (lo + hi) // 2
+                    if self.can_run(vs[mid]):
+                        hi = mid
+                    else:
+                        lo = mid
+                return list(vs[hi:]) if last else list(vs[:hi + 1])
+            self.log("[bisect] neither end of the range can run the scenario: running every release")
+            self.prefetch(vs, jobs)
+        ok = [x for x in vs if self.can_run(x)]
+        if not ok:
+            raise EngineError(f"no release of --versions can run {self.scenario.name}: "
+                              f"{self.results[vs[0]]['lacks'].splitlines()[0]} (sglang=={vs[0]}); the releases "
+                              f"that cannot are listed as such when some can")
+        return ok
+
+    def search(self, run_all: bool = False, jobs: int = 1) -> dict:
+        """Run what the search needs; returns {"changes": [...], "mode", "runnable"}: the change is looked for
+        among the releases that can run the scenario (:meth:`_runnable`)."""
+        vs = self._runnable(run_all, jobs)
+        lacking = [x for x in self.versions if x in self.results and not self.can_run(x)]
+        if lacking:
+            self.log(f"[bisect] cannot run {self.scenario.name}: {', '.join(lacking)} "
+                     f"({self.results[lacking[0]]['lacks'].splitlines()[0]}); looking among {vs[0]}..{vs[-1]}")
+        self._among = vs
         v = lambda i: self.verdict(vs[i])["verdict"]      # noqa: E731
         mode = "all" if run_all else "bisect"
-        if run_all:
-            self.prefetch(vs, jobs)
         if not run_all and len(vs) > 1:
             lo, hi = 0, len(vs) - 1
             self.prefetch([vs[lo], vs[hi]], jobs)
@@ -257,14 +305,16 @@ class Bisection:
                 return self._outcome(mode, [(vs[lo], vs[hi])])
         for i in range(len(vs)):
             v(i)
+        vs = self._among = [x for x in vs if self.can_run(x)]      # a gap inside the range is not a change
         changes = [(vs[i - 1], vs[i]) for i in range(1, len(vs)) if v(i) != v(i - 1)]
         if mode == "all" and len(changes) > 1:
             mode = "all (not monotonic)"
         return self._outcome(mode, changes)
 
     def _outcome(self, mode: str, changes: list[tuple[str, str]]) -> dict:
-        return {"mode": mode, "changes": [{"before": a, "release": b, "from": self.results[a]["verdict"],
-                                           "to": self.results[b]["verdict"]} for a, b in changes]}
+        return {"mode": mode, "runnable": list(self._among),
+                "changes": [{"before": a, "release": b, "from": self.results[a]["verdict"],
+                             "to": self.results[b]["verdict"]} for a, b in changes]}
 
     def table(self) -> str:
         head = ["release", "verdict", "backends with findings", "source", "seconds"]
@@ -290,6 +340,8 @@ def _run_isolated(version: str, path: str, backends: Optional[list[str]]) -> dic
         return isolate.call(f"sglang=={version}", "slotscope.bisect:verdict", path, backends)
     except isolate.IsolatedFailure as e:
         return {"error": str(e)}
+    except ReleaseLacks as e:           # this release cannot run the scenario; others may
+        return {"lacks": str(e)}
 
 
 def cmd_bisect(args) -> int:
@@ -317,15 +369,20 @@ def cmd_bisect(args) -> int:
         for c in out["changes"][1:]:
             print(f"  changed again at {c['release']} ({c['from']} -> {c['to']})")
     elif out["mode"] == "ends":
-        print(f"no change: {versions[0]} and {versions[-1]} agree ({b.results[versions[0]]['verdict']}); the releases "
-              f"between were not run (--all runs each)")
+        lo, hi = out["runnable"][0], out["runnable"][-1]
+        print(f"no change: {lo} and {hi} agree ({b.results[lo]['verdict']}); the releases between were not run "
+              f"(--all runs each)")
     else:
-        print(f"no change: every release gives {b.results[versions[0]]['verdict']}")
+        print(f"no change: every release that can run it gives {b.results[out['runnable'][0]]['verdict']}")
+    lacking = [v for v in versions if v in b.results and not b.can_run(v)]
+    if lacking:
+        print(f"cannot run the scenario: {', '.join(lacking)} ({b.results[lacking[0]]['lacks'].splitlines()[0]}); "
+              f"the change was looked for among {out['runnable'][0]}..{out['runnable'][-1]}")
     print(f"search: {out['mode']}; {len(b.results)} of {len(versions)} releases, {ran} run, "
           f"{len(b.results) - ran} cached; {time.perf_counter() - t0:.1f} s")
     if args.json:
         print(json.dumps({"scenario": b.scenario.name, "scenario_hash": b.scenario_hash, "versions": versions,
-                          "mode": out["mode"], "changes": out["changes"],
+                          "mode": out["mode"], "changes": out["changes"], "runnable": out["runnable"],
                           "results": {v: {k: r[k] for k in ("verdict", "findings", "source", "seconds")}
                                       for v, r in b.results.items()}}, separators=(",", ":")))
     return EXIT_CHANGED if out["changes"] else EXIT_NO_CHANGE

@@ -48,8 +48,13 @@ def _fake(verdicts: dict[str, dict], calls: list[str]):
     def run(version, path, backends):
         calls.append(version)
         f = verdicts[version]
+        if f is LACKS:                    # what _run_isolated returns for a ReleaseLacks in the child
+            return {"lacks": "this release has no unified memory pool (init_unified_swa_pools): No module named x"}
         return {"findings": f, "backends": {"triton": f}, "steps": 3, "engine": None}
     return run
+
+
+LACKS = {"lacks": True}
 
 
 BAD, OK = {"length_mismatch": 144}, {}
@@ -86,7 +91,7 @@ def test_bisection_runs_ends_then_halves(cache):
 def test_equal_ends_stop_the_search(cache):
     calls: list[str] = []
     b = Bisection(B1, VS, runner=_fake({v: OK for v in VS}, calls), log=lambda s: None)
-    assert b.search() == {"mode": "ends", "changes": []} and calls == ["0.5.14", "0.5.23"]
+    assert b.search() == {"mode": "ends", "changes": [], "runnable": VS} and calls == ["0.5.14", "0.5.23"]
 
 
 def test_a_third_verdict_runs_every_release(cache):
@@ -105,6 +110,46 @@ def test_all_runs_each_and_names_every_change(cache):
     out = Bisection(B1, VS, runner=_fake(verdicts, calls), log=lambda s: None).search(run_all=True, jobs=2)
     assert sorted(calls) == sorted(VS) and out["mode"] == "all (not monotonic)"
     assert [c["release"] for c in out["changes"]] == ["0.5.15", "0.5.20", "0.5.21"]
+
+
+def _unified_history(v: str) -> dict:
+    """Releases before 0.5.20 have no unified pool; 0.5.20 and 0.5.21 have the bug; 0.5.22 fixed it."""
+    return LACKS if v < "0.5.20" else BAD if v < "0.5.22" else OK
+
+
+def test_releases_without_the_scenarios_piece_cannot_run_and_the_change_is_looked_for_among_the_rest(cache):
+    calls: list[str] = []
+    logged: list[str] = []
+    b = Bisection(B1, VS, runner=_fake({v: _unified_history(v) for v in VS}, calls), log=logged.append)
+    out = b.search()
+    # the ends, then the first release that can run (bisected), then the change among 0.5.20..0.5.23
+    assert calls == ["0.5.14", "0.5.23", "0.5.18", "0.5.20", "0.5.19", "0.5.21", "0.5.22"]
+    assert out["runnable"] == VS[6:] and [c["release"] for c in out["changes"]] == ["0.5.22"]
+    assert out["changes"][0]["from"] == "findings: length_mismatch 144" and out["changes"][0]["to"] == "clean"
+    assert [r["verdict"] for v, r in b.results.items() if not b.can_run(v)] == [
+        "cannot run: this release has no unified memory pool (init_unified_swa_pools): No module named x"] * 3
+    assert any("cannot run b1-pcg-dp-padding: 0.5.14, 0.5.18, 0.5.19" in line for line in logged)
+    assert "cannot run: this release has no unified memory pool" in b.table()
+    again: list[str] = []           # a release that cannot run is cached as such too
+    assert Bisection(B1, VS, runner=_fake({}, again), log=lambda s: None).search()["changes"] == out["changes"]
+    assert again == []
+
+
+def test_all_looks_for_changes_among_the_releases_that_can_run(cache):
+    calls: list[str] = []
+    verdicts = {v: _unified_history(v) for v in VS}
+    verdicts["0.5.21"] = LACKS                     # a gap inside the range is not a change
+    out = Bisection(B1, VS, runner=_fake(verdicts, calls), log=lambda s: None).search(run_all=True)
+    assert sorted(calls) == VS and out["runnable"] == ["0.5.20", "0.5.22", "0.5.23"]
+    assert [(c["before"], c["release"]) for c in out["changes"]] == [("0.5.20", "0.5.22")]
+
+
+def test_a_range_no_release_of_which_can_run_the_scenario_is_refused(cache):
+    calls: list[str] = []
+    with pytest.raises(EngineError, match=r"no release of --versions can run b1-pcg-dp-padding: this release has no "
+                                          r"unified memory pool .* \(sglang==0.5.14\)"):
+        Bisection(B1, VS, runner=_fake({v: LACKS for v in VS}, calls), log=lambda s: None).search()
+    assert sorted(calls) == VS                     # neither end could: every release was tried
 
 
 def test_cache_key_follows_the_backends(cache):
@@ -166,3 +211,17 @@ def test_bisect_bad_input_exits_2(tmp_path):
                          (["--versions", "0.5.14..0.5.15", "--engine", "sglang==0.5.14"], "bisect takes the engine's name")):
         proc, _ = _bisect(*args, env={"SLOTSCOPE_CACHE": str(tmp_path)})
         assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_same_failure_is_the_same_verdict_in_every_release(cache):
+    from slotscope.bisect import error_label
+
+    msg = "slotscope.bisect:verdict under sglang==0.5.{} raised TypeError: f() got an unexpected keyword argument 'x'\ntb"
+    assert error_label(msg.format(16)) == error_label(msg.format(17)) == \
+        "TypeError: f() got an unexpected keyword argument 'x'"
+
+    def run(version, path, backends):
+        return {"error": msg.format(version.rsplit(".", 1)[1])} if version < "0.5.20" else \
+            {"findings": {}, "backends": {"triton": {}}, "steps": 3, "engine": None}
+    out = Bisection(B1, VS, runner=run, log=lambda s: None).search()
+    assert [c["release"] for c in out["changes"]] == ["0.5.20"]
