@@ -19,7 +19,9 @@ How a patch is applied, right after the release is imported (:func:`apply_env`, 
 * then, where the release has it (``sglang.srt.debug_utils.source_patcher.apply_patches_from_config``), the
   release's own patcher applies the file (``applied_by: "sglang"``); otherwise ours does
   (``applied_by: "slotscope"``): the edited source is compiled and executed in the target's module
-  namespace and the new function replaces the old one on its class or module.
+  namespace and the new function replaces the old one on its class or module. A file with a staticmethod or
+  classmethod target is ours too (the release's patcher reads the attribute's ``__code__``, which a
+  staticmethod lacks), the record saying why (``"why"``).
 
 The patches to apply travel in the environment (``SLOTSCOPE_ENGINE_PATCHES``, absolute paths joined by
 ``os.pathsep``), so ``engine_path.isolate``'s children (bisect, conform) apply them too. What was applied is
@@ -230,6 +232,16 @@ def apply_ours(patches: list[Patch]) -> None:
         setattr(owner, name, new)
 
 
+def _decorated(patches: list[Patch]) -> list[str]:
+    """The targets that are a class's staticmethod or classmethod."""
+    out = []
+    for p in patches:
+        owner, name, _fn = resolve(p.target)
+        if isinstance(owner, type) and isinstance(owner.__dict__.get(name), (staticmethod, classmethod)):
+            out.append(p.target)
+    return out
+
+
 def engine_patcher() -> Optional[Callable]:
     """The release's own ``apply_patches_from_config``, if it has one."""
     try:
@@ -260,6 +272,11 @@ def apply_file(path: str | Path, *, use_engine: bool = True) -> dict:
         msg = str(e)
         raise EngineError(msg if msg.startswith(str(path)) else f"--engine-patch {path}: {msg}") from None
     fn = engine_patcher() if use_engine else None
+    why = ""
+    if fn is not None and _decorated(patches):
+        # the release's patcher takes the attribute's __code__: a staticmethod or classmethod has none
+        fn, why = None, f"a static or class method target ({', '.join(_decorated(patches))}): the release's " \
+                        f"patcher edits plain functions only"
     by = "slotscope"
     if fn is not None:
         try:
@@ -271,6 +288,8 @@ def apply_file(path: str | Path, *, use_engine: bool = True) -> dict:
     else:
         apply_ours(patches)
     rec = {"path": str(path), "sha256": sha256_of(path), "applied_by": by}
+    if why:
+        rec["why"] = why
     _APPLIED.append(rec)
     return rec
 

@@ -71,6 +71,22 @@ def build_swa_pool(api: ReleaseAPI, *, size: int, size_swa: int, page_size: int,
                           f"{type(e).__name__}: {e}") from None
 
 
+def build_full_pool(api: ReleaseAPI, *, size: int, page_size: int, layers: Sequence[int], head_num: int = 1,
+                    head_dim: int = COMPACT_WIDTH, dtype: torch.dtype = torch.bfloat16, device: str = "cpu"):
+    """A real ``MHATokenToKVPool`` of the release over consecutive layer ids (a model side with no SWA layer: an
+    EAGLE draft of full-attention layers gets the plain pool, not the hybrid one)."""
+    ids = sorted(layers)
+    if ids != list(range(ids[0], ids[0] + len(ids))):
+        raise EngineError(f"a plain MHATokenToKVPool covers consecutive layers; got {ids}")
+    try:
+        return api.MHATokenToKVPool(size=size, page_size=page_size, dtype=dtype, head_num=head_num,
+                                    head_dim=head_dim, layer_num=len(ids), device=device, enable_memory_saver=False,
+                                    start_layer=ids[0], end_layer=ids[-1])
+    except Exception as e:
+        raise EngineError(f"sglang {api.info.version}: MHATokenToKVPool(size={size}, layers {ids}) failed on "
+                          f"{device}: {type(e).__name__}: {e}") from None
+
+
 def release_store(api: ReleaseAPI, device: torch.device, *, dtype: torch.dtype = torch.bfloat16,
                   head_num: int = 1, head_dim: int = COMPACT_WIDTH) -> dict:
     """Which store the release's MHA sub-pool runs on ``device`` for these rows, and the index it skips.

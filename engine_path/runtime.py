@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from simulator.core.sides import draft_layers, draft_model, draft_pool_sizes
+
 from .allocator import EngineAllocator
 from .api import ReleaseAPI
 from .design import EngineDesign
@@ -103,9 +105,16 @@ class EngineRuntime:
                 if side not in runners:
                     if self.allocator is None:
                         raise EngineError("the engine allocator must be made before the engine backends")
+                    layers = sizes = None
+                    spec = scenario.engine.speculative
+                    if side == "draft":        # its own layers and pools, over the target's allocator
+                        layers = draft_layers(scenario.model, draft_model(scenario.model, scenario))
+                        sizes = draft_pool_sizes(self.design, self.allocator, scenario)
                     runners[side] = build_runner(self.api, model=scenario.model, allocator=self.allocator,
                                                  max_requests=request_rows(scenario), context_len=context_len(scenario),
-                                                 device=self.device, server_args=self._config.server_args)
+                                                 device=self.device, server_args=self._config.server_args,
+                                                 layers=layers, pool_sizes=sizes, draft=side == "draft",
+                                                 spec_algorithm=spec.algorithm if spec.enabled else None)
                 return runners[side]
             self.backend_source = ReleaseBackends(self.api, runner_for)
         return self.backend_source

@@ -122,7 +122,8 @@ class AiterAdapter(Adapter):
 def aiter_reads(backend, fb, bs: int):
     """unified_attention's block tables; see the module docstring."""
     m = backend.forward_metadata
-    left = backend.slotscope_sliding_window_size - 1
+    window = backend.slotscope_sliding_window_size
+    left = window - 1 if window is not None else 0      # no window: an EAGLE draft of full layers
     if fb.forward_mode.is_decode_or_idle():
         if m is None or m.kv_indices is None or m.kv_indices.dim() != 2:
             return None

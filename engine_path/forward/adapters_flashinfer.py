@@ -191,15 +191,18 @@ TENSOR_CORE_WHY = ("flashinfer is not installed here and its compiled-kernel pro
 
 
 def flashinfer_reads(backend, fb, bs: int):
-    """The planned tables of wrapper 0 (SWA) and 1 (full); see the module docstring."""
+    """The planned tables of wrapper 0 (SWA) and 1 (full), or of the one wrapper of a backend without a window (an
+    EAGLE draft of full layers); see the module docstring."""
     m = backend.forward_metadata
     decode = fb.forward_mode.is_decode_or_idle()
     wrappers = m.decode_wrappers if decode else m.prefill_wrappers
     if any(w.kv_indptr is None for w in wrappers[:2]):
         return None
     end = fb.seq_lens if decode or not m.use_ragged else fb.extend_prefix_lens
-    swa, full = (csr_ending_at(w.kv_indptr, w.kv_indices, end, bs) for w in wrappers[:2])
-    return ReadTable(full=full, swa=swa)
+    tables = [csr_ending_at(w.kv_indptr, w.kv_indices, end, bs) for w in wrappers[:2]]
+    if len(tables) == 1:
+        return ReadTable(full=tables[0], swa=None)
+    return ReadTable(full=tables[1], swa=tables[0])
 
 
 def trtllm_reads(backend, fb, bs: int):

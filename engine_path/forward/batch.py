@@ -22,6 +22,22 @@ MODES = {"extend": "EXTEND", "decode": "DECODE", "mixed": "MIXED"}
 #: the graph paths a release batch is made for, and the modes each runs (engine_path/forward/graphs.py)
 GRAPH_MODES = {"eager": frozenset(MODES), "decode_graph": frozenset({"decode"}),
                "piecewise": frozenset({"extend", "mixed"})}
+#: why a draft forward gets no release batch, by mode
+DRAFT_MODEL_ONLY = {
+    "draft_decode": ("mode draft_decode (the release's multi-step draft: per_step_draft_out_cache_loc's columns and "
+                     "its multi-step draft backend's per-step metadata, not driven yet: the model's boundary)"),
+    "draft_extend": ("mode draft_extend after a verify (the release's DRAFT_EXTEND_V2 over num_draft_tokens a "
+                     "request, prepare_for_draft_extend and its draft-extend graph runner, not driven yet: the "
+                     "model's boundary)"),
+}
+
+
+def release_mode(batch) -> str:
+    """The release's ``ForwardMode`` name of a step the builder covers: the draft's extend after a prefill is an
+    EXTEND of the draft model over the prefill's batch (0.5.23's ``_draft_extend_for_prefill``)."""
+    if batch.mode == "draft_extend" and batch.of_prefill:
+        return "EXTEND"
+    return MODES[batch.mode]
 
 
 def mode_supported(batch) -> Optional[str]:
@@ -29,6 +45,12 @@ def mode_supported(batch) -> Optional[str]:
     if batch.mode == "target_verify":
         return ("mode target_verify (the release's verify batch needs an EagleVerifyInput and speculative server "
                 "args, not built yet: the model's boundary, its decode-graph replays included)")
+    if batch.mode == "draft_extend" and batch.of_prefill:
+        if batch.graph != "eager":
+            return f"graph path {batch.graph} of the draft's extend after a prefill: the model's boundary"
+        return None if batch.requests is not None else "a batch without its requests"
+    if batch.mode in DRAFT_MODEL_ONLY:
+        return DRAFT_MODEL_ONLY[batch.mode]
     if batch.mode not in MODES:
         return f"mode {batch.mode} (speculative forwards: the model's boundary)"
     if batch.mode not in GRAPH_MODES.get(batch.graph, ()):
@@ -62,7 +84,7 @@ def release_batch(runner, batch, out_cache_loc: torch.Tensor):
     seq = rq.seq_lens.astype(np.int64)
     ext = rq.extend_lens.astype(np.int64)
     real = batch.num_token_non_padded
-    mode = getattr(fbi.ForwardMode, MODES[batch.mode])
+    mode = getattr(fbi.ForwardMode, release_mode(batch))
     seq_t = torch.from_numpy(seq.astype(np.int32)).to(dev)
     fb = fbi.ForwardBatch(
         forward_mode=mode, batch_size=bs, input_ids=torch.zeros(out_cache_loc.shape[0], dtype=torch.int64, device=dev),
@@ -71,7 +93,7 @@ def release_batch(runner, batch, out_cache_loc: torch.Tensor):
         positions=torch.from_numpy(positions_of(seq, ext)).to(dev))
     if runner.translator is not None:
         runner.translator.bind_own_plan(fb)     # the plan, on the real rows (ForwardBatch.init_new)
-    if batch.mode != "decode":
+    if mode.name != "DECODE":
         prefix = (seq - ext).astype(np.int32)
         fb.extend_prefix_lens = torch.from_numpy(prefix).to(dev)
         fb.extend_prefix_lens_cpu = prefix.tolist()
@@ -81,7 +103,7 @@ def release_batch(runner, batch, out_cache_loc: torch.Tensor):
     fb.out_cache_loc = out_cache_loc                 # DP padding, after the plan
     fb.global_num_token_non_padded_cpu = real
     n = int(out_cache_loc.shape[0])
-    if batch.mode != "decode" and n > real:
+    if mode.name != "DECODE" and n > real:
         # the token axis padded as the release's prepare_mlp_sync_batch pads an extend (_pad_inputs_to_size)
         fb.positions = _padded(fb.positions, n, 0)
         fb.extend_num_tokens = n

@@ -58,8 +58,10 @@ class ReleaseMetadata(ForwardMetadata):
 class ReleaseBoundary:
     """One backend of one model side, run by the release (see the module docstring)."""
 
-    def __init__(self, model: BackendBoundary, adapter: Adapter, runner: Runner, backend, api, device: str):
+    def __init__(self, model: BackendBoundary, adapter: Adapter, runner: Runner, backend, api, device: str,
+                 side: str = "target"):
         self.model, self.adapter, self.runner, self.backend, self.api = model, adapter, runner, backend, api
+        self.side = side             # the model side: "target", or "draft" (an EAGLE draft's own backend)
         self.design, self.spec, self.device = model.design, model.spec, model.device
         self._layers: dict[int, object] = {}
         self._ctx = importlib.import_module(FORWARD_CONTEXT)
@@ -73,7 +75,7 @@ class ReleaseBoundary:
         #: graph path of the scenario is not driven (that path's forwards are the model's boundary's)
         self.graphs: Optional[GraphPaths] = None
         #: the pool's mapping as this backend last saw it (at construction: what its constructor could keep)
-        self._mapping = runner.capture.full_to_swa_index_mapping
+        self._mapping = getattr(runner.capture, "full_to_swa_index_mapping", None)    # none in a plain pool
         self._followed: set[str] = set()     # the backend's attributes moved with it (follow_mapping)
 
     # the model side's window (the run sets it on every boundary)
@@ -176,6 +178,8 @@ class ReleaseBoundary:
         or a plug-in's device copy: the overlap timeline's, where the host's writes land as it plans them):
         registered with the pool's own ``register_mapping`` (every backend and the translator read it there)."""
         pool = self.runner.capture
+        if not hasattr(pool, "register_mapping"):
+            return                           # a plain pool (a draft of full layers): no SWA ids to read
         cur = pool.full_to_swa_index_mapping
         # (on CUDA the release's allocator runs on the host and its mapping is a host tensor: the forward's
         # backends read the run's device mapping, as the engine's read its one device mapping)
@@ -201,7 +205,8 @@ class ReleaseBoundary:
         if got is None:
             window = self.window if kind == "swa" else -1
             got = self._layers[layer] = self._radix.RadixAttention(
-                num_heads=1, head_dim=COMPACT_WIDTH, scaling=COMPACT_WIDTH ** -0.5, num_kv_heads=1, layer_id=layer,
+                num_heads=1, head_dim=COMPACT_WIDTH, scaling=COMPACT_WIDTH ** -0.5, num_kv_heads=1,
+                layer_id=layer - self.runner.layer_base,
                 sliding_window_size=window)
         return got
 
@@ -220,7 +225,7 @@ class ReleaseBoundary:
         except Exception as e:
             raise HookFailure("RadixAttention.forward (the release's)", f"raised {type(e).__name__}: {e}",
                               kind) from e
-        if len(calls) != 1 or calls[0].layer_id != layer:
+        if len(calls) != 1 or calls[0].layer_id != layer - self.runner.layer_base:
             raise HookFailure("RadixAttention.forward (the release's)",
                               f"made {len(calls)} pool writes for layer {layer} (one expected)", kind)
         return calls[0]
@@ -292,8 +297,7 @@ class ReleaseBackends:
                  swa_pad: int):
         model = self.model.boundary(backend, design, engine, device, side=side, page_size=page_size, swa_pad=swa_pad)
         adapter = ADAPTERS.get(backend)
-        why = (self.unavailable or ("no adapter of this backend yet" if adapter is None else
-                                    "the draft side's forward: not driven yet" if side != "target" else ""))
+        why = self.unavailable or ("no adapter of this backend yet" if adapter is None else "")
         if why:
             self.boundaries.append((backend, side, None, why))
             return model
@@ -306,7 +310,7 @@ class ReleaseBackends:
             return model
         if device.type == "cpu":
             kernels.install()            # the modules the constructor imported hold the kernel by name too
-        got = ReleaseBoundary(model, adapter, runner, built, self.api, device)
+        got = ReleaseBoundary(model, adapter, runner, built, self.api, device, side=side)
         self.boundaries.append((backend, side, got, ""))
         return got
 

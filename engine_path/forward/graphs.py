@@ -337,6 +337,8 @@ class GraphPaths:
     def start(cls, boundary) -> "GraphPaths":
         got = cls(boundary)
         eng = boundary.model.engine
+        if boundary.side != "target":
+            return got      # an EAGLE draft's graph runners are its own (EAGLEDraft*CudaGraphRunner): not driven
         if eng.cuda_graph and eng.cuda_graph_bs and not eng.speculative.enabled:
             got._start_decode()
         if eng.piecewise_cuda_graph:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -23,10 +23,11 @@ from simulator.scenario.capture import smallest_capture
 
 from ..api import ReleaseAPI
 from ..errors import EngineError
-from ..pool import COMPACT_WIDTH, build_swa_pool
+from ..pool import COMPACT_WIDTH, build_full_pool, build_swa_pool
 
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
+SPEC_INFO = "sglang.srt.speculative.spec_info"
 
 
 @dataclass
@@ -57,10 +58,11 @@ class CapturePool:
         self.calls.append(Capture(int(layer.layer_id), loc, int(cache_k.shape[0])))
 
 
-def model_config(api: ReleaseAPI, model, context_len: int):
-    """The release's view of the scenario model (compact geometry: one KV head of ``COMPACT_WIDTH`` lanes)."""
+def model_config(api: ReleaseAPI, model, context_len: int, layers=None, hybrid: bool = True):
+    """The release's view of a model side (compact geometry: one KV head of ``COMPACT_WIDTH`` lanes); ``layers``
+    default the scenario model's, ``hybrid``: whether the side has SWA layers (a window)."""
     arch = importlib.import_module("sglang.srt.configs.model_config").AttentionArch.MHA
-    layers = model.layers()
+    layers = model.layers() if layers is None else layers
     hf = SimpleNamespace(architectures=["SlotscopeForCausalLM"], hidden_size=COMPACT_WIDTH, num_attention_heads=1,
                          num_key_value_heads=1, head_dim=COMPACT_WIDTH, num_hidden_layers=len(layers))
     hf.get_text_config = lambda: hf
@@ -68,8 +70,9 @@ def model_config(api: ReleaseAPI, model, context_len: int):
         attention_arch=arch, context_len=context_len, hidden_size=COMPACT_WIDTH, num_attention_heads=1,
         num_key_value_heads=1, head_dim=COMPACT_WIDTH, v_head_dim=COMPACT_WIDTH, swa_v_head_dim=COMPACT_WIDTH,
         is_encoder_decoder=False, is_multimodal=False, model_is_mrope=False, is_generation=True, quantization=None,
-        is_hybrid_swa=True, is_local_attention_model=True, attention_chunk_size=None,
-        sliding_window_size=model.window, num_hidden_layers=len(layers), linear_attn_registry_result=None,
+        is_hybrid_swa=hybrid, is_local_attention_model=hybrid, attention_chunk_size=None,
+        sliding_window_size=model.window if hybrid else None, num_hidden_layers=len(layers),
+        linear_attn_registry_result=None,
         first_k_dense_replace=0, full_attention_interval=None, hf_config=hf, hf_text_config=hf)
     cfg.get_num_attention_heads = lambda tp_size=1: 1
     cfg.get_max_num_attention_heads = lambda: 1
@@ -145,18 +148,35 @@ class Runner:
     req_to_token_pool: Any       # the release's ReqToTokenPool (rows rewritten per forward)
     translator: Any              # the release's KVIndexTranslator (None before 0.5.22)
     layers: tuple                # the model side's layers (simulator LayerInfo)
+    #: the side's first layer id: the release numbers a side's layers from 0 in its own pool (SWAKVPool's
+    #: ``start_layer`` is 0), the run numbers a draft's after the target's
+    layer_base: int = 0
 
 
 def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, context_len: int, device: str,
-                 server_args: Any, backend: str = "triton") -> Runner:
-    """The stand-in over the run's allocator (engine_path.allocator.EngineAllocator: the release's own)."""
+                 server_args: Any, backend: str = "triton", layers=None, pool_sizes=None,
+                 draft: bool = False, spec_algorithm: Optional[str] = None) -> Runner:
+    """The stand-in over the run's allocator (engine_path.allocator.EngineAllocator: the release's own).
+
+    ``layers`` (simulator LayerInfo; default the model's) and ``pool_sizes`` ((full, swa) tokens; default the
+    allocator's) make another model side over the same allocator: an EAGLE draft shares the target's allocator and
+    ``req_to_token`` ids, writes at the target's indices into pools of its own, and a draft of full-attention layers
+    only gets the release's plain ``MHATokenToKVPool`` (no SWA pool, no sliding window in its backends); ``draft``:
+    the stand-in is a draft worker's (``is_draft_worker``); ``spec_algorithm``: the run's speculative algorithm
+    (the release's ``SpeculativeAlgorithm`` of that name on the stand-in; NONE without)."""
     mp = api.modules["sglang.srt.mem_cache.memory_pool"]
-    layers = model.layers()
+    layers = tuple(model.layers()) if layers is None else tuple(layers)
+    full_size, swa_size = (allocator.full_size, allocator.swa_size) if pool_sizes is None else pool_sizes
     page = allocator.page_size
-    pool = build_swa_pool(api, size=allocator.full_size, size_swa=allocator.swa_size, page_size=page,
-                          full_layers=[li.layer for li in layers if li.kind == "full"],
-                          swa_layers=[li.layer for li in layers if li.kind == "swa"], device=device)
-    pool.register_mapping(allocator.mapping)           # the run's live full -> SWA mapping
+    base = min(li.layer for li in layers)
+    full_ids = [li.layer - base for li in layers if li.kind == "full"]
+    swa_ids = [li.layer - base for li in layers if li.kind == "swa"]
+    if swa_ids:
+        pool = build_swa_pool(api, size=full_size, size_swa=swa_size, page_size=page, full_layers=full_ids,
+                              swa_layers=swa_ids, device=device)
+        pool.register_mapping(allocator.mapping)           # the run's live full -> SWA mapping
+    else:
+        pool = build_full_pool(api, size=full_size, page_size=page, layers=full_ids, device=device)
     capture = CapturePool.over(pool)
     r2t = mp.ReqToTokenPool(size=max_requests, max_context_len=context_len, device=device, enable_memory_saver=False)
     translator = None
@@ -167,14 +187,24 @@ def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, contex
     bag = SimpleNamespace(
         device=device, dtype=dtype, kv_cache_dtype=dtype, kv_cache_dtype_str="auto", gpu_id=0, page_size=page,
         prefill_attention_backend_str=backend, decode_attention_backend_str=backend, draft_attention_backend=None,
-        model_config=model_config(api, model, context_len), is_draft_worker=False, max_running_requests=max_requests,
+        model_config=model_config(api, model, context_len, layers, hybrid=bool(swa_ids)), is_draft_worker=draft,
+        max_running_requests=max_requests,
         model=torch.nn.Module(), req_to_token_pool=r2t, token_to_kv_pool=capture,
         token_to_kv_pool_allocator=allocator.engine, kv_index_translator=translator,
-        sliding_window_size=model.window, is_hybrid_swa=True, attention_chunk_size=None, server_args=server_args,
-        use_mla_backend=False, hybrid_gdn_config=None, mambaish_config=None, spec_algorithm=None,
+        sliding_window_size=model.window if swa_ids else None, is_hybrid_swa=bool(swa_ids), attention_chunk_size=None,
+        server_args=server_args,
+        use_mla_backend=False, hybrid_gdn_config=None, mambaish_config=None, spec_algorithm=_algorithm(spec_algorithm),
         canary_manager=None, hisparse_coordinator=None, init_new_workspace=False)
     bag.decode_num_tokens_per_req = lambda: 1
-    return Runner(bag, capture, r2t, translator, tuple(layers))
+    return Runner(bag, capture, r2t, translator, layers, base)
+
+
+def _algorithm(name: Optional[str]):
+    """The release's ``SpeculativeAlgorithm`` of ``name`` (None before the enum has ``from_string``)."""
+    try:
+        return importlib.import_module(SPEC_INFO).SpeculativeAlgorithm.from_string(name)
+    except (ImportError, AttributeError):
+        return None
 
 
 def request_rows(scenario) -> int:

@@ -28,6 +28,9 @@ class ForwardBatch:
     #: the batch's requests as metadata init reads them (req_to_token rows, seq_lens); None: not known
     #: (a batch built by hand), and then nothing is read-checked
     requests: Optional["BatchRequests"] = None
+    #: a draft forward over its prefill's own batch and slots (the draft model's extend after each prefill: an
+    #: EXTEND of the draft in SGLang 0.5.23, where the one after a verify is a DRAFT_EXTEND_V2)
+    of_prefill: bool = False
 
     @property
     def dp_padded_len(self) -> int:

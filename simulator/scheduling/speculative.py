@@ -27,7 +27,8 @@ class SpeculativeRounds:
         """DRAFT_EXTEND after a prefill: the same out_cache_loc, run eagerly by the draft model."""
         b = ForwardBatch(step=self._step, mode="draft_extend", graph="eager", out_cache_loc=batch.out_cache_loc,
                          num_token_non_padded=batch.num_token_non_padded, padded_len=batch.dp_padded_len,
-                         pad_value=batch.pad_value, num_requests=batch.num_requests, requests=batch.requests)
+                         pad_value=batch.pad_value, num_requests=batch.num_requests, requests=batch.requests,
+                         of_prefill=True)
         # its slots' mapping was counted with the prefill's batch: only the changes since then
         t = self._take_truth(truth.tags, truth.full_slots, truth.swa_slots, [], None)
         return b, t
