@@ -165,3 +165,43 @@ def test_torch_natives_sdpa_is_stood_in_on_a_cpu_only_and_named(monkeypatch):
     monkeypatch.setenv(RELEASE_SDPA_ENV, "1")
     assert not tn.stand_ins("cpu")
     assert {p.whose for p in tn.pieces("cpu") if "_make_sliding_window_mask" in p.piece} == {"engine"}
+
+
+def test_each_backends_table_span_is_its_kernels_rule():
+    import numpy as np
+
+    from engine_path.forward.adapters_base import SPAN_FA, SPAN_RAGGED, SPAN_TRITON, SPAN_UNIFIED
+
+    seq, ext, w = np.array([10, 40, 3]), np.array([1, 8, 3]), 16     # new tokens from P0 = 9, 32, 0
+
+    def got(span, decode, backend=None):
+        s = span.spans(backend, seq, ext, w, decode)
+        return {k: (v.lo.tolist(), v.hi.tolist(), v.name, v.window) for k, v in s.items()}
+
+    # FA-shaped: window_size (W, 0) reads W + 1 keys ending at each query, the whole sequence
+    assert got(SPAN_FA, False) == {"full": ([0, 0, 0], [10, 40, 3], "prefix", 0),
+                                   "swa": ([0, 16, 0], [10, 40, 3], "window", 17)}
+    assert got(SPAN_UNIFIED, True)["swa"] == ([0, 17, 0], [10, 40, 3], "window", 16)      # (W - 1, 0)
+    # triton: its decode one key fewer (sglang#32087); its extend tables hold the prefix only
+    assert got(SPAN_TRITON, True)["swa"] == ([0, 17, 0], [10, 40, 3], "window", 16)
+    assert got(SPAN_TRITON, False) == {"full": ([0, 0, 0], [9, 32, 0], "prefix", 0),
+                                       "swa": ([0, 16, 0], [9, 32, 0], "window", 17)}
+    # flashinfer: the prefix only where its extend is ragged (the backend's metadata says, per forward)
+    ragged = types.SimpleNamespace(forward_metadata=types.SimpleNamespace(use_ragged=True))
+    paged = types.SimpleNamespace(forward_metadata=types.SimpleNamespace(use_ragged=False))
+    assert got(SPAN_RAGGED, False, ragged)["full"][1] == [9, 32, 0]
+    assert got(SPAN_RAGGED, False, paged)["full"][1] == [10, 40, 3]
+    assert got(SPAN_RAGGED, True, types.SimpleNamespace())["swa"][1] == [10, 40, 3]   # a decode never asks
+
+
+def test_a_designs_read_table_cannot_state_its_own_span():
+    import numpy as np
+
+    from simulator.designs.checks import check_read_table
+    from simulator.designs.types import ReadIds, ReadTable
+    from simulator.oracle.read_rules import prefix_span
+
+    ids = ReadIds(torch.tensor([0, 2]), torch.tensor([5, 6]), torch.tensor([0]))
+    table = ReadTable(ids, None, {"full": prefix_span(np.array([1]))})
+    checked = check_read_table(table, 1, torch.device("cpu"))
+    assert checked.spans is None and checked.full is ids

@@ -31,7 +31,7 @@ import torch
 from simulator.designs.types import ReadTable
 
 from .adapters_aiter import AITER
-from .adapters_base import Adapter, Piece, csr, csr_ending_at
+from .adapters_base import SPAN_TRITON, Adapter, Piece, csr, csr_ending_at
 from .adapters_fa import FLASHATTENTION, MUSA, XPU
 from .adapters_flashinfer import FLASHINFER, TRTLLM_MHA
 
@@ -193,7 +193,7 @@ ADAPTERS: dict[str, Adapter] = {
         "triton",
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
-        reads=triton_reads,
+        reads=triton_reads, span=SPAN_TRITON,
         platform={"sglang.srt.layers.attention.triton_backend:is_arch_support_pdl": (
             pdl_unsupported, "sgl_kernel's query whether the GPU supports programmatic dependent launch (a launch "
                              "option of the attention kernels): False, as where sgl_kernel is absent")}),

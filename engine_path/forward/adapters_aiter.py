@@ -33,7 +33,7 @@ import torch
 
 from simulator.designs.types import KVWriteLoc
 
-from .adapters_base import Adapter, attention_output, lens_of, no_op, page_table_reads
+from .adapters_base import SPAN_UNIFIED, Adapter, attention_output, lens_of, no_op, page_table_reads
 from .runner import Capture
 
 AITER_MOD = "sglang.srt.layers.attention.aiter_backend"
@@ -139,7 +139,7 @@ def aiter_reads(backend, fb, bs: int):
 AITER = AiterAdapter(
     "aiter", replaced={"extend_attention_fwd": "a Triton kernel (target_verify / draft_extend; interpreted on a "
                                                "CPU: too slow for a run)"},
-    reads=aiter_reads, needs=("aiter",), stand_in={"model_config.dtype": "the model's dtype (aiter reads it there; the run's "
+    reads=aiter_reads, span=SPAN_UNIFIED, needs=("aiter",), stand_in={"model_config.dtype": "the model's dtype (aiter reads it there; the run's "
                                                      "stand-in has it on the runner only)"},
     shims={**{f"{AITER_MOD}:{n}": why for n, (_, why) in KERNELS.items()},
            f"{AITER_MOD}:launch_reshape_and_cache_flash": "the KV write kernel (a Triton kernel writing the K/V rows at "

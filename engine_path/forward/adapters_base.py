@@ -20,19 +20,49 @@ import importlib.machinery
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from simulator.designs.types import ReadIds, ReadTable
+from simulator.oracle.read_rules import ReadSpan
 
 from .. import shims
 
 REGISTRY = "sglang.srt.layers.attention.attention_registry"
-#: why the release's read tables are not held to the oracle's span (their entries' slots and positions are)
-SPAN_UNCHECKED = ("the span the release's tables read is the backend's own and not modelled yet: its kernels read "
-                  "a forward's new tokens from their K/V (triton, flashinfer's ragged prefill), and the release is "
-                  "given sliding_window_size = the scenario's window W where SGLang's models give W - 1 (a radius: "
-                  "FA-shaped kernels and flashinfer read it + 1 keys, triton's decode it, sglang#32087), as the "
-                  "model's eviction thresholds assume")
+@dataclass(frozen=True)
+class TableSpan:
+    """The positions a backend's read tables hold per request, as its kernels read them, where the release is
+    given ``sliding_window_size = W`` (the scenario's window; SGLang's models give ``W - 1``, a radius,
+    sglang#32087). For a request of ``seq`` positions whose new tokens start at ``P0 = seq - extend_len``: full
+    layers ``[0, end)``, SWA layers ``[max(0, P0 - left), end)``, ``left = W + decode_left`` in a decode and
+    ``W + extend_left`` otherwise; ``end`` is ``seq``, or ``P0`` in an extend whose kernels read the new tokens
+    from the forward's own K/V (``prefix_only``: the tables hold the prefix). ``why`` names the kernels' rule."""
+
+    decode_left: int
+    extend_left: int
+    prefix_only: object          # bool, or ``(backend) -> bool`` where the backend decides per forward
+    why: str
+
+    def spans(self, backend, seq_lens, extend_lens, window: int, decode: bool) -> dict:
+        """``{"full": ReadSpan, "swa": ReadSpan}`` for one forward's requests (numpy int64 arrays)."""
+        seq = np.asarray(seq_lens, dtype=np.int64)
+        first = seq - np.asarray(extend_lens, dtype=np.int64)
+        prefix = not decode and (self.prefix_only(backend) if callable(self.prefix_only) else self.prefix_only)
+        end = first if prefix else seq
+        left = window + (self.decode_left if decode else self.extend_left)
+        return {"full": ReadSpan(np.zeros_like(seq), end, "prefix"),
+                "swa": ReadSpan(np.maximum(first - left, 0), end, "window", int(left) + 1)}
+
+
+#: the spans of the release's tables, per kernel family (each adapter names its own)
+SPAN_FA = TableSpan(0, 0, False, "window_size = (W, 0): W + 1 keys ending at each query, over the whole sequence")
+SPAN_UNIFIED = TableSpan(-1, -1, False, "unified_attention's window (W - 1, 0): W keys ending at each query")
+SPAN_RAGGED = TableSpan(0, 0, lambda backend: bool(backend.forward_metadata.use_ragged),
+                   "window_left = W: W + 1 keys; a ragged extend's new tokens come from the forward's K/V, its paged "
+                   "tables hold the prefix")
+SPAN_TRITON = TableSpan(-1, 0, True, "its decode kernel reads the last W keys (one fewer than the FA-shaped kernels: "
+                                "sglang#32087), its extend W before the first new token; an extend's new tokens "
+                                "come from the forward's K/V, the tables hold the prefix")
 
 
 @dataclass(frozen=True)
@@ -62,6 +92,8 @@ class Adapter:
     #: that attribute holds the capture-time metadata (engine_path/forward/graphs.py), as the graph's kernels read it
     reads: Optional[Callable] = None
     reads_why: str = ""
+    #: the positions those tables hold, by the backend's kernels' rule (None: their span is not checked)
+    span: Optional[TableSpan] = None
     #: module globals of the release set on a CPU ("module:name" -> why): kernels bound at import, platform fakes
     shims: dict[str, str] = field(default_factory=dict)
     #: native packages stubbed for the backend's import and construction (root -> why); a stub raises if called
@@ -156,8 +188,12 @@ class Adapter:
         out += [Piece(f"module global {name}", "model", f"set here (its platform package is not installed): "
                       f"{self.platform[name][1]}") for name in getattr(self, "platform_set", ())]
         out += [Piece(f"model-runner stand-in: {name}", "model", why) for name, why in self.stand_in.items()]
-        out += ([Piece("read tables", "engine"), Piece("read tables' span", "model", f"not checked: {SPAN_UNCHECKED}")]
-                if self.reads is not None else [Piece("read tables", "model", self.reads_why)])
+        if self.reads is None:
+            out.append(Piece("read tables", "model", self.reads_why))
+        else:
+            out.append(Piece("read tables", "engine"))
+            out.append(Piece("read tables' span", "model", f"held to its kernels' rule: {self.span.why}")
+                       if self.span is not None else Piece("read tables' span", "model", "not checked"))
         return out
 
 

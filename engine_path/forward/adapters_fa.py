@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib
 import types
 
-from .adapters_base import Adapter, attention_output, lens_of, page_table_reads
+from .adapters_base import SPAN_FA, Adapter, attention_output, lens_of, page_table_reads
 
 FA = "sglang.srt.layers.attention.flashattention_backend"
 XPU_MOD = "sglang.srt.layers.attention.xpu_backend"
@@ -78,7 +78,7 @@ _FA_KERNELS = {FA: {"flash_attn_with_kvcache": attention_output, "flash_attn_var
 
 def _adapter(name: str, factory: str, why: str, kernels: dict, stubs: dict, replaced: dict) -> FlashAttentionAdapter:
     a = FlashAttentionAdapter(
-        name, replaced=replaced, reads=fa_reads, factory=factory, factory_why=why,
+        name, replaced=replaced, reads=fa_reads, span=SPAN_FA, factory=factory, factory_why=why,
         shims={f"{mod}:{n}": (_SCHED if n == "get_scheduler_metadata" else _KERNEL)
                for mod, names in kernels.items() for n in names},
         stubs=stubs, stand_in={"model_config.is_local_attention_model": _LOCAL})

@@ -35,7 +35,8 @@ import torch
 
 from simulator.designs.types import ReadTable
 
-from .adapters_base import Adapter, Piece, attention_output, csr_ending_at, lens_of, page_table_reads
+from .adapters_base import (SPAN_FA, SPAN_RAGGED, Adapter, Piece, attention_output, csr_ending_at, lens_of,
+                            page_table_reads)
 
 FI = "sglang.srt.layers.attention.flashinfer_backend"
 TRTLLM = "sglang.srt.layers.attention.trtllm_mha_backend"
@@ -218,11 +219,11 @@ def trtllm_reads(backend, fb, bs: int):
 _PLANNED = "the flashinfer wrappers' plan (PlannedWrapper records kv_indptr / kv_indices)"
 
 FLASHINFER = FlashInferAdapter(
-    "flashinfer", reads=flashinfer_reads, shims=dict(FI_SHIMS), needs=("flashinfer",),
+    "flashinfer", reads=flashinfer_reads, span=SPAN_RAGGED, shims=dict(FI_SHIMS), needs=("flashinfer",),
     stand_in={"prefill/decode_attention_backend_str": "the backend's own name (the run's stand-in says triton)"})
 
 TRTLLM_MHA = FlashInferAdapter(
-    "trtllm_mha", reads=trtllm_reads, needs=("flashinfer",),
+    "trtllm_mha", reads=trtllm_reads, span=SPAN_FA, needs=("flashinfer",),
     shims={**FI_SHIMS,
            f"{TRTLLM}:flashinfer": "flashinfer's trtllm-gen kernels (trtllm_batch_decode_with_kv_cache, "
                                   "trtllm_batch_context_with_kv_cache, trtllm_fmha_v2_prefill: the attention "

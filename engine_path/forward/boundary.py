@@ -101,7 +101,7 @@ class ReleaseBoundary:
         return self.adapter.reads is None and self.model.base_reads()
 
     def span_checked(self) -> bool:
-        # the release's tables: slots and positions checked, not their span (adapters_base.SPAN_UNCHECKED)
+        # the release's tables state their span by their kernels' rule (ReadTable.spans; adapters_base.TableSpan)
         return self.adapter.reads is None and self.model.span_checked()
 
     # ------------------------------------------------------------------ per forward
@@ -157,7 +157,12 @@ class ReleaseBoundary:
         if table is None:
             self.model_reads["no table in this forward's metadata"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
-        return check_read_table(table, bs, torch.device("cpu"))
+        table = check_read_table(table, bs, torch.device("cpu"))
+        if self.adapter.span is None:
+            return table
+        spans = self.adapter.span.spans(self.backend, seq_lens.cpu().numpy(), extend_lens.cpu().numpy(), self.window,
+                                        meta.fb.forward_mode.is_decode_or_idle())
+        return ReadTable(table.full, table.swa, spans)
 
     def _rows_as_read(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> bool:
         """Whether the ``req_to_token`` rows the release's metadata was built on (the requests' slots when the

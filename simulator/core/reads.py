@@ -74,7 +74,11 @@ class ReadCheck:
             self._reported[kind] = bad if prev is None else np.concatenate([prev, bad])
 
     def _span(self, kind: str) -> Optional[ReadSpan]:
-        """The positions a correct table of ``kind`` reads, or None (the base formula's table: not checked)."""
+        """The positions a correct table of ``kind`` reads, or None (the base formula's table: not checked); a
+        table that states its kernels' own rule (``ReadTable.spans``) is held to that."""
+        own = self.table.spans
+        if own is not None:
+            return own.get(kind)
         if self._spans is None:
             return None
         rq = self.batch.requests

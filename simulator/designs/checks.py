@@ -68,7 +68,8 @@ def check_write_loc(wl: Any, kind: str, device: torch.device) -> KVWriteLoc:
 
 
 def check_read_table(table: Any, num_requests: int, device: torch.device) -> ReadTable:
-    """A ``read_ids`` result as the attention kernels take it: per kind None or consistent CSR tensors."""
+    """A ``read_ids`` result as the attention kernels take it: per kind None or consistent CSR tensors. The
+    table's ``spans`` are dropped: a design's tables are held to the oracle's rule, whatever they say."""
     hook = "read_ids"
     if not isinstance(table, ReadTable):
         raise HookFailure(hook, f"returned {type(table).__name__}, not a ReadTable", "full")
@@ -92,4 +93,4 @@ def check_read_table(table: Any, num_requests: int, device: torch.device) -> Rea
         except HookFailure as f:
             f.kind = kind
             raise
-    return table
+    return table if table.spans is None else ReadTable(table.full, table.swa)

@@ -39,10 +39,13 @@ class ReadIds:
 @dataclass(frozen=True, slots=True)
 class ReadTable:
     """The forward's read ids per layer kind: full layers read ``full`` in the full pool, SWA layers ``swa``
-    in the SWA pool. None: not built (nothing of that kind is checked)."""
+    in the SWA pool. None: not built (nothing of that kind is checked). ``spans``: per kind the positions a
+    correct table of this one's kernels holds (simulator.oracle.read_rules.ReadSpan), where that is the kernels'
+    own rule and not the oracle's (a real engine's backend); None: the oracle's rule."""
 
     full: Optional[ReadIds]
     swa: Optional[ReadIds]
+    spans: Optional[dict] = None
 
     def of(self, kind: str) -> Optional[ReadIds]:
         return self.full if kind == "full" else self.swa
