@@ -39,6 +39,8 @@ from typing import Optional
 import numpy as np
 import torch
 
+from simulator.designs.checks import HookFailure
+
 #: the fields of one step's record that are compared, in the order the summary lists them
 FIELDS = ("out_cache_loc", "swa_ids", "swa_loc", "write_loc", "write_loc_full", "mapping", "evicted_swa", "freed_full",
           "freed_swa")
@@ -204,9 +206,15 @@ def _records(sc, design, alloc, sched, pad, max_steps: Optional[int], backends=N
                 batch, mapping = unified.bind(batch, rec)
             loc = torch.from_numpy(batch.out_cache_loc)
             for name, b in bounds.items():
-                meta = b.init_metadata(batch, loc, mapping)
-                writes = {field: b.write_loc(meta, li.layer, li.kind)
-                          for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer)) if li is not None}
+                try:
+                    meta = b.init_metadata(batch, loc, mapping)
+                    writes = {field: b.write_loc(meta, li.layer, li.kind)
+                              for field, li in (("write_loc_full", full_layer), ("write_loc", swa_layer))
+                              if li is not None}
+                except HookFailure as e:     # this backend's forward failed (a finding in a run): its value here
+                    for field in ("swa_loc", "write_loc", "write_loc_full"):
+                        rec[field][name] = ["raised", str(e)]
+                    continue
                 for field, wl in writes.items():
                     rec[field][name] = [_ints(wl.loc), None if wl.swa_loc is None else _ints(wl.swa_loc)]
                 # swa_loc: the SWA ids the first layer's write carries (its loc where it carries none), read after

@@ -94,8 +94,10 @@ class EngineRuntime:
         drive yet gets the model's boundaries, every one named with the reason."""
         if self.backend_source is None:
             try:
+                spec = scenario.engine.speculative
                 self._config = publish_config(self.api, backend="triton", page_size=scenario.pool.page_size,
-                                              device=self.device)
+                                              device=self.device,
+                                              spec=(spec.num_draft_tokens, spec.num_steps) if spec.enabled else None)
             except EngineError as e:
                 self.backend_source = ReleaseBackends(self.api, None, unavailable=str(e))
                 return self.backend_source
@@ -105,16 +107,18 @@ class EngineRuntime:
                 if side not in runners:
                     if self.allocator is None:
                         raise EngineError("the engine allocator must be made before the engine backends")
-                    layers = sizes = None
+                    layers = sizes = planner = None
                     spec = scenario.engine.speculative
                     if side == "draft":        # its own layers and pools, over the target's allocator
                         layers = draft_layers(scenario.model, draft_model(scenario.model, scenario))
                         sizes = draft_pool_sizes(self.design, self.allocator, scenario)
+                        planner = runner_for("target").translator     # a round is planned by the target's
                     runners[side] = build_runner(self.api, model=scenario.model, allocator=self.allocator,
                                                  max_requests=request_rows(scenario), context_len=context_len(scenario),
                                                  device=self.device, server_args=self._config.server_args,
                                                  layers=layers, pool_sizes=sizes, draft=side == "draft",
-                                                 spec_algorithm=spec.algorithm if spec.enabled else None)
+                                                 spec_algorithm=spec.algorithm if spec.enabled else None,
+                                                 planner=planner)
                 return runners[side]
             self.backend_source = ReleaseBackends(self.api, runner_for)
         return self.backend_source

@@ -29,7 +29,10 @@ RUNS = {
     "paged": (PAGED, "--page-size", "16"),
     "lifo": (B1, "--design", LIFO),
     "radix": (R3, "--page-size", "1", "--max-steps", "60"),
-    "pd": (A2, "--page-size", "16"),
+    # the release's torch_native cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch has
+    # not got): conform names it at A2's first verify; the decode node is compared on the other seven backends
+    "pd": (A2, "--page-size", "16", "--backends",
+           "flashinfer,triton,flashattention,trtllm_mha,aiter,xpu,musa"),
 }
 
 
@@ -132,12 +135,12 @@ def test_pd_decode_scenario_runs_the_decode_node_on_both_sides(conform_runs):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     res = _json(proc)
     assert res["scheduler"] == "PDDecodeScheduler" and res["not_compared"] == []
-    assert res["first"] is None and res["steps_compared"] == 405
+    assert res["first"] is None and res["steps_compared"] == 324
     assert res["fields"]["transfer"] == [25, 0] and res["fields"]["radix"] == [1, 0]
     assert res["engine_calls"]["alloc_extend_swa_tail"] == 48 and res["engine_calls"]["free"] == 95
     assert res["radix"]["pd_decode"] == {"transfers": 48, "tail_tokens": 1104, "non_tail_tokens": 4416,
                                          "overallocated_kept": 946, "stale_mappings_at_end": 0}
-    assert "every step conforms (405 steps)" in proc.stdout and "not compared" not in proc.stdout
+    assert "every step conforms (324 steps)" in proc.stdout and "not compared" not in proc.stdout
 
 
 def test_not_compared_lists_what_the_trace_does_not_run():

@@ -135,8 +135,8 @@ def test_the_releases_backends_run_every_path_of_smoke_and_say_so(clean):
     assert t["create_flashinfer_kv_indices_triton (the metadata's KV-index gather)"]["whose"] == "model"
     # torch_native: no CUDA-graph support in the release, so its decode graphs are the model's, and it says why
     native = pieces["backends"]["torch_native/target"]
-    why = ("graph path decode_graph (the release's capture: get_cuda_graph_seq_len_fill_value raised "
-           "NotImplementedError): the model's boundary")
+    why = ("graph path decode_graph (the release's capture: get_cuda_graph_seq_len_fill_value "
+           "(base_attn_backend.py:288) raised NotImplementedError): the model's boundary")
     assert native["model_forwards"] == {why: sum(s["graph"] == "decode_graph" for s in steps)}
     assert native["release_paths"]["piecewise"] == sum(s["graph"] == "piecewise" for s in steps)
     n = _whose(pieces, "torch_native")

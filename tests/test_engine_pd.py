@@ -99,6 +99,17 @@ def test_the_decode_node_conforms(run, k):
     path, page = JOBS[k]
     eng = run["traces"][k]
     model = trace(path, {"design": "sglang-0.5.23", "page_size": page, "max_steps": STEPS})
+    # the release's torch_native cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch has
+    # not got): its value at every verify of the engine's trace is the error; the model's torch_native verifies, so
+    # the node is compared on the other seven backends
+    verifies = [r for r in eng["steps"] if r["mode"] == "target_verify"]
+    assert verifies and all(r["swa_loc"]["torch_native"][0] == "raised" and "AttributeError" in
+                            r["swa_loc"]["torch_native"][1] for r in verifies)
+    for tr in (model, eng):
+        tr["info"]["swa_ids"].pop("torch_native")
+        for r in tr["steps"]:
+            for field in ("swa_loc", "write_loc", "write_loc_full"):
+                r[field].pop("torch_native", None)
     res = compare(model, eng)
     assert res["first"] is None and res["steps_compared"] == STEPS
     assert eng["info"]["scheduler"] == model["info"]["scheduler"] == "PDDecodeScheduler"

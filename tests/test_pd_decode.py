@@ -130,7 +130,8 @@ def _at_page(sc, page):
     return dataclasses.replace(sc, pool=dataclasses.replace(sc.pool, page_size=page))
 
 
-@pytest.mark.parametrize("page, steps, kept", [(16, 405, 946), (1, 385, 0)])
+#: steps: 81 and 77 EAGLE rounds, each with num_steps - 1 = 2 draft forwards (0.5.23's draft_forward breaks before the last)
+@pytest.mark.parametrize("page, steps, kept", [(16, 324, 946), (1, 308, 0)])
 def test_the_0_5_23_node_frees_rows_whole_and_runs_clean(page, steps, kept):
     """sglang-0.5.23 (both fixes, the row free of release_kv_cache): A2's scenario is clean at either page size; the
     over-allocated ids of a finished request's last page are cleared with it (no stale mapping at the end)."""

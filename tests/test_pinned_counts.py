@@ -55,6 +55,10 @@ def observed(summary: dict) -> dict:
 #          B4, paths-spec under post-29460, triton only: without window indices the draft-extend graph's SWA
 #          layer reads the whole prefix through full-pool ids in the SWA pool: outside the pool (the
 #          illegal memory access of #29858), freed, evicted or another token's slots. Correct runs read clean.
+#  P6      SFSF + draft FS, 12 EAGLE rounds (0.5.23: 2 draft steps, a verify, a draft extend over the window each):
+#          (3 extends + 12 verifies) x 4 + (3 + 12 draft extends + 24 draft steps) x 2 = 138 writes; xpu only, at
+#          the draft's SWA layer (global id 5): each step writes at the first SWA ids of the round's window.
+#  P6/p16  the same schedule on pages of 16: the same writes, clobbered and evicted_slot counts, 46 missed.
 #  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
 #          SWA layers = 32 length_mismatch, every backend.
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
@@ -180,6 +184,12 @@ PINNED_CORPUS = {
         every=(366, {"length_mismatch": 10}, (4, 5, "length_mismatch"))),
     ("P7", "fixed"): pinned("dots-eagle-preplan-rebuild", steps=147,
         every=(366, {}, None)),
+    ("P6", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None),
+        xpu=(138, {"missed": 74, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
+    ("P6", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None)),
+    ("P6/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None),
+        xpu=(138, {"missed": 46, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
+    ("P6/p16", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None)),
     ("U1", "buggy"): pinned("sglang-unified-pre-37560", steps=28,
         every=(168, {"out_of_range": 1}, (28, -1, "out_of_range"))),
     ("U1", "fixed"): pinned("sglang-0.5.23-unified", steps=66,

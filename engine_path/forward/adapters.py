@@ -112,10 +112,10 @@ class TorchNativeAdapter(Adapter):
     def kernel(self, attr: str):
         return WindowMask
 
-    def build(self, bag, device: str):
+    def build(self, bag, device: str, steps=None):
         if not self.stand_ins(device):
             self._sdpa()                # a stand-in set by an earlier build in this process is undone
-        backend = super().build(bag, device)
+        backend = super().build(bag, device, steps)
         if device != "cpu":
             for name in SDPA_GATHERS:
                 fn = getattr(backend, name, None)
@@ -190,7 +190,7 @@ ADAPTERS: dict[str, Adapter] = {
         # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
         reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
     "triton": Adapter(
-        "triton",
+        "triton", multistep="sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend",
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
         reads=triton_reads, span=SPAN_TRITON,

@@ -137,10 +137,12 @@ def aiter_reads(backend, fb, bs: int):
 
 
 AITER = AiterAdapter(
-    "aiter", replaced={"extend_attention_fwd": "a Triton kernel (target_verify / draft_extend; interpreted on a "
-                                               "CPU: too slow for a run)"},
-    reads=aiter_reads, span=SPAN_UNIFIED, needs=("aiter",), stand_in={"model_config.dtype": "the model's dtype (aiter reads it there; the run's "
-                                                     "stand-in has it on the runner only)"},
+    "aiter", multistep=f"{AITER_MOD}:AiterMultiStepDraftBackend",
+    replaced={"extend_attention_fwd": "a Triton kernel (target_verify / draft_extend; interpreted on a "
+                                      "CPU: too slow for a run)"},
+    reads=aiter_reads, span=SPAN_UNIFIED, needs=("aiter",),
+    stand_in={"model_config.dtype": "the model's dtype (aiter reads it there; the run's stand-in has it on the runner "
+                                    "only)"},
     shims={**{f"{AITER_MOD}:{n}": why for n, (_, why) in KERNELS.items()},
            f"{AITER_MOD}:launch_reshape_and_cache_flash": "the KV write kernel (a Triton kernel writing the K/V rows at "
                                                       "mapping[loc] itself): records the slots it would write as the "

@@ -109,6 +109,9 @@ class Adapter:
     #: the release's generic API (``init_cuda_graph_state``, ``init_forward_metadata_out_graph``,
     #: ``get_cuda_graph_seq_len_fill_value``); a backend that raises there runs that path as the model's (named)
     metadata_attr: str = "forward_metadata"
+    #: the release's multi-step draft backend, "module:Class" built ``(runner, topk, speculative_num_steps)`` as its
+    #: ``DraftBackendFactory`` builds it: an EAGLE draft's decode steps, one child backend a step ("": none)
+    multistep: str = ""
     #: platform packages the backend's kernels come from that are not stubbed for its import (flashinfer: its
     #: module imports them only where CUDA is): where one is not installed, the kernels are replaced here too
     needs: tuple[str, ...] = ()
@@ -124,20 +127,22 @@ class Adapter:
         return device == "cpu" or any(importlib.machinery.PathFinder.find_spec(root) is None
                                       for root in (*self.stubs, *self.needs))
 
-    def build(self, bag, device: str):
+    def build(self, bag, device: str, steps: Optional[int] = None):
         """The release's backend over the stand-in; its attention arithmetic replaced where it cannot run
-        (:meth:`stand_ins`)."""
+        (:meth:`stand_ins`). ``steps``: the multi-step draft backend of ``steps`` draft steps instead (its
+        children, one a step but the last, replaced alike)."""
         stand = self.stand_ins(device)
         bag = self.view(bag)           # the run's runner stand-in corrected for this backend, on every device
         with shims.stubbed_imports(tuple(self.stubs) if stand else ()):
             self.platform_set = self._set_platform_globals()
             if stand:
                 self.install(bag)
-            backend = self.construct(bag)
+            backend = self.construct(bag, steps)
         if stand:
-            for attr in self.replaced:
-                setattr(backend, attr, self.kernel(attr))
-            self.finish(backend, bag)
+            for one in (backend.attn_backends if steps is not None else (backend,)):
+                for attr in self.replaced:
+                    setattr(one, attr, self.kernel(attr))
+                self.finish(one, bag)
         return backend
 
     def _set_platform_globals(self) -> list[str]:
@@ -151,7 +156,10 @@ class Adapter:
                 done.append(target)
         return done
 
-    def construct(self, bag):
+    def construct(self, bag, steps: Optional[int] = None):
+        if steps is not None:
+            mod, _, cls = self.multistep.partition(":")
+            return getattr(importlib.import_module(mod), cls)(bag, 1, steps)       # topk 1: chain drafting
         if self.factory:
             mod, _, cls = self.factory.partition(":")
             return getattr(importlib.import_module(mod), cls)(bag)

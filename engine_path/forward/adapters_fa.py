@@ -76,9 +76,11 @@ def fa_reads(backend, fb, bs: int):
 _FA_KERNELS = {FA: {"flash_attn_with_kvcache": attention_output, "flash_attn_varlen_func": attention_output}}
 
 
-def _adapter(name: str, factory: str, why: str, kernels: dict, stubs: dict, replaced: dict) -> FlashAttentionAdapter:
+def _adapter(name: str, factory: str, why: str, kernels: dict, stubs: dict, replaced: dict,
+             multistep: str) -> FlashAttentionAdapter:
     a = FlashAttentionAdapter(
         name, replaced=replaced, reads=fa_reads, span=SPAN_FA, factory=factory, factory_why=why,
+        multistep=multistep,
         shims={f"{mod}:{n}": (_SCHED if n == "get_scheduler_metadata" else _KERNEL)
                for mod, names in kernels.items() for n in names},
         stubs=stubs, stand_in={"model_config.is_local_attention_model": _LOCAL})
@@ -92,7 +94,7 @@ _FA_REPLACED = {"flash_attn_with_kvcache": _KERNEL, "flash_attn_varlen_func": _K
 
 FLASHATTENTION = _adapter(
     "flashattention", f"{FA}:FlashAttentionBackend", "the registry's fa3 factory asserts an SM80/SM90 GPU",
-    _FA_KERNELS, _SGL, _FA_REPLACED)
+    _FA_KERNELS, _SGL, _FA_REPLACED, f"{FA}:FlashAttentionMultiStepBackend")
 
 MUSA = _adapter(
     "musa", "sglang.srt.hardware_backend.musa.attention:MusaFlashAttentionBackend",
@@ -100,7 +102,8 @@ MUSA = _adapter(
     {**_FA_KERNELS, MUSA_MOD: {"mate_flash_attn_with_kvcache": attention_output,
                                "flash_attn_varlen_func": attention_output,
                                "get_scheduler_metadata": no_scheduler_metadata}},
-    {**_SGL, "flash_attn_interface": "MUSA's flash-attention kernels (mate)"}, _FA_REPLACED)
+    {**_SGL, "flash_attn_interface": "MUSA's flash-attention kernels (mate)"}, _FA_REPLACED,
+    f"{MUSA_MOD}:MusaFlashAttentionMultiStepBackend")
 MUSA.stand_in["parallel pp_group"] = ("a one-rank group, published with the run's parallel config "
                                       "(engine_path/forward/runner.py publish_config): musa's scheduler-metadata "
                                       "wrapper reads its rank and width")
@@ -108,4 +111,4 @@ MUSA.stand_in["parallel pp_group"] = ("a one-rank group, published with the run'
 XPU = _adapter(
     "xpu", f"{XPU_MOD}:XPUAttentionBackend", "registered as intel_xpu",
     {XPU_MOD: {"flash_attn_with_kvcache": attention_output, "flash_attn_varlen_func": attention_output}},
-    _SGL, {})
+    _SGL, {}, f"{XPU_MOD}:XPUMultiStepDraftBackend")

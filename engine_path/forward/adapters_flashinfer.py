@@ -164,18 +164,20 @@ class FlashInferAdapter(Adapter):
     def view(self, bag):
         got = types.SimpleNamespace(**vars(bag))
         got.prefill_attention_backend_str = got.decode_attention_backend_str = self.name
+        if str(bag.device) == "cpu" and bag.spec_algorithm is not None and bag.spec_algorithm.is_eagle():
+            got.plan_stream_for_flashinfer = HOST_STREAM
         return got
 
-    def construct(self, bag):
+    def construct(self, bag, steps=None):
         """The release's constructor; where flashinfer is a slotscope stub (a GPU image without it), its
         tensor-core probe (``should_use_tensor_core`` calls flashinfer's compiled-kernel query) answers from
         the release's own environment override, for the constructor only (:data:`TENSOR_CORE_WHY`)."""
         if importlib.util.find_spec("flashinfer") is None or \
                 importlib.machinery.PathFinder.find_spec("flashinfer") is not None or TENSOR_CORE_ENV in os.environ:
-            return super().construct(bag)
+            return super().construct(bag, steps)
         os.environ[TENSOR_CORE_ENV] = "false"
         try:
-            return super().construct(bag)
+            return super().construct(bag, steps)
         finally:
             os.environ.pop(TENSOR_CORE_ENV, None)
 
@@ -185,6 +187,12 @@ class FlashInferAdapter(Adapter):
             out.append(Piece(f"environment {TENSOR_CORE_ENV}=false during the constructor", "model", TENSOR_CORE_WHY))
         return out
 
+
+#: what the registry's flashinfer factory keeps as the runner's plan stream under EAGLE, on a CPU (it makes a
+#: ``torch.cuda.Stream``; no 0.5.23 code reads it)
+HOST_STREAM = types.SimpleNamespace(name="slotscope's stand-in for the flashinfer plan stream (no CUDA here)")
+PLAN_STREAM_WHY = ("plan_stream_for_flashinfer: a placeholder on a CPU under EAGLE (the registry's factory makes a "
+                   "torch.cuda.Stream there, which no 0.5.23 code reads)")
 
 TENSOR_CORE_ENV = "SGLANG_FLASHINFER_USE_TENSOR_CORE"
 TENSOR_CORE_WHY = ("flashinfer is not installed here and its compiled-kernel probe is a stub; the flag picks only "
@@ -219,11 +227,14 @@ def trtllm_reads(backend, fb, bs: int):
 _PLANNED = "the flashinfer wrappers' plan (PlannedWrapper records kv_indptr / kv_indices)"
 
 FLASHINFER = FlashInferAdapter(
-    "flashinfer", reads=flashinfer_reads, span=SPAN_RAGGED, shims=dict(FI_SHIMS), needs=("flashinfer",),
-    stand_in={"prefill/decode_attention_backend_str": "the backend's own name (the run's stand-in says triton)"})
+    "flashinfer", multistep=f"{FI}:FlashInferMultiStepDraftBackend", reads=flashinfer_reads, span=SPAN_RAGGED,
+    shims=dict(FI_SHIMS), needs=("flashinfer",),
+    stand_in={"prefill/decode_attention_backend_str": "the backend's own name (the run's stand-in says triton)",
+              "plan_stream_for_flashinfer (under EAGLE, on a CPU)": PLAN_STREAM_WHY})
 
 TRTLLM_MHA = FlashInferAdapter(
-    "trtllm_mha", reads=trtllm_reads, span=SPAN_FA, needs=("flashinfer",),
+    "trtllm_mha", multistep=f"{TRTLLM}:TRTLLMHAAttnMultiStepDraftBackend", reads=trtllm_reads, span=SPAN_FA,
+    needs=("flashinfer",),
     shims={**FI_SHIMS,
            f"{TRTLLM}:flashinfer": "flashinfer's trtllm-gen kernels (trtllm_batch_decode_with_kv_cache, "
                                   "trtllm_batch_context_with_kv_cache, trtllm_fmha_v2_prefill: the attention "

@@ -22,14 +22,13 @@ MODES = {"extend": "EXTEND", "decode": "DECODE", "mixed": "MIXED"}
 #: the graph paths a release batch is made for, and the modes each runs (engine_path/forward/graphs.py)
 GRAPH_MODES = {"eager": frozenset(MODES), "decode_graph": frozenset({"decode"}),
                "piecewise": frozenset({"extend", "mixed"})}
-#: why a draft forward gets no release batch, by mode
-DRAFT_MODEL_ONLY = {
-    "draft_decode": ("mode draft_decode (the release's multi-step draft: per_step_draft_out_cache_loc's columns and "
-                     "its multi-step draft backend's per-step metadata, not driven yet: the model's boundary)"),
-    "draft_extend": ("mode draft_extend after a verify (the release's DRAFT_EXTEND_V2 over num_draft_tokens a "
-                     "request, prepare_for_draft_extend and its draft-extend graph runner, not driven yet: the "
-                     "model's boundary)"),
-}
+#: the forwards of an EAGLE decode round (engine_path/forward/speculative.py)
+ROUND_MODES = frozenset({"target_verify", "draft_decode", "draft_extend"})
+
+
+def is_round(batch) -> bool:
+    """Whether ``batch`` is a forward of an EAGLE decode round (not the draft's extend after a prefill)."""
+    return batch.mode in ROUND_MODES and not batch.of_prefill
 
 
 def release_mode(batch) -> str:
@@ -42,15 +41,18 @@ def release_mode(batch) -> str:
 
 def mode_supported(batch) -> Optional[str]:
     """Why a step's batch gets no release batch (None: it does)."""
-    if batch.mode == "target_verify":
-        return ("mode target_verify (the release's verify batch needs an EagleVerifyInput and speculative server "
-                "args, not built yet: the model's boundary, its decode-graph replays included)")
     if batch.mode == "draft_extend" and batch.of_prefill:
         if batch.graph != "eager":
             return f"graph path {batch.graph} of the draft's extend after a prefill: the model's boundary"
         return None if batch.requests is not None else "a batch without its requests"
-    if batch.mode in DRAFT_MODEL_ONLY:
-        return DRAFT_MODEL_ONLY[batch.mode]
+    if is_round(batch):
+        if batch.requests is None:
+            return "a batch without its requests"
+        if batch.mode == "draft_decode" and batch.draft_step is None or \
+                batch.mode == "draft_extend" and batch.accepted is None:
+            return (f"mode {batch.mode} outside a round over one window (the release's spec v2 round: the model's "
+                    f"round is another release's)")
+        return None
     if batch.mode not in MODES:
         return f"mode {batch.mode} (speculative forwards: the model's boundary)"
     if batch.mode not in GRAPH_MODES.get(batch.graph, ()):

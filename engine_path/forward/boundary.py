@@ -33,10 +33,27 @@ from simulator.designs.types import KVWriteLoc, ReadTable
 from ..release_log import printed_as_log
 from . import kernels
 from .adapters import ADAPTERS, Adapter, Piece
-from .batch import mode_supported, release_batch
-from .graphs import GRAPH_PREP, GraphPaths
+from .batch import is_round, mode_supported, release_batch
+from .graphs import GRAPH_PREP, GraphPaths, raised_text
 from .runner import COMPACT_WIDTH, Capture, Runner
+from .speculative import Rounds, draft_decode_batch, draft_extend_batch, draft_step, verify_batch, write_window_rows
 
+#: why an EAGLE round's reads are the model's although the release made the forward's metadata
+SPEC_READS = "a forward of an EAGLE round: the release's tables of target_verify / draft steps not read yet"
+#: what of an EAGLE round is the release's, and what is not (engine_path/forward/speculative.py)
+ROUND_PIECES = (
+    Piece("EAGLE round: the plan (KVIndexTranslator.plan of the window), ForwardBatch of target_verify / the draft's "
+          "decode steps / DRAFT_EXTEND_V2, KVLocPlan.bind, init_forward_metadata (the multi-step draft backend's for "
+          "the steps), per_step_draft_out_cache_loc, each layer's write", "engine"),
+    Piece("EAGLE round: the spec inputs (EagleVerifyInput's chain tree and mask, EagleDraftInput, "
+          "EagleDraftExtendInput) and the window", "model",
+          "built in torch as the worker's CUDA-only kernels build them for a chain (build_tree_kernel_efficient, "
+          "assign_draft_cache_locs_contiguous, prepare_draft_extend_inputs cannot run here)"),
+    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph, draft_extend_graph)", "model",
+          "run eagerly through the release's backend: the release's graph runners for them (DecodeCudaGraphRunner "
+          "in verify mode, EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner) are not driven yet, so a "
+          "stale static buffer of theirs is not seen"),
+)
 #: why a forward's reads are the model's although the release made its metadata
 LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
              "tables were built on later rows")
@@ -51,6 +68,7 @@ class ReleaseMetadata(ForwardMetadata):
     fb: object = None            # the release's batch of the forward (its metadata init, its read tables)
     layer_fb: object = None      # the batch the layers run on (a prefill graph's static batch; else ``fb``)
     scope: object = None         # a context-manager factory around each layer's forward
+    spec: bool = False           # a forward of an EAGLE round (engine_path/forward/speculative.py)
     graph: object = None         # a decode-graph replay: the capture it replays (graphs.Captured)
     writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc
 
@@ -59,9 +77,15 @@ class ReleaseBoundary:
     """One backend of one model side, run by the release (see the module docstring)."""
 
     def __init__(self, model: BackendBoundary, adapter: Adapter, runner: Runner, backend, api, device: str,
-                 side: str = "target"):
+                 side: str = "target", rounds: Optional[Rounds] = None):
         self.model, self.adapter, self.runner, self.backend, self.api = model, adapter, runner, backend, api
         self.side = side             # the model side: "target", or "draft" (an EAGLE draft's own backend)
+        #: this backend's EAGLE rounds, shared by its target's and its draft's boundaries; the draft's multi-step
+        #: backend (built at its first decode step) or why there is none
+        self.rounds = rounds if rounds is not None else Rounds()
+        self.multistep = None
+        self.multistep_why: Optional[str] = None
+        self.release_modes: Counter = Counter()
         self.design, self.spec, self.device = model.design, model.spec, model.device
         self._layers: dict[int, object] = {}
         self._ctx = importlib.import_module(FORWARD_CONTEXT)
@@ -116,21 +140,85 @@ class ReleaseBoundary:
             self.model_forwards[why] += 1
             return self.model.init_metadata(batch, out_cache_loc, full_to_swa)
         ctx = self.context(batch, full_to_swa)
-        fb = release_batch(self.runner, batch, out_cache_loc)
-        meta = ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb, layer_fb=fb,
-                               scope=self.forward_scope)
-        try:
-            self.graphs.prepare(meta, batch)
-        except Exception as e:     # the release's code: a finding at this boundary, the run goes on
-            what = GRAPH_PREP.get(batch.graph, "init_forward_metadata")
-            raise HookFailure(f"{what} (the release's)", f"raised {type(e).__name__}: {e}") from e
+        if is_round(batch):
+            meta = self._round_forward(batch, out_cache_loc, ctx)
+            if meta is None:
+                return self.model.init_metadata(batch, out_cache_loc, full_to_swa)
+        else:
+            fb = release_batch(self.runner, batch, out_cache_loc)
+            meta = ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb,
+                                   layer_fb=fb, scope=self.forward_scope)
+            try:
+                self.graphs.prepare(meta, batch)
+            except Exception as e:     # the release's code: a finding at this boundary, the run goes on
+                what = GRAPH_PREP.get(batch.graph, "init_forward_metadata")
+                raise HookFailure(f"{what} (the release's)", f"raised {type(e).__name__}: {e}") from e
+            self.release_paths[batch.graph] += 1
         self.release_forwards += 1
-        self.release_paths[batch.graph] += 1
+        self.release_modes[batch.mode] += 1
         first = next(iter(self.model_layers()), None)
         if first is not None:
             wl = self.write_loc(meta, first.layer, first.kind)
             meta.layer_loc, meta.swa_loc = wl.loc, wl.swa_loc if wl.swa_loc is not None else wl.loc
         return meta
+
+    def _round_forward(self, batch, out_cache_loc: torch.Tensor, ctx) -> Optional[ReleaseMetadata]:
+        """A forward of an EAGLE round as the release's worker runs it (engine_path/forward/speculative.py): its
+        batch, bound to the round's plan, and its metadata; None where the release has no backend for it here (the
+        reason counted: the model's boundary runs it)."""
+        spec = self.model.engine.speculative
+        nd, steps = spec.num_draft_tokens, spec.num_steps
+        dev = out_cache_loc.device
+        backend = self.backend
+        if batch.mode == "draft_decode":
+            backend = self._multistep(steps)
+            if backend is None:
+                self.model_forwards[self.multistep_why] += 1
+                return None
+        rnd = self.rounds.of(batch, nd, self.runner.planner, dev)
+        write_window_rows(self.runner.req_to_token_pool.req_to_token, batch.requests, rnd, nd)
+        what = "init_forward_metadata"
+        try:
+            if batch.mode == "target_verify":
+                fb = verify_batch(self.runner, rnd, nd, steps, dev)
+            elif batch.mode == "draft_extend":
+                fb = draft_extend_batch(self.runner, rnd, batch.accepted, nd, dev)
+            else:
+                if rnd.draft_fb is None:                # the round's first step: the whole draft's metadata once
+                    rnd.draft_fb = draft_decode_batch(self.runner, rnd, steps, dev)
+                    what = "init_forward_metadata (the multi-step draft backend's)"
+                    backend.init_forward_metadata(rnd.draft_fb)
+                fb = rnd.draft_fb
+                draft_step(fb, rnd, batch.draft_step, steps)
+                backend = backend.attn_backends[batch.draft_step]
+            if batch.mode != "draft_decode":
+                with self.forward_scope(None, backend):
+                    backend.init_forward_metadata(fb)
+        except Exception as e:
+            raise HookFailure(f"{what} (the release's, {batch.mode})", f"raised {type(e).__name__}: {e}") from e
+        self.release_paths[batch.graph if batch.graph == "eager" else f"{batch.graph}, run eagerly"] += 1
+        return ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb, layer_fb=fb,
+                               scope=lambda fb=None: self.forward_scope(fb, backend), spec=True)
+
+    def _multistep(self, steps: int):
+        """The draft's multi-step backend of ``steps`` draft steps, built at the first decode step (None: why in
+        :attr:`multistep_why`)."""
+        if self.multistep is None and self.multistep_why is None:
+            if not self.adapter.multistep:
+                self.multistep_why = ("mode draft_decode (the release has no multi-step draft backend for this "
+                                      "backend: DraftBackendFactory maps none; the model's boundary)")
+            elif steps < 2:
+                self.multistep_why = "mode draft_decode with one draft step (the release runs no draft forward)"
+            else:
+                try:
+                    with printed_as_log(f"{self.adapter.name}'s multi-step draft backend"):
+                        self.multistep = self.adapter.build(self.runner.bag, self.device.type, steps)
+                    if self.device.type == "cpu":
+                        kernels.install()
+                except Exception as e:
+                    self.multistep_why = (f"mode draft_decode (the release's multi-step draft backend failed to "
+                                          f"build here: {raised_text(e)}; the model's boundary)")
+        return self.multistep
 
     def write_loc(self, meta: ForwardMetadata, layer: int, kind: str) -> KVWriteLoc:
         if not isinstance(meta, ReleaseMetadata):
@@ -142,8 +230,10 @@ class ReleaseBoundary:
 
     def read_table(self, meta: ForwardMetadata, req_to_token, seq_lens, extend_lens, full_to_swa,
                    shared: Optional[dict] = None) -> ReadTable:
-        if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None:
-            self.model_reads["model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"] += 1
+        if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None or meta.spec:
+            why = ("model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"
+                   if self.adapter.reads is None else SPEC_READS)
+            self.model_reads[why] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         bs = int(seq_lens.shape[0])
         if not self._rows_as_read(req_to_token, seq_lens):
@@ -202,8 +292,9 @@ class ReleaseBoundary:
     def model_layers(self):
         return self.runner.layers
 
-    def forward_scope(self, fb=None):
-        return self._ctx.forward_context(self._ctx.ForwardContext(attn_backend=self.backend), forward_batch=fb)
+    def forward_scope(self, fb=None, backend=None):
+        return self._ctx.forward_context(self._ctx.ForwardContext(attn_backend=backend or self.backend),
+                                         forward_batch=fb)
 
     def _attention(self, layer: int, kind: str):
         got = self._layers.get(layer)
@@ -264,9 +355,11 @@ class ReleaseBoundary:
                                 "one device mapping is registered before the backends are built)").__dict__)
         if self.device.type == "cpu":
             pieces += [Piece(*p).__dict__ for p in kernels.pieces()]
+        if self.release_modes.keys() & {"target_verify", "draft_decode", "draft_extend"}:
+            pieces += [p.__dict__ for p in ROUND_PIECES]
         return {"pieces": pieces, "release_forwards": self.release_forwards,
-                "release_paths": dict(self.release_paths), "model_forwards": dict(self.model_forwards),
-                "model_reads": dict(self.model_reads)}
+                "release_paths": dict(self.release_paths), "release_modes": dict(self.release_modes),
+                "model_forwards": dict(self.model_forwards), "model_reads": dict(self.model_reads)}
 
 
 def follow_mapping(backend, old: torch.Tensor, new: torch.Tensor) -> list[str]:
@@ -297,6 +390,7 @@ class ReleaseBackends:
         self.unavailable = unavailable
         self.model = ModelBackends()
         self.boundaries: list[tuple[str, str, object, str]] = []       # (backend, side, boundary or None, why)
+        self.rounds: dict[str, Rounds] = {}     # per backend: its EAGLE rounds, shared by its target and its draft
 
     def boundary(self, backend: str, design, engine, device: torch.device, *, side: str, page_size: int,
                  swa_pad: int):
@@ -307,15 +401,16 @@ class ReleaseBackends:
             self.boundaries.append((backend, side, None, why))
             return model
         runner = self.runner_for(side)
+        rounds = self.rounds.setdefault(backend, Rounds())
         try:
             with printed_as_log(f"{backend}'s module or constructor"):
                 built = adapter.build(runner.bag, device.type)
         except Exception as e:          # the release's constructor over the stand-in: say why, run the model's
-            self.boundaries.append((backend, side, None, f"its constructor failed here: {type(e).__name__}: {e}"))
+            self.boundaries.append((backend, side, None, f"its constructor failed here: {raised_text(e)}"))
             return model
         if device.type == "cpu":
             kernels.install()            # the modules the constructor imported hold the kernel by name too
-        got = ReleaseBoundary(model, adapter, runner, built, self.api, device, side=side)
+        got = ReleaseBoundary(model, adapter, runner, built, self.api, device, side=side, rounds=rounds)
         self.boundaries.append((backend, side, got, ""))
         return got
 

@@ -311,11 +311,12 @@ NO_SHRINK = ("graph path piecewise with piecewise_shrink = false (0.5.23 narrows
              "boundary")
 
 
-def _raised(e: BaseException) -> str:
-    """``where raised Type: message`` (the innermost frame: a release function, or ours)."""
+def raised_text(e: BaseException) -> str:
+    """``where (file:line) raised Type: message`` (the innermost frame: a release function, or ours)."""
+    import os
     import traceback
     tb = traceback.extract_tb(e.__traceback__)
-    where = f"{tb[-1].name} " if tb else ""
+    where = f"{tb[-1].name} ({os.path.basename(tb[-1].filename)}:{tb[-1].lineno}) " if tb else ""
     text = str(e)
     return f"{where}raised {type(e).__name__}{': ' + text if text else ''}"
 
@@ -358,7 +359,7 @@ class GraphPaths:
             dg = DecodeGraphs(b.runner, b.backend, b.adapter, sizes, str(b.device), b.forward_scope)
             dg.capture([Layer(li.layer, li.kind, writer(li)) for li in b.model_layers()])
         except Exception as e:       # the release's capture cannot run for this backend: that path is the model's
-            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: {_raised(e)}): "
+            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: {raised_text(e)}): "
                                                 f"the model's boundary")
             return
         self.decode = dg
@@ -375,7 +376,7 @@ class GraphPaths:
                                          b.forward_scope)
         except Exception as e:
             self.unavailable["piecewise"] = (f"graph path piecewise (the release's prefill runner buffers: "
-                                             f"{_raised(e)}): the model's boundary")
+                                             f"{raised_text(e)}): the model's boundary")
 
     # ------------------------------------------------------------------ per forward
 
@@ -389,7 +390,7 @@ class GraphPaths:
             self.decode.writes_of(batch.padded_len)
         except Exception as e:
             self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture at size "
-                                                f"{batch.padded_len}: {_raised(e)}): the model's boundary")
+                                                f"{batch.padded_len}: {raised_text(e)}): the model's boundary")
             self.decode = None
 
     def prepare(self, meta, batch) -> None:

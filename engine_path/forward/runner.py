@@ -28,6 +28,7 @@ from ..pool import COMPACT_WIDTH, build_full_pool, build_swa_pool
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"
 GRAPH_CONFIG = "sglang.srt.model_executor.cuda_graph_config"
 SPEC_INFO = "sglang.srt.speculative.spec_info"
+SPEC_UTILS = "sglang.srt.speculative.spec_utils"
 
 
 @dataclass
@@ -96,9 +97,11 @@ class RunnerContext:
             self._undo.pop()()
 
 
-def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str) -> RunnerContext:
+def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str,
+                   spec: Optional[tuple[int, int]] = None) -> RunnerContext:
     """Publish the server args and the attention-parallel group a backend reads, through the release's own
-    override hooks (0.5.22+: ``runtime_context``); an EngineError for a release without them."""
+    override hooks (0.5.22+: ``runtime_context``); an EngineError for a release without them. ``spec``: EAGLE's
+    ``(num_draft_tokens, num_steps)`` (topk 1), which backends read at construction."""
     try:
         rc = importlib.import_module(RUNTIME_CONTEXT)
         gc = importlib.import_module(GRAPH_CONFIG)
@@ -125,8 +128,11 @@ def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str
         over = rc.get_context().override_server_args(
             attention_backend=backend, chunked_prefill_size=-1, page_size=page_size,
             cuda_graph_config=gc.CudaGraphConfig(decode=off, prefill=off), disable_radix_cache=True, dp_size=1,
-            tp_size=1, pp_size=1, kv_cache_dtype="auto", speculative_algorithm=None, speculative_num_draft_tokens=0,
-            speculative_num_steps=0, speculative_eagle_topk=0, is_embedding=False,
+            tp_size=1, pp_size=1, kv_cache_dtype="auto", is_embedding=False,
+            **(dict(speculative_algorithm="EAGLE", speculative_num_draft_tokens=spec[0], speculative_num_steps=spec[1],
+                    speculative_eagle_topk=1) if spec else
+               dict(speculative_algorithm=None, speculative_num_draft_tokens=0, speculative_num_steps=0,
+                    speculative_eagle_topk=0)),
             enable_deterministic_inference=False, triton_attention_num_kv_splits=8,
             triton_attention_split_tile_size=None, max_running_requests=None, revision=None, dllm_algorithm=None,
             dllm_algorithm_config=None, enable_mis=False)
@@ -151,11 +157,14 @@ class Runner:
     #: the side's first layer id: the release numbers a side's layers from 0 in its own pool (SWAKVPool's
     #: ``start_layer`` is 0), the run numbers a draft's after the target's
     layer_base: int = 0
+    #: the translator an EAGLE round is planned with (the target's: ``prepare_for_draft`` plans the draft's and the
+    #: verify's window with it), this side's own for the target
+    planner: Any = None
 
 
 def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, context_len: int, device: str,
                  server_args: Any, backend: str = "triton", layers=None, pool_sizes=None,
-                 draft: bool = False, spec_algorithm: Optional[str] = None) -> Runner:
+                 draft: bool = False, spec_algorithm: Optional[str] = None, planner=None) -> Runner:
     """The stand-in over the run's allocator (engine_path.allocator.EngineAllocator: the release's own).
 
     ``layers`` (simulator LayerInfo; default the model's) and ``pool_sizes`` ((full, swa) tokens; default the
@@ -163,7 +172,8 @@ def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, contex
     ``req_to_token`` ids, writes at the target's indices into pools of its own, and a draft of full-attention layers
     only gets the release's plain ``MHATokenToKVPool`` (no SWA pool, no sliding window in its backends); ``draft``:
     the stand-in is a draft worker's (``is_draft_worker``); ``spec_algorithm``: the run's speculative algorithm
-    (the release's ``SpeculativeAlgorithm`` of that name on the stand-in; NONE without)."""
+    (the release's ``SpeculativeAlgorithm`` of that name on the stand-in; NONE without); ``planner``: the translator
+    an EAGLE round is planned with (default this side's own)."""
     mp = api.modules["sglang.srt.mem_cache.memory_pool"]
     layers = tuple(model.layers()) if layers is None else tuple(layers)
     full_size, swa_size = (allocator.full_size, allocator.swa_size) if pool_sizes is None else pool_sizes
@@ -195,8 +205,26 @@ def build_runner(api: ReleaseAPI, *, model, allocator, max_requests: int, contex
         server_args=server_args,
         use_mla_backend=False, hybrid_gdn_config=None, mambaish_config=None, spec_algorithm=_algorithm(spec_algorithm),
         canary_manager=None, hisparse_coordinator=None, init_new_workspace=False)
-    bag.decode_num_tokens_per_req = lambda: 1
-    return Runner(bag, capture, r2t, translator, layers, base)
+    bag.decode_num_tokens_per_req = _tokens_per_req(bag)
+    return Runner(bag, capture, r2t, translator, layers, base, planner if planner is not None else translator)
+
+
+def _tokens_per_req(bag):
+    """``ModelRunner.decode_num_tokens_per_req`` of the stand-in (triton's constructor reads it: a verify's width),
+    as the release derives it (its module imports the HTTP server, which is not installed here): under a speculative
+    algorithm the release's ``resolve_num_tokens_per_req`` of the target-verify phase, else 1 (no diffusion LM)."""
+    try:
+        resolve = importlib.import_module(SPEC_UTILS).resolve_num_tokens_per_req
+    except (ImportError, AttributeError):
+        return lambda **kw: 1
+
+    def tokens(*, num_draft_tokens=None) -> int:
+        alg = bag.spec_algorithm
+        if alg is None or not alg.is_speculative():
+            return 1
+        return resolve(phase="target_verify", spec_algorithm=alg, is_draft_worker=bag.is_draft_worker,
+                       num_draft_tokens=num_draft_tokens)
+    return tokens
 
 
 def _algorithm(name: Optional[str]):

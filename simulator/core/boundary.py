@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
+import numpy as np
 import torch
 
 from simulator.designs.base import Design, declared
@@ -80,7 +81,7 @@ class BackendBoundary:
         if batch.graph in STATIC_GRAPHS:
             return self._replay_metadata(batch, out_cache_loc, full_to_swa, ctx)
         real = batch.num_token_non_padded
-        swa = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+        swa = self._swa_ids(self._translated(batch, out_cache_loc), full_to_swa, ctx)
         window = batch.graph in self.spec.window_graphs
         if batch.graph == "piecewise":
             if self.engine.piecewise_shrink:
@@ -96,6 +97,16 @@ class BackendBoundary:
         loc = out_cache_loc if rows is None else out_cache_loc[:rows]
         return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
 
+    def _translated(self, batch: ForwardBatch, out_cache_loc: torch.Tensor) -> torch.Tensor:
+        """The full-pool ids the backend translates at metadata init: ``out_cache_loc``, or for a draft step of a
+        round the round's whole draft window where the backend translates that (``BackendSpec.draft_step_swa``)."""
+        if batch.draft_step is None or self.spec.draft_step_swa != "window" or batch.requests is None:
+            return out_cache_loc
+        rq, steps = batch.requests, self.engine.speculative.num_steps
+        first = rq.seq_lens - batch.draft_step - 1
+        cols = np.concatenate([s.full[c:c + steps] for s, c in zip(rq.slots, first.tolist())])
+        return torch.from_numpy(cols.astype(np.int64)).to(out_cache_loc.device)
+
     def _swa_ids(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:
         swa = call_hook("translate", self.design.translate, out_cache_loc, full_to_swa, ctx)
         return check_index(swa, self.device, "translate", "swa_loc")
@@ -109,7 +120,7 @@ class BackendBoundary:
         if "loc" in refreshed:
             call_hook("fill_graph_loc_buffer", self.design.fill_graph_loc_buffer, loc_buf, out_cache_loc, padded, ctx)
         if "swa_loc" in refreshed:
-            translated = self._swa_ids(out_cache_loc, full_to_swa, ctx)
+            translated = self._swa_ids(self._translated(batch, out_cache_loc), full_to_swa, ctx)
             call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
         return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
                                window=batch.graph in self.spec.window_graphs)

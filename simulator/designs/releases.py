@@ -90,3 +90,14 @@ class SGLang0523WarBarrier(SGLang0523):
                        war_barriers=(("cuda", "after_launch"), ("rocm", "after_launch")))
 
 
+
+
+class SGLang0523DraftStepSwa(SGLang0523):
+    name = "sglang-0.5.23-draft-step-swa"
+    description = ("SGLang 0.5.23 with P6 fixed in xpu (the proposed fix, examples/engine-patches/"
+                   "fix-p6-xpu-draft-step-swa.yaml): each child of its multi-step draft backend translates its own "
+                   "step's column of the round's window, as flashattention's and triton's do, instead of the whole "
+                   "window that KVWriteLoc then cuts to the first requests' first columns.")
+
+    def backend_spec(self, spec):
+        return _replace(super().backend_spec(spec), draft_step_swa="step")

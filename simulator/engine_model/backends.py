@@ -39,6 +39,12 @@ class BackendSpec:
     window_graphs: frozenset[str] = frozenset(GRAPH_PATHS)
     #: the static buffers its graph runners refresh at every replay (the rest keep the previous replay's)
     static_buffers: tuple[str, ...] = STATIC_BUFFERS
+    #: the SWA ids of an EAGLE draft step in a round over one window (SGLang 0.5.23's draft columns): "step", the
+    #: step's own column translated; "window", the round's whole draft window translated (columns
+    #: ``0 .. num_steps - 1``, request after request), which KVWriteLoc cuts to the step's length: the first
+    #: requests' first columns, the wrong slots for every step but the first request's first (0.5.23's xpu: each
+    #: child of its multi-step draft backend translates the ``out_cache_loc`` its metadata init sees, the window)
+    draft_step_swa: str = "step"
 
     def with_window_graph(self, graph: str) -> "BackendSpec":
         return dataclasses.replace(self, window_graphs=self.window_graphs | {graph})
@@ -51,6 +57,7 @@ BACKEND_SPECS: dict[str, BackendSpec] = {
         swa_ids="translate" if name in ("aiter", "xpu", "torch_native") else "plan",
         # triton's draft-extend graph runner builds no window indices (#29858, open)
         window_graphs=frozenset(GRAPH_PATHS) - ({"draft_extend_graph"} if name == "triton" else set()),
+        draft_step_swa="window" if name == "xpu" else "step",
     )
     for name in BACKENDS
 }

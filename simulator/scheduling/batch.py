@@ -31,6 +31,12 @@ class ForwardBatch:
     #: a draft forward over its prefill's own batch and slots (the draft model's extend after each prefill: an
     #: EXTEND of the draft in SGLang 0.5.23, where the one after a verify is a DRAFT_EXTEND_V2)
     of_prefill: bool = False
+    #: a multi-step draft's step within its round (DRAFT_DECODE under SGLang 0.5.23's window: it writes column
+    #: ``draft_step`` of the round's window); None elsewhere
+    draft_step: Optional[int] = None
+    #: a DRAFT_EXTEND after a verify over the round's whole window: per request the tokens the target accepted
+    #: (the bonus token included); None elsewhere
+    accepted: Optional[np.ndarray] = None
 
     @property
     def dp_padded_len(self) -> int:

@@ -1,18 +1,25 @@
 """The scheduler's speculative forwards (EAGLE, chain drafting, topk 1), a mixin of
 :class:`~simulator.scheduling.scheduler.Scheduler`.
 
-A prefill batch is followed by the draft model's DRAFT_EXTEND over the same tokens; a decode round is
-``num_steps`` DRAFT_DECODE forwards (one token per request each), one TARGET_VERIFY forward
-(``num_draft_tokens`` tokens per request), then a DRAFT_EXTEND forward over the tokens the target
-accepted; the rejected ones give their slots back. Where the draft's slots come from is the release's
-choice (``draft_columns``): held for the round's drafting only and given back before the verify
-(mid-2026), or the round's window allocated once and written column by column (SGLang 0.5.23).
+A prefill batch is followed by the draft model's DRAFT_EXTEND over the same tokens. A decode round is the
+release's choice (``draft_columns``):
+
+* mid-2026: ``num_steps`` DRAFT_DECODE forwards (one token per request each) in slots held for the round's
+  drafting only and given back before the verify, one TARGET_VERIFY forward (``num_draft_tokens`` tokens per
+  request), then a DRAFT_EXTEND forward over the tokens the target accepted; the rejected ones give their
+  slots back first;
+* SGLang 0.5.23 (spec v2): the round's window of ``num_draft_tokens`` slots per request is allocated once;
+  ``num_steps - 1`` DRAFT_DECODE forwards write its columns ``0 .. num_steps - 2`` (the draft worker breaks
+  before the last step's forward: ``draft_forward``), TARGET_VERIFY writes the whole window, the
+  DRAFT_EXTEND_V2 after it rewrites the whole window in the draft's pools (accepted or not:
+  ``prepare_for_draft_extend``), and only then do the rejected slots go back.
 
 The rounds allocate, evict and pad through the scheduler's own steps (``_write_tokens``,
 ``_lazy_evict``, ``_make_batch``), so a subclass that changes those changes the rounds the same way.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterator
 
 import numpy as np
@@ -83,27 +90,41 @@ class SpeculativeRounds:
         for r in reqs:
             new_full = self.alloc.extend(r.slots, d)
             self._mapping_changed.append(new_full)
-        for i in range(spec.num_steps):
+        for i in range(spec.num_steps - 1):
             cols = [start + i for start in starts]
             tags = [np.array([r.tag_base + c], dtype=np.int64) for r, c in zip(reqs, cols)]
             full = [r.slots.full[c:c + 1].copy() for r, c in zip(reqs, cols)]
             swa = [r.slots.swa[c:c + 1].copy() for r, c in zip(reqs, cols)]
-            yield self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
-                                   graph_kind="draft_graph")
+            batch, truth = self._make_batch(self._step, "draft_decode", len(reqs), tags, full, swa, per_request=1,
+                                            graph_kind="draft_graph")
+            yield replace(batch, draft_step=i), truth
         tags = [np.arange(r.tag_base + st, r.tag_base + st + d, dtype=np.int64) for r, st in zip(reqs, starts)]
         full = [r.slots.full[st:st + d].copy() for r, st in zip(reqs, starts)]
         swa = [r.slots.swa[st:st + d].copy() for r, st in zip(reqs, starts)]
         yield self._make_batch(self._step, "target_verify", len(reqs), tags, full, swa, per_request=d,
                                graph_kind="decode_graph")
-        yield self._accept_round(reqs, starts)
+        # DRAFT_EXTEND_V2 over the whole window, then the rejected slots go back
+        accepted = self._accepted(len(reqs))
+        batch, truth = self._make_batch(self._step, "draft_extend", len(reqs), tags, full, swa, per_request=d,
+                                        graph_kind="draft_extend_graph")
+        yield replace(batch, accepted=accepted), truth
+        with self.alloc.free_group(self._grouped):
+            for r, start, a in zip(reqs, starts, accepted.tolist()):
+                self._give_back(r, start + a)
+                r.decoded += a
+
+    def _accepted(self, n: int) -> np.ndarray:
+        """Per request of a round: 1 + its leading accepted drafts (the chain stops at the first reject)."""
+        d = self.spec.num_draft_tokens
+        drafts_ok = self.rng.random((n, d - 1)) < self.spec.accept_rate
+        return 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
 
     def _accept_round(self, reqs: list, starts: list[int]) -> tuple[ForwardBatch, BatchTruth]:
         """The end of a speculative round: each request accepts 1 + its leading accepted drafts, the rest
         give their slots back (in one free group where the release groups frees); then DRAFT_EXTEND, the
         draft's K/V of the accepted tokens, in the draft-extend graph runner."""
         d = self.spec.num_draft_tokens
-        drafts_ok = self.rng.random((len(reqs), d - 1)) < self.spec.accept_rate
-        accepted = 1 + np.cumprod(drafts_ok, axis=1).sum(axis=1)
+        accepted = self._accepted(len(reqs))
         tags, full, swa = [], [], []
         with self.alloc.free_group(self._grouped):
             for r, start, a in zip(reqs, starts, accepted.tolist()):
