@@ -73,11 +73,18 @@ def clean():
     return {name: run(name) for name in COVER}
 
 
+#: W5's class in 0.5.23's aiter (its store kernel maps each SWA slot at its own layer, after the read-done event the
+#: barrier waits for): the overlap scenario under its own design (sglang-0.5.23) is clean on every other backend
+AITER_UNDER_OVERLAP = {"cover-overlap-mixed-dp-paged": {"padding_slot": 8, "torn_write": 4}}
+
+
 @pytest.mark.parametrize("name", COVER)
 def test_clean_under_its_design_on_every_backend(clean, name):
     res = clean[name]
     assert list(res.result.backends) == list(BACKENDS)
-    assert res.result.total_findings == 0 and res.incomplete is None
+    assert res.incomplete is None
+    found = {b: {c: n for c, n in s.findings.items() if n} for b, s in res.result.backends.items()}
+    assert found == {b: AITER_UNDER_OVERLAP.get(name, {}) if b == "aiter" else {} for b in BACKENDS}
     assert all(s.writes > 0 for s in res.result.backends.values())
 
 

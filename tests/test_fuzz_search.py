@@ -67,7 +67,10 @@ def test_a_failure_the_release_shares_does_not_end_the_search():
 
 def test_the_release_itself_has_no_reference():
     res = fuzz("sglang-0.5.23", seed=0, budget_s=600, max_scenarios=40)
-    assert (res.status, res.against, res.shared, res.tried) == ("found", None, 0, 4)
+    # the third draw: an overlap scenario on ROCm, where aiter's store kernel maps its SWA slots at each layer while
+    # the scheduler's writes land (W5's class in the release's aiter; the barrier is off there: W7)
+    assert (res.status, res.against, res.shared, res.tried) == ("found", None, 0, 3)
+    assert (res.finding.backend, res.finding.cls) == ("aiter", "torn_write")
 
 
 class Injected(RuntimeError):

@@ -28,6 +28,7 @@ import contextvars
 import functools
 import importlib
 import types
+from dataclasses import dataclass
 
 import torch
 
@@ -52,8 +53,25 @@ def record_write(key, value, key_cache, value_cache, slot_mapping, swa_slot_mapp
     layer_id, calls = at
     n = int(key.shape[0])
     loc = slot_mapping[:n]
-    swa = None if swa_slot_mapping is None else swa_slot_mapping[loc.to(torch.int64)]
-    calls.append(Capture(layer_id, KVWriteLoc(loc, swa), n))
+    if swa_slot_mapping is None:
+        calls.append(Capture(layer_id, KVWriteLoc(loc, None), n))
+    else:
+        calls.append(Capture(layer_id, KernelMappedWrite(loc, swa_slot_mapping[loc.to(torch.int64)],
+                                                         swa_slot_mapping), n))
+
+
+@dataclass(frozen=True)
+class KernelMappedWrite:
+    """A write whose kernel maps each slot through the pool's mapping itself (``swa_loc`` is ``mapping[loc]`` when
+    it ran): a captured graph replays the kernel, so its SWA slots are the mapping at the replay of what ``loc``
+    (a view of the runner's static buffer) holds then (engine_path/forward/boundary.py ``_replayed``)."""
+
+    loc: torch.Tensor
+    swa_loc: torch.Tensor
+    mapping: torch.Tensor        # the mapping the kernel was handed (a view of the pool's, or a patch's own)
+    #: ``mapping`` is a view of the pool's mapping (set at a graph's capture): a replay reads the same view of the
+    #: mapping registered then (in the engine one device mapping lives for the whole run)
+    pool_view: bool = False
 
 
 @contextlib.contextmanager

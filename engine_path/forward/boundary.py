@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -226,7 +226,18 @@ class ReleaseBoundary:
         wl = meta.writes.get(layer)
         if wl is None:
             wl = self._replayed(meta, layer) if meta.graph is not None else self._run_layer(meta, layer, kind)
-        return check_write_loc(KVWriteLoc(wl.loc, wl.swa_loc), kind, self.device)
+        swa = wl.swa_loc if getattr(wl, "mapping", None) is None else self._kernel_mapped(wl)
+        return check_write_loc(KVWriteLoc(wl.loc, swa), kind, self.device)
+
+    def _kernel_mapped(self, wl) -> torch.Tensor:
+        """The SWA slots of a store kernel that maps each slot itself (aiter's), as it maps them when this layer
+        runs: the mapping it was handed, of its loc. A graph replays what the capture handed it: a view of the
+        pool's mapping reads that view of the mapping registered now (the engine has one device mapping)."""
+        m = wl.mapping
+        cur = getattr(self.runner.capture, "full_to_swa_index_mapping", None)
+        if wl.pool_view and cur is not None and m.untyped_storage().data_ptr() != cur.untyped_storage().data_ptr():
+            m = cur.as_strided(m.size(), m.stride(), m.storage_offset())
+        return m[wl.loc.to(torch.int64)]
 
     def read_table(self, meta: ForwardMetadata, req_to_token, seq_lens, extend_lens, full_to_swa,
                    shared: Optional[dict] = None) -> ReadTable:
@@ -331,16 +342,21 @@ class ReleaseBoundary:
         fb = meta.layer_fb
         cap = self.layer_call(layer, kind, fb, int(fb.out_cache_loc.shape[0]), meta.scope)
         wl = cap.loc
-        meta.writes[layer] = got = KVWriteLoc(getattr(wl, "loc", wl), getattr(wl, "swa_loc", None))
+        meta.writes[layer] = got = (wl if getattr(wl, "mapping", None) is not None else
+                                    KVWriteLoc(getattr(wl, "loc", wl), getattr(wl, "swa_loc", None)))
         if not meta.rows:
             meta.rows = cap.rows
         return got
 
     def _replayed(self, meta: ReleaseMetadata, layer: int):
-        """A decode-graph layer: what the tensors its store took at capture hold after this replay's prep."""
+        """A decode-graph layer: what the tensors its store took at capture hold after this replay's prep (a store
+        kernel that maps each slot itself: the pool's mapping now, of what its ``loc`` holds)."""
         wl = meta.graph.writes[layer]
         swa = getattr(wl, "swa_loc", None)
-        meta.writes[layer] = got = KVWriteLoc(wl.loc.clone(), None if swa is None else swa.clone())
+        if getattr(wl, "mapping", None) is not None:      # mapped at the layer's own time (write_loc)
+            meta.writes[layer] = got = replace(wl, loc=wl.loc.clone())
+        else:
+            meta.writes[layer] = got = KVWriteLoc(wl.loc.clone(), None if swa is None else swa.clone())
         meta.rows = meta.graph.size
         return got
 

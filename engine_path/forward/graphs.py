@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import importlib
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
 import torch
@@ -87,14 +87,20 @@ class Layer:
 
 
 def _storages(*objs) -> set[int]:
-    """The storages of every tensor held directly by ``objs``' attributes (and ``dict`` / list values)."""
+    """The storages of every tensor held by ``objs``' attributes (or items, for a ``dict``), directly or in a list,
+    tuple or ``dict`` they hold (xpu keeps its decode graphs' buffers in ``decode_cuda_graph_metadata``)."""
     out: set[int] = set()
+
+    def add(v, nested: bool) -> None:
+        if isinstance(v, torch.Tensor):
+            out.add(v.untyped_storage().data_ptr())
+        elif isinstance(v, (list, tuple)) or (nested and isinstance(v, dict)):
+            for t in (v.values() if isinstance(v, dict) else v):
+                add(t, False)
+
     for obj in objs:
-        values = obj.values() if isinstance(obj, dict) else vars(obj).values()
-        for v in values:
-            for t in (v if isinstance(v, (list, tuple)) else (v,)):
-                if isinstance(t, torch.Tensor):
-                    out.add(t.untyped_storage().data_ptr())
+        for v in (obj.values() if isinstance(obj, dict) else vars(obj).values()):
+            add(v, True)
     return out
 
 
@@ -148,9 +154,15 @@ class DecodeGraphs:
 
     def _take_writes(self, got: Captured) -> None:
         """Each layer's write location for capture ``got``, its batch and metadata installed; checked static."""
+        pool = getattr(self.runner.capture, "full_to_swa_index_mapping", None)
         with self.installed(got):
             for li in self.layers:
-                got.writes[li.layer] = li.write(got.fb, got.size, lambda fb=got.fb: self._ctx(fb))
+                wl = li.write(got.fb, got.size, lambda fb=got.fb: self._ctx(fb))
+                if getattr(wl, "mapping", None) is not None and pool is not None:
+                    # a kernel-mapped write: whether what it was handed is a view of the pool's mapping
+                    wl = replace(wl, pool_view=wl.mapping.untyped_storage().data_ptr()
+                                 == pool.untyped_storage().data_ptr())
+                got.writes[li.layer] = wl
         self._check_static(got)
         self.layer_captures += 1
 
@@ -188,7 +200,8 @@ class DecodeGraphs:
         bs = got.size
         for li in self.layers:
             wl = got.writes[li.layer]
-            for name in ("loc", "swa_loc"):
+            # a kernel that maps each slot itself reads the mapping at replay (aiter: KernelMappedWrite)
+            for name in ("loc",) if getattr(wl, "mapping", None) is not None else ("loc", "swa_loc"):
                 t = getattr(wl, name, None)
                 if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
                     raise GraphUnavailable(

@@ -174,8 +174,13 @@ class BackendBoundary:
         swa: Optional[torch.Tensor] = meta.swa_loc if meta.window or kind != "swa" else loc
         if self.spec.slices_swa_loc and swa is not None and swa.shape[0] > loc.shape[0]:
             swa = swa[: loc.shape[0]]
-        if kind == "full" and self.spec.name in self.release.kernel_write_backends:
-            swa = None
+        if self.spec.name in self.release.kernel_write_backends:
+            # its store kernel maps each slot itself when the layer runs: no SWA ids on a full layer, and an SWA
+            # layer's are the live mapping of its loc then (a mapping write landing between layers is seen)
+            if kind == "full":
+                swa = None
+            elif meta.window and meta.ctx.full_to_swa is not None:
+                swa = meta.ctx.full_to_swa[loc.to(torch.int64)]
         wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
         return check_write_loc(wl, kind, self.device)
 

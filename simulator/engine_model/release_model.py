@@ -286,7 +286,8 @@ class ReleaseBehaviour:
     #: (0.5.23 ``padded_extend_real_tokens``); read by the backend boundary
     eager_extend_narrowing: bool = False
     #: backends whose hybrid-pool write is their kernel's own (0.5.23's aiter: ``launch_reshape_and_cache_flash``
-    #: with the whole mapping, no ``KVWriteLoc``): a full layer's write carries no SWA ids
+    #: with the whole mapping, no ``KVWriteLoc``): a full layer's write carries no SWA ids, an SWA layer's are the
+    #: mapping of its loc when that layer's kernel runs (not a metadata-init snapshot)
     kernel_write_backends: frozenset = frozenset()
     #: backends that take SWA ids from the per-iteration plan (the rest translate themselves)
     plan_swa_backends: frozenset = frozenset()
