@@ -124,7 +124,8 @@ def twin_key(boundary) -> Optional[tuple]:
     """What a host boundary's metadata init depends on where its design's metadata hooks are declared ``pure``
     (:data:`METADATA_HOOKS`) and its ``make_write_loc`` ``layer_free`` (so no instance state is read): the
     design's class, its static SWA buffers' dtype and release (each backend has its own instance), the
-    run's engine, the boundary's settings and its spec but for its name (and ``slices_swa_loc``, which only the
+    run's engine, the boundary's settings and its spec but for its name (its ``draft_step_swa`` included: which
+    ids a draft step translates; and ``slices_swa_loc``, which only the
     write location reads, and ``window_graphs``, which metadata init reads only as whether the step's graph is
     in it: :meth:`GpuStepRunner._plans` adds that). Equal keys: equal metadata for equal inputs, static buffers
     included (the base fills rewrite them whole up to the padded length, so no earlier replay shows through, nor
@@ -134,7 +135,8 @@ def twin_key(boundary) -> Optional[tuple]:
         return None
     sp = boundary.spec
     return (type(d), d.graph_swa_dtype, id(release_of(d)), id(boundary.engine), boundary.side, boundary.page_size,
-            boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers)
+            boundary.swa_pad, boundary.window, boundary.max_rows, boundary.padding, sp.static_buffers,
+            sp.draft_step_swa)
 
 
 def padded_expected(batch, truth: BatchTruth) -> Optional[np.ndarray]:

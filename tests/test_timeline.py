@@ -105,6 +105,18 @@ def test_barrier_resolution_per_platform():
     assert load_design("sglang-pre-33587").release.behaviour.war_barrier("cuda") == "read_done_after_metadata"
 
 
+def test_a_hip_decode_graph_publishes_its_read_done_after_the_replay():
+    """0.5.23's IN_REPLAY read-done needs the graph's in-graph marker, which HIP graphs have not got: on ROCm a
+    decode graph's read-done falls back to after the replay, so under the barrier nothing lands inside it; a
+    prefill publishes after its metadata init on either platform."""
+    pts = points(4)
+    s = SchedWrite("free", 0, np.array([5]), np.array([0]))
+    on = {p: plan([s], "after_launch", "decode", "decode_graph", 4, earliest_chooser, p).at for p in ("cuda", "rocm")}
+    assert on == {"cuda": (pts.index("read_done"),), "rocm": (pts.index(END_POINT),)}
+    for p in ("cuda", "rocm"):
+        assert plan([s], "after_launch", "extend", "eager", 4, earliest_chooser, p).at == (pts.index("read_done"),)
+
+
 def test_journal_reads_values_back_through_the_allocator_interface():
     class Alloc:
         full_to_swa = np.array([0, 7, 8, 9], dtype=np.int64)

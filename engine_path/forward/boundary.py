@@ -111,6 +111,15 @@ class ReleaseBoundary:
     def window(self, value: int) -> None:
         self.model.window = value
 
+    # whether the run's mapping moves between layers (the overlap timeline sets it on every boundary)
+    @property
+    def mapping_moves(self) -> bool:
+        return self.model.mapping_moves
+
+    @mapping_moves.setter
+    def mapping_moves(self, value: bool) -> None:
+        self.model.mapping_moves = value
+
     def context(self, batch, full_to_swa=None):
         return self.model.context(batch, full_to_swa)
 

@@ -57,6 +57,8 @@ class BackendBoundary:
         self.page_size = page_size
         self.swa_pad = swa_pad
         self.window = 0          # the model side's SWA window (set by the run)
+        #: whether the run's mapping can change between this forward's layers (set by the overlap timeline)
+        self.mapping_moves = False
         max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
         sp = engine.speculative
         # rows of a graph: one per request, or num_draft_tokens per request for TARGET_VERIFY / DRAFT_EXTEND
@@ -175,11 +177,13 @@ class BackendBoundary:
         if self.spec.slices_swa_loc and swa is not None and swa.shape[0] > loc.shape[0]:
             swa = swa[: loc.shape[0]]
         if self.spec.name in self.release.kernel_write_backends:
-            # its store kernel maps each slot itself when the layer runs: no SWA ids on a full layer, and an SWA
-            # layer's are the live mapping of its loc then (a mapping write landing between layers is seen)
+            # its store kernel maps every slot of the layer's loc itself when the layer runs: no SWA ids on a full
+            # layer, and an SWA layer's are the mapping of its loc then: live where a mapping write can land between
+            # layers (the overlap timeline's); elsewhere the metadata's translation where it covers the same rows
             if kind == "full":
                 swa = None
-            elif meta.window and meta.ctx.full_to_swa is not None:
+            elif meta.window and meta.ctx.full_to_swa is not None and (
+                    self.mapping_moves or swa is None or swa.shape[0] != loc.shape[0]):
                 swa = meta.ctx.full_to_swa[loc.to(torch.int64)]
         wl = call_hook("make_write_loc", self.design.make_write_loc, loc, swa, meta.ctx.at_layer(layer, kind))
         return check_write_loc(wl, kind, self.device)
@@ -192,6 +196,7 @@ class Boundary(Protocol):
     design: Design           # its own instance of the run's design
     spec: BackendSpec        # the backend as the engine runs it (after the design's ``backend_spec``)
     window: int              # the side's SWA window (set by the run)
+    mapping_moves: bool      # the run's mapping can change between a forward's layers (set by the overlap timeline)
 
     def context(self, batch: ForwardBatch, full_to_swa: Optional[torch.Tensor] = None) -> BoundaryContext: ...
 

@@ -39,11 +39,15 @@ class OverlapDriver(StepPlugin):
     def __init__(self, run, seed: int, release, engine, chooser=None):
         self.run = run
         self.barrier = resolve_barrier(engine.war_barrier, dict(release.war_barriers), engine.platform)
+        self.platform = engine.platform
         self.choose = chooser if chooser is not None else random_chooser(landing_rng(seed))
         self.journal = Journal(run.alloc)
         run.scheduler.journal = self.journal
         # the device-visible mapping: the allocator's values as the GPU has them
         run.mapping = torch.from_numpy(run.alloc.full_to_swa.copy()).to(run.device)
+        for side in (run.target, run.draft):            # writes land between layers: the boundaries read it live
+            for b in (side.boundaries.values() if side is not None else ()):
+                b.mapping_moves = True
         self._pending: dict[int, tuple[Landing, tuple, tuple[int, int]]] = {}
         self.landings: list[Landing] = []     # every forward's, in order (tests, reports)
         self._step: Optional[_Step] = None
@@ -67,7 +71,8 @@ class OverlapDriver(StepPlugin):
             nxt = next(steps, None)
             writes = self.journal.take()
             side = run.draft if run.draft is not None and batch.mode in DRAFT_MODES else run.target
-            landing = plan(writes, self.barrier, batch.mode, batch.graph, len(side.layers), self.choose)
+            landing = plan(writes, self.barrier, batch.mode, batch.graph, len(side.layers), self.choose,
+                           self.platform)
             self._pending[batch.step] = (landing, (read_in,), used)
             yield batch, truth
             cur = nxt

@@ -66,11 +66,12 @@ BARRIERS: dict[str, dict[str, str]] = {
     "coarse": {"result": END_POINT, "schedule": END_POINT},
 }
 
-def read_done_published(mode: str, graph: str) -> bool:
+def read_done_published(mode: str, graph: str, platform: str = "cuda") -> bool:
     """Whether 0.5.23 publishes a read-done event for this forward: the decode CUDA graph (IN_REPLAY,
-    after the in-graph metadata) and prefill (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``, default on, after
-    metadata init); eager decode, target-verify and the draft forwards wait coarsely."""
-    return (mode == "decode" and graph == "decode_graph") or mode in ("extend", "mixed")
+    after the in-graph metadata, where the graph has the in-graph marker: not on ROCm, whose HIP graphs fall
+    back to after the replay, ``_resolve_shared_read_ends``) and prefill (``SGLANG_ENABLE_PREFILL_WAR_READ_DONE``,
+    default on, after metadata init); eager decode, target-verify and the draft forwards wait coarsely."""
+    return (mode == "decode" and graph == "decode_graph" and platform != "rocm") or mode in ("extend", "mixed")
 
 
 def points(n_layers: int) -> tuple[str, ...]:
@@ -78,14 +79,14 @@ def points(n_layers: int) -> tuple[str, ...]:
     return HEAD_POINTS + tuple(f"layer:{i}" for i in range(1, n_layers)) + (END_POINT,)
 
 
-def earliest(barrier: str, cls: str, mode: str, graph: str, n_layers: int) -> int:
+def earliest(barrier: str, cls: str, mode: str, graph: str, n_layers: int, platform: str = "cuda") -> int:
     """Index (into :func:`points`) of the earliest point a write of class ``cls`` may land at."""
     try:
         first = BARRIERS[barrier][cls]
     except KeyError:
         raise ValueError(f"unknown barrier {barrier!r} or write class {cls!r}") from None
     if first == "read_done*":
-        first = "read_done" if read_done_published(mode, graph) else END_POINT
+        first = "read_done" if read_done_published(mode, graph, platform) else END_POINT
     pts = points(n_layers)
     return pts.index(first)
 
@@ -179,11 +180,11 @@ def latest_chooser(writes, lo, end):
 
 
 def plan(writes: Sequence[SchedWrite], barrier: str, mode: str, graph: str, n_layers: int,
-         choose: Chooser) -> Landing:
-    """Where each of ``writes`` lands in one forward under ``barrier``."""
+         choose: Chooser, platform: str = "cuda") -> Landing:
+    """Where each of ``writes`` lands in one forward under ``barrier`` on ``platform``."""
     pts = points(n_layers)
     end = len(pts) - 1
-    lo = [earliest(barrier, w.cls, mode, graph, n_layers) for w in writes]
+    lo = [earliest(barrier, w.cls, mode, graph, n_layers, platform) for w in writes]
     at = tuple(int(a) for a in choose(writes, lo, end)) if writes else ()
     prev = 0
     for a, low in zip(at, lo):
