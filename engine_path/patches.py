@@ -233,11 +233,13 @@ def apply_ours(patches: list[Patch]) -> None:
 
 
 def _decorated(patches: list[Patch]) -> list[str]:
-    """The targets that are a class's staticmethod or classmethod."""
+    """The targets that are a class's staticmethod or classmethod, or a decorator's wrapper of the function its
+    source defines (``functools.wraps``: a ``contextlib.contextmanager``), whose code is not that source's."""
     out = []
     for p in patches:
-        owner, name, _fn = resolve(p.target)
-        if isinstance(owner, type) and isinstance(owner.__dict__.get(name), (staticmethod, classmethod)):
+        owner, name, fn = resolve(p.target)
+        if (isinstance(owner, type) and isinstance(owner.__dict__.get(name), (staticmethod, classmethod))) or \
+                hasattr(fn, "__wrapped__"):
             out.append(p.target)
     return out
 
@@ -275,8 +277,8 @@ def apply_file(path: str | Path, *, use_engine: bool = True) -> dict:
     why = ""
     if fn is not None and _decorated(patches):
         # the release's patcher takes the attribute's __code__: a staticmethod or classmethod has none
-        fn, why = None, f"a static or class method target ({', '.join(_decorated(patches))}): the release's " \
-                        f"patcher edits plain functions only"
+        fn, why = None, f"a static or class method or decorated target ({', '.join(_decorated(patches))}): the " \
+                        f"release's patcher edits plain functions only"
     by = "slotscope"
     if fn is not None:
         try:

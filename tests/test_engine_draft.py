@@ -124,3 +124,23 @@ def test_a_bug_in_a_backends_draft_pool_resolution_is_found_on_that_draft_only(t
     assert {k: n for k, n in got.items() if k[0] != "flashinfer"} == {
         ("torch_native", "design_error", "target"): 40, ("torch_native", "design_error", "draft"): 35,
         ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39, ("xpu", "evicted_slot", "draft"): 33}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_bugs_in_a_backends_draft_steps_are_found_on_that_backend_only(tmp_path, engine_releases):
+    """Two plausible bugs in the release's EAGLE round, one run: triton's multi-step draft binds every step's SWA
+    write ids to the window's first column (a draft write location), flashattention's draft-step metadata reads a
+    table one position short (musa inherits it); each is found on its own backends' draft side only."""
+    rc, summary, run, findings = _run("p6-draft-step-swa", tmp_path / "patched",
+                                      "triton-draft-step-swa-column-zero.yaml", "fa-draft-step-reads-one-short.yaml")
+    assert rc == 1
+    rec = summary["engine"]["patches"]
+    # triton's target is a contextmanager (a decorated function): our patcher applies it
+    assert [x["applied_by"] for x in rec] == ["slotscope", "sglang"] and "decorated" in rec[0]["why"]
+    assert _by_side(findings, "p6-draft-step-swa") == {
+        ("triton", "missed", "draft"): 43, ("triton", "clobbered", "draft"): 43,          # steps 1.. at column 0
+        ("flashattention", "stale_read", "draft"): 234, ("musa", "stale_read", "draft"): 234,
+        # as unpatched: P6 live on xpu, torch_native cannot verify
+        ("xpu", "missed", "draft"): 74, ("xpu", "clobbered", "draft"): 16, ("xpu", "evicted_slot", "draft"): 40,
+        ("torch_native", "design_error", "target"): 12}

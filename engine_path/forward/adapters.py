@@ -170,7 +170,12 @@ def triton_reads(backend, fb, bs: int) -> Optional[ReadTable]:
     full = csr(m.kv_indptr, m.kv_indices, torch.zeros(bs, dtype=torch.int64), bs)
     swa = None
     if m.window_kv_indptr is not None and m.window_kv_indices is not None:
-        end = fb.seq_lens if fb.forward_mode.is_decode() else fb.extend_prefix_lens
+        # a decode's window ends at its token (an EAGLE draft step's too: its position), an extend's before its
+        # first new token (a verify's prefix: its seq_lens, which exclude the window it writes)
+        if fb.forward_mode.is_decode():
+            end = fb.positions[:bs].to(torch.int64) + 1
+        else:
+            end = fb.extend_prefix_lens if fb.extend_prefix_lens is not None else fb.seq_lens
         swa = csr_ending_at(m.window_kv_indptr, m.window_kv_indices, end, bs)
     return ReadTable(full=full, swa=swa)
 
@@ -190,7 +195,7 @@ ADAPTERS: dict[str, Adapter] = {
         # ids, an IndexError once a full slot passes the SWA pool's size (the run records the release's crash)
         reads_why="torch_native builds no read table: its forward indexes req_to_token itself"),
     "triton": Adapter(
-        "triton", multistep="sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend",
+        "triton", multistep="sglang.srt.layers.attention.triton_backend:TritonMultiStepDraftBackend", round_reads=True,
         replaced={"extend_attention_fwd": "a Triton kernel (interpreted on a CPU: too slow for a run)",
                   "extend_attention_fwd_unified": "a Triton kernel", "decode_attention_fwd": "a Triton kernel"},
         reads=triton_reads, span=SPAN_TRITON,

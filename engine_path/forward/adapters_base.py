@@ -92,6 +92,8 @@ class Adapter:
     #: that attribute holds the capture-time metadata (engine_path/forward/graphs.py), as the graph's kernels read it
     reads: Optional[Callable] = None
     reads_why: str = ""
+    #: whether ``reads`` also reads an EAGLE round's tables (a verify's, a draft step's child's, a draft extend's)
+    round_reads: bool = False
     #: the positions those tables hold, by the backend's kernels' rule (None: their span is not checked)
     span: Optional[TableSpan] = None
     #: module globals of the release set on a CPU ("module:name" -> why): kernels bound at import, platform fakes

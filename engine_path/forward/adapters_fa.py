@@ -80,7 +80,7 @@ def _adapter(name: str, factory: str, why: str, kernels: dict, stubs: dict, repl
              multistep: str) -> FlashAttentionAdapter:
     a = FlashAttentionAdapter(
         name, replaced=replaced, reads=fa_reads, span=SPAN_FA, factory=factory, factory_why=why,
-        multistep=multistep,
+        multistep=multistep, round_reads=True,
         shims={f"{mod}:{n}": (_SCHED if n == "get_scheduler_metadata" else _KERNEL)
                for mod, names in kernels.items() for n in names},
         stubs=stubs, stand_in={"model_config.is_local_attention_model": _LOCAL})

@@ -234,6 +234,7 @@ FLASHINFER = FlashInferAdapter(
 
 TRTLLM_MHA = FlashInferAdapter(
     "trtllm_mha", multistep=f"{TRTLLM}:TRTLLMHAAttnMultiStepDraftBackend", reads=trtllm_reads, span=SPAN_FA,
+    round_reads=True,
     needs=("flashinfer",),
     shims={**FI_SHIMS,
            f"{TRTLLM}:flashinfer": "flashinfer's trtllm-gen kernels (trtllm_batch_decode_with_kv_cache, "

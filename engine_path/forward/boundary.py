@@ -39,7 +39,8 @@ from .runner import COMPACT_WIDTH, Capture, Runner
 from .speculative import Rounds, draft_decode_batch, draft_extend_batch, draft_step, verify_batch, write_window_rows
 
 #: why an EAGLE round's reads are the model's although the release made the forward's metadata
-SPEC_READS = "a forward of an EAGLE round: the release's tables of target_verify / draft steps not read yet"
+SPEC_READS = ("a forward of an EAGLE round: this backend's tables of a verify, a draft step and a draft extend not "
+              "read yet (Adapter.round_reads)")
 #: what of an EAGLE round is the release's, and what is not (engine_path/forward/speculative.py)
 ROUND_PIECES = (
     Piece("EAGLE round: the plan (KVIndexTranslator.plan of the window), ForwardBatch of target_verify / the draft's "
@@ -49,10 +50,12 @@ ROUND_PIECES = (
           "EagleDraftExtendInput) and the window", "model",
           "built in torch as the worker's CUDA-only kernels build them for a chain (build_tree_kernel_efficient, "
           "assign_draft_cache_locs_contiguous, prepare_draft_extend_inputs cannot run here)"),
-    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph, draft_extend_graph)", "model",
-          "run eagerly through the release's backend: the release's graph runners for them (DecodeCudaGraphRunner "
-          "in verify mode, EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner) are not driven yet, so a "
-          "stale static buffer of theirs is not seen"),
+    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph, draft_extend_graph) or padded for DP "
+          "attention", "model",
+          "its real rows run eagerly through the release's backend: the release's graph runners for them "
+          "(DecodeCudaGraphRunner in verify mode, EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner) and "
+          "the dummy requests of prepare_mlp_sync_batch are not driven yet, so a stale static buffer of theirs, or "
+          "a padded row's write, is not seen"),
 )
 #: why a forward's reads are the model's although the release made its metadata
 LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
@@ -69,6 +72,7 @@ class ReleaseMetadata(ForwardMetadata):
     layer_fb: object = None      # the batch the layers run on (a prefill graph's static batch; else ``fb``)
     scope: object = None         # a context-manager factory around each layer's forward
     spec: bool = False           # a forward of an EAGLE round (engine_path/forward/speculative.py)
+    backend: object = None       # the backend this forward ran on (a draft step's child; None: the boundary's)
     graph: object = None         # a decode-graph replay: the capture it replays (graphs.Captured)
     writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc
 
@@ -207,7 +211,7 @@ class ReleaseBoundary:
             raise HookFailure(f"{what} (the release's, {batch.mode})", f"raised {type(e).__name__}: {e}") from e
         self.release_paths[batch.graph if batch.graph == "eager" else f"{batch.graph}, run eagerly"] += 1
         return ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb, layer_fb=fb,
-                               scope=lambda fb=None: self.forward_scope(fb, backend), spec=True)
+                               scope=lambda fb=None: self.forward_scope(fb, backend), spec=True, backend=backend)
 
     def _multistep(self, steps: int):
         """The draft's multi-step backend of ``steps`` draft steps, built at the first decode step (None: why in
@@ -250,7 +254,8 @@ class ReleaseBoundary:
 
     def read_table(self, meta: ForwardMetadata, req_to_token, seq_lens, extend_lens, full_to_swa,
                    shared: Optional[dict] = None) -> ReadTable:
-        if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None or meta.spec:
+        if not isinstance(meta, ReleaseMetadata) or self.adapter.reads is None or \
+                (meta.spec and not self.adapter.round_reads):
             why = ("model boundary" if not isinstance(meta, ReleaseMetadata) else "no adapter"
                    if self.adapter.reads is None else SPEC_READS)
             self.model_reads[why] += 1
@@ -259,18 +264,19 @@ class ReleaseBoundary:
         if not self._rows_as_read(req_to_token, seq_lens):
             self.model_reads[LOOKAHEAD] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
+        backend = meta.backend if meta.backend is not None else self.backend
         if meta.graph is not None:
             with self.graphs.decode.installed(meta.graph):      # the tables the graph's kernels read
-                table = self.adapter.reads(self.backend, meta.fb, bs)
+                table = self.adapter.reads(backend, meta.fb, bs)
         else:
-            table = self.adapter.reads(self.backend, meta.fb, bs)
+            table = self.adapter.reads(backend, meta.fb, bs)
         if table is None:
             self.model_reads["no table in this forward's metadata"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         table = check_read_table(table, bs, torch.device("cpu"))
         if self.adapter.span is None:
             return table
-        spans = self.adapter.span.spans(self.backend, seq_lens.cpu().numpy(), extend_lens.cpu().numpy(), self.window,
+        spans = self.adapter.span.spans(backend, seq_lens.cpu().numpy(), extend_lens.cpu().numpy(), self.window,
                                         meta.fb.forward_mode.is_decode_or_idle())
         return ReadTable(table.full, table.swa, spans)
 
