@@ -22,7 +22,7 @@ the metadata and each layer's write are the release's. The simulator's round (si
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -47,7 +47,7 @@ class Round:
     window: torch.Tensor          # int64 [bs * nd]: each request's window slots, request after request
     plan: object                  # the release's KVLocPlan of the round (made by the target's translator)
     draft_fb: object = None       # the draft decode's batch (made and its metadata initialised at step 0)
-    steps: dict = field(default_factory=dict)     # draft step -> its out_cache_loc column
+    draft_loc: object = None      # that batch's out_cache_loc as bound: every step's column, [bs * steps]
 
 
 def round_key(batch, nd: int) -> tuple:
@@ -159,9 +159,9 @@ def draft_decode_batch(runner, rnd: Round, steps: int, device):
 
 def draft_step(fb, rnd: Round, step: int, steps: int) -> None:
     """Step ``step`` of the draft's decode (``draft_forward``): its column of the window, its positions."""
-    loc = rnd.steps.get("all")
-    if loc is None:
-        loc = rnd.steps["all"] = fb.out_cache_loc
+    if rnd.draft_loc is None:
+        rnd.draft_loc = fb.out_cache_loc
+    loc = rnd.draft_loc
     per_step = importlib.import_module(EAGLE_UTILS).per_step_draft_out_cache_loc(loc, len(rnd.committed), 1, steps)
     fb.out_cache_loc = per_step[step]
     fb.positions = torch.from_numpy(rnd.committed + step).to(loc.device)
