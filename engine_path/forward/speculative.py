@@ -34,10 +34,6 @@ EAGLE_INFO = "sglang.srt.speculative.eagle_info"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 SPEC_INFO = "sglang.srt.speculative.spec_info"
 
-#: the modes of a round, by the simulator's batch mode (a draft extend after a prefill is a plain EXTEND: batch.py)
-SPEC_MODES = {"target_verify": "TARGET_VERIFY", "draft_decode": "DECODE", "draft_extend": "DRAFT_EXTEND_V2"}
-
-
 @dataclass
 class Round:
     """One decode round of a backend: the window, the plan its forwards bind, and the draft's batch of its steps."""
@@ -52,9 +48,7 @@ class Round:
 
 def round_key(batch, nd: int) -> tuple:
     """A round's identity from any of its batches: its requests and where their windows start."""
-    rq = batch.requests
-    committed = rq.seq_lens - (rq.extend_lens if batch.mode != "draft_decode" else batch.draft_step + 1)
-    return tuple(rq.rids.tolist()), tuple(committed.tolist()), nd
+    return tuple(batch.requests.rids.tolist()), tuple(batch.window_starts().tolist()), nd
 
 
 class Rounds:

@@ -104,9 +104,9 @@ class BackendBoundary:
         round the round's whole draft window where the backend translates that (``BackendSpec.draft_step_swa``)."""
         if batch.draft_step is None or self.spec.draft_step_swa != "window" or batch.requests is None:
             return out_cache_loc
-        rq, steps = batch.requests, self.engine.speculative.num_steps
-        first = rq.seq_lens - batch.draft_step - 1
-        cols = np.concatenate([s.full[c:c + steps] for s, c in zip(rq.slots, first.tolist())])
+        steps = self.engine.speculative.num_steps
+        starts = batch.window_starts().tolist()
+        cols = np.concatenate([s.full[c:c + steps] for s, c in zip(batch.requests.slots, starts)])
         return torch.from_numpy(cols.astype(np.int64)).to(out_cache_loc.device)
 
     def _swa_ids(self, out_cache_loc: torch.Tensor, full_to_swa: torch.Tensor, ctx: BoundaryContext) -> torch.Tensor:

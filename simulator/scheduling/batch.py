@@ -42,6 +42,13 @@ class ForwardBatch:
     def dp_padded_len(self) -> int:
         return int(self.out_cache_loc.shape[0])
 
+    def window_starts(self) -> np.ndarray:
+        """A forward of a speculative round over one window (SGLang 0.5.23's draft columns): each request's
+        committed length, where the round's window starts (a draft step writes column ``draft_step`` of it; the
+        verify and the draft extend the whole window). Needs the batch's requests."""
+        rq = self.requests
+        return rq.seq_lens - (self.draft_step + 1 if self.mode == "draft_decode" else rq.extend_lens)
+
 
 @dataclass(frozen=True, slots=True)
 class BatchTruth:
