@@ -58,6 +58,9 @@ def runs(tmp_path_factory, engine_releases):
 
 #: (draft extends after a prefill, draft decodes, draft extends after a verify, target verifies) per scenario
 FORWARDS = {"paths-spec": (11, 68, 34, 34), "b3-draft-pool-size": (23, 24, 12, 12)}
+#: draft extends after a verify replaying the release's draft-extend graph runner, and those DP-padded past their own
+#: capture size (run eagerly: the runner's DP gather is not driven), per scenario
+DRAFT_EXTEND_GRAPH = {"paths-spec": (14, 15), "b3-draft-pool-size": (12, 0)}
 #: draft backends without a multi-step draft backend of the release, and why (the draft's decode steps are the
 #: model's there): torch_native has none (DraftBackendFactory maps none); flashinfer's and trtllm_mha's assert one
 #: wrapper per child, which a draft with an SWA layer (paths-spec's "FS") has not got
@@ -90,6 +93,19 @@ def test_every_forward_of_an_eagle_round_is_the_releases_on_every_backend(runs, 
         named = {p["piece"]: p["whose"] for p in draft["pieces"] + target["pieces"]}
         assert any(k.startswith("EAGLE round: the plan") and v == "engine" for k, v in named.items()), b
         assert any(k.startswith("EAGLE round on a graph path") and v == "model" for k, v in named.items()), b
+        # the draft extends after a verify on the graph path: the release's EAGLEDraftExtendCudaGraphRunner replays
+        # (its capture sizes all captured at start-up); DP-padded ones and torch_native's (no CUDA graphs) eagerly
+        paths = draft["release_paths"]
+        graphed, padded = DRAFT_EXTEND_GRAPH[name]
+        if b == "torch_native":
+            assert "draft_extend_graph" not in paths and paths["draft_extend_graph, run eagerly"] == graphed + padded
+            assert "init_cuda_graph_state (base_attn_backend.py:258) raised NotImplementedError" in next(
+                p["why"] for p in draft["pieces"] if p["piece"] == "graph path draft_extend_graph, run eagerly")
+        else:
+            assert paths["draft_extend_graph"] == graphed and paths.get("draft_extend_graph, run eagerly", 0) == \
+                padded, b
+            runner = [p for p in draft["pieces"] if p["piece"].startswith("draft-extend graphs: EAGLEDraftExtend")]
+            assert [p["whose"] for p in runner] == ["engine"] and f"{graphed} replays" in runner[0]["why"], b
     got = _by_side(findings, name)
     # torch_native: the release's SDPA gathers an SWA layer at full-pool ids (IndexError: the target's hybrid extends,
     # the hybrid draft's extends) and cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch
@@ -144,3 +160,32 @@ def test_bugs_in_a_backends_draft_steps_are_found_on_that_backend_only(tmp_path,
         # as unpatched: P6 live on xpu, torch_native cannot verify
         ("xpu", "missed", "draft"): 74, ("xpu", "clobbered", "draft"): 16, ("xpu", "evicted_slot", "draft"): 40,
         ("torch_native", "design_error", "target"): 12}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_bug_in_the_draft_extend_graph_runner_is_found_on_every_graph_backend(tmp_path, engine_releases):
+    """The release's EAGLEDraftExtendCudaGraphRunner.execute with out_cache_loc left out of its refill: every
+    replay writes at the previous replay's slots. Found on the seven backends whose draft-extend graph is the
+    release's runner; torch_native (no CUDA graphs) and xpu (P6, live) as without the patch. Then B4 is real:
+    0.5.23 with #29858's window indices removed from triton's draft-extend graph metadata reads stale windows."""
+    rc, summary, run, findings = _run("b4-draft-extend-window", tmp_path / "patched", "draft-extend-graph-keeps-old-loc.yaml")
+    assert rc == 1
+    got = collections.Counter((f["backend"], f["class"]) for f in findings)
+    stale = {"missed": 72, "clobbered": 4, "evicted_slot": 9}
+    # full pool: the first replay of a size writes at the buffer's initial ones (slot 1), later ones at the previous
+    # replay's slots; SWA pool: flashattention, trtllm_mha, aiter and musa translate the static (stale) loc, whose
+    # slot 1 has no SWA peer (padding slot 0), while flashinfer's and triton's SWA write ids stay right
+    want = {(b, c): n for b in ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "musa")
+            for c, n in stale.items()}
+    want.update({(b, "padding_slot"): 72 for b in ("flashattention", "trtllm_mha", "aiter", "musa")})
+    want.update({("xpu", "missed"): 131, ("xpu", "clobbered"): 22, ("xpu", "evicted_slot"): 32,
+                 ("xpu", "padding_slot"): 144, ("torch_native", "design_error"): 48})
+    assert got == want
+    out = tmp_path / "bugs.json"
+    p = subprocess.run([sys.executable, "-m", "slotscope", "bugs", "--engine", "sglang", "--only", "B4",
+                        "--json", str(out), "-q"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (b4,) = json.loads(out.read_text())
+    assert (b4["real"], b4["holds"], b4["buggy"], b4["fixed"]) == (
+        True, True, "sglang==0.5.23 + revert-29858-draft-extend-window.yaml", "sglang==0.5.23")

@@ -7,8 +7,8 @@ backend module binds from it do not exist there; they are set in the module's na
 * the wrappers (``BatchPrefillWithRaggedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``,
   ``BatchDecodeWithPagedKVCacheWrapper``) are :class:`PlannedWrapper` s: ``plan`` / ``begin_forward`` records what
   the backend's indices updaters hand it (the read table), ``run`` / ``forward`` returns zeros;
-* ``_safe_merge_state`` (the ragged + paged merge) returns the ragged part; ``fast_decode_plan`` (the decode
-  graphs' replay plan) records as the decode wrapper's plan does;
+* ``_safe_merge_state`` (the ragged + paged merge) returns the ragged part; ``fast_decode_plan`` and
+  ``fast_prefill_plan`` (the decode and draft-extend graphs' replay plans) record as the wrappers' plan does;
 * the module's ``torch`` makes a tensor asked for on ``"cuda"`` on the CPU (the decode updater allocates
   ``kv_indices`` with ``device="cuda"``).
 
@@ -94,6 +94,14 @@ def fast_decode_plan(wrapper, *args, **kwargs) -> None:
     wrapper.plan(*args, **kwargs)
 
 
+def fast_prefill_plan(wrapper, *args, **kwargs) -> None:
+    """Stands in for the release's ``fast_prefill_plan``, the draft-extend (and verify) graph wrappers' sync-free
+    plan once captured (bound as ``begin_forward`` at capture, like :func:`fast_decode_plan`): it calls flashinfer's
+    compiled planner with host-known lengths, so here it records what it is handed as the prefill wrapper's plan
+    does (``(qo_indptr, paged_kv_indptr, paged_kv_indices, ...)``: the same positions)."""
+    wrapper.plan(*args, **kwargs)
+
+
 def _host(device):
     return "cpu" if device is not None and str(device).startswith("cuda") else device
 
@@ -140,6 +148,9 @@ FI_SHIMS = {
     f"{FI}:_safe_merge_state": "flashinfer's merge of the ragged and paged outputs (arithmetic): the first",
     f"{FI}:fast_decode_plan": "flashinfer's decode-graph replay plan (bound as begin_forward at capture): records "
                               "the KV table it is handed, as the decode wrapper's plan",
+    f"{FI}:fast_prefill_plan": "the release's sync-free prefill plan of a captured draft-extend graph (it calls "
+                               "flashinfer's compiled planner): records the KV table it is handed, as the prefill "
+                               "wrapper's plan",
     f"{FI}:torch": "torch with device='cuda' factories made on the CPU (the decode updater's kv_indices)",
 }
 
@@ -152,6 +163,7 @@ class FlashInferAdapter(Adapter):
         fi.BatchDecodeWithPagedKVCacheWrapper = PlannedDecodeWrapper
         fi._safe_merge_state = merge_state_first
         fi.fast_decode_plan = fast_decode_plan
+        fi.fast_prefill_plan = fast_prefill_plan
         if str(bag.device) == "cpu" and not isinstance(fi.torch, TorchOnHost):
             fi.torch = TorchOnHost()
         elif str(bag.device) != "cpu" and isinstance(fi.torch, TorchOnHost):

@@ -5,7 +5,7 @@
 release's forward does not cover here yet, the model's boundary it wraps. Per forward:
 
 * ``init_metadata``: the release's ``ForwardBatch`` (engine_path/forward/batch.py), the metadata as the release's
-  runner of the forward's graph path makes it (engine_path/forward/graphs.py: eager ``init_forward_metadata``, a
+  runner of the forward's graph path makes it (engine_path/forward/graph_paths.py: eager ``init_forward_metadata``, a
   decode-graph replay, a prefill-graph load), then layer 0's write (its rows are the forward's K/V rows after
   the release's narrowing);
 * ``write_loc``: each layer's forward at its own time (so a scheduler write landing between layers is seen as the
@@ -34,7 +34,8 @@ from ..release_log import printed_as_log
 from . import kernels
 from .adapters import ADAPTERS, Adapter, Piece
 from .batch import is_round, mode_supported, release_batch
-from .graphs import GRAPH_PREP, GraphPaths, raised_text
+from .graph_paths import GRAPH_PREP, GraphPaths
+from .graphs import raised_text
 from .runner import COMPACT_WIDTH, Capture, Runner
 from .speculative import Rounds, draft_decode_batch, draft_extend_batch, draft_step, verify_batch, write_window_rows
 
@@ -50,12 +51,11 @@ ROUND_PIECES = (
           "EagleDraftExtendInput) and the window", "model",
           "built in torch as the worker's CUDA-only kernels build them for a chain (build_tree_kernel_efficient, "
           "assign_draft_cache_locs_contiguous, prepare_draft_extend_inputs cannot run here)"),
-    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph, draft_extend_graph) or padded for DP "
-          "attention", "model",
+    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph) or padded for DP attention", "model",
           "its real rows run eagerly through the release's backend: the release's graph runners for them "
-          "(DecodeCudaGraphRunner in verify mode, EAGLEDraftCudaGraphRunner, EAGLEDraftExtendCudaGraphRunner) and "
-          "the dummy requests of prepare_mlp_sync_batch are not driven yet, so a stale static buffer of theirs, or "
-          "a padded row's write, is not seen"),
+          "(DecodeCudaGraphRunner in verify mode, EAGLEDraftCudaGraphRunner) and the dummy requests of "
+          "prepare_mlp_sync_batch are not driven yet, so a stale static buffer of theirs, or a padded row's write, "
+          "is not seen (draft_extend_graph: the release's EAGLEDraftExtendCudaGraphRunner, a draft's graph pieces)"),
 )
 #: why a forward's reads are the model's although the release made its metadata
 LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
@@ -191,11 +191,15 @@ class ReleaseBoundary:
         rnd = self.rounds.of(batch, nd, self.runner.planner, dev)
         write_window_rows(self.runner.req_to_token_pool.req_to_token, batch.requests, rnd, nd)
         what = "init_forward_metadata"
+        graph = None
         try:
             if batch.mode == "target_verify":
                 fb = verify_batch(self.runner, rnd, nd, steps, dev)
             elif batch.mode == "draft_extend":
                 fb = draft_extend_batch(self.runner, rnd, batch.accepted, nd, dev)
+                if self._draft_extend_graph(batch, nd):
+                    what = "the draft-extend graph replay (EAGLEDraftExtendCudaGraphRunner.execute)"
+                    graph = self.graphs.draft_extend.replay(fb, batch.padded_len // nd)
             else:
                 if rnd.draft_fb is None:                # the round's first step: the whole draft's metadata once
                     rnd.draft_fb = draft_decode_batch(self.runner, rnd, steps, dev)
@@ -204,14 +208,43 @@ class ReleaseBoundary:
                 fb = rnd.draft_fb
                 draft_step(fb, rnd, batch.draft_step, steps)
                 backend = backend.attn_backends[batch.draft_step]
-            if batch.mode != "draft_decode":
+            if batch.mode != "draft_decode" and graph is None:
                 with self.forward_scope(None, backend):
                     backend.init_forward_metadata(fb)
         except Exception as e:
             raise HookFailure(f"{what} (the release's, {batch.mode})", f"raised {type(e).__name__}: {e}") from e
-        self.release_paths[batch.graph if batch.graph == "eager" else f"{batch.graph}, run eagerly"] += 1
+        self.release_paths[batch.graph if batch.graph == "eager" or graph is not None
+                           else f"{batch.graph}, run eagerly"] += 1
         return ReleaseMetadata(layer_loc=out_cache_loc, swa_loc=out_cache_loc, rows=0, ctx=ctx, fb=fb, layer_fb=fb,
-                               scope=lambda fb=None: self.forward_scope(fb, backend), spec=True, backend=backend)
+                               scope=lambda fb=None: self.forward_scope(fb, backend), spec=True, backend=backend,
+                               graph=graph)
+
+    def _draft_extend_graph(self, batch, nd: int) -> bool:
+        """Whether a round's draft extend replays the release's draft-extend graph runner (its size's layers
+        taken now if this is its first replay; a capture the release cannot run there makes that path eager from
+        this forward on, named)."""
+        g = self.graphs
+        de = g.draft_extend
+        if batch.graph != "draft_extend_graph" or de is None:
+            return False
+        size, rest = divmod(int(batch.padded_len), nd)
+        if rest or size not in de.captured:
+            g.eager.setdefault("draft_extend_graph", f"a batch padded to {batch.padded_len} rows is no capture "
+                                                     f"size of {nd} rows a request (sizes {list(de.sizes)})")
+            return False
+        if de.bucket(batch.num_requests) != size:
+            g.eager.setdefault("draft_extend_graph padded for DP attention",
+                               "the run pads it past its own capture size to the other ranks' tokens: the runner's "
+                               "DP gather (require_mlp_tp_gather, global_num_tokens) is not driven here")
+            return False
+        try:
+            de.writes_of(size)
+        except Exception as e:
+            g.eager["draft_extend_graph"] = (f"the release's EAGLEDraftExtendCudaGraphRunner capture at size {size}: "
+                                             f"{raised_text(e)}")
+            g.draft_extend = None
+            return False
+        return True
 
     def _multistep(self, steps: int):
         """The draft's multi-step backend of ``steps`` draft steps, built at the first decode step (None: why in
@@ -266,7 +299,7 @@ class ReleaseBoundary:
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         backend = meta.backend if meta.backend is not None else self.backend
         if meta.graph is not None:
-            with self.graphs.decode.installed(meta.graph):      # the tables the graph's kernels read
+            with meta.graph.owner.installed(meta.graph):      # the tables the graph's kernels read
                 table = self.adapter.reads(backend, meta.fb, bs)
         else:
             table = self.adapter.reads(backend, meta.fb, bs)
@@ -372,7 +405,7 @@ class ReleaseBoundary:
             meta.writes[layer] = got = replace(wl, loc=wl.loc.clone())
         else:
             meta.writes[layer] = got = KVWriteLoc(wl.loc.clone(), None if swa is None else swa.clone())
-        meta.rows = meta.graph.size
+        meta.rows = meta.graph.rows
         return got
 
     def describe(self) -> dict:

@@ -38,9 +38,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .adapters import Piece
-from .batch import pad_decode_rows
-
 DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 REGISTRY = "sglang.srt.model_executor.cuda_graph_buffer_registry"
 FORWARD_BATCH_INFO = "sglang.srt.model_executor.forward_batch_info"
@@ -74,6 +71,23 @@ class Captured:
     fb: Any                  # the capture-time ForwardBatch over the runner's static buffers
     metadata: Any            # the backend's forward metadata the capture left (the captured kernels read its tensors)
     writes: dict = field(default_factory=dict)     # layer id -> the release's KVWriteLoc its store took at capture
+    rows: int = 0            # the token rows its layers write (0: ``size``, one a request)
+    owner: Any = None        # the runner that captured it (its ``installed(captured)`` for the read tables)
+
+    def __post_init__(self):
+        self.rows = self.rows or self.size
+
+
+@contextmanager
+def installed_metadata(backend, attr: str, metadata) -> Iterator[None]:
+    """``metadata`` in ``backend.<attr>`` (what a graph's kernels read), the Python state restored after (a replay
+    changes no Python object)."""
+    saved = getattr(backend, attr, None)
+    setattr(backend, attr, metadata)
+    try:
+        yield
+    finally:
+        setattr(backend, attr, saved)
 
 
 @dataclass
@@ -102,6 +116,22 @@ def _storages(*objs) -> set[int]:
         for v in (obj.values() if isinstance(obj, dict) else vars(obj).values()):
             add(v, True)
     return out
+
+
+def check_static(got: Captured, layers: list[Layer], *keepers) -> None:
+    """Every write location ``got``'s layers took at capture must be a view of a buffer ``keepers`` (the runner's
+    buffers, the backend) keep: what a replay refreshes; a tensor made at capture would be a copy the graph
+    recomputes, not readable here (GraphUnavailable)."""
+    static = _storages(*keepers)
+    for li in layers:
+        wl = got.writes[li.layer]
+        # a kernel that maps each slot itself reads the mapping at replay (aiter: KernelMappedWrite)
+        for name in ("loc",) if getattr(wl, "mapping", None) is not None else ("loc", "swa_loc"):
+            t = getattr(wl, name, None)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
+                raise GraphUnavailable(
+                    f"the {name} the store of layer {li.layer} took at capture (size {got.size}) is not a view "
+                    f"of a static buffer of the runner or the backend: its replay value is not readable")
 
 
 class DecodeGraphs:
@@ -148,7 +178,7 @@ class DecodeGraphs:
             with torch.no_grad(), self._ctx(fb):
                 be.init_forward_metadata_out_graph(fb, in_capture=True)
                 be.init_forward_metadata_in_graph(fb)
-            self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None))
+            self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None), owner=self)
             if bs == self.max_bs:
                 self._take_writes(self.captured[bs])
 
@@ -194,19 +224,8 @@ class DecodeGraphs:
         return fb
 
     def _check_static(self, got: Captured) -> None:
-        """Every captured write location must be a view of a buffer the runner or the backend keeps (what a
-        replay refreshes); a tensor made at capture would be a copy the graph recomputes, not readable here."""
-        static = _storages({n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()}, self.backend)
-        bs = got.size
-        for li in self.layers:
-            wl = got.writes[li.layer]
-            # a kernel that maps each slot itself reads the mapping at replay (aiter: KernelMappedWrite)
-            for name in ("loc",) if getattr(wl, "mapping", None) is not None else ("loc", "swa_loc"):
-                t = getattr(wl, name, None)
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in static:
-                    raise GraphUnavailable(
-                        f"the {name} the store of layer {li.layer} took at capture (size {bs}) is not a view "
-                        f"of a static buffer of the runner or the backend: its replay value is not readable")
+        check_static(got, self.layers, {n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()},
+                     self.backend)
 
     # ------------------------------------------------------------------ replay
 
@@ -228,17 +247,9 @@ class DecodeGraphs:
         self.replays += 1
         return got
 
-    @contextmanager
-    def installed(self, got: Captured) -> Iterator[None]:
-        """The capture-time metadata in the backend (what the graph's kernels read), the Python state restored
-        after (a replay changes no Python object)."""
-        attr = self.adapter.metadata_attr
-        saved = getattr(self.backend, attr, None)
-        setattr(self.backend, attr, got.metadata)
-        try:
-            yield
-        finally:
-            setattr(self.backend, attr, saved)
+    def installed(self, got: Captured):
+        """The capture-time metadata in the backend (what the graph's kernels read): :func:`installed_metadata`."""
+        return installed_metadata(self.backend, self.adapter.metadata_attr, got.metadata)
 
 
 class PrefillGraphs:
@@ -308,22 +319,6 @@ class PrefillGraphs:
         return entered
 
 
-# --------------------------------------------------------------------------- a boundary's graph paths
-
-#: what a path's metadata prep is called in a finding when the release's code raises there
-GRAPH_PREP = {
-    "eager": "init_forward_metadata",
-    "decode_graph": "the decode-graph replay prep (CudaGraphBufferRegistry.fill_from, build_replay_fb_view, "
-                    "init_forward_metadata_out_graph / _in_graph)",
-    "piecewise": "the prefill-graph load (CudaGraphBufferRegistry.fill_from, KVLocPlan.bind_replay) and "
-                 "init_forward_metadata",
-}
-#: why piecewise graphs without per-layer shrinkage stay the model's
-NO_SHRINK = ("graph path piecewise with piecewise_shrink = false (0.5.23 narrows every prefill-graph layer: "
-             "_eager_attention / padded_extend_real_tokens; no release path runs one unnarrowed): the model's "
-             "boundary")
-
-
 def raised_text(e: BaseException) -> str:
     """``where (file:line) raised Type: message`` (the innermost frame: a release function, or ours)."""
     import os
@@ -332,112 +327,3 @@ def raised_text(e: BaseException) -> str:
     where = f"{tb[-1].name} ({os.path.basename(tb[-1].filename)}:{tb[-1].lineno}) " if tb else ""
     text = str(e)
     return f"{where}raised {type(e).__name__}{': ' + text if text else ''}"
-
-
-class GraphPaths:
-    """One boundary's graph runners, made at its first forward (the release captures at start-up), and why a
-    graph path of the scenario is not driven (its forwards are then the model's boundary's, counted by reason).
-
-    ``boundary`` is engine_path/forward/boundary.py's ``ReleaseBoundary``: its runner, backend, adapter, layers,
-    ``forward_scope(fb)`` and ``layer_call(layer, kind, fb, rows, scope)``."""
-
-    def __init__(self, boundary):
-        self.b = boundary
-        self.decode: DecodeGraphs | None = None
-        self.prefill: PrefillGraphs | None = None
-        self.unavailable: dict[str, str] = {}
-
-    @classmethod
-    def start(cls, boundary) -> "GraphPaths":
-        got = cls(boundary)
-        eng = boundary.model.engine
-        if boundary.side != "target":
-            return got      # an EAGLE draft's graph runners are its own (EAGLEDraft*CudaGraphRunner): not driven
-        if eng.cuda_graph and eng.cuda_graph_bs and not eng.speculative.enabled:
-            got._start_decode()
-        if eng.piecewise_cuda_graph:
-            got._start_prefill()
-        return got
-
-    def _start_decode(self) -> None:
-        b = self.b
-
-        def writer(li):
-            return lambda fb, rows, scope: b.layer_call(li.layer, li.kind, fb, rows, scope).loc
-        # the release's clamp (get_batch_sizes_to_capture): no size past the request pool's rows, which it adds
-        rows = int(b.runner.req_to_token_pool.size)
-        sizes = [s for s in b.model.engine.cuda_graph_bs if s <= rows]
-        sizes += [rows] if max(b.model.engine.cuda_graph_bs) > rows else []
-        try:
-            dg = DecodeGraphs(b.runner, b.backend, b.adapter, sizes, str(b.device), b.forward_scope)
-            dg.capture([Layer(li.layer, li.kind, writer(li)) for li in b.model_layers()])
-        except Exception as e:       # the release's capture cannot run for this backend: that path is the model's
-            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: {raised_text(e)}): "
-                                                f"the model's boundary")
-            return
-        self.decode = dg
-
-    def _start_prefill(self) -> None:
-        b = self.b
-        eng = b.model.engine
-        if not eng.piecewise_shrink:
-            self.unavailable["piecewise"] = NO_SHRINK
-            return
-        try:
-            rows = int(b.runner.req_to_token_pool.req_to_token.shape[0])
-            self.prefill = PrefillGraphs(b.runner, b.backend, eng.piecewise_capture_sizes, str(b.device), rows,
-                                         b.forward_scope)
-        except Exception as e:
-            self.unavailable["piecewise"] = (f"graph path piecewise (the release's prefill runner buffers: "
-                                             f"{raised_text(e)}): the model's boundary")
-
-    # ------------------------------------------------------------------ per forward
-
-    def ready(self, batch) -> None:
-        """Before a decode-graph forward: its capture size's layers captured (their first replay). A capture the
-        release cannot run there makes the decode path the model's from this forward on, as a failure at
-        start-up makes it for the whole run (the largest size's layers are captured at start-up)."""
-        if batch.graph != "decode_graph" or self.decode is None or batch.padded_len not in self.decode.captured:
-            return
-        try:
-            self.decode.writes_of(batch.padded_len)
-        except Exception as e:
-            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture at size "
-                                                f"{batch.padded_len}: {raised_text(e)}): the model's boundary")
-            self.decode = None
-
-    def prepare(self, meta, batch) -> None:
-        """The forward's metadata as the release's runner for ``batch.graph`` makes it, on ``meta`` (a
-        ReleaseMetadata whose ``fb`` is the release's batch)."""
-        b, fb = self.b, meta.fb
-        if batch.graph == "decode_graph":
-            pad_decode_rows(fb, self.decode.fill)
-            meta.graph = self.decode.replay(fb, batch.padded_len)
-            meta.rows = batch.padded_len
-        elif batch.graph == "piecewise":
-            static = self.prefill.load(fb, batch.padded_len)
-            self.prefill.metadata(fb)
-            meta.layer_fb = static
-            meta.scope = self.prefill.scope(static, int(fb.input_ids.shape[0]))
-        else:
-            with b.forward_scope():
-                b.backend.init_forward_metadata(fb)
-
-    def pieces(self) -> list:
-        """The graph paths' pieces (engine_path/forward/adapters.py's ``Piece``), whose code ran each."""
-        out = []
-        if self.decode is not None:
-            out += [Piece("decode graphs: init_cuda_graph_state, capture per size (bind_runner_slots, "
-                          "init_forward_metadata_out_graph in_capture, in-graph prep, each layer's write location: the "
-                          "largest size's at start-up, each other's at its first replay)",
-                          "engine", f"layers captured at {self.decode.layer_captures} of "
-                          f"{len(self.decode.sizes)} capture sizes: the largest and the sizes replayed"),
-                    Piece("decode-graph replay: CudaGraphBufferRegistry.fill_from, build_replay_fb_view, "
-                          "init_forward_metadata_out_graph / _in_graph; layers write at the capture-time tensors",
-                          "engine")]
-        if self.prefill is not None:
-            out.append(Piece("prefill graphs (breakable): CudaGraphBufferRegistry.fill_from, KVLocPlan.bind_replay, "
-                             "init_forward_metadata, layers in prefill_graph_scope (_eager_attention narrowing)",
-                             "engine"))
-        out += [Piece(f"graph path {path}", "model", why) for path, why in sorted(self.unavailable.items())]
-        return out
