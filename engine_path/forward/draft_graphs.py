@@ -36,9 +36,9 @@ FORWARD_BATCH_INFO = "sglang.srt.model_executor.forward_batch_info"
 SPEC_INFO = "sglang.srt.speculative.spec_info"
 
 
-class _Model:
+class _Model(torch.nn.Module):
     """The draft model a capture runs: its forward is deferred (the layers' writes are taken at a size's first
-    replay); ``shared_experts_config`` as a dense model's."""
+    replay); ``shared_experts_config`` as a dense model's, no quantized modules."""
 
     shared_experts_config = None
 
@@ -88,12 +88,11 @@ class DraftExtendGraphs:
         eagle = importlib.import_module(SPEC_INFO).SpeculativeAlgorithm.from_string("EAGLE")
         r.eagle_worker = SimpleNamespace(speculative_algorithm=eagle, hot_token_id=None,
                                          seed_dsa_topk_from_draft_extend=False)
-        r.model_runner = SimpleNamespace(
-            device=str(self.device), model=_Model(), spec_algorithm=eagle, is_draft_worker=True,
-            kv_index_translator=runner.translator, canary_manager=None, device_timer=None,
-            shared_read_done_event=None,
-            model_config=SimpleNamespace(model_is_mrope=False, hf_config=SimpleNamespace()),
-            _flashinfer_spec_draft_autotuned_phases=None)
+        # the draft's model-runner stand-in (its backends' constructors read it), with the draft model and what
+        # the runner reads of a model runner besides
+        r.model_runner = SimpleNamespace(**{
+            **vars(runner.bag), "model": _Model(), "spec_algorithm": eagle, "is_draft_worker": True,
+            "device_timer": None, "shared_read_done_event": None, "_flashinfer_spec_draft_autotuned_phases": None})
         r.forward_mode = fbi.ForwardMode.DRAFT_EXTEND_V2
         r.device = self.device
         r.device_module = torch.get_device_module(self.device)
