@@ -41,6 +41,20 @@ def _by_side(findings: list[dict], scenario: str) -> collections.Counter:
                                 else "target") for f in findings)
 
 
+def _graph_paths(backend: str, side: dict, path: str, failed: str, piece: str, counts: tuple, why: str) -> None:
+    """A side's forwards on ``path``: ``counts`` = (replays of the release's runner, DP-padded ones run eagerly);
+    torch_native (no CUDA graphs) runs all of them eagerly, its capture's failure named under ``failed``."""
+    paths = side["release_paths"]
+    graphed, padded = counts
+    if backend == "torch_native":
+        assert path not in paths and paths[f"{path}, run eagerly"] == graphed + padded
+        assert why in next(p["why"] for p in side["pieces"] if p["piece"] == f"graph path {failed}, run eagerly")
+    else:
+        assert paths[path] == graphed and paths.get(f"{path}, run eagerly", 0) == padded, backend
+        runner = [p for p in side["pieces"] if p["piece"].startswith(piece)]
+        assert [p["whose"] for p in runner] == ["engine"] and f"{graphed} replays" in runner[0]["why"], backend
+
+
 def _run_in_process(scenario: str, out: Path) -> tuple[int, dict, dict, list[dict]]:
     from slotscope.cli import main
 
@@ -58,6 +72,9 @@ def runs(tmp_path_factory, engine_releases):
 
 #: (draft extends after a prefill, draft decodes, draft extends after a verify, target verifies) per scenario
 FORWARDS = {"paths-spec": (11, 68, 34, 34), "b3-draft-pool-size": (23, 24, 12, 12)}
+#: verifies replaying the target's decode runner in TARGET_VERIFY mode, and those DP-padded past their own capture
+#: size (run eagerly), per scenario
+VERIFY_GRAPH = {"paths-spec": (16, 13), "b3-draft-pool-size": (12, 0)}
 #: draft extends after a verify replaying the release's draft-extend graph runner, and those DP-padded past their own
 #: capture size (run eagerly: the runner's DP gather is not driven), per scenario
 DRAFT_EXTEND_GRAPH = {"paths-spec": (14, 15), "b3-draft-pool-size": (12, 0)}
@@ -95,17 +112,10 @@ def test_every_forward_of_an_eagle_round_is_the_releases_on_every_backend(runs, 
         assert any(k.startswith("EAGLE round on a graph path") and v == "model" for k, v in named.items()), b
         # the draft extends after a verify on the graph path: the release's EAGLEDraftExtendCudaGraphRunner replays
         # (its capture sizes all captured at start-up); DP-padded ones and torch_native's (no CUDA graphs) eagerly
-        paths = draft["release_paths"]
-        graphed, padded = DRAFT_EXTEND_GRAPH[name]
-        if b == "torch_native":
-            assert "draft_extend_graph" not in paths and paths["draft_extend_graph, run eagerly"] == graphed + padded
-            assert "init_cuda_graph_state (base_attn_backend.py:258) raised NotImplementedError" in next(
-                p["why"] for p in draft["pieces"] if p["piece"] == "graph path draft_extend_graph, run eagerly")
-        else:
-            assert paths["draft_extend_graph"] == graphed and paths.get("draft_extend_graph, run eagerly", 0) == \
-                padded, b
-            runner = [p for p in draft["pieces"] if p["piece"].startswith("draft-extend graphs: EAGLEDraftExtend")]
-            assert [p["whose"] for p in runner] == ["engine"] and f"{graphed} replays" in runner[0]["why"], b
+        _graph_paths(b, target, "decode_graph", "decode_graph (verify)", "verify graphs: the target's decode runner",
+                     VERIFY_GRAPH[name], "get_cuda_graph_seq_len_fill_value (base_attn_backend.py:288)")
+        _graph_paths(b, draft, "draft_extend_graph", "draft_extend_graph", "draft-extend graphs: EAGLEDraftExtend",
+                     DRAFT_EXTEND_GRAPH[name], "init_cuda_graph_state (base_attn_backend.py:258) raised")
     got = _by_side(findings, name)
     # torch_native: the release's SDPA gathers an SWA layer at full-pool ids (IndexError: the target's hybrid extends,
     # the hybrid draft's extends) and cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch
@@ -164,12 +174,15 @@ def test_bugs_in_a_backends_draft_steps_are_found_on_that_backend_only(tmp_path,
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_a_bug_in_the_draft_extend_graph_runner_is_found_on_every_graph_backend(tmp_path, engine_releases):
-    """The release's EAGLEDraftExtendCudaGraphRunner.execute with out_cache_loc left out of its refill: every
-    replay writes at the previous replay's slots. Found on the seven backends whose draft-extend graph is the
-    release's runner; torch_native (no CUDA graphs) and xpu (P6, live) as without the patch. Then B4 is real:
+def test_bugs_in_a_rounds_graph_runners_are_found(tmp_path, engine_releases):
+    """Two plausible bugs, one run: the release's EAGLEDraftExtendCudaGraphRunner.execute with out_cache_loc left
+    out of its refill (every replay writes at the previous replay's slots), found on the seven backends whose
+    draft-extend graph is the release's runner; triton's verify-graph window built one short, found on triton's
+    verifies. torch_native (no CUDA graphs) and xpu (P6, live) as without the patches. Then B4 is real:
     0.5.23 with #29858's window indices removed from triton's draft-extend graph metadata reads stale windows."""
-    rc, summary, run, findings = _run("b4-draft-extend-window", tmp_path / "patched", "draft-extend-graph-keeps-old-loc.yaml")
+    rc, summary, run, findings = _run("b4-draft-extend-window", tmp_path / "patched",
+                                      "draft-extend-graph-keeps-old-loc.yaml",
+                                      "triton-verify-graph-window-one-short.yaml")
     assert rc == 1
     got = collections.Counter((f["backend"], f["class"]) for f in findings)
     stale = {"missed": 72, "clobbered": 4, "evicted_slot": 9}
@@ -179,6 +192,8 @@ def test_a_bug_in_the_draft_extend_graph_runner_is_found_on_every_graph_backend(
     want = {(b, c): n for b in ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "musa")
             for c, n in stale.items()}
     want.update({(b, "padding_slot"): 72 for b in ("flashattention", "trtllm_mha", "aiter", "musa")})
+    # triton's verify graphs' window one position short: its target's verifies read one before the window
+    want[("triton", "stale_read")] = 1152
     want.update({("xpu", "missed"): 131, ("xpu", "clobbered"): 22, ("xpu", "evicted_slot"): 32,
                  ("xpu", "padding_slot"): 144, ("torch_native", "design_error"): 48})
     assert got == want

@@ -51,11 +51,12 @@ ROUND_PIECES = (
           "EagleDraftExtendInput) and the window", "model",
           "built in torch as the worker's CUDA-only kernels build them for a chain (build_tree_kernel_efficient, "
           "assign_draft_cache_locs_contiguous, prepare_draft_extend_inputs cannot run here)"),
-    Piece("EAGLE round on a graph path (decode_graph verify, draft_graph) or padded for DP attention", "model",
-          "its real rows run eagerly through the release's backend: the release's graph runners for them "
-          "(DecodeCudaGraphRunner in verify mode, EAGLEDraftCudaGraphRunner) and the dummy requests of "
+    Piece("EAGLE round on a graph path (the draft's decode steps on draft_graph) or padded for DP attention", "model",
+          "its real rows run eagerly through the release's backend: the release's graph runner for the draft's steps "
+          "(EAGLEDraftCudaGraphRunner, which runs the worker's draft_forward) and the dummy requests of "
           "prepare_mlp_sync_batch are not driven yet, so a stale static buffer of theirs, or a padded row's write, "
-          "is not seen (draft_extend_graph: the release's EAGLEDraftExtendCudaGraphRunner, a draft's graph pieces)"),
+          "is not seen (a verify on decode_graph and a draft extend on draft_extend_graph replay the release's "
+          "runners: the verify graphs' and draft-extend graphs' pieces)"),
 )
 #: why a forward's reads are the model's although the release made its metadata
 LOOKAHEAD = ("req_to_token rows changed after the batch was made (the overlap scheduler ran ahead): the release's "
@@ -195,9 +196,12 @@ class ReleaseBoundary:
         try:
             if batch.mode == "target_verify":
                 fb = verify_batch(self.runner, rnd, nd, steps, dev)
+                if self._round_graph("verify", "decode_graph", batch, nd):
+                    what = "the verify graph replay (DecodeCudaGraphRunner in TARGET_VERIFY mode)"
+                    graph = self.graphs.verify.replay(fb, batch.padded_len // nd)
             elif batch.mode == "draft_extend":
                 fb = draft_extend_batch(self.runner, rnd, batch.accepted, nd, dev)
-                if self._draft_extend_graph(batch, nd):
+                if self._round_graph("draft_extend", "draft_extend_graph", batch, nd):
                     what = "the draft-extend graph replay (EAGLEDraftExtendCudaGraphRunner.execute)"
                     graph = self.graphs.draft_extend.replay(fb, batch.padded_len // nd)
             else:
@@ -219,30 +223,29 @@ class ReleaseBoundary:
                                scope=lambda fb=None: self.forward_scope(fb, backend), spec=True, backend=backend,
                                graph=graph)
 
-    def _draft_extend_graph(self, batch, nd: int) -> bool:
-        """Whether a round's draft extend replays the release's draft-extend graph runner (its size's layers
-        taken now if this is its first replay; a capture the release cannot run there makes that path eager from
-        this forward on, named)."""
+    def _round_graph(self, runner: str, path: str, batch, nd: int) -> bool:
+        """Whether a round's forward on graph path ``path`` replays the release's runner ``runner`` (a
+        GraphPaths attribute: ``verify``, ``draft_extend``); its size's layers are taken now if this is its first
+        replay, and a capture the release cannot run there makes that path eager from this forward on, named."""
         g = self.graphs
-        de = g.draft_extend
-        if batch.graph != "draft_extend_graph" or de is None:
+        got = getattr(g, runner)
+        if batch.graph != path or got is None:
             return False
         size, rest = divmod(int(batch.padded_len), nd)
-        if rest or size not in de.captured:
-            g.eager.setdefault("draft_extend_graph", f"a batch padded to {batch.padded_len} rows is no capture "
-                                                     f"size of {nd} rows a request (sizes {list(de.sizes)})")
+        if rest or size not in got.captured:
+            g.eager.setdefault(path, f"a batch padded to {batch.padded_len} rows is no capture size of {nd} rows a "
+                                     f"request (sizes {list(got.sizes)})")
             return False
-        if de.bucket(batch.num_requests) != size:
-            g.eager.setdefault("draft_extend_graph padded for DP attention",
+        if next((s for s in got.sizes if s >= batch.num_requests), None) != size:
+            g.eager.setdefault(f"{path} padded for DP attention",
                                "the run pads it past its own capture size to the other ranks' tokens: the runner's "
                                "DP gather (require_mlp_tp_gather, global_num_tokens) is not driven here")
             return False
         try:
-            de.writes_of(size)
+            got.writes_of(size)
         except Exception as e:
-            g.eager["draft_extend_graph"] = (f"the release's EAGLEDraftExtendCudaGraphRunner capture at size {size}: "
-                                             f"{raised_text(e)}")
-            g.draft_extend = None
+            g.eager[path] = f"the release's {runner} graph capture at size {size}: {raised_text(e)}"
+            setattr(g, runner, None)
             return False
         return True
 

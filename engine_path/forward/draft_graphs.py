@@ -188,11 +188,6 @@ class DraftExtendGraphs:
 
     # ------------------------------------------------------------------ replay
 
-    def bucket(self, raw_bs: int):
-        """The capture size the runner pads a batch of ``raw_bs`` requests to (``_pad_to_bucket``; no DP
-        attention gather here), None past the largest."""
-        return next((s for s in self.sizes if s >= raw_bs), None)
-
     def replay(self, fb, bs: int) -> Captured:
         """The runner's ``execute`` of ``fb`` (a ``DRAFT_EXTEND_V2`` batch of a round) at capture size ``bs``."""
         got = self.writes_of(bs)

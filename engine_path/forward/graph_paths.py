@@ -33,6 +33,7 @@ class GraphPaths:
         self.b = boundary
         self.decode: DecodeGraphs | None = None
         self.prefill: PrefillGraphs | None = None
+        self.verify: DecodeGraphs | None = None      # the target's decode runner in TARGET_VERIFY mode (EAGLE)
         self.draft_extend = None         # an EAGLE draft's draft-extend runner (engine_path/forward/draft_graphs.py)
         self.unavailable: dict[str, str] = {}
         #: why a round's graph path runs eagerly through the release's backend (its runner not driven here)
@@ -48,6 +49,8 @@ class GraphPaths:
             return got
         if eng.cuda_graph and eng.cuda_graph_bs and not eng.speculative.enabled:
             got._start_decode()
+        elif eng.cuda_graph and eng.cuda_graph_bs:
+            got._start_verify()
         if eng.piecewise_cuda_graph:
             got._start_prefill()
         return got
@@ -62,6 +65,19 @@ class GraphPaths:
                                                 f"the model's boundary")
             return
         self.decode = dg
+
+    def _start_verify(self) -> None:
+        """The target's decode runner under EAGLE: ``TARGET_VERIFY`` graphs (a round's verify)."""
+        b = self.b
+        spec = b.model.engine.speculative
+        try:
+            dg = DecodeGraphs(b.runner, b.backend, b.adapter, self._capture_sizes(), str(b.device), b.forward_scope,
+                              verify=(spec.num_draft_tokens, spec.num_steps))
+            dg.capture(self._layers())
+        except Exception as e:       # the release's capture cannot run for this backend: run it eagerly, named
+            self.eager["decode_graph (verify)"] = f"the release's DecodeCudaGraphRunner verify capture: {raised_text(e)}"
+            return
+        self.verify = dg
 
     def _layers(self) -> list[Layer]:
         """The boundary's layers, each writing through the release's layer forward (``layer_call``)."""
@@ -154,6 +170,14 @@ class GraphPaths:
             out.append(Piece("prefill graphs (breakable): CudaGraphBufferRegistry.fill_from, KVLocPlan.bind_replay, "
                              "init_forward_metadata, layers in prefill_graph_scope (_eager_attention narrowing)",
                              "engine"))
+        if self.verify is not None:
+            v = self.verify
+            out.append(Piece("verify graphs: the target's decode runner in TARGET_VERIFY mode (build_decode_registry "
+                             "of num_draft_tokens rows a request, get_spec_info's EagleVerifyInput over the custom-mask "
+                             "buffer, capture per size, fill_from, build_replay_fb_view, "
+                             "init_forward_metadata_out_graph / _in_graph); layers write at the capture-time tensors",
+                             "engine", f"layers captured at {v.layer_captures} of {len(v.sizes)} capture sizes; "
+                             f"{v.replays} replays"))
         if self.draft_extend is not None:
             de = self.draft_extend
             out.append(Piece("draft-extend graphs: EAGLEDraftExtendCudaGraphRunner.capture_one_shape per size and "

@@ -14,7 +14,9 @@ refreshes are driven the way the release's runners drive them, with the release'
   ``build_replay_fb_view`` and the backend's replay metadata (``init_forward_metadata_out_graph(view)``), the
   in-graph prep again on the capture-time batch (the graph replays it), and then each layer's write location is
   what the capture-time tensors hold now. A buffer the replay metadata leaves stale (B2's class of bug) shows in
-  the padded rows' targets.
+  the padded rows' targets. Under EAGLE the target's runner captures ``TARGET_VERIFY`` instead (``verify``:
+  ``num_draft_tokens`` rows a request, its ``get_spec_info``'s ``EagleVerifyInput`` over the custom-mask buffer),
+  and a round's verify replays it.
 * **Prefill graphs** (:class:`PrefillGraphs`, the release's ``PrefillCudaGraphRunner`` with its CUDA default, the
   breakable backend): the batch's rows are copied into the runner's ``build_prefill_registry`` buffers padded to
   the capture size (``out_cache_loc`` zero past the batch), the static batch is bound to the iteration's plan
@@ -34,7 +36,7 @@ from __future__ import annotations
 import importlib
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -45,6 +47,8 @@ FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 PREFILL_GRAPH = "sglang.srt.model_executor.runner_utils.prefill_graph"
 RUNNER_BATCH = "sglang.srt.model_executor.runner_utils.forward_batch"
 BREAKABLE = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+EAGLE_INFO = "sglang.srt.speculative.eagle_info"
+SPEC_INFO = "sglang.srt.speculative.spec_info"
 
 #: the slots of the decode runner's buffers its replay view reads (``DecodeInputBuffers``; no encoder, no mamba)
 DECODE_VIEW_SLOTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu")
@@ -52,6 +56,10 @@ DECODE_VIEW_SLOTS = ("input_ids", "positions", "req_pool_indices", "seq_lens", "
 
 class GraphUnavailable(Exception):
     """A graph runner this backend cannot be driven through here (that path stays the model's boundary)."""
+
+
+def _eagle():
+    return importlib.import_module(SPEC_INFO).SpeculativeAlgorithm.from_string("EAGLE")
 
 
 def _loc_dtype() -> torch.dtype:
@@ -135,9 +143,13 @@ def check_static(got: Captured, layers: list[Layer], *keepers) -> None:
 
 
 class DecodeGraphs:
-    """One backend's decode CUDA-graph runner (plain decode replays): see the module docstring."""
+    """One backend's decode CUDA-graph runner: see the module docstring. ``verify``: ``(num_draft_tokens,
+    speculative_num_steps)`` for the target's runner under EAGLE, which captures ``TARGET_VERIFY`` batches of
+    ``num_draft_tokens`` rows a request (``captured_req_width``) with the runner's ``EagleVerifyInput`` over its
+    static custom-mask buffer (``get_spec_info``); None for plain decode."""
 
-    def __init__(self, runner, backend, adapter, sizes, device: str, forward_context: Callable):
+    def __init__(self, runner, backend, adapter, sizes, device: str, forward_context: Callable,
+                 verify: Optional[tuple[int, int]] = None):
         self.runner, self.backend, self.adapter = runner, backend, adapter
         self.sizes = tuple(sorted(set(int(s) for s in sizes)))
         self.max_bs = self.sizes[-1]
@@ -145,10 +157,17 @@ class DecodeGraphs:
         self._ctx = forward_context
         self._fbi = importlib.import_module(FORWARD_BATCH_INFO)
         self._view = importlib.import_module(DECODE_RUNNER).build_replay_fb_view
+        self.verify = verify
+        self.width = 1 if verify is None else int(verify[0])
+        self.mode = self._fbi.ForwardMode.DECODE if verify is None else self._fbi.ForwardMode.TARGET_VERIFY
         self.fill = backend.get_cuda_graph_seq_len_fill_value()
+        self.max_num_token = self.max_bs * self.width
         self.registry = importlib.import_module(REGISTRY).build_decode_registry(
-            device=self.device, max_bs=self.max_bs, max_num_token=self.max_bs, seq_len_fill_value=self.fill,
+            device=self.device, max_bs=self.max_bs, max_num_token=self.max_num_token, seq_len_fill_value=self.fill,
             cache_loc_dtype=_loc_dtype(), share_pool=False)
+        #: the runner's custom-mask buffer (its base runner's size), the capture's verify input's mask
+        self.custom_mask = None if verify is None else torch.ones(
+            (self.max_bs * self.fill + self.max_num_token) * self.width, dtype=torch.bool, device=self.device)
         #: the replay view's ``buffers`` (the release's ``DecodeInputBuffers`` shares these slots' storage)
         self.buffers = type("DecodeBuffers", (), {})()
         for name in DECODE_VIEW_SLOTS:
@@ -172,13 +191,14 @@ class DecodeGraphs:
         be = self.backend
         self.layers = layers
         with self._ctx():
-            be.init_cuda_graph_state(self.max_bs, self.max_bs)
+            be.init_cuda_graph_state(self.max_bs, self.max_num_token)
         for bs in reversed(self.sizes):
             fb = self._capture_batch(bs)
             with torch.no_grad(), self._ctx(fb):
                 be.init_forward_metadata_out_graph(fb, in_capture=True)
                 be.init_forward_metadata_in_graph(fb)
-            self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None), owner=self)
+            self.captured[bs] = Captured(bs, fb, getattr(be, self.adapter.metadata_attr, None),
+                                         rows=bs * self.width, owner=self)
             if bs == self.max_bs:
                 self._take_writes(self.captured[bs])
 
@@ -187,7 +207,7 @@ class DecodeGraphs:
         pool = getattr(self.runner.capture, "full_to_swa_index_mapping", None)
         with self.installed(got):
             for li in self.layers:
-                wl = li.write(got.fb, got.size, lambda fb=got.fb: self._ctx(fb))
+                wl = li.write(got.fb, got.rows, lambda fb=got.fb: self._ctx(fb))
                 if getattr(wl, "mapping", None) is not None and pool is not None:
                     # a kernel-mapped write: whether what it was handed is a view of the pool's mapping
                     wl = replace(wl, pool_view=wl.mapping.untyped_storage().data_ptr()
@@ -205,20 +225,32 @@ class DecodeGraphs:
             self._take_writes(got)
         return got
 
-    def _slot(self, name: str, bs: int) -> torch.Tensor:
-        return self.registry.get_slot(name).slice_for(bs, bs)
+    def _slot(self, name: str, bs: int, num_tokens: Optional[int] = None) -> torch.Tensor:
+        return self.registry.get_slot(name).slice_for(bs, bs if num_tokens is None else num_tokens)
+
+    def _verify_input(self):
+        """``get_spec_info`` of the target's runner under EAGLE: an ``EagleVerifyInput`` over the custom-mask
+        buffer, nothing else known at capture."""
+        nd, steps = self.verify
+        return importlib.import_module(EAGLE_INFO).EagleVerifyInput(
+            draft_token=None, custom_mask=self.custom_mask, positions=None, retrieve_index=None,
+            retrieve_next_token=None, retrieve_next_sibling=None, retrieve_cum_len=None, spec_steps=steps, topk=1,
+            draft_token_num=nd, capture_hidden_mode=self._fbi.CaptureHiddenMode.FULL, seq_lens_sum=None,
+            seq_lens_cpu=None)
 
     def _capture_batch(self, bs: int):
         """``capture_prepare``'s batch of ``bs`` over the static buffers, bound with ``bind_runner_slots``."""
-        mode = self._fbi.ForwardMode.DECODE
+        mode, n = self.mode, bs * self.width
         seq_lens = self._slot("seq_lens", bs)
+        extra = {} if self.verify is None else {"spec_info": self._verify_input(), "spec_algorithm": _eagle(),
+                                                "capture_hidden_mode": self._fbi.CaptureHiddenMode.FULL}
         fb = self._fbi.ForwardBatch(
-            forward_mode=mode, batch_size=bs, input_ids=self._slot("input_ids", bs),
+            forward_mode=mode, batch_size=bs, input_ids=self._slot("input_ids", bs, n),
             req_pool_indices=self._slot("req_pool_indices", bs), seq_lens=seq_lens,
             seq_lens_cpu=self._slot("seq_lens_cpu", bs), orig_seq_lens=seq_lens,
-            out_cache_loc=self._slot("out_cache_loc", bs), seq_lens_sum=int(seq_lens.sum().item()),
-            positions=self._slot("positions", bs), return_logprob=False, can_run_decode_cuda_graph=True,
-            global_forward_mode=mode)
+            out_cache_loc=self._slot("out_cache_loc", bs, n), seq_lens_sum=int(seq_lens.sum().item()),
+            positions=self._slot("positions", bs, n), return_logprob=False, can_run_decode_cuda_graph=True,
+            global_forward_mode=mode, **extra)
         if self.runner.translator is not None:
             self.runner.translator.bind_runner_slots(fb)
         return fb
@@ -235,10 +267,11 @@ class DecodeGraphs:
         got = self.writes_of(size)
         raw_bs = int(fb.batch_size)
         raw_n = int(fb.out_cache_loc.shape[0])
-        self.registry.fill_from(fb, raw_bs=raw_bs, padded_bs=size, raw_num_tokens=raw_n, padded_num_tokens=size)
-        view = self._view(forward_batch=fb, buffers=self.buffers, bs=size, raw_bs=raw_bs, num_tokens=size,
+        n = size * self.width
+        self.registry.fill_from(fb, raw_bs=raw_bs, padded_bs=size, raw_num_tokens=raw_n, padded_num_tokens=n)
+        view = self._view(forward_batch=fb, buffers=self.buffers, bs=size, raw_bs=raw_bs, num_tokens=n,
                           global_num_tokens_cpu=None, seq_len_fill_value=self.fill,
-                          capture_forward_mode=self._fbi.ForwardMode.DECODE, is_encoder_decoder=False)
+                          capture_forward_mode=self.mode, is_encoder_decoder=False)
         with torch.no_grad():
             with self._ctx():
                 self.backend.init_forward_metadata_out_graph(view)
