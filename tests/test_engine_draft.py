@@ -120,11 +120,16 @@ def test_every_forward_of_an_eagle_round_is_the_releases_on_every_backend(runs, 
     # torch_native: the release's SDPA gathers an SWA layer at full-pool ids (IndexError: the target's hybrid extends,
     # the hybrid draft's extends) and cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch
     # has not got: AttributeError); xpu: P6 on the hybrid draft's SWA layer (the round's whole window's SWA ids)
+    # flashinfer: 0.5.23's EAGLE verify and draft-extend SWA tables start at position 0, not at the window
+    # (EagleVerifyInput / EagleDraftExtendInput.generate_attn_arg_prefill take no kv_start_idx): stale_read at every
+    # verify and draft extend of a request longer than the window (docs/ENGINE.md, "flashinfer's EAGLE SWA tables")
     want = {"paths-spec": {("torch_native", "design_error", "target"): 40,
                            ("torch_native", "design_error", "draft"): 35,
                            ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39,
-                           ("xpu", "evicted_slot", "draft"): 33},
-            "b3-draft-pool-size": {("torch_native", "design_error", "target"): 19}}[name]
+                           ("xpu", "evicted_slot", "draft"): 33,
+                           ("flashinfer", "stale_read", "target"): 2160, ("flashinfer", "stale_read", "draft"): 792},
+            "b3-draft-pool-size": {("torch_native", "design_error", "target"): 19,
+                                   ("flashinfer", "stale_read", "target"): 1332}}[name]
     assert got == want and rc == 1
     raised = collections.Counter((f["message"].split(" raised ")[1].split(":")[0], f["message"].split("mode ")[1]
                                   .split(",")[0]) for f in findings if f["class"] == "design_error")
@@ -144,9 +149,11 @@ def test_a_bug_in_a_backends_draft_pool_resolution_is_found_on_that_draft_only(t
     got = _by_side(findings, "paths-spec")
     # the draft's flashinfer never translates: its SWA layer hands the pool no swa_loc (the hybrid pool asserts one)
     # at every one of its extends (11 after a prefill, 34 after a verify), and its SWA table reads the SWA pool at
-    # full-pool ids (the tables of the extends after a prefill: an EAGLE round's are the model's)
+    # full-pool ids (96 of the stale reads: the extends after a prefill; the rest its draft extends after a verify,
+    # which read from position 0 unpatched too); the target's verifies as unpatched
     assert {k: n for k, n in got.items() if k[0] == "flashinfer"} == {
-        ("flashinfer", "stale_read", "draft"): 96, ("flashinfer", "design_error", "draft"): 45}
+        ("flashinfer", "stale_read", "draft"): 1534, ("flashinfer", "design_error", "draft"): 45,
+        ("flashinfer", "stale_read", "target"): 2160}
     assert {k: n for k, n in got.items() if k[0] != "flashinfer"} == {
         ("torch_native", "design_error", "target"): 40, ("torch_native", "design_error", "draft"): 35,
         ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39, ("xpu", "evicted_slot", "draft"): 33}
@@ -167,9 +174,9 @@ def test_bugs_in_a_backends_draft_steps_are_found_on_that_backend_only(tmp_path,
     assert _by_side(findings, "p6-draft-step-swa") == {
         ("triton", "missed", "draft"): 43, ("triton", "clobbered", "draft"): 43,          # steps 1.. at column 0
         ("flashattention", "stale_read", "draft"): 234, ("musa", "stale_read", "draft"): 234,
-        # as unpatched: P6 live on xpu, torch_native cannot verify
+        # as unpatched: P6 live on xpu, torch_native cannot verify, flashinfer's verifies read SWA from position 0
         ("xpu", "missed", "draft"): 74, ("xpu", "clobbered", "draft"): 16, ("xpu", "evicted_slot", "draft"): 40,
-        ("torch_native", "design_error", "target"): 12}
+        ("torch_native", "design_error", "target"): 12, ("flashinfer", "stale_read", "target"): 1080}
 
 
 @pytest.mark.slow
@@ -194,6 +201,8 @@ def test_bugs_in_a_rounds_graph_runners_are_found(tmp_path, engine_releases):
     want.update({(b, "padding_slot"): 72 for b in ("flashattention", "trtllm_mha", "aiter", "musa")})
     # triton's verify graphs' window one position short: its target's verifies read one before the window
     want[("triton", "stale_read")] = 1152
+    # as unpatched: flashinfer's verifies and draft extends read SWA from position 0
+    want[("flashinfer", "stale_read")] = 2592
     want.update({("xpu", "missed"): 131, ("xpu", "clobbered"): 22, ("xpu", "evicted_slot"): 32,
                  ("xpu", "padding_slot"): 144, ("torch_native", "design_error"): 48})
     assert got == want

@@ -19,8 +19,10 @@ one-byte buffer.
 Read tables (:func:`flashinfer_reads`): wrapper 0 serves the SWA layers, wrapper 1 the full ones
 (``_get_wrapper_idx``); each planned ``kv_indptr`` / ``kv_indices`` (token ids, page size 1; the SWA wrapper's
 already translated to SWA ids) holds per request the positions that end at the paged part's end: the
-prefix's end in a ragged extend (the new tokens are read from K/V directly), the sequence's in decode and in
-a paged-only extend. trtllm_mha (:func:`trtllm_reads`) reads its page tables (``page_table`` /
+prefix's end in a ragged extend (the new tokens are read from K/V directly), the sequence's in a paged-only
+extend and in an EAGLE draft extend (its window included), the token's in a decode (a draft step's: its
+position), the committed length plus the window in a verify. (0.5.23's verify and draft-extend SWA tables gather
+from position 0, not the window: sglang#39287, open; docs/ENGINE.md.) trtllm_mha (:func:`trtllm_reads`) reads its page tables (``page_table`` /
 ``swa_page_table``, page ids) with ``cache_seqlens`` and ``window_left = sliding_window_size``.
 """
 from __future__ import annotations
@@ -219,7 +221,12 @@ def flashinfer_reads(backend, fb, bs: int):
     wrappers = m.decode_wrappers if decode else m.prefill_wrappers
     if any(w.kv_indptr is None for w in wrappers[:2]):
         return None
-    end = fb.seq_lens if decode or not m.use_ragged else fb.extend_prefix_lens
+    if decode:       # a decode's table ends at its token (an EAGLE draft step's too: its position)
+        end = fb.positions[:bs].to(torch.int64) + 1
+    elif fb.forward_mode.is_target_verify():         # seq_lens are the committed lengths; it reads its window too
+        end = fb.seq_lens[:bs] + fb.spec_info.draft_token_num
+    else:
+        end = fb.extend_prefix_lens if m.use_ragged else fb.seq_lens
     tables = [csr_ending_at(w.kv_indptr, w.kv_indices, end, bs) for w in wrappers[:2]]
     if len(tables) == 1:
         return ReadTable(full=tables[0], swa=None)
@@ -240,6 +247,7 @@ _PLANNED = "the flashinfer wrappers' plan (PlannedWrapper records kv_indptr / kv
 
 FLASHINFER = FlashInferAdapter(
     "flashinfer", multistep=f"{FI}:FlashInferMultiStepDraftBackend", reads=flashinfer_reads, span=SPAN_RAGGED,
+    round_reads=True,
     shims=dict(FI_SHIMS), needs=("flashinfer",),
     stand_in={"prefill/decode_attention_backend_str": "the backend's own name (the run's stand-in says triton)",
               "plan_stream_for_flashinfer (under EAGLE, on a CPU)": PLAN_STREAM_WHY})

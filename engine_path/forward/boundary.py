@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
@@ -301,20 +302,17 @@ class ReleaseBoundary:
             self.model_reads[LOOKAHEAD] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         backend = meta.backend if meta.backend is not None else self.backend
-        if meta.graph is not None:
-            with meta.graph.owner.installed(meta.graph):      # the tables the graph's kernels read
-                table = self.adapter.reads(backend, meta.fb, bs)
-        else:
+        # in a graph replay, the tables (and the metadata a span rule asks) are what the graph's kernels read
+        with meta.graph.owner.installed(meta.graph) if meta.graph is not None else nullcontext():
             table = self.adapter.reads(backend, meta.fb, bs)
+            spans = None if table is None or self.adapter.span is None else self.adapter.span.spans(
+                backend, seq_lens.cpu().numpy(), extend_lens.cpu().numpy(), self.window,
+                meta.fb.forward_mode.is_decode_or_idle())
         if table is None:
             self.model_reads["no table in this forward's metadata"] += 1
             return self.model.read_table(meta, req_to_token, seq_lens, extend_lens, full_to_swa, shared)
         table = check_read_table(table, bs, torch.device("cpu"))
-        if self.adapter.span is None:
-            return table
-        spans = self.adapter.span.spans(backend, seq_lens.cpu().numpy(), extend_lens.cpu().numpy(), self.window,
-                                        meta.fb.forward_mode.is_decode_or_idle())
-        return ReadTable(table.full, table.swa, spans)
+        return table if spans is None else ReadTable(table.full, table.swa, spans)
 
     def _rows_as_read(self, req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> bool:
         """Whether the ``req_to_token`` rows the release's metadata was built on (the requests' slots when the
