@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from .graphs import Captured, GraphUnavailable, Layer, check_static, installed_metadata
+from .graphs import Captured, CapturedRunner, GraphUnavailable, Layer
 
 DRAFT_EXTEND_RUNNER = "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner"
 RUNNER_PKG = "sglang.srt.model_executor.runner"
@@ -67,20 +67,13 @@ class _GraphBackend:
         return SimpleNamespace(next_token_logits=torch.zeros(bs, 1), hidden_states=torch.zeros(bs, 1))
 
 
-class DraftExtendGraphs:
+class DraftExtendGraphs(CapturedRunner):
     """One draft backend's ``EAGLEDraftExtendCudaGraphRunner``: see the module docstring."""
 
     def __init__(self, runner, backend, adapter, sizes, width: int, steps: int, device: str,
                  forward_context: Callable):
-        self.runner, self.backend, self.adapter = runner, backend, adapter
-        self.sizes = tuple(sorted(set(int(s) for s in sizes)))
+        super().__init__(runner, backend, adapter, sizes, device, forward_context)
         self.width = int(width)
-        self.device = torch.device(device)
-        self._ctx = forward_context
-        self.captured: dict[int, Captured] = {}
-        self.layers: list[Layer] = []
-        self.replays = 0
-        self.layer_captures = 0
         mod = importlib.import_module(DRAFT_EXTEND_RUNNER)
         fbi = importlib.import_module(FORWARD_BATCH_INFO)
         self._graph = _GraphBackend(self)
@@ -168,23 +161,8 @@ class DraftExtendGraphs:
             raise GraphUnavailable("the draft-extend runner's capture made no batch readable here")
         return fb
 
-    def _take_writes(self, got: Captured) -> None:
-        with self.installed(got):
-            for li in self.layers:
-                got.writes[li.layer] = li.write(got.fb, got.rows, lambda fb=got.fb: self._ctx(fb))
-        check_static(got, self.layers, self.release.buffers, self.backend)
-        self.layer_captures += 1
-
-    def writes_of(self, bs: int) -> Captured:
-        if bs not in self.captured:
-            raise GraphUnavailable(f"draft-extend capture size {bs} was not captured (sizes {list(self.sizes)})")
-        got = self.captured[bs]
-        if not got.writes:
-            self._take_writes(got)
-        return got
-
-    def installed(self, got: Captured):
-        return installed_metadata(self.backend, self.adapter.metadata_attr, got.metadata)
+    def static_buffers(self):
+        return self.release.buffers
 
     # ------------------------------------------------------------------ replay
 

@@ -47,37 +47,33 @@ class GraphPaths:
             if eng.cuda_graph and eng.cuda_graph_bs and eng.speculative.enabled:
                 got._start_draft_extend()
             return got
-        if eng.cuda_graph and eng.cuda_graph_bs and not eng.speculative.enabled:
-            got._start_decode()
-        elif eng.cuda_graph and eng.cuda_graph_bs:
-            got._start_verify()
+        if eng.cuda_graph and eng.cuda_graph_bs:
+            spec = eng.speculative
+            got._start_decode((spec.num_draft_tokens, spec.num_steps) if spec.enabled else None)
         if eng.piecewise_cuda_graph:
             got._start_prefill()
         return got
 
-    def _start_decode(self) -> None:
+    def _start_decode(self, verify=None) -> None:
+        """The target's decode runner: plain decode graphs, or under EAGLE (``verify``: ``(num_draft_tokens,
+        num_steps)``) its ``TARGET_VERIFY`` graphs, which a round's verify replays."""
         b = self.b
-        try:
-            dg = DecodeGraphs(b.runner, b.backend, b.adapter, self._capture_sizes(), str(b.device), b.forward_scope)
-            dg.capture(self._layers())
-        except Exception as e:       # the release's capture cannot run for this backend: that path is the model's
-            self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: {raised_text(e)}): "
-                                                f"the model's boundary")
-            return
-        self.decode = dg
-
-    def _start_verify(self) -> None:
-        """The target's decode runner under EAGLE: ``TARGET_VERIFY`` graphs (a round's verify)."""
-        b = self.b
-        spec = b.model.engine.speculative
         try:
             dg = DecodeGraphs(b.runner, b.backend, b.adapter, self._capture_sizes(), str(b.device), b.forward_scope,
-                              verify=(spec.num_draft_tokens, spec.num_steps))
+                              verify=verify)
             dg.capture(self._layers())
-        except Exception as e:       # the release's capture cannot run for this backend: run it eagerly, named
-            self.eager["decode_graph (verify)"] = f"the release's DecodeCudaGraphRunner verify capture: {raised_text(e)}"
+        except Exception as e:       # the release's capture cannot run for this backend
+            if verify is None:       # that path is the model's
+                self.unavailable["decode_graph"] = (f"graph path decode_graph (the release's capture: "
+                                                    f"{raised_text(e)}): the model's boundary")
+            else:                    # a verify runs eagerly through the release's backend, named
+                self.eager["decode_graph (verify)"] = (f"the release's DecodeCudaGraphRunner verify capture: "
+                                                       f"{raised_text(e)}")
             return
-        self.verify = dg
+        if verify is None:
+            self.decode = dg
+        else:
+            self.verify = dg
 
     def _layers(self) -> list[Layer]:
         """The boundary's layers, each writing through the release's layer forward (``layer_call``)."""

@@ -142,7 +142,54 @@ def check_static(got: Captured, layers: list[Layer], *keepers) -> None:
                     f"of a static buffer of the runner or the backend: its replay value is not readable")
 
 
-class DecodeGraphs:
+class CapturedRunner:
+    """What each graph runner driven here keeps: its captures by size, the layers, and each size's layer write
+    locations, taken at its first replay (:meth:`writes_of`) with the capture-time batch and metadata installed. A
+    runner gives :meth:`static_buffers`: the buffers (besides the backend's) a captured write may be a view of."""
+
+    def __init__(self, runner, backend, adapter, sizes, device: str, forward_context: Callable):
+        self.runner, self.backend, self.adapter = runner, backend, adapter
+        self.sizes = tuple(sorted(set(int(s) for s in sizes)))
+        self.max_bs = self.sizes[-1]
+        self.device = torch.device(device)
+        self._ctx = forward_context
+        self.captured: dict[int, Captured] = {}
+        self.layers: list[Layer] = []
+        self.replays = 0
+        self.layer_captures = 0         # capture sizes whose layers' write locations were taken
+
+    def static_buffers(self):
+        raise NotImplementedError
+
+    def _take_writes(self, got: Captured) -> None:
+        """Each layer's write location for capture ``got``, its batch and metadata installed; checked static."""
+        pool = getattr(self.runner.capture, "full_to_swa_index_mapping", None)
+        with self.installed(got):
+            for li in self.layers:
+                wl = li.write(got.fb, got.rows, lambda fb=got.fb: self._ctx(fb))
+                if getattr(wl, "mapping", None) is not None and pool is not None:
+                    # a kernel-mapped write: whether what it was handed is a view of the pool's mapping
+                    wl = replace(wl, pool_view=wl.mapping.untyped_storage().data_ptr()
+                                 == pool.untyped_storage().data_ptr())
+                got.writes[li.layer] = wl
+        check_static(got, self.layers, self.static_buffers(), self.backend)
+        self.layer_captures += 1
+
+    def writes_of(self, size: int) -> Captured:
+        """Capture ``size`` with its layers' write locations (taken now if this is its first replay)."""
+        if size not in self.captured:
+            raise GraphUnavailable(f"capture size {size} was not captured (sizes {list(self.sizes)})")
+        got = self.captured[size]
+        if not got.writes:
+            self._take_writes(got)
+        return got
+
+    def installed(self, got: Captured):
+        """The capture-time metadata in the backend (what the graph's kernels read): :func:`installed_metadata`."""
+        return installed_metadata(self.backend, self.adapter.metadata_attr, got.metadata)
+
+
+class DecodeGraphs(CapturedRunner):
     """One backend's decode CUDA-graph runner: see the module docstring. ``verify``: ``(num_draft_tokens,
     speculative_num_steps)`` for the target's runner under EAGLE, which captures ``TARGET_VERIFY`` batches of
     ``num_draft_tokens`` rows a request (``captured_req_width``) with the runner's ``EagleVerifyInput`` over its
@@ -150,11 +197,7 @@ class DecodeGraphs:
 
     def __init__(self, runner, backend, adapter, sizes, device: str, forward_context: Callable,
                  verify: Optional[tuple[int, int]] = None):
-        self.runner, self.backend, self.adapter = runner, backend, adapter
-        self.sizes = tuple(sorted(set(int(s) for s in sizes)))
-        self.max_bs = self.sizes[-1]
-        self.device = torch.device(device)
-        self._ctx = forward_context
+        super().__init__(runner, backend, adapter, sizes, device, forward_context)
         self._fbi = importlib.import_module(FORWARD_BATCH_INFO)
         self._view = importlib.import_module(DECODE_RUNNER).build_replay_fb_view
         self.verify = verify
@@ -173,10 +216,6 @@ class DecodeGraphs:
         for name in DECODE_VIEW_SLOTS:
             setattr(self.buffers, name, self.registry.get_slot(name).buffer)
         self.buffers.encoder_lens = self.buffers.mamba_track_indices = None
-        self.captured: dict[int, Captured] = {}
-        self.layers: list[Layer] = []
-        self.replays = 0
-        self.layer_captures = 0         # capture sizes whose layers' write locations were taken
 
     # ------------------------------------------------------------------ capture (once, before the first forward)
 
@@ -201,29 +240,6 @@ class DecodeGraphs:
                                          rows=bs * self.width, owner=self)
             if bs == self.max_bs:
                 self._take_writes(self.captured[bs])
-
-    def _take_writes(self, got: Captured) -> None:
-        """Each layer's write location for capture ``got``, its batch and metadata installed; checked static."""
-        pool = getattr(self.runner.capture, "full_to_swa_index_mapping", None)
-        with self.installed(got):
-            for li in self.layers:
-                wl = li.write(got.fb, got.rows, lambda fb=got.fb: self._ctx(fb))
-                if getattr(wl, "mapping", None) is not None and pool is not None:
-                    # a kernel-mapped write: whether what it was handed is a view of the pool's mapping
-                    wl = replace(wl, pool_view=wl.mapping.untyped_storage().data_ptr()
-                                 == pool.untyped_storage().data_ptr())
-                got.writes[li.layer] = wl
-        self._check_static(got)
-        self.layer_captures += 1
-
-    def writes_of(self, size: int) -> Captured:
-        """Capture ``size`` with its layers' write locations (taken now if this is its first replay)."""
-        if size not in self.captured:
-            raise GraphUnavailable(f"capture size {size} was not captured (sizes {list(self.sizes)})")
-        got = self.captured[size]
-        if not got.writes:
-            self._take_writes(got)
-        return got
 
     def _slot(self, name: str, bs: int, num_tokens: Optional[int] = None) -> torch.Tensor:
         return self.registry.get_slot(name).slice_for(bs, bs if num_tokens is None else num_tokens)
@@ -255,9 +271,8 @@ class DecodeGraphs:
             self.runner.translator.bind_runner_slots(fb)
         return fb
 
-    def _check_static(self, got: Captured) -> None:
-        check_static(got, self.layers, {n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()},
-                     self.backend)
+    def static_buffers(self):
+        return {n: self.registry.get_slot(n).buffer for n in self.registry.slot_names()}
 
     # ------------------------------------------------------------------ replay
 
@@ -279,11 +294,6 @@ class DecodeGraphs:
                 self.backend.init_forward_metadata_in_graph(got.fb)
         self.replays += 1
         return got
-
-    def installed(self, got: Captured):
-        """The capture-time metadata in the backend (what the graph's kernels read): :func:`installed_metadata`."""
-        return installed_metadata(self.backend, self.adapter.metadata_attr, got.metadata)
-
 
 class PrefillGraphs:
     """The release's prefill (piecewise) graph runner on the write path: see the module docstring."""
