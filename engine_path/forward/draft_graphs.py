@@ -52,18 +52,19 @@ class _GraphBackend:
 
     def __init__(self, owner: "DraftExtendGraphs"):
         self.owner = owner
+        self.captured_fb = None      # the batch the last capture's ``run_once`` closes over
 
     def capture_one(self, shape_key, run_once, capture_inputs=None, post_warmup_hook=None):
+        self.captured_fb = _closed_batch(run_once)
         run_once()
         if post_warmup_hook is not None:
             post_warmup_hook()
 
     def replay(self, shape_key, forward_batch):
-        got = self.owner.captured[int(shape_key.size)]
-        be = self.owner.backend
-        with torch.no_grad(), self.owner.installed(got), self.owner._ctx(got.fb):
-            be.init_forward_metadata_in_graph(got.fb)
         bs = int(shape_key.size)
+        got = self.owner.captured[bs]
+        with torch.no_grad(), self.owner.installed(got), self.owner._ctx(got.fb):
+            self.owner.backend.init_forward_metadata_in_graph(got.fb)
         return SimpleNamespace(next_token_logits=torch.zeros(bs, 1), hidden_states=torch.zeros(bs, 1))
 
 
@@ -144,19 +145,9 @@ class DraftExtendGraphs(CapturedRunner):
 
     def _capture_one(self, bs: int):
         """``capture_one_shape(bs)``; returns its batch (the one its ``run_once`` closes over)."""
-        seen = {}
-        graph = self._graph
-        real = graph.capture_one
-
-        def capture_one(shape_key, run_once, **kw):
-            seen["fb"] = _closed_batch(run_once)
-            real(shape_key, run_once, **kw)
-        graph.capture_one = capture_one
-        try:
-            self.release.capture_one_shape(bs, forward=None)
-        finally:
-            graph.capture_one = real
-        fb = seen.get("fb")
+        self._graph.captured_fb = None
+        self.release.capture_one_shape(bs, forward=None)
+        fb = self._graph.captured_fb
         if fb is None:
             raise GraphUnavailable("the draft-extend runner's capture made no batch readable here")
         return fb
