@@ -213,3 +213,27 @@ def test_bugs_in_a_rounds_graph_runners_are_found(tmp_path, engine_releases):
     (b4,) = json.loads(out.read_text())
     assert (b4["real"], b4["holds"], b4["buggy"], b4["fixed"]) == (
         True, True, "sglang==0.5.23 + revert-29858-draft-extend-window.yaml", "sglang==0.5.23")
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_f1_flashinfers_verify_swa_tables_are_the_releases(tmp_path, engine_releases):
+    """F1 (sglang#39287, live in 0.5.23) through the release's own read tables: flashinfer's eager TARGET_VERIFY
+    packs each request's SWA ids from position 0, so its target's SWA layers read the window at the request's
+    first slots; the shipped fix (the window start handed through) makes flashinfer clean and changes nothing
+    else; `bugs --engine` counts F1 real."""
+    fix = ROOT / "examples" / "engine-patches" / "fix-39287-flashinfer-eagle-swa-start.yaml"
+    rc, _, run, buggy = _run("f1-flashinfer-round-swa-reads", tmp_path / "buggy")
+    assert rc == 1
+    fi = [f for f in buggy if f["backend"] == "flashinfer"]
+    # one per position of the kernels' window span (36) per (verify, request past its window): 38 of them; the
+    # draft extend is eager here, planned as a plain extend (from the window), so only the target's SWA layers
+    assert collections.Counter((f["class"], f["layer"]) for f in fi) == {("stale_read", 0): 1368}
+    assert "the slot was reassigned to another token (req 0 pos 0)" in fi[0]["message"]
+    assert run["engine_pieces"]["backends"]["flashinfer/target"]["release_modes"]["target_verify"] == 10
+    rc, _, _, fixed = _run("f1-flashinfer-round-swa-reads", tmp_path / "fixed", str(fix))
+    assert rc == 1                           # xpu's P6 and torch_native's missing verify stay
+    rest = collections.Counter((f["backend"], f["class"]) for f in buggy if f["backend"] != "flashinfer")
+    assert collections.Counter((f["backend"], f["class"]) for f in fixed) == rest
+    assert rest == {("xpu", "missed"): 66, ("xpu", "clobbered"): 15, ("xpu", "evicted_slot"): 32,
+                    ("torch_native", "design_error"): 10}

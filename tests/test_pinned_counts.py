@@ -36,6 +36,11 @@ def observed(summary: dict) -> dict:
     return {"design": summary["design"], "steps": summary["steps"], "backends": backends}
 
 
+#: F1 (flashinfer) in P6's runs, P6 (xpu) in F1's: both live in 0.5.23
+F1_P6 = (138, {"stale_read": 1120}, (9, 0, "stale_read"))
+P6_F1 = (142, {"missed": 66, "clobbered": 15, "evicted_slot": 32}, (14, 5, "evicted_slot"))
+P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "evicted_slot"))
+
 # How the numbers follow from the scenarios (L = layers, S = SWA layers; writes = one per layer per forward):
 #  B1      gpt-oss-120b, L 36 / S 18, 9 forwards: writes 36 x 9 = 324; one DP-padded piecewise batch (step 1)
 #          -> one length_mismatch per SWA layer = 18, first at SWA layer 0, on every backend (none slices its
@@ -63,6 +68,12 @@ def observed(summary: dict) -> dict:
 #          (3 extends + 12 verifies) x 4 + (3 + 12 draft extends + 24 draft steps) x 2 = 138 writes; xpu only, at
 #          the draft's SWA layer (global id 5): each step writes at the first SWA ids of the round's window.
 #  P6/p16  the same schedule on pages of 16: the same writes, clobbered and evicted_slot counts, 46 missed.
+#          Both P6 runs: flashinfer's F1 (live in 0.5.23: the verify's SWA table holds the request's first slots):
+#          one stale_read per position of the verify's window span (32 + 4 - 1 = 35) per (verify, request past its
+#          window), 32 of them: 1120, first at the first such verify's SWA layer 0.
+#  F1      SFSF + draft FS, eager, 7 extends and 10 rounds: (7 + 10 verifies) x 4 + (7 + 10 draft extends + 20
+#          draft steps) x 2 = 142 writes; flashinfer 35 x 38 (verify, request past its window) = 1330 stale_read (the draft extend is eager: a plain extend's
+#          table, clean); xpu's P6 in both runs (it is 0.5.23's too). F1/p16: the same, xpu 32 missed on pages.
 #  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
 #          SWA layers = 32 length_mismatch, every backend.
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
@@ -189,12 +200,18 @@ PINNED_CORPUS = {
         every=(366, {"length_mismatch": 10}, (4, 5, "length_mismatch"))),
     ("P7", "fixed"): pinned("dots-eagle-preplan-rebuild", steps=147,
         every=(366, {}, None)),
-    ("P6", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None),
+    ("P6", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6,
         xpu=(138, {"missed": 74, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
-    ("P6", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None)),
-    ("P6/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None),
+    ("P6", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6),
+    ("P6/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6,
         xpu=(138, {"missed": 46, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
-    ("P6/p16", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None)),
+    ("P6/p16", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6),
+    ("F1", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1,
+        flashinfer=(142, {"stale_read": 1330}, (16, 0, "stale_read"))),
+    ("F1", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1),
+    ("F1/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1_P16,
+        flashinfer=(142, {"stale_read": 1330}, (16, 0, "stale_read"))),
+    ("F1/p16", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1_P16),
     ("U1", "buggy"): pinned("sglang-unified-pre-37560", steps=28,
         every=(168, {"out_of_range": 1}, (28, -1, "out_of_range"))),
     ("U1", "fixed"): pinned("sglang-0.5.23-unified", steps=66,

@@ -408,6 +408,11 @@ def test_sglang_0523_runs_clean_on_shipped_scenarios(name, page, monkeypatch):
         # of the round's whole window (every other backend is per step)
         xpu = {c for c, n in res.backends.pop("xpu").findings.items() if n}
         assert xpu and xpu <= {"missed", "clobbered", "evicted_slot"}, (name, page, xpu)
+    if sc.engine.speculative.enabled:
+        # F1 live in 0.5.23 (sglang#39287): flashinfer's verify SWA tables gather from position 0, stale once a
+        # request outgrows the window (and nothing else)
+        fi = {c for c, n in res.backends.pop("flashinfer").findings.items() if n}
+        assert fi <= {"stale_read"}, (name, page, fi)
     if sc.engine.overlap and name not in LIVE_0523:
         # aiter's store kernel maps its SWA slots at each layer (launch_reshape_and_cache_flash with the live
         # mapping): the scheduler's writes landing from the read-done event on, between layers, tear them (W5's

@@ -22,15 +22,6 @@ MODES = {"extend": "EXTEND", "decode": "DECODE", "mixed": "MIXED"}
 #: the graph paths a release batch is made for, and the modes each runs (engine_path/forward/graphs.py)
 GRAPH_MODES = {"eager": frozenset(MODES), "decode_graph": frozenset({"decode"}),
                "piecewise": frozenset({"extend", "mixed"})}
-#: the forwards of an EAGLE decode round (engine_path/forward/speculative.py)
-ROUND_MODES = frozenset({"target_verify", "draft_decode", "draft_extend"})
-
-
-def is_round(batch) -> bool:
-    """Whether ``batch`` is a forward of an EAGLE decode round (not the draft's extend after a prefill)."""
-    return batch.mode in ROUND_MODES and not batch.of_prefill
-
-
 def release_mode(batch) -> str:
     """The release's ``ForwardMode`` name of a step the builder covers: the draft's extend after a prefill is an
     EXTEND of the draft model over the prefill's batch (0.5.23's ``_draft_extend_for_prefill``)."""
@@ -45,7 +36,7 @@ def mode_supported(batch) -> Optional[str]:
         if batch.graph != "eager":
             return f"graph path {batch.graph} of the draft's extend after a prefill: the model's boundary"
         return None if batch.requests is not None else "a batch without its requests"
-    if is_round(batch):
+    if batch.in_round:
         if batch.requests is None:
             return "a batch without its requests"
         if batch.mode == "draft_decode" and batch.draft_step is None or \

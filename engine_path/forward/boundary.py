@@ -34,7 +34,7 @@ from simulator.designs.types import KVWriteLoc, ReadTable
 from ..release_log import printed_as_log
 from . import kernels
 from .adapters import ADAPTERS, Adapter, Piece
-from .batch import is_round, mode_supported, release_batch
+from .batch import mode_supported, release_batch
 from .graph_paths import GRAPH_PREP, GraphPaths
 from .graphs import raised_text
 from .runner import COMPACT_WIDTH, Capture, Runner
@@ -155,7 +155,7 @@ class ReleaseBoundary:
             self.model_forwards[why] += 1
             return self.model.init_metadata(batch, out_cache_loc, full_to_swa)
         ctx = self.context(batch, full_to_swa)
-        if is_round(batch):
+        if batch.in_round:
             meta = self._round_forward(batch, out_cache_loc, ctx)
             if meta is None:
                 return self.model.init_metadata(batch, out_cache_loc, full_to_swa)

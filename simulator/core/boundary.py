@@ -17,6 +17,7 @@ import torch
 from simulator.designs.base import Design, declared
 from simulator.designs.checks import call_hook, check_index, check_read_table, check_write_loc
 from simulator.designs.loading import design_padding
+from simulator.designs.tables import from_position_zero
 from simulator.designs.types import BoundaryContext, DesignError, KVWriteLoc, ReadTable, graph_runner
 from simulator.engine_model.backends import BACKEND_SPECS, BackendSpec
 from simulator.engine_model.release_model import release_of
@@ -34,6 +35,7 @@ class ForwardMetadata:
     rows: int                          # rows of K and V a layer produces (= len(layer_loc))
     ctx: BoundaryContext               # the forward's context (layer None)
     window: bool = True                # window (SWA) indices were built: else SWA layers get loc as swa_loc
+    in_round: bool = False             # a forward of a speculative decode round (ForwardBatch.in_round)
 
 
 class BackendBoundary:
@@ -93,11 +95,13 @@ class BackendBoundary:
                 # no narrowing: the layer runs on the piece's static buffer, padded to the capture size
                 loc = torch.full((batch.padded_len,), batch.pad_value, dtype=out_cache_loc.dtype, device=self.device)
                 loc[:real] = out_cache_loc[:real]
-            return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
+            return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window,
+                                   in_round=batch.in_round)
         # eager DP-padded extends are narrowed per layer too where the release does it (0.5.23)
         rows = self.release.eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
         loc = out_cache_loc if rows is None else out_cache_loc[:rows]
-        return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window)
+        return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window,
+                               in_round=batch.in_round)
 
     def _translated(self, batch: ForwardBatch, out_cache_loc: torch.Tensor) -> torch.Tensor:
         """The full-pool ids the backend translates at metadata init: ``out_cache_loc``, or for a draft step of a
@@ -125,7 +129,7 @@ class BackendBoundary:
             translated = self._swa_ids(self._translated(batch, out_cache_loc), full_to_swa, ctx)
             call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
         return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
-                               window=batch.graph in self.spec.window_graphs)
+                               window=batch.graph in self.spec.window_graphs, in_round=batch.in_round)
 
     def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                    extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
@@ -133,7 +137,9 @@ class BackendBoundary:
         """The forward's read ids (metadata init, after the write locations); raises HookFailure when
         ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids.
         ``shared``: a step's tables by window, for a design whose ``read_ids`` is declared ``pure`` (computed by
-        the first backend of the step that asks, the same object for the others)."""
+        the first backend of the step that asks, the same object for the others). A backend whose round SWA
+        tables gather from position 0 under the release (``ReleaseBehaviour.round_swa_from_zero``, sglang#39287)
+        does so for its verify's and its draft-extend graph's."""
         pure = shared is not None and declared(self.design.read_ids, "pure")
         table = shared.get(self.window) if pure else None
         if table is None:
@@ -144,6 +150,9 @@ class BackendBoundary:
                 shared[self.window] = table
         if not meta.window and table.full is not None:
             table = ReadTable(full=table.full, swa=table.full)
+        elif meta.in_round and self.spec.name in self.release.round_swa_from_zero and table.swa is not None and \
+                (meta.ctx.mode == "target_verify" or meta.ctx.graph == "draft_extend_graph"):
+            table = ReadTable(full=table.full, swa=from_position_zero(table.swa, req_to_token, full_to_swa))
         return table
 
     def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,7 +171,7 @@ class BackendBoundary:
     def base_reads(self) -> bool:
         """The read table is the base formula (the design's ``read_ids`` declared ``base_reads``): the GPU runner
         may build it from the requests' slots instead of asking :meth:`read_table`."""
-        return declared(self.design.read_ids, "base_reads")
+        return declared(self.design.read_ids, "base_reads") and self.spec.name not in self.release.round_swa_from_zero
 
     def span_checked(self) -> bool:
         """The read table is held to its span (simulator/oracle/read_rules.py): every table but the base

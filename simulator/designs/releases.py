@@ -10,6 +10,8 @@ docs/RELEASE_MODEL.md maps each behaviour to SGLang's source.
 """
 from __future__ import annotations
 
+from dataclasses import replace as _replace
+
 import torch
 
 from simulator.designs.base import Design
@@ -23,7 +25,8 @@ class SGLang0523(Design):
                    "eviction once interval tokens slid out of max(window, draft window), after the first decode "
                    "batch, chunked-prefill eviction of the overlap scheduler; DP padding SUM_LEN / MAX_LEN "
                    "aligned to attn_tp_size; the multi-step draft's window allocated once, a column per step; "
-                   "int64 graph SWA buffers zeroed past the batch; KVWriteLoc cuts a longer swa_loc.")
+                   "int64 graph SWA buffers zeroed past the batch; KVWriteLoc cuts a longer swa_loc; flashinfer's "
+                   "EAGLE verify SWA tables gathered from position 0 (F1, sglang#39287).")
     #: 0.5.23's graph SWA buffers are int64 again (the #24743 tail zeroing stays)
     graph_swa_dtype = torch.int64
     #: 0.5.23's behaviour, and its radix cache's free paths (engine.radix_cache): R8's unfiltered SWA free
@@ -34,7 +37,6 @@ class SGLang0523(Design):
 # (the W-series, SGLANG_BUGS_2026 section 2; docs/OVERLAP.md). Each state is the base design (SGLang mid-2026
 # after the corpus's fixes) with one barrier; they matter only under engine.overlap = true.
 
-from dataclasses import replace as _replace  # noqa: E402
 
 from simulator.engine_model.release_model import MID_2026  # noqa: E402
 
@@ -90,6 +92,15 @@ class SGLang0523WarBarrier(SGLang0523):
                        war_barriers=(("cuda", "after_launch"), ("rocm", "after_launch")))
 
 
+
+
+class SGLang0523RoundSwaStart(SGLang0523):
+    name = "sglang-0.5.23-round-swa-start"
+    description = ("SGLang 0.5.23 with F1 fixed in flashinfer (sglang#39287's fix, examples/engine-patches/"
+                   "fix-39287-flashinfer-eagle-swa-start.yaml): an EAGLE round's target verify and draft extend "
+                   "plan their SWA wrapper from each request's window start (generate_attn_arg_prefill gets the "
+                   "kv_start_idx every other forward's table has), not from position 0.")
+    release = _replace(SGLANG_0_5_23, name="sglang-0.5.23, sglang#39287's fix", round_swa_from_zero=frozenset())
 
 
 class SGLang0523DraftStepSwa(SGLang0523):

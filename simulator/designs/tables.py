@@ -65,6 +65,16 @@ def prefix_reads(req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> ReadIds:
     return ids
 
 
+def from_position_zero(ids: ReadIds, req_to_token: torch.Tensor, full_to_swa: torch.Tensor) -> ReadIds:
+    """An SWA read table of ``ids``' positions whose slots are gathered from position 0 instead (the table a
+    backend builds when it drops its window start, sglang#39287): the kernel reads each request's window
+    positions at the SWA slots of the request's first positions."""
+    lens = ids.indptr[1:] - ids.indptr[:-1]
+    zero = torch.zeros_like(ids.start)
+    full = read_ranges(req_to_token, zero, zero + lens)
+    return ReadIds(ids.indptr, gather(full_to_swa, full.indices.to(torch.int64)), ids.start)
+
+
 def gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[index]`` for a 1-D table and integer index: on host tensors through numpy (a few us instead of
     torch's indexing, tens of us per call), the same values and dtype; an index out of range raises torch's own

@@ -289,6 +289,12 @@ class ReleaseBehaviour:
     #: with the whole mapping, no ``KVWriteLoc``): a full layer's write carries no SWA ids, an SWA layer's are the
     #: mapping of its loc when that layer's kernel runs (not a metadata-init snapshot)
     kernel_write_backends: frozenset = frozenset()
+    #: backends whose SWA read table of a speculative round's target verify (eager or graph) and draft-extend graph
+    #: holds the slots of the request's first positions, not its window's (the window's length gathered from
+    #: position 0: slots freed or reused once a request outgrows the window). sglang#39287, open: 0.5.23's
+    #: flashinfer plans those SWA wrappers through ``Eagle{Verify,DraftExtend}Input.generate_attn_arg_prefill``,
+    #: which take no ``kv_start_idx`` (its eager draft extend plans as a plain extend, from the window)
+    round_swa_from_zero: frozenset = frozenset()
     #: backends that take SWA ids from the per-iteration plan (the rest translate themselves)
     plan_swa_backends: frozenset = frozenset()
     #: the overlap scheduler's WAR barrier per platform (simulator.scheduling.timeline.BARRIERS), when the scenario
@@ -324,6 +330,7 @@ SGLANG_0_5_23 = ReleaseBehaviour(
     draft_columns=True,
     eager_extend_narrowing=True,
     kernel_write_backends=frozenset({"aiter"}),
+    round_swa_from_zero=frozenset({"flashinfer"}),
     plan_swa_backends=PLAN_SWA_BACKENDS_0523,
     pd_row_free=True,
 )

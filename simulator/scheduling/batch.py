@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from simulator.memory.allocator import RequestSlots
 
 
+#: the modes of a speculative decode round's forwards
+ROUND_MODES = frozenset({"target_verify", "draft_decode", "draft_extend"})
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardBatch:
     step: int
@@ -41,6 +45,12 @@ class ForwardBatch:
     @property
     def dp_padded_len(self) -> int:
         return int(self.out_cache_loc.shape[0])
+
+    @property
+    def in_round(self) -> bool:
+        """A forward of a speculative decode round (its draft steps, target verify or draft extend), not the
+        draft's extend after a prefill."""
+        return self.mode in ROUND_MODES and not self.of_prefill
 
     def window_starts(self) -> np.ndarray:
         """A forward of a speculative round over one window (SGLang 0.5.23's draft columns): each request's
