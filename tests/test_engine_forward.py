@@ -277,6 +277,31 @@ def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_sou
     assert kernels.pieces() == [("_a_jit_kernel", "engine", kernels.refused()["_a_jit_kernel"])]
 
 
+def test_a_stand_in_binds_a_launch_as_the_kernel_s_signature_does():
+    """Positional and keyword arguments by the kernel's parameters, its defaults filled, launch options (num_warps)
+    left out; too many positional arguments or one given twice refused as Signature.bind refuses them."""
+    import inspect
+
+    from engine_path.forward import kernels
+
+    class Kernel:
+        @staticmethod
+        def fn(a, b, c=3, D=4):
+            pass
+
+    s = kernels.StandIn(Kernel(), kernels.KernelModel("m", "k", (), frozenset(), None, "a test kernel"))
+    sig = inspect.signature(Kernel.fn)
+    for args, kw in [((1, 2), {}), ((1,), {"b": 2, "num_warps": 4}), ((), {"a": 1, "b": 2, "D": 8}),
+                     ((1, 2, 5), {"D": 6, "num_stages": 2})]:
+        want = sig.bind(*args, **{k: v for k, v in kw.items() if k in sig.parameters})
+        want.apply_defaults()
+        assert s.bind(args, kw) == dict(want.arguments), (args, kw)
+    with pytest.raises(TypeError, match="multiple values for argument 'a'"):
+        s.bind((1,), {"a": 1, "b": 2})
+    with pytest.raises(TypeError, match="5 positional arguments"):
+        s.bind((1, 2, 3, 4, 5), {})
+
+
 class _AJit:
     def fn(self):
         return None

@@ -94,6 +94,7 @@ class ReleaseBoundary:
         self.release_modes: Counter = Counter()
         self.design, self.spec, self.device = model.design, model.spec, model.device
         self._layers: dict[int, object] = {}
+        self._inputs: dict[tuple, tuple] = {}      # (rows, device) -> a layer's Q, K, V (_qkv)
         self._ctx = importlib.import_module(FORWARD_CONTEXT)
         self._radix = importlib.import_module(RADIX_ATTENTION)
         #: forwards run by the release, and those the model's boundary ran, by reason
@@ -369,15 +370,12 @@ class ReleaseBoundary:
     def layer_call(self, layer: int, kind: str, fb, rows: int, scope) -> Capture:
         """The release's layer forward on ``rows`` token rows of ``fb`` inside ``scope()`` (attention no-op'd where
         it cannot run): the one pool write it made. Raises HookFailure."""
-        dt = torch.bfloat16
-        dev = fb.out_cache_loc.device
-        q = torch.zeros(rows, COMPACT_WIDTH, dtype=dt, device=dev)
-        k = torch.zeros(rows, 1, COMPACT_WIDTH, dtype=dt, device=dev)
+        q, k, v = self._qkv(rows, fb.out_cache_loc.device)
         calls = self.runner.capture.calls
         calls.clear()
         try:
             with torch.no_grad(), scope():
-                self._attention(layer, kind).forward(q, k, k.clone(), fb)
+                self._attention(layer, kind).forward(q, k, v, fb)
         except Exception as e:
             raise HookFailure("RadixAttention.forward (the release's)", f"raised {type(e).__name__}: {e}",
                               kind) from e
@@ -385,6 +383,18 @@ class ReleaseBoundary:
             raise HookFailure("RadixAttention.forward (the release's)",
                               f"made {len(calls)} pool writes for layer {layer} (one expected)", kind)
         return calls[0]
+
+    def _qkv(self, rows: int, dev: torch.device) -> tuple:
+        """A layer's Q, K and V of ``rows`` token rows (compact width; their values are never read: the capture
+        pool records where a layer writes, not what), made once per row count and device."""
+        key = (rows, dev)
+        got = self._inputs.get(key)
+        if got is None:
+            dt = torch.bfloat16
+            got = self._inputs[key] = (torch.zeros(rows, COMPACT_WIDTH, dtype=dt, device=dev),
+                                       torch.zeros(rows, 1, COMPACT_WIDTH, dtype=dt, device=dev),
+                                       torch.zeros(rows, 1, COMPACT_WIDTH, dtype=dt, device=dev))
+        return got
 
     def _run_layer(self, meta: ReleaseMetadata, layer: int, kind: str):
         """An eager or prefill-graph layer: its forward now, recording its pool write."""

@@ -410,19 +410,37 @@ class StandIn:
 
     def __init__(self, kernel, model: KernelModel):
         self.kernel, self.model = kernel, model
-        self.signature = inspect.signature(kernel.fn)
+        params = inspect.signature(kernel.fn).parameters.values()
+        if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
+            raise TypeError(f"{model.name}: a kernel with variadic or positional-only parameters")
+        #: the kernel's parameters in order and their defaults: a launch's arguments bound as Signature.bind binds
+        #: them (a tenth of its cost; launches are per forward and per capture size)
+        self.names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        self.known = frozenset(p.name for p in params)
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
         self.launches = 0          # computed by the model
         self.handed_back = 0       # run by the kernel (another device, an access out of bounds)
+
+    def bind(self, args: tuple, kwargs: dict) -> dict:
+        """The launch's arguments by name, defaults filled; the kernel's launch options (``num_warps``...) left
+        out. TypeError as ``Signature.bind`` raises it for too many positional arguments or one given twice."""
+        if len(args) > len(self.names):
+            raise TypeError(f"{self.model.name}: {len(args)} positional arguments, {len(self.names)} parameters")
+        a = dict(self.defaults)
+        a.update(zip(self.names, args))
+        for k, v in kwargs.items():
+            if k in self.known:
+                if k in self.names[:len(args)]:
+                    raise TypeError(f"{self.model.name}: multiple values for argument {k!r}")
+                a[k] = v
+        return a
 
     def __getitem__(self, grid):
         if not isinstance(grid, tuple):
             return self.kernel[grid]
 
         def launch(*args, **kwargs):
-            params = self.signature.parameters
-            bound = self.signature.bind(*args, **{k: v for k, v in kwargs.items() if k in params})
-            bound.apply_defaults()
-            a = bound.arguments
+            a = self.bind(args, kwargs)
             if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in a.values()):
                 self.handed_back += 1
                 return self.kernel[grid](*args, **kwargs)
