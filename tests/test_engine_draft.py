@@ -122,12 +122,15 @@ def test_every_forward_of_an_eagle_round_is_the_releases_on_every_backend(runs, 
     # has not got: AttributeError); xpu: P6 on the hybrid draft's SWA layer (the round's whole window's SWA ids)
     # flashinfer: 0.5.23's EAGLE verify and draft-extend SWA tables start at position 0, not at the window
     # (EagleVerifyInput / EagleDraftExtendInput.generate_attn_arg_prefill take no kv_start_idx): stale_read at every
-    # verify and draft extend of a request longer than the window (docs/ENGINE.md, "flashinfer's EAGLE SWA tables")
+    # verify and draft extend of a request longer than the window (docs/ENGINE.md, "flashinfer's EAGLE SWA tables");
+    # aiter: 0.5.23's draft steps over a hybrid draft pool read the committed keys only (F2: paths-spec's "FS" draft;
+    # b3's draft of full layers keeps a plain pool and aiter's ragged kernel, whose ids carry the step's keys)
     want = {"paths-spec": {("torch_native", "design_error", "target"): 40,
                            ("torch_native", "design_error", "draft"): 35,
                            ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39,
                            ("xpu", "evicted_slot", "draft"): 33,
-                           ("flashinfer", "stale_read", "target"): 2160, ("flashinfer", "stale_read", "draft"): 792},
+                           ("flashinfer", "stale_read", "target"): 2160, ("flashinfer", "stale_read", "draft"): 792,
+                           ("aiter", "stale_read", "draft"): 570},
             "b3-draft-pool-size": {("torch_native", "design_error", "target"): 19,
                                    ("flashinfer", "stale_read", "target"): 1332}}[name]
     assert got == want and rc == 1
@@ -156,7 +159,8 @@ def test_a_bug_in_a_backends_draft_pool_resolution_is_found_on_that_draft_only(t
         ("flashinfer", "stale_read", "target"): 2160}
     assert {k: n for k, n in got.items() if k[0] != "flashinfer"} == {
         ("torch_native", "design_error", "target"): 40, ("torch_native", "design_error", "draft"): 35,
-        ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39, ("xpu", "evicted_slot", "draft"): 33}
+        ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39, ("xpu", "evicted_slot", "draft"): 33,
+        ("aiter", "stale_read", "draft"): 570}
 
 
 @pytest.mark.slow
@@ -176,7 +180,8 @@ def test_bugs_in_a_backends_draft_steps_are_found_on_that_backend_only(tmp_path,
         ("flashattention", "stale_read", "draft"): 234, ("musa", "stale_read", "draft"): 234,
         # as unpatched: P6 live on xpu, torch_native cannot verify, flashinfer's verifies read SWA from position 0
         ("xpu", "missed", "draft"): 74, ("xpu", "clobbered", "draft"): 16, ("xpu", "evicted_slot", "draft"): 40,
-        ("torch_native", "design_error", "target"): 12, ("flashinfer", "stale_read", "target"): 1080}
+        ("torch_native", "design_error", "target"): 12, ("flashinfer", "stale_read", "target"): 1080,
+        ("aiter", "stale_read", "draft"): 355}                      # F2, live as unpatched
 
 
 @pytest.mark.slow
@@ -201,8 +206,10 @@ def test_bugs_in_a_rounds_graph_runners_are_found(tmp_path, engine_releases):
     want.update({(b, "padding_slot"): 72 for b in ("flashattention", "trtllm_mha", "aiter", "musa")})
     # triton's verify graphs' window one position short: its target's verifies read one before the window
     want[("triton", "stale_read")] = 1152
-    # as unpatched: flashinfer's verifies and draft extends read SWA from position 0
+    # as unpatched: flashinfer's verifies and draft extends read SWA from position 0 (F1), aiter's draft steps the
+    # committed keys only (F2)
     want[("flashinfer", "stale_read")] = 2592
+    want[("aiter", "stale_read")] = 324
     want.update({("xpu", "missed"): 131, ("xpu", "clobbered"): 22, ("xpu", "evicted_slot"): 32,
                  ("xpu", "padding_slot"): 144, ("torch_native", "design_error"): 48})
     assert got == want
@@ -236,4 +243,31 @@ def test_f1_flashinfers_verify_swa_tables_are_the_releases(tmp_path, engine_rele
     rest = collections.Counter((f["backend"], f["class"]) for f in buggy if f["backend"] != "flashinfer")
     assert collections.Counter((f["backend"], f["class"]) for f in fixed) == rest
     assert rest == {("xpu", "missed"): 66, ("xpu", "clobbered"): 15, ("xpu", "evicted_slot"): 32,
-                    ("torch_native", "design_error"): 10}
+                    ("torch_native", "design_error"): 10, ("aiter", "stale_read"): 342}      # P6 and F2, live
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_f2_aiters_draft_steps_read_the_keys_its_kernel_is_handed(tmp_path, engine_releases):
+    """F2 (live in 0.5.23): aiter's multi-step draft over a hybrid draft pool hands unified_attention the round's
+    committed seq_lens for a block table of the step's seq_lens + step + 1 keys; its read tables take the key count
+    the kernel was handed, so the release's findings are the model twin's, finding for finding, and the shipped
+    fix (the step's key counts handed through) makes aiter clean and changes nothing else."""
+    from slotscope.cli import main
+
+    fix = ROOT / "examples" / "engine-patches" / "fix-f2-aiter-draft-step-keys.yaml"
+    rc, _, _, buggy = _run("f2-aiter-draft-step-keys", tmp_path / "buggy")
+    assert rc == 1
+    model = tmp_path / "model"
+    assert main(["run", str(ROOT / "scenarios" / "f2-aiter-draft-step-keys.toml"), "--backends", "aiter", "--out",
+                 str(model), "--no-report", "-q"]) == 1
+    twin = [json.loads(x) for x in (model / "findings.jsonl").read_text().splitlines() if x]
+    mine = [f for f in buggy if f["backend"] == "aiter"]
+    assert len(mine) == 162 and mine == twin
+    assert {(f["layer"], f["kind"]) for f in mine} == {(4, "full"), (5, "swa")}       # the draft's two layers
+    rc, _, _, fixed = _run("f2-aiter-draft-step-keys", tmp_path / "fixed", str(fix))
+    assert rc == 1                           # xpu's P6 and torch_native's missing verify stay
+    rest = collections.Counter((f["backend"], f["class"]) for f in buggy if f["backend"] != "aiter")
+    assert collections.Counter((f["backend"], f["class"]) for f in fixed) == rest
+    assert rest == {("xpu", "missed"): 47, ("xpu", "clobbered"): 12, ("xpu", "evicted_slot"): 20,
+                    ("torch_native", "design_error"): 7}

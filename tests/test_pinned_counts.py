@@ -36,8 +36,12 @@ def observed(summary: dict) -> dict:
     return {"design": summary["design"], "steps": summary["steps"], "backends": backends}
 
 
-#: F1 (flashinfer) in P6's runs, P6 (xpu) in F1's: both live in 0.5.23
+#: F1 (flashinfer) and F2 (aiter) in P6's runs, P6 (xpu) and F2 in F1's, P6 in F2's: all live in 0.5.23
 F1_P6 = (138, {"stale_read": 1120}, (9, 0, "stale_read"))
+F2_P6 = (138, {"stale_read": 355}, (7, 4, "stale_read"))
+F2_F1 = (142, {"stale_read": 342}, (14, 4, "stale_read"))
+P6_F2 = (100, {"missed": 47, "clobbered": 12, "evicted_slot": 20}, (10, 5, "evicted_slot"))
+P6_F2_P16 = (100, {"missed": 36, "clobbered": 12, "evicted_slot": 20}, (10, 5, "evicted_slot"))
 P6_F1 = (142, {"missed": 66, "clobbered": 15, "evicted_slot": 32}, (14, 5, "evicted_slot"))
 P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "evicted_slot"))
 
@@ -72,8 +76,15 @@ P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "
 #          one stale_read per position of the verify's window span (32 + 4 - 1 = 35) per (verify, request past its
 #          window), 32 of them: 1120, first at the first such verify's SWA layer 0.
 #  F1      SFSF + draft FS, eager, 7 extends and 10 rounds: (7 + 10 verifies) x 4 + (7 + 10 draft extends + 20
-#          draft steps) x 2 = 142 writes; flashinfer 35 x 38 (verify, request past its window) = 1330 stale_read (the draft extend is eager: a plain extend's
-#          table, clean); xpu's P6 in both runs (it is 0.5.23's too). F1/p16: the same, xpu 32 missed on pages.
+#          draft steps) x 2 = 142 writes; flashinfer 35 x 38 (verify, request past its window) = 1330 stale_read
+#          (the draft extend is eager: a plain extend's table, clean); xpu's P6 in both runs (it is 0.5.23's too).
+#          F1/p16: the same, xpu 32 missed on pages. P6's and F1's runs: aiter's F2 at the draft steps (P6 355,
+#          F1 342), live in 0.5.23 too.
+#  F2      SFSF + draft FS (window 128: every request inside it), eager, 5 extends and 7 rounds: (5 + 7 verifies)
+#          x 4 + (5 + 7 draft extends + 14 draft steps) x 2 = 100 writes; aiter's draft step i reads the committed
+#          keys only: i + 1 positions left out of its full table and i + 1 of its SWA window, per request: 2 + 4 = 6
+#          a (request, round) over its two steps, 27 of them = 162; xpu's P6 in both runs. F2/p16: the same, xpu 36
+#          missed on pages.
 #  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
 #          SWA layers = 32 length_mismatch, every backend.
 #  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
@@ -200,18 +211,27 @@ PINNED_CORPUS = {
         every=(366, {"length_mismatch": 10}, (4, 5, "length_mismatch"))),
     ("P7", "fixed"): pinned("dots-eagle-preplan-rebuild", steps=147,
         every=(366, {}, None)),
-    ("P6", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6,
+    ("P6", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6, aiter=F2_P6,
         xpu=(138, {"missed": 74, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
-    ("P6", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6),
-    ("P6/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6,
+    ("P6", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6,
+        aiter=F2_P6),
+    ("P6/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(138, {}, None), flashinfer=F1_P6, aiter=F2_P6,
         xpu=(138, {"missed": 46, "clobbered": 16, "evicted_slot": 40}, (7, 5, "evicted_slot"))),
-    ("P6/p16", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6),
-    ("F1", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1,
+    ("P6/p16", "fixed"): pinned("sglang-0.5.23-draft-step-swa", steps=54, every=(138, {}, None), flashinfer=F1_P6,
+        aiter=F2_P6),
+    ("F1", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1, aiter=F2_F1,
         flashinfer=(142, {"stale_read": 1330}, (16, 0, "stale_read"))),
-    ("F1", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1),
-    ("F1/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1_P16,
+    ("F1", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1, aiter=F2_F1),
+    ("F1/p16", "buggy"): pinned("sglang-0.5.23", steps=54, every=(142, {}, None), xpu=P6_F1_P16, aiter=F2_F1,
         flashinfer=(142, {"stale_read": 1330}, (16, 0, "stale_read"))),
-    ("F1/p16", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1_P16),
+    ("F1/p16", "fixed"): pinned("sglang-0.5.23-round-swa-start", steps=54, every=(142, {}, None), xpu=P6_F1_P16,
+        aiter=F2_F1),
+    ("F2", "buggy"): pinned("sglang-0.5.23", steps=38, every=(100, {}, None), xpu=P6_F2,
+        aiter=(100, {"stale_read": 162}, (10, 4, "stale_read"))),
+    ("F2", "fixed"): pinned("sglang-0.5.23-draft-step-keys", steps=38, every=(100, {}, None), xpu=P6_F2),
+    ("F2/p16", "buggy"): pinned("sglang-0.5.23", steps=38, every=(100, {}, None), xpu=P6_F2_P16,
+        aiter=(100, {"stale_read": 162}, (10, 4, "stale_read"))),
+    ("F2/p16", "fixed"): pinned("sglang-0.5.23-draft-step-keys", steps=38, every=(100, {}, None), xpu=P6_F2_P16),
     ("U1", "buggy"): pinned("sglang-unified-pre-37560", steps=28,
         every=(168, {"out_of_range": 1}, (28, -1, "out_of_range"))),
     ("U1", "fixed"): pinned("sglang-0.5.23-unified", steps=66,

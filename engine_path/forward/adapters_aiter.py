@@ -19,7 +19,11 @@ Read tables (:func:`aiter_reads`): unified_attention's block tables (page ids at
 to SWA ids) bounded by ``seqused_k = seq_lens``, the queries ``cu_seqlens_q`` long, window ``(sliding_window_size
 - 1, 0)``: in decode the metadata's ``kv_indices`` / ``swa_page_table``, in extend the tables
 ``_forward_extend_unified`` builds per layer (the release's ``_build_extend_unified_page_table``, called once more
-for the table).
+for the table). An EAGLE round: the unified verify's block tables (``seqused_k = seq_lens + nd``), the unified
+draft extend's (``_build_unified_page_table_from_spec`` of the metadata's ids, once more for the table), a draft
+step's child's (built from the step's CSR ids, ``seq_lens + step + 1`` keys, while its ``forward_decode`` hands
+the kernel ``seqused_k = forward_batch.seq_lens``: the step reads the committed keys only, not the draft chain's,
+docs/ENGINE.md "aiter's EAGLE draft steps").
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import functools
 import importlib
 import types
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -39,7 +44,7 @@ from .runner import Capture
 
 AITER_MOD = "sglang.srt.layers.attention.aiter_backend"
 
-#: (layer id, the capture pool's calls) of the forward running now
+#: (layer id, the capture pool's calls, the forward batch) of the layer forward running now
 _WRITING: contextvars.ContextVar = contextvars.ContextVar("slotscope_aiter_write", default=None)
 
 
@@ -50,7 +55,7 @@ def record_write(key, value, key_cache, value_cache, slot_mapping, swa_slot_mapp
     at = _WRITING.get()
     if at is None:
         raise RuntimeError("launch_reshape_and_cache_flash called outside a forward the aiter adapter probes")
-    layer_id, calls = at
+    layer_id, calls, _ = at
     n = int(key.shape[0])
     loc = slot_mapping[:n]
     if swa_slot_mapping is None:
@@ -75,9 +80,10 @@ class KernelMappedWrite:
 
 
 @contextlib.contextmanager
-def writing(layer_id: int, calls: list):
-    """While the block runs, :func:`record_write` records layer ``layer_id``'s writes into ``calls``."""
-    token = _WRITING.set((layer_id, calls))
+def writing(layer_id: int, calls: list, fb=None):
+    """While the block runs, :func:`record_write` records layer ``layer_id``'s writes into ``calls`` (and
+    :func:`handed_unified_attention` its kernel call as forward ``fb``'s)."""
+    token = _WRITING.set((layer_id, calls, fb))
     try:
         yield
     finally:
@@ -87,9 +93,31 @@ def writing(layer_id: int, calls: list):
 def _probe(method, calls):
     @functools.wraps(method)
     def forward(q, k, v, layer, forward_batch, *args, **kwargs):
-        with writing(int(layer.layer_id), calls):
+        with writing(int(layer.layer_id), calls, forward_batch):
             return method(q, k, v, layer, forward_batch, *args, **kwargs)
     return forward
+
+
+#: (the forward batch, the block table, seqused_k) of unified_attention's last call
+_HANDED: list = [None]
+
+
+def handed_unified_attention(*args, block_table=None, seqused_k=None, **kwargs) -> None:
+    """Stands in for ``unified_attention``: writes nothing into the output it is handed (the attention arithmetic)
+    and keeps the block table and ``seqused_k`` it was handed, with the forward batch of the layer that called it,
+    which a read table reads (:func:`aiter_reads`)."""
+    at = _WRITING.get()
+    _HANDED[0] = (None if at is None else at[2], block_table, seqused_k)
+
+
+def handed_keys(fb, *tables) -> Optional[torch.Tensor]:
+    """The ``seqused_k`` unified_attention was handed by a layer of forward ``fb`` with one of ``tables`` (the
+    metadata's own) for its block table: the last call, where this forward ran its kernel (an eager forward's
+    first layer runs before its reads are asked; a graph replay runs none here). None: it did not."""
+    got = _HANDED[0]
+    if got is None or got[0] is not fb or got[1] is None or not any(got[1] is t for t in tables if t is not None):
+        return None
+    return got[2]
 
 
 def unavailable(name: str):
@@ -104,7 +132,9 @@ _INTO = "an aiter kernel writing into the output it is handed (ROCm only): a no-
 _MLA = "an aiter MLA / planning kernel (not on this model's paths): raises"
 #: the names aiter_backend.py's try-block binds, with their stand-ins
 KERNELS = {
-    "unified_attention": (no_op, _INTO), "paged_attention_ragged": (no_op, _INTO),
+    "unified_attention": (handed_unified_attention, _INTO + "; the block table and key counts it is handed kept "
+                                                    "for the read table"),
+    "paged_attention_ragged": (no_op, _INTO),
     "mha_batch_prefill_func": (attention_output, _OUTPUT), "flash_attn_varlen_func": (attention_output, _OUTPUT),
     "flash_attn_varlen_fp8_pertensor_func": (attention_output, _OUTPUT),
     "unified_attention_3d_mtp_decode_func": (no_op, "the gfx95 3D-MTP decode kernel (not reached on a CPU)"),
@@ -142,20 +172,43 @@ def aiter_reads(backend, fb, bs: int):
     m = backend.forward_metadata
     window = backend.slotscope_sliding_window_size
     left = window - 1 if window is not None else 0      # no window: an EAGLE draft of full layers
-    if fb.forward_mode.is_decode_or_idle():
-        if m is None or m.kv_indices is None or m.kv_indices.dim() != 2:
+    mode = fb.forward_mode
+    if m is None:
+        return None
+    if mode.is_target_verify():
+        # the unified verify (topk 1): the metadata's block tables over seq + nd keys, nd queries a request
+        if not backend._use_unified_verify or m.kv_indices is None or m.kv_indices.dim() != 2:
             return None
+        full, swa = m.kv_indices, m.swa_page_table
+        handed = handed_keys(fb, full, swa)      # the kernel's seqused_k where this forward ran it
+        q_lens = lens_of(m.qo_indptr, bs)
+        kv_lens = fb.seq_lens[:bs] + int(m.max_q_len) if handed is None else handed[:bs]
+    elif mode.is_draft_extend_v2():
+        # the unified draft extend: block tables the forward builds per layer from the metadata's CSR ids
+        # (_build_unified_page_table_from_spec, called once more for the table), seqused_k from its indptr
+        if not backend._use_unified_verify or not importlib.import_module(AITER_MOD).envs. \
+                SGLANG_AITER_UNIFIED_DRAFT_EXTEND.get() or m.kv_indptr is None:
+            return None
+        full, swa = backend._build_unified_page_table_from_spec(m, bs)
+        q_lens, kv_lens = lens_of(m.qo_indptr, bs), lens_of(m.kv_indptr, bs)
+    elif mode.is_decode_or_idle():
+        # a decode, or a draft step (its child's block table built from the step's CSR ids: seq_lens + step + 1
+        # keys): as many keys of it as the kernel was handed (forward_decode's seqused_k, forward_batch.seq_lens in
+        # 0.5.23) where this forward's first layer ran it (an eager forward), else seq_lens
+        if m.kv_indices is None or m.kv_indices.dim() != 2:
+            return None
+        handed = handed_keys(fb, m.kv_indices, m.swa_page_table)
         full, swa, q_lens = m.kv_indices, m.swa_page_table, lens_of(m.qo_indptr, bs)
+        kv_lens = fb.seq_lens[:bs] if handed is None else handed[:bs]
     else:
         max_kv_len = int(fb.seq_lens_cpu.max().item())
         full, swa = backend._build_extend_unified_page_table(bs, fb.seq_lens, fb.req_pool_indices, max_kv_len)
-        q_lens = fb.extend_seq_lens[:bs]
-    return page_table_reads(full[:bs], None if swa is None else swa[:bs], fb.seq_lens[:bs], q_lens,
-                            backend.page_size, left)
+        q_lens, kv_lens = fb.extend_seq_lens[:bs], fb.seq_lens[:bs]
+    return page_table_reads(full[:bs], None if swa is None else swa[:bs], kv_lens, q_lens, backend.page_size, left)
 
 
 AITER = AiterAdapter(
-    "aiter", multistep=f"{AITER_MOD}:AiterMultiStepDraftBackend",
+    "aiter", multistep=f"{AITER_MOD}:AiterMultiStepDraftBackend", round_reads=True,
     replaced={"extend_attention_fwd": "a Triton kernel (target_verify / draft_extend; interpreted on a "
                                       "CPU: too slow for a run)"},
     reads=aiter_reads, span=SPAN_UNIFIED, needs=("aiter",),

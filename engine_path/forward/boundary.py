@@ -66,6 +66,23 @@ FORWARD_CONTEXT = "sglang.srt.model_executor.forward_context"
 RADIX_ATTENTION = "sglang.srt.layers.radix_attention"
 
 
+class RunSet:
+    """An attribute the run sets on every boundary (the Boundary protocol's), kept on the model's boundary the
+    release's wraps: one value for both."""
+
+    def __init__(self, what: str):
+        self.__doc__ = what
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj.model, self.name)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj.model, self.name, value)
+
+
 @dataclass(slots=True)
 class ReleaseMetadata(ForwardMetadata):
     """A forward's metadata as the release's backend made it: its batch and each layer's write, as they come."""
@@ -109,23 +126,10 @@ class ReleaseBoundary:
         self._mapping = getattr(runner.capture, "full_to_swa_index_mapping", None)    # none in a plain pool
         self._followed: set[str] = set()     # the backend's attributes moved with it (follow_mapping)
 
-    # the model side's window (the run sets it on every boundary)
-    @property
-    def window(self) -> int:
-        return self.model.window
-
-    @window.setter
-    def window(self, value: int) -> None:
-        self.model.window = value
-
-    # whether the run's mapping moves between layers (the overlap timeline sets it on every boundary)
-    @property
-    def mapping_moves(self) -> bool:
-        return self.model.mapping_moves
-
-    @mapping_moves.setter
-    def mapping_moves(self, value: bool) -> None:
-        self.model.mapping_moves = value
+    # what the run sets on every boundary, kept on the model's (which the release's falls back to)
+    window = RunSet("the side's SWA window")
+    mapping_moves = RunSet("whether the run's mapping moves between layers (the overlap timeline)")
+    swa_layers = RunSet("whether the side has SWA layers")
 
     def context(self, batch, full_to_swa=None):
         return self.model.context(batch, full_to_swa)

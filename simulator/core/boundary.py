@@ -36,6 +36,7 @@ class ForwardMetadata:
     ctx: BoundaryContext               # the forward's context (layer None)
     window: bool = True                # window (SWA) indices were built: else SWA layers get loc as swa_loc
     in_round: bool = False             # a forward of a speculative decode round (ForwardBatch.in_round)
+    draft_step: Optional[int] = None   # a multi-step draft's step within its round (ForwardBatch.draft_step)
 
 
 class BackendBoundary:
@@ -59,6 +60,7 @@ class BackendBoundary:
         self.page_size = page_size
         self.swa_pad = swa_pad
         self.window = 0          # the model side's SWA window (set by the run)
+        self.swa_layers = True   # whether the model side has SWA layers (set by the run)
         #: whether the run's mapping can change between this forward's layers (set by the overlap timeline)
         self.mapping_moves = False
         max_bs = max(engine.cuda_graph_bs) if engine.cuda_graph_bs else 1
@@ -96,12 +98,12 @@ class BackendBoundary:
                 loc = torch.full((batch.padded_len,), batch.pad_value, dtype=out_cache_loc.dtype, device=self.device)
                 loc[:real] = out_cache_loc[:real]
             return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window,
-                                   in_round=batch.in_round)
+                                   in_round=batch.in_round, draft_step=batch.draft_step)
         # eager DP-padded extends are narrowed per layer too where the release does it (0.5.23)
         rows = self.release.eager_layer_rows(batch.mode, batch.graph, real, batch.dp_padded_len)
         loc = out_cache_loc if rows is None else out_cache_loc[:rows]
         return ForwardMetadata(layer_loc=loc, swa_loc=swa, rows=int(loc.shape[0]), ctx=ctx, window=window,
-                               in_round=batch.in_round)
+                               in_round=batch.in_round, draft_step=batch.draft_step)
 
     def _translated(self, batch: ForwardBatch, out_cache_loc: torch.Tensor) -> torch.Tensor:
         """The full-pool ids the backend translates at metadata init: ``out_cache_loc``, or for a draft step of a
@@ -129,7 +131,8 @@ class BackendBoundary:
             translated = self._swa_ids(self._translated(batch, out_cache_loc), full_to_swa, ctx)
             call_hook("fill_graph_swa_buffer", self.design.fill_graph_swa_buffer, swa_buf, translated, padded, ctx)
         return ForwardMetadata(layer_loc=loc_buf[:padded], swa_loc=swa_buf[:padded], rows=padded, ctx=ctx,
-                               window=batch.graph in self.spec.window_graphs, in_round=batch.in_round)
+                               window=batch.graph in self.spec.window_graphs, in_round=batch.in_round,
+                               draft_step=batch.draft_step)
 
     def read_table(self, meta: ForwardMetadata, req_to_token: torch.Tensor, seq_lens: torch.Tensor,
                    extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
@@ -139,7 +142,12 @@ class BackendBoundary:
         ``shared``: a step's tables by window, for a design whose ``read_ids`` is declared ``pure`` (computed by
         the first backend of the step that asks, the same object for the others). A backend whose round SWA
         tables gather from position 0 under the release (``ReleaseBehaviour.round_swa_from_zero``, sglang#39287)
-        does so for its verify's and its draft-extend graph's."""
+        does so for its verify's and its draft-extend graph's; one whose draft steps read only the committed keys
+        (``ReleaseBehaviour.draft_step_reads_committed``) reads a step's table as of the round's start."""
+        if meta.draft_step is not None and self.swa_layers and \
+                self.spec.name in self.release.draft_step_reads_committed:
+            # the kernel reads the committed keys only (its seqused_k the round's start, not the step's)
+            seq_lens, shared = seq_lens - (meta.draft_step + 1), None
         pure = shared is not None and declared(self.design.read_ids, "pure")
         table = shared.get(self.window) if pure else None
         if table is None:
@@ -171,7 +179,9 @@ class BackendBoundary:
     def base_reads(self) -> bool:
         """The read table is the base formula (the design's ``read_ids`` declared ``base_reads``): the GPU runner
         may build it from the requests' slots instead of asking :meth:`read_table`."""
-        return declared(self.design.read_ids, "base_reads") and self.spec.name not in self.release.round_swa_from_zero
+        rel = self.release
+        return declared(self.design.read_ids, "base_reads") and \
+            self.spec.name not in rel.round_swa_from_zero | rel.draft_step_reads_committed
 
     def span_checked(self) -> bool:
         """The read table is held to its span (simulator/oracle/read_rules.py): every table but the base
@@ -205,6 +215,7 @@ class Boundary(Protocol):
     design: Design           # its own instance of the run's design
     spec: BackendSpec        # the backend as the engine runs it (after the design's ``backend_spec``)
     window: int              # the side's SWA window (set by the run)
+    swa_layers: bool         # the side has SWA layers (set by the run: an EAGLE draft may have full layers only)
     mapping_moves: bool      # the run's mapping can change between a forward's layers (set by the overlap timeline)
 
     def context(self, batch: ForwardBatch, full_to_swa: Optional[torch.Tensor] = None) -> BoundaryContext: ...

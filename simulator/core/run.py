@@ -115,6 +115,7 @@ class Run:
         for m in self.sides:
             for b in m.boundaries.values():
                 b.window = scenario.model.window      # the draft's SWA layers read the target's window
+                b.swa_layers = any(layer.kind == "swa" for layer in m.layers)
         #: check every forward's reads (engine.read_check)
         self.read_check = bool(scenario.engine.read_check)
         # the mapping the backends read: on the CPU the allocator's array itself (always current); elsewhere a

@@ -12,8 +12,8 @@ from .corpus import (MiniSglangDummy, MiniSglangDummyPre24743, SGLangPR29858, SG
 from .eagle_preplan import DotsEaglePreplan, DotsEaglePreplanRebuild
 from .radix import (PDDecodePost25805, PDDecodePost27779, PDDecodePre25805, PDDecodePre25805Post27779, Radix0523,
                     RadixA1, RadixA2, RadixFixed, RadixR2, RadixR3, RadixR7, RadixR8)
-from .releases import (SGLang0523, SGLang0523DraftStepSwa, SGLang0523RoundSwaStart, SGLang0523WarBarrier,
-                       SGLangPost33587, SGLangPre26380, SGLangPre31687, SGLangPre33587)
+from .releases import (SGLang0523, SGLang0523DraftStepKeys, SGLang0523DraftStepSwa, SGLang0523RoundSwaStart,
+                       SGLang0523WarBarrier, SGLangPost33587, SGLangPre26380, SGLangPre31687, SGLangPre33587)
 from .sglang import SGLangPost29460, SGLangPre24743, SGLangPre29460
 from .unified import Unified0523, UnifiedPre35933, UnifiedPre37560
 
@@ -32,8 +32,9 @@ CATALOGUE: tuple[type[Design], ...] = (
     # the unified pool's states (the U-series)
     Unified0523, UnifiedPre37560, UnifiedPre35933,
     # P7: EAGLE's pre-planned metadata under DP padding; P6: xpu's multi-step draft's SWA ids, fixed; F1:
-    # flashinfer's round SWA tables from their window, fixed
+    # flashinfer's round SWA tables from their window, fixed; F2: aiter's draft steps reading their own keys
     DotsEaglePreplan, DotsEaglePreplanRebuild, SGLang0523DraftStepSwa, SGLang0523RoundSwaStart,
+    SGLang0523DraftStepKeys,
 )
 
 #: name -> design class

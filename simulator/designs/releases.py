@@ -26,7 +26,8 @@ class SGLang0523(Design):
                    "batch, chunked-prefill eviction of the overlap scheduler; DP padding SUM_LEN / MAX_LEN "
                    "aligned to attn_tp_size; the multi-step draft's window allocated once, a column per step; "
                    "int64 graph SWA buffers zeroed past the batch; KVWriteLoc cuts a longer swa_loc; flashinfer's "
-                   "EAGLE verify SWA tables gathered from position 0 (F1, sglang#39287).")
+                   "EAGLE verify SWA tables gathered from position 0 (F1, sglang#39287); aiter's draft steps read the "
+                   "committed keys only (F2).")
     #: 0.5.23's graph SWA buffers are int64 again (the #24743 tail zeroing stays)
     graph_swa_dtype = torch.int64
     #: 0.5.23's behaviour, and its radix cache's free paths (engine.radix_cache): R8's unfiltered SWA free
@@ -101,6 +102,15 @@ class SGLang0523RoundSwaStart(SGLang0523):
                    "plan their SWA wrapper from each request's window start (generate_attn_arg_prefill gets the "
                    "kv_start_idx every other forward's table has), not from position 0.")
     release = _replace(SGLANG_0_5_23, name="sglang-0.5.23, sglang#39287's fix", round_swa_from_zero=frozenset())
+
+
+class SGLang0523DraftStepKeys(SGLang0523):
+    name = "sglang-0.5.23-draft-step-keys"
+    description = ("SGLang 0.5.23 with F2 fixed in aiter (the proposed fix, examples/engine-patches/"
+                   "fix-f2-aiter-draft-step-keys.yaml): a multi-step draft's step hands unified_attention the key "
+                   "count of its own block table (seq_lens + step + 1), not the round's committed seq_lens.")
+    release = _replace(SGLANG_0_5_23, name="sglang-0.5.23, aiter's draft steps reading their own keys",
+                       draft_step_reads_committed=frozenset())
 
 
 class SGLang0523DraftStepSwa(SGLang0523):

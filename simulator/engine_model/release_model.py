@@ -295,6 +295,12 @@ class ReleaseBehaviour:
     #: flashinfer plans those SWA wrappers through ``Eagle{Verify,DraftExtend}Input.generate_attn_arg_prefill``,
     #: which take no ``kv_start_idx`` (its eager draft extend plans as a plain extend, from the window)
     round_swa_from_zero: frozenset = frozenset()
+    #: backends whose EAGLE draft step reads only the committed keys, not the draft chain's, in a draft with SWA
+    #: layers: its block table holds the step's ``seq_lens + step + 1`` keys, but the kernel is handed
+    #: ``seqused_k = seq_lens`` (0.5.23's aiter: ``forward_decode``'s unified_attention on a multi-step child's
+    #: table, the path a hybrid draft pool takes): the step's own key and the chain's are not read, and an SWA
+    #: layer's window ends ``step + 1`` positions early
+    draft_step_reads_committed: frozenset = frozenset()
     #: backends that take SWA ids from the per-iteration plan (the rest translate themselves)
     plan_swa_backends: frozenset = frozenset()
     #: the overlap scheduler's WAR barrier per platform (simulator.scheduling.timeline.BARRIERS), when the scenario
@@ -331,6 +337,7 @@ SGLANG_0_5_23 = ReleaseBehaviour(
     eager_extend_narrowing=True,
     kernel_write_backends=frozenset({"aiter"}),
     round_swa_from_zero=frozenset({"flashinfer"}),
+    draft_step_reads_committed=frozenset({"aiter"}),
     plan_swa_backends=PLAN_SWA_BACKENDS_0523,
     pd_row_free=True,
 )
