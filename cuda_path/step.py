@@ -420,11 +420,11 @@ class GpuStepRunner:
                     rtt = shared["req_to_token"] = torch.from_numpy(rq.req_to_token())
                 mapping = torch.from_numpy(run.alloc.full_to_swa)
                 ctx = dataclasses.replace(meta.ctx, full_to_swa=mapping)
+                seq_lens, _ = boundary.kernel_read_lens(meta, seq_lens)
                 table = call_hook("read_ids", design.read_ids, rtt, seq_lens, extend_lens, mapping, ctx)
                 table = check_read_table(table, int(seq_lens.shape[0]), CPU)
-        if not meta.window and table.full is not None:
-            table = ReadTable(full=table.full, swa=table.full)
-        return table
+                return boundary.as_kernels_read(meta, table, rtt, mapping)
+        return boundary.as_kernels_read(meta, table, None, torch.from_numpy(run.alloc.full_to_swa))
 
     # ------------------------------------------------------------------ phase 3
 

@@ -87,6 +87,26 @@ def test_step_runner_gives_the_runs_own_findings_and_observations(name, design, 
         assert runner.verdict_reads == len(own.steps) and runner.exact_checks == 0
 
 
+@pytest.mark.parametrize("host", [None, True])
+@pytest.mark.parametrize("name", ["f1-flashinfer-round-swa-reads", "f2-aiter-draft-step-keys"])
+def test_step_runner_reads_as_a_backends_kernels_read(name, host):
+    """A backend whose kernels read otherwise than the design's table (0.5.23's flashinfer round SWA tables from
+    position 0, F1; aiter's draft steps the committed keys only, F2) is read so by the step runner too (the GPU's),
+    not by the design's table alone: the run's own findings."""
+    own, own_events, _ = _run(name, None, False)
+    fast, fast_events, ex = _run(name, None, True, host=host)
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
+    assert {b: s.to_json() for b, s in fast.backends.items()} == {b: s.to_json() for b, s in own.backends.items()}
+    stale = {b: s.findings.get("stale_read", 0) for b, s in own.backends.items()}
+    assert stale == {**{b: 0 for b in stale}, **({"flashinfer": 1330, "aiter": 342} if name.startswith("f1")
+                                                  else {"aiter": 162})}
+    assert ex.runner.fast_checks > 0
+    if host is None:
+        # (with host metadata aiter's boundary observations differ from the per-forward grain's under 0.5.23's
+        # kernel write, in any scenario: a full layer's swa_loc shape recorded; findings agree)
+        assert fast_events == own_events
+
+
 def test_step_runner_leaves_fault_injection_to_the_per_forward_grain():
     """A plug-in that acts between backends (fault injection) is not stepwise: the runner declines its steps."""
     from simulator.plugins.faults import FaultInjector

@@ -138,17 +138,12 @@ class BackendBoundary:
                    extend_lens: torch.Tensor, full_to_swa: torch.Tensor,
                    shared: Optional[dict] = None) -> ReadTable:
         """The forward's read ids (metadata init, after the write locations); raises HookFailure when
-        ``read_ids`` fails. Without window indices (B4) SWA layers read the full-pool prefix ids.
-        ``shared``: a step's tables by window, for a design whose ``read_ids`` is declared ``pure`` (computed by
-        the first backend of the step that asks, the same object for the others). A backend whose round SWA
-        tables gather from position 0 under the release (``ReleaseBehaviour.round_swa_from_zero``, sglang#39287)
-        does so for its verify's and its draft-extend graph's; one whose draft steps read only the committed keys
-        (``ReleaseBehaviour.draft_step_reads_committed``) reads a step's table as of the round's start."""
-        if meta.draft_step is not None and self.swa_layers and \
-                self.spec.name in self.release.draft_step_reads_committed:
-            # the kernel reads the committed keys only (its seqused_k the round's start, not the step's)
-            seq_lens, shared = seq_lens - (meta.draft_step + 1), None
-        pure = shared is not None and declared(self.design.read_ids, "pure")
+        ``read_ids`` fails. ``shared``: a step's tables by window, for a design whose ``read_ids`` is declared
+        ``pure`` (computed by the first backend of the step that asks, the same object for the others). The
+        design's table as this backend's kernels read it: :meth:`kernel_read_lens` before, :meth:`as_kernels_read`
+        after (the GPU step runner asks both around its own table, cuda_path/step.py)."""
+        seq_lens, own = self.kernel_read_lens(meta, seq_lens)
+        pure = shared is not None and not own and declared(self.design.read_ids, "pure")
         table = shared.get(self.window) if pure else None
         if table is None:
             table = call_hook("read_ids", self.design.read_ids, req_to_token, seq_lens, extend_lens, full_to_swa,
@@ -156,11 +151,30 @@ class BackendBoundary:
             table = check_read_table(table, int(seq_lens.shape[0]), self.device)
             if pure:
                 shared[self.window] = table
+        return self.as_kernels_read(meta, table, req_to_token, full_to_swa)
+
+    def kernel_read_lens(self, meta: ForwardMetadata, seq_lens: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """(the key counts this backend's kernels read, whether they are not the forward's own): a draft step of a
+        backend that reads only the committed keys (``ReleaseBehaviour.draft_step_reads_committed``, F2) reads its
+        table as of the round's start, on a side with SWA layers (the others keep a plain pool and another
+        kernel)."""
+        if meta.draft_step is not None and self.swa_layers and \
+                self.spec.name in self.release.draft_step_reads_committed:
+            return seq_lens - (meta.draft_step + 1), True
+        return seq_lens, False
+
+    def as_kernels_read(self, meta: ForwardMetadata, table: ReadTable, req_to_token: Optional[torch.Tensor],
+                        full_to_swa: torch.Tensor) -> ReadTable:
+        """The design's table as this backend's kernels read it: without window indices (B4) SWA layers read the
+        full-pool prefix ids; a backend whose round SWA tables gather from position 0 under the release
+        (``ReleaseBehaviour.round_swa_from_zero``, F1, sglang#39287) does so for its verify's and its draft-extend
+        graph's (``req_to_token`` is read then: never None for such a backend, whose table is not the base
+        one)."""
         if not meta.window and table.full is not None:
-            table = ReadTable(full=table.full, swa=table.full)
-        elif meta.in_round and self.spec.name in self.release.round_swa_from_zero and table.swa is not None and \
+            return ReadTable(full=table.full, swa=table.full)
+        if meta.in_round and self.spec.name in self.release.round_swa_from_zero and table.swa is not None and \
                 (meta.ctx.mode == "target_verify" or meta.ctx.graph == "draft_extend_graph"):
-            table = ReadTable(full=table.full, swa=from_position_zero(table.swa, req_to_token, full_to_swa))
+            return ReadTable(full=table.full, swa=from_position_zero(table.swa, req_to_token, full_to_swa))
         return table
 
     def static_buffers(self, graph: str) -> tuple[torch.Tensor, torch.Tensor]:
