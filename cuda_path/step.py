@@ -288,7 +288,10 @@ class GpuStepRunner:
         else:
             boundary, base_reads, slices = b, base_read_ids(b), b.spec.slices_swa_loc
         p.base_reads = base_reads
-        shared = twin is not None and twin.per_kind is not None and twin.boundary.spec.slices_swa_loc == slices
+        # the same write locations: the same slicing, and a store kernel that maps its slots itself on both or neither
+        # (its full layers carry no SWA ids: ReleaseBehaviour.kernel_write_backends)
+        shared = twin is not None and twin.per_kind is not None and twin.boundary.spec.slices_swa_loc == slices and \
+            _kernel_write(twin.boundary) == _kernel_write(boundary)
         try:
             table = None
             if twin is not None:
@@ -472,3 +475,8 @@ class StepwiseExecutor:
 
     def run(self, s):
         return self.inner.run(s)
+
+
+def _kernel_write(boundary) -> bool:
+    """Whether the backend's store kernel maps each slot itself under its release (0.5.23's aiter)."""
+    return boundary.spec.name in boundary.release.kernel_write_backends

@@ -100,11 +100,18 @@ def test_step_runner_reads_as_a_backends_kernels_read(name, host):
     stale = {b: s.findings.get("stale_read", 0) for b, s in own.backends.items()}
     assert stale == {**{b: 0 for b in stale}, **({"flashinfer": 1330, "aiter": 342} if name.startswith("f1")
                                                   else {"aiter": 162})}
-    assert ex.runner.fast_checks > 0
-    if host is None:
-        # (with host metadata aiter's boundary observations differ from the per-forward grain's under 0.5.23's
-        # kernel write, in any scenario: a full layer's swa_loc shape recorded; findings agree)
-        assert fast_events == own_events
+    assert fast_events == own_events and ex.runner.fast_checks > 0
+
+
+@pytest.mark.parametrize("name", ["smoke", "b2-decode-stale-tail"])
+def test_a_store_kernel_that_maps_its_slots_is_no_other_backends_twin(name):
+    """With host metadata, 0.5.23's aiter (its store kernel maps each slot itself: a full layer's write carries no
+    SWA ids) takes no other backend's write locations: its boundary observations are the per-forward grain's."""
+    own, own_events, _ = _run(name, "sglang-0.5.23", False, 10)
+    fast, fast_events, ex = _run(name, "sglang-0.5.23", True, 10, True)
+    assert [f.to_json() for f in fast.findings] == [f.to_json() for f in own.findings]
+    assert fast_events == own_events and ex.runner.twin_plans > 0
+    assert any(e[2] == "aiter" and e[5] == -1 for e in own_events if e[0] == "boundary")
 
 
 def test_step_runner_leaves_fault_injection_to_the_per_forward_grain():
