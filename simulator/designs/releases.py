@@ -16,7 +16,7 @@ import torch
 
 from simulator.designs.base import Design
 from simulator.engine_model.release import SGLANG_0_5_23_RELEASE
-from simulator.engine_model.release_model import SGLANG_0_5_23
+from simulator.engine_model.release_model import MID_2026, SGLANG_0_5_23
 
 
 class SGLang0523(Design):
@@ -37,9 +37,6 @@ class SGLang0523(Design):
 # ---------------------------------------------------------------------------- the overlap scheduler's barrier
 # (the W-series, SGLANG_BUGS_2026 section 2; docs/OVERLAP.md). Each state is the base design (SGLang mid-2026
 # after the corpus's fixes) with one barrier; they matter only under engine.overlap = true.
-
-
-from simulator.engine_model.release_model import MID_2026  # noqa: E402
 
 
 class SGLangPost33587(Design):
@@ -91,8 +88,6 @@ class SGLang0523WarBarrier(SGLang0523):
                    "#36054 / #38258): after_launch on ROCm as on CUDA. W7's fix.")
     release = _replace(SGLANG_0_5_23, name="sglang-0.5.23, SGLANG_ENABLE_WAR_BARRIER=1",
                        war_barriers=(("cuda", "after_launch"), ("rocm", "after_launch")))
-
-
 
 
 class SGLang0523RoundSwaStart(SGLang0523):
