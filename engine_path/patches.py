@@ -207,11 +207,26 @@ def patched_function(target: str, patch: Patch) -> tuple[Any, str, Callable, Cal
         new = new.__func__
     if not isinstance(new, types.FunctionType):
         raise EngineError(f"target {target}: the patched source does not define {fn.__name__}")
+    _same_defaults(target, fn, new)
     # the module's globals, not the copy: the new function sees later changes to its module as the old did
     new = types.FunctionType(new.__code__, fn.__globals__, fn.__name__, fn.__defaults__, new.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
     return owner, name, fn, new
+
+
+def _same_defaults(target: str, old, new) -> None:
+    """EngineError where the patch changes which parameters have defaults: both patchers swap the function's code
+    and keep the release's defaults (the release's source_patcher sets ``__code__``), so a parameter the patch adds
+    with a default would have none and every call leaving it out would raise."""
+    added = sorted(set(new.__kwdefaults__ or {}) - set(old.__kwdefaults__ or {}))
+    n_old, n_new = len(old.__defaults__ or ()), len(new.__defaults__ or ())
+    if added or n_new != n_old:
+        what = (f"keyword parameter(s) {', '.join(added)} given a default" if added else
+                f"{n_new} positional defaults where the release's function has {n_old}")
+        raise EngineError(f"target {target}: the patched signature has {what}; a patched function keeps the "
+                          f"release's defaults (its code is swapped), so take a new argument through **kwargs "
+                          f"(examples/engine-patches/fix-39287-flashinfer-eagle-swa-start.yaml does)")
 
 
 def check(patches: list[Patch]) -> None:

@@ -175,6 +175,39 @@ def test_our_patcher_refuses(toy, tmp_path, attr, ok_match, bad_match, why):
 
 
 @pytest.mark.engine
+@pytest.mark.parametrize("signature,what", [
+    ("def add(a, b, c=1):", "1 positional defaults where the release's function has 0"),
+    ("def add(a, b, *, scale=2):", "keyword parameter(s) scale given a default"),
+])
+def test_a_patch_that_adds_a_default_is_refused(toy, tmp_path, signature, what):
+    """Both patchers keep the release's defaults (they swap the code): a parameter a patch adds with a default is
+    refused at check time, naming the target and the parameter, instead of a TypeError at the first call."""
+    target = f"{toy.__name__}.add"
+    p = _yaml(tmp_path, f"""
+        patches:
+          - target: {target}
+            edits:
+              - match: "def add(a, b):"
+                replacement: "{signature}"
+    """)
+    with pytest.raises(EngineError) as e:
+        _apply(p)
+    assert f"target {target}: the patched signature has {what}" in str(e.value) and "**kwargs" in str(e.value)
+    assert toy.add(1, 2) == 3                       # nothing was changed
+    # a new argument through **kwargs applies
+    _apply(_yaml(tmp_path, f"""
+        patches:
+          - target: {target}
+            edits:
+              - match: "def add(a, b):"
+                replacement: "def add(a, b, **extra):"
+              - match: "total = a + b"
+                replacement: "total = a + b + extra.get('c', 0)"
+    """))
+    assert (toy.add(1, 2), toy.add(1, 2, c=4)) == (3, 7)
+
+
+@pytest.mark.engine
 def test_unknown_target(toy, tmp_path):
     for target in (f"{toy.__name__}.nope", f"{toy.__name__}.Box.nope", "no_such_pkg_xyz.mod.f"):
         with pytest.raises(EngineError, match=rf"target {target}: unknown target"):
