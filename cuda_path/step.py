@@ -288,8 +288,7 @@ class GpuStepRunner:
         else:
             boundary, base_reads, slices = b, base_read_ids(b), b.spec.slices_swa_loc
         p.base_reads = base_reads
-        # the same write locations: the same slicing, and a store kernel that maps its slots itself on both or neither
-        # (its full layers carry no SWA ids: ReleaseBehaviour.kernel_write_backends)
+        # the same write locations: the same slicing and store kernel (_kernel_write: one that maps its slots itself)
         shared = twin is not None and twin.per_kind is not None and twin.boundary.spec.slices_swa_loc == slices and \
             _kernel_write(twin.boundary) == _kernel_write(boundary)
         try:
@@ -478,5 +477,6 @@ class StepwiseExecutor:
 
 
 def _kernel_write(boundary) -> bool:
-    """Whether the backend's store kernel maps each slot itself under its release (0.5.23's aiter)."""
+    """Whether the backend's store kernel maps each slot itself under its release (0.5.23's aiter: its full layers'
+    writes carry no SWA ids, ReleaseBehaviour.kernel_write_backends)."""
     return boundary.spec.name in boundary.release.kernel_write_backends
