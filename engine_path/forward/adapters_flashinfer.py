@@ -21,9 +21,10 @@ Read tables (:func:`flashinfer_reads`): wrapper 0 serves the SWA layers, wrapper
 already translated to SWA ids) holds per request the positions that end at the paged part's end: the
 prefix's end in a ragged extend (the new tokens are read from K/V directly), the sequence's in a paged-only
 extend and in an EAGLE draft extend (its window included), the token's in a decode (a draft step's: its
-position), the committed length plus the window in a verify. (0.5.23's verify and draft-extend SWA tables gather
-from position 0, not the window: sglang#39287, open; docs/ENGINE.md.) trtllm_mha (:func:`trtllm_reads`) reads its page tables (``page_table`` /
-``swa_page_table``, page ids) with ``cache_seqlens`` and ``window_left = sliding_window_size``.
+position), the committed length plus the window in a verify. (0.5.23's verify and draft-extend-graph SWA tables
+gather from position 0, not the window: F1, sglang#39287, open; docs/ENGINE.md.) trtllm_mha
+(:func:`trtllm_reads`) reads its page tables (``page_table`` / ``swa_page_table``, page ids) with
+``cache_seqlens`` and ``window_left = sliding_window_size``.
 """
 from __future__ import annotations
 
