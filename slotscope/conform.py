@@ -275,6 +275,8 @@ def cmd_conform(args) -> int:
     from .options import use_engine_patches
 
     use_engine_patches(args, args.engine)
+    if args.scheduler:
+        return _conform_scheduler(args)
     res = run_conform(args.scenario, args.engine, page_size=args.page_size, design=args.design,
                       max_steps=args.max_steps, backends=list(args.backends) if args.backends else None)
     _print(res)
@@ -287,6 +289,25 @@ def cmd_conform(args) -> int:
         print(f"(allowed: {allowed})")
         return EXIT_CONFORMS
     return EXIT_DIVERGES
+
+
+def _conform_scheduler(args) -> int:
+    from engine_path.errors import EngineError
+    from simulator.designs.loading import load_design
+    from simulator.scenario import ScenarioError
+
+    from .conform_scheduler import cmd_conform_scheduler
+
+    if args.engine.version is None:
+        raise EngineError(f"--engine {args.engine}: {NEEDS_VERSION}")
+    if args.page_size is not None or args.backends or args.allow:
+        raise ScenarioError("--scheduler compares the schedulers' decisions: --page-size, --backends and --allow "
+                            "are for the write path's comparison")
+    if not Path(args.scenario).is_file():
+        raise ScenarioError(f"{args.scenario}: no such scenario file")
+    name = _default_design(args.engine.version, args.design)
+    load_design(name)
+    return cmd_conform_scheduler(args, name)
 
 
 def register(sub) -> None:
@@ -303,7 +324,8 @@ def register(sub) -> None:
                     "code raised) is named with the error.",
         epilog="examples:\n"
                "  slotscope conform scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.23\n"
-               "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n\n"
+               "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n"
+               "  slotscope conform scenarios/b2-decode-stale-tail.toml --engine sglang==0.5.23 --scheduler\n\n"
                "exit codes:\n"
                "  0    every step conforms (on the scenario's own path; 'not compared' lines say what is not)\n"
                "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
@@ -323,4 +345,9 @@ def register(sub) -> None:
     p.add_argument("--allow", action="append", metavar="KNOWN_ID",
                    help="accept a documented difference (docs/ENGINE.md, Conformance); repeatable")
     p.add_argument("--json", action="store_true", help="end with one JSON line: the comparison")
+    p.add_argument("--scheduler", action="store_true",
+                   help="compare the schedulers instead: the model's against the release's own Scheduler (its "
+                        "policy, batches, allocation, tree cache and event loop; no model), forward by forward: mode, "
+                        "requests, new tokens, lengths, write slots, free slots (not yet: overlap, speculative, DP "
+                        "attention, PD decode, the unified pool)")
     p.set_defaults(func=cmd_conform)

@@ -1,0 +1,110 @@
+"""`slotscope conform --scheduler`: the model's scheduler against SGLang 0.5.23's own ``Scheduler`` (no model).
+
+Three CLI runs against the cached 0.5.23, two at a time: B2 under the design ``sglang-0.5.23`` conforms on every
+forward (61: mode, requests, new tokens, lengths, write slots, free slots); a model with LIFO free lists
+(tests/conform_designs.py) diverges at the first reuse of a freed slot, forward 7, on out_cache_loc; a scenario the
+release's scheduler cannot run here yet (DP attention) is refused with the reason. The comparison itself is tested
+on hand-made decisions without the engine.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from engine_path.schedule_conformance import compare_schedules
+from engine_path.scheduler import Decision, unsupported
+
+ROOT = Path(__file__).resolve().parent.parent
+B2 = "scenarios/b2-decode-stale-tail.toml"
+RUNS = {
+    "b2": (B2,),
+    "lifo": (B2, "--design", "tests/conform_designs.py:LifoAtPage1"),
+    "dp": ("scenarios/smoke.toml",),
+}
+
+
+def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def runs(engine_releases):
+    def one(key):
+        return key, slotscope("conform", *RUNS[key], "--engine", "sglang==0.5.23", "--scheduler", "--json")
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, RUNS))
+
+
+def _result(proc) -> dict:
+    import json
+
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.engine
+def test_b2_schedules_as_the_release_does(runs):
+    proc = runs["b2"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = _result(proc)
+    assert res["conforms"] is True and res["first_difference"] is None
+    assert res["forwards"] == {"model": 61, "engine": 61}
+    assert res["engine_scheduler"].startswith("sglang 0.5.23 Scheduler")
+    assert res["tree_cache"] == "UnifiedRadixCache"
+    assert "init_tp_model_worker" in res["stand_ins"] and "every forward conforms" in proc.stdout
+
+
+@pytest.mark.engine
+def test_a_model_that_reuses_freed_slots_first_diverges_at_the_first_reuse(runs):
+    proc = runs["lifo"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    first = _result(proc)["first_difference"]
+    assert first["step"] == 7 and first["field"] == "out_cache_loc"
+    assert first["model"] == list(range(566, 576)) and first["engine"] == list(range(1273, 1283))
+    assert "first difference at forward 7: out_cache_loc" in proc.stdout
+
+
+@pytest.mark.engine
+def test_a_scenario_it_cannot_run_yet_is_refused(runs):
+    proc = runs["dp"]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "engine.dp_size > 1" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the comparison, no engine
+
+def _d(step=0, mode="decode", rids=(0, 1), loc=(5, 6), full_free=10, swa_free=8) -> dict:
+    return Decision(step, mode, tuple(rids), (1,) * len(rids), (9,) * len(rids), tuple(loc), full_free,
+                    swa_free).to_json()
+
+
+def test_equal_decisions_conform():
+    res = compare_schedules([_d(0), _d(1)], [_d(0), _d(1)])
+    assert res == {"conforms": True, "first_difference": None, "forwards": {"model": 2, "engine": 2}}
+
+
+def test_the_first_differing_field_is_named_in_order():
+    res = compare_schedules([_d(0), _d(1, rids=(0,), loc=(5,))], [_d(0), _d(1, rids=(1,), loc=(7,), swa_free=3)])
+    first = res["first_difference"]
+    assert res["conforms"] is False and first["step"] == 1 and first["field"] == "rids"
+    assert first["model"] == (0,) and first["engine"] == (1,)
+    assert first["engine_forward"]["swa_free"] == 3 and "out_cache_loc" not in first["engine_forward"]
+
+
+def test_a_side_with_more_forwards_diverges_after_the_last_common_one():
+    res = compare_schedules([_d(0), _d(1), _d(2)], [_d(0), _d(1)])
+    assert res["first_difference"] == {"step": 2, "field": "forwards", "model": 3, "engine": 2}
+
+
+def test_what_the_release_scheduler_cannot_run_yet_is_named():
+    from simulator.scenario import load_scenario
+
+    assert unsupported(load_scenario(ROOT / B2)) is None
+    assert "dp_size" in unsupported(load_scenario(ROOT / "scenarios/smoke.toml"))
+    assert "speculative" in unsupported(load_scenario(ROOT / "scenarios/p6-draft-step-swa.toml"))
