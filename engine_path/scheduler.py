@@ -186,7 +186,8 @@ class ReleaseScheduler:
         self._idle = self._stall = 0
         self._last_ct = -1
         self.scheduler.event_loop_normal()
-        return self.decisions
+        # the loop checks its exit flag at its top: the pass that set it may have run one forward more
+        return self.decisions if max_steps is None else self.decisions[:max_steps]
 
     def _clock(self, sched) -> int:
         return sched.forward_ct + self._clock_skip
