@@ -9,6 +9,7 @@ comparison (:func:`compare_schedules`) names the first forward whose mode, reque
 """
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Optional
 
 import numpy as np
@@ -16,8 +17,8 @@ import numpy as np
 from .scheduler import Decision, unsupported
 from .errors import EngineError
 
-#: a Decision's compared fields, in the order a difference is named
-FIELDS = ("mode", "rids", "extend_lens", "seq_lens", "out_cache_loc", "full_free", "swa_free")
+#: a Decision's compared fields (all but its index), in the order a difference is named
+FIELDS = tuple(f.name for f in fields(Decision) if f.name != "step")
 
 
 def model_schedule(path: str, options: Optional[dict] = None) -> dict:

@@ -151,8 +151,8 @@ class ReleaseScheduler:
 
     def _build(self):
         mod = importlib.import_module(SCHEDULER)
-        worker = _worker_class(self.api)(self)
         mc = _scheduler_model_config(self.runner.bag.model_config)
+        worker = _worker_class(self.api)(self, mc)
         owner = self
 
         def ingest_requests(sched) -> None:
@@ -289,10 +289,9 @@ def _worker_class(api: ReleaseAPI):
     class StandInWorker(tpw.BaseTpWorker):
         get_worker_info = tpw.TpModelWorker.get_worker_info
 
-        def __init__(self, owner: ReleaseScheduler):
+        def __init__(self, owner: ReleaseScheduler, mc):
             self.owner = owner
             bag, alloc = owner.runner.bag, owner.allocator
-            mc = _scheduler_model_config(bag.model_config)
             self.model_config = mc
             self.random_seed, self.device, self.dllm_algorithm = owner.sc.seed, "cpu", None
             ngram = importlib.import_module(NGRAM).NgramEmbeddingManager.from_model(
