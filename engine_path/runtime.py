@@ -24,6 +24,7 @@ from .errors import EngineError
 from .forward.boundary import ReleaseBackends
 from .forward.runner import Runner, RunnerContext, build_runner, context_len, publish_config, request_rows
 from .pool import EnginePool, build_swa_pool
+from .scheduler import server_fields
 from .writeloc import Translator
 
 
@@ -42,6 +43,10 @@ class EngineRuntime:
         #: the release's backends as the run's backend source (engine_path.forward), once asked for
         self.backend_source: Optional[ReleaseBackends] = None
         self._config: Optional[RunnerContext] = None
+        #: the release's own scheduler schedules the run (``run --scheduler release``): set before :meth:`backends`
+        self.release_scheduler = False
+        #: the run's scheduler source, once made (engine_path.schedule_source.ReleaseStepSource)
+        self.schedule_source = None
 
     def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
                           **_ignored) -> EngineAllocator:
@@ -97,7 +102,8 @@ class EngineRuntime:
                 spec = scenario.engine.speculative
                 self._config = publish_config(self.api, backend="triton", page_size=scenario.pool.page_size,
                                               device=self.device,
-                                              spec=(spec.num_draft_tokens, spec.num_steps) if spec.enabled else None)
+                                              spec=(spec.num_draft_tokens, spec.num_steps) if spec.enabled else None,
+                                              extra=server_fields(scenario) if self.release_scheduler else None)
             except EngineError as e:
                 self.backend_source = ReleaseBackends(self.api, None, unavailable=str(e))
                 return self.backend_source
@@ -123,8 +129,24 @@ class EngineRuntime:
             self.backend_source = ReleaseBackends(self.api, runner_for)
         return self.backend_source
 
+    def scheduler_factory(self, scenario, alloc, release, rng, pad_value: int = 0, pad_to_capture: bool = False):
+        """The run's scheduler: the release's own (``simulator.run.make_run``'s ``scheduler_factory`` seam), over
+        a model-runner stand-in of its own (its ``req_to_token`` rows are the scheduler's, not rewritten per
+        forward) on the run's allocator, with the server args :meth:`backends` published."""
+        from .schedule_source import ReleaseStepSource
+
+        if self._config is None:
+            raise EngineError("the release's scheduler needs the run's published config: make the backends first")
+        runner = build_runner(self.api, model=scenario.model, allocator=alloc, max_requests=request_rows(scenario),
+                              context_len=context_len(scenario), device="cpu", server_args=self._config.server_args)
+        self.schedule_source = ReleaseStepSource(self.api, scenario, alloc, runner, release.behaviour, rng,
+                                                 pad_value, pad_to_capture, server_args=self._config.server_args)
+        return self.schedule_source
+
     def close(self) -> None:
-        """Restore the release's runtime config published for the run."""
+        """Restore the release's runtime config published for the run (the scheduler's overrides first)."""
+        if self.schedule_source is not None:
+            self.schedule_source.close()
         if self._config is not None:
             self._config.close()
             self._config = None
@@ -141,4 +163,10 @@ class EngineRuntime:
         if self.allocator is not None:
             d["allocator"] = self.allocator.describe()["allocator"]
             d["engine_pieces"] = d["engine_pieces"] + list(getattr(self.allocator, "pieces_ran", list)())
+        if self.schedule_source is not None:
+            # the batches are the release's: its scheduler and tree cache leave the model's pieces
+            sched = self.schedule_source.describe()
+            d["scheduler"] = sched
+            d["engine_pieces"] = d["engine_pieces"] + [sched["scheduler"], f"tree cache: {sched['tree_cache']}"]
+            d["model_pieces"] = [p for p in d["model_pieces"] if p != "scheduler"]
         return d

@@ -9,7 +9,8 @@ adder, ``ScheduleBatch`` and its preparation for extend and decode, the allocati
 ``build_kv_cache`` configures for the scenario (``SWAChunkCache`` or the radix caches), decode-time SWA eviction,
 retraction, chunked prefill, ``process_batch_result`` with its ``cache_finished_req`` / ``cache_unfinished_req``, and
 the event loop itself (``event_loop_normal``). The forward is a stand-in: it records what the release handed it (a
-:class:`Decision` per forward) and samples token 1 for every request (``ignore_eos``: a request ends at its
+:class:`Decision` per forward) and samples each request's next token from the workload's content (so the release's
+tree holds a request's output as the workload's later turns read it; ``ignore_eos``: a request ends at its
 ``max_new_tokens``: the scenario's ``output_len`` counts a request's decode forwards, each writing one token's KV,
 while the release's prefill samples the first new token, so the release is asked for ``output_len + 1``).
 
@@ -43,6 +44,7 @@ TP_WORKER = "sglang.srt.managers.tp_worker"
 NGRAM = "sglang.srt.model_executor.model_runner_components.ngram_embedding_manager"
 MODEL_CONFIG = "sglang.srt.configs.model_config"
 RUNTIME_CONTEXT = "sglang.srt.runtime_context"
+ENVIRON = "sglang.srt.environ"
 
 #: the packages the release's scheduler module imports that its memory modules do not (the ``sglang`` extra has them)
 SCHEDULER_DEPS = ("fastapi", "uvicorn", "setproctitle", "zmq")
@@ -53,7 +55,8 @@ STALL_PASSES = 64
 #: what of the release's scheduler start-up stands in for a server's, and why
 STAND_INS = {
     "init_tp_model_worker": "no model is loaded: the worker is the release's BaseTpWorker over the run's release "
-                            "pools (engine_path.forward.runner); its forward records the batch and samples token 1",
+                            "pools (engine_path.forward.runner); its forward records the batch and samples the "
+                            "workload's next token",
     "maybe_init_draft_worker": "no speculative decoding yet: no draft worker",
     "init_memory_pools, init_all_attention_backends, init_all_cuda_graphs": "the pools are built before the "
                                                                            "scheduler; no forward runs here",
@@ -93,6 +96,14 @@ class Decision:
         return asdict(self)
 
 
+def server_fields(sc) -> dict:
+    """The release's server args that make its scheduler the scenario's (no tokenizer, no grammar, the normal loop)."""
+    e = sc.engine
+    return dict(grammar_backend="none", skip_tokenizer_init=True, disable_overlap_schedule=True,
+                disable_radix_cache=not e.radix_cache, enable_mixed_chunk=e.mixed_chunk,
+                chunked_prefill_size=e.chunked_prefill_size or -1, max_running_requests=e.max_running_requests)
+
+
 def unsupported(sc) -> Optional[str]:
     """Why the release's scheduler cannot run ``sc`` here yet (None: it can)."""
     return next((why for test, why in NOT_YET if test(sc)), None)
@@ -108,7 +119,12 @@ def check_deps() -> None:
 class ReleaseScheduler:
     """The release's ``Scheduler`` over one scenario's workload, on the run's release pools (built first)."""
 
-    def __init__(self, api: ReleaseAPI, scenario, *, runner, allocator, requests):
+    def __init__(self, api: ReleaseAPI, scenario, *, runner, allocator, requests, on_forward=None,
+                 server_args=None):
+        """``on_forward(batch)``: called with the release's ``ScheduleBatch`` at each forward, after its decision is
+        recorded and before the stand-in samples (a run source hands the batch to the step pipeline there).
+        ``server_args``: the release's server args already published with :func:`server_fields` (a run publishes
+        one set for its backends and its scheduler); None: published here."""
         why = unsupported(scenario)
         if why:
             raise EngineError(f"the release's scheduler: {why}")
@@ -116,12 +132,14 @@ class ReleaseScheduler:
         self.api, self.sc, self.runner, self.allocator = api, scenario, runner, allocator
         #: (the workload's index, RequestSpec) not yet handed to the release, by arrival
         self.pending = list(enumerate(requests))
+        self.specs = list(requests)
+        self.on_forward = on_forward
         self.decisions: list[Decision] = []
         self._undo: list = []
         self._clock_skip = 0                   # steps an idle release jumped (the model's clock does too)
         self._max_steps: Optional[int] = None
         try:
-            self._publish()
+            self._publish(server_args)
             self.scheduler = self._build()
         except BaseException:
             self.close()
@@ -129,10 +147,9 @@ class ReleaseScheduler:
 
     # ------------------------------------------------------------------ set-up
 
-    def _publish(self) -> None:
+    def _publish(self, server_args) -> None:
         """The server args and one-rank parallel config the release's scheduler reads, through its own overrides."""
         rc = importlib.import_module(RUNTIME_CONTEXT)
-        e, pool = self.sc.engine, self.sc.pool
         one = SimpleNamespace(rank_in_group=0, world_size=1, cpu_group=None, device_group=None, ranks=[0],
                               first_rank=0, last_rank=0, is_first_rank=True, is_last_rank=True)
         par = rc.get_parallel().override(tp_rank=0, pp_rank=0, attn_tp_rank=0, attn_dp_rank=0, attn_cp_rank=0,
@@ -140,12 +157,17 @@ class ReleaseScheduler:
                                          attn_cp_group=one, moe_ep_group=one, world_group=one)
         par.__enter__()
         self._undo.append(lambda: par.__exit__(None, None, None))
-        radix = self.sc.engine.radix_cache
+        # the scenario's SWA eviction cadence, as a server reads it (the release's env, through its own override)
+        interval = importlib.import_module(ENVIRON).envs.SGLANG_SWA_EVICTION_INTERVAL.override(
+            self.sc.engine.swa_eviction_interval)
+        interval.__enter__()
+        self._undo.append(lambda: interval.__exit__(None, None, None))
+        if server_args is not None:
+            self.server_args = server_args
+            return
         over = rc.get_context().override_server_args(
-            attention_backend="triton", page_size=pool.page_size, grammar_backend="none", skip_tokenizer_init=True,
-            disable_overlap_schedule=True, disable_radix_cache=not radix, enable_mixed_chunk=e.mixed_chunk,
-            chunked_prefill_size=e.chunked_prefill_size or -1, max_running_requests=e.max_running_requests,
-            dp_size=1, tp_size=1, pp_size=1, speculative_algorithm=None, is_embedding=False)
+            attention_backend="triton", page_size=self.sc.pool.page_size, dp_size=1, tp_size=1, pp_size=1,
+            speculative_algorithm=None, is_embedding=False, **server_fields(self.sc))
         self.server_args = over.install()
         self._undo.append(over.restore)
 
@@ -232,7 +254,7 @@ class ReleaseScheduler:
         sched.handle_generate_request(req)
 
     def forward(self, batch) -> Any:
-        """The stand-in forward: records the release's batch, samples token 1 per request."""
+        """The stand-in forward: records the release's batch, samples each request's next workload token."""
         mode = batch.forward_mode.name.lower()
         n = len(batch.reqs)
         seq = [int(x) for x in batch.seq_lens.tolist()]
@@ -245,8 +267,17 @@ class ReleaseScheduler:
             step=len(self.decisions), mode=mode, rids=tuple(int(r.rid) for r in batch.reqs), extend_lens=tuple(ext),
             seq_lens=tuple(seq), out_cache_loc=tuple(loc), full_free=int(self.allocator.full_free),
             swa_free=int(self.allocator.swa_free)))
+        if self.on_forward is not None:
+            self.on_forward(batch)
         result = importlib.import_module(RESULT).GenerationBatchResult
-        return result(next_token_ids=torch.ones(n, dtype=torch.int64))
+        return result(next_token_ids=torch.tensor([self._next_token(int(r.rid), s) for r, s in zip(batch.reqs, seq)],
+                                                  dtype=torch.int64))
+
+    def _next_token(self, index: int, seq_len: int) -> int:
+        """The token sampled after a forward that leaves request ``index`` at ``seq_len``: the workload's content
+        at that position (so the release's tree caches a request's output as the workload's later turns read it)."""
+        spec = self.specs[index]
+        return int(spec.tokens(seq_len, seq_len + 1)[0]) if seq_len < spec.total_len else 1
 
     def close(self) -> None:
         while self._undo:
@@ -273,7 +304,8 @@ def _scheduler_model_config(cfg):
     mc = SimpleNamespace(**vars(cfg))
     mc._resolved_model_impl = importlib.import_module(MODEL_CONFIG).ModelImpl.SGLANG
     mc._resolved_model_arch = cfg.hf_config.architectures[0]
-    mc.vocab_size = 32000
+    # token ids are the workload's 63-bit content ids (the release ends a request that samples one past its vocab)
+    mc.vocab_size = 2 ** 63 - 1
     mc.hf_eos_token_id = None
     mc.think_end_ids = mc.self_opened_think_start_ids = mc.request_selectable_think_end_id_sequences = None
     mc.use_ngram_embedding = mc.use_engram = False

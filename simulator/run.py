@@ -36,8 +36,11 @@ from simulator.scheduling.workload import make_requests
 
 #: the scenario's pool config -> an allocator with HybridAllocator's interface (engine_path's EngineAllocator)
 AllocatorFactory = Callable[[PoolConfig], HybridAllocator]
+#: (scenario, allocator, release, rng, pad_value, pad_to_capture) -> the run's scheduler: :func:`make_scheduler`'s
+#: arguments (engine_path's ReleaseStepSource: a release's own scheduler); it has ``steps()`` and ``owner_of``
+SchedulerFactory = Callable[..., Scheduler]
 
-__all__ = ["AllocatorFactory", "PoolFactory", "Progress", "Run", "RunPadding", "RunResult", "make_run",
+__all__ = ["AllocatorFactory", "SchedulerFactory", "PoolFactory", "Progress", "Run", "RunPadding", "RunResult", "make_run",
            "make_scheduler", "run_simulation", "scheduler_kind"]
 
 
@@ -76,11 +79,14 @@ def model_allocator(scenario: Scenario, release: Release):
     return HybridAllocator(cfg.full_size, cfg.swa_size, cfg.page_size)
 
 
-def _sources(scenario: Scenario, design: Design, alloc, backends: BackendSource, executor, target) -> dict:
+def _sources(scenario: Scenario, design: Design, alloc, backends: BackendSource, executor, target,
+             scheduler) -> dict:
     """run.json's ``sources``: per concern, whose code serves it in this run; the design's declared fast paths."""
     probe = next(iter(target.boundaries.values()), None)
-    return {"allocator": alloc.source, "scheduler": "model", "backends": backends.name,
-            "tree_cache": "model" if scheduler_kind(scenario) == "radix" else None,
+    own = getattr(scheduler, "source", None)        # a release's scheduler says whose it is; the model's does not
+    tree = getattr(scheduler, "tree_cache_source", None) if own else ("model" if scheduler_kind(scenario) == "radix"
+                                                                      else None)
+    return {"allocator": alloc.source, "scheduler": own or "model", "backends": backends.name, "tree_cache": tree,
             "release": design.release.to_json(), "design": design.name, "executor": type(executor).__name__,
             "declared": {"layer_free_write_loc": bool(probe and probe.layer_free_write_loc()),
                          "pure_read_ids": declared(design.read_ids, "pure"),
@@ -91,9 +97,10 @@ def make_run(scenario: Scenario, design: Design, make_pool: PoolFactory, *, devi
              observer: Optional[RunObserver] = None, executor=None, make_draft_pool: Optional[DraftPoolFactory] = None,
              info_extra: Optional[dict] = None, version: str = "0", allocator_factory: Optional[AllocatorFactory] = None,
              faults: Optional[FaultInjector] = None, forward_observer: Optional[ForwardObserver] = None,
-             backends: Optional[BackendSource] = None) -> Run:
+             backends: Optional[BackendSource] = None, scheduler_factory: Optional[SchedulerFactory] = None) -> Run:
     """A run's state with its sources and plug-ins, ready for its first step. ``backends``: the source of the
-    backends' behaviour (the model's specs by default)."""
+    backends' behaviour (the model's specs by default); ``scheduler_factory``: the source of the batches (the
+    scenario's model scheduler by default, :func:`make_scheduler`)."""
     device = torch.device(device)
     backends = backends if backends is not None else ModelBackends()
     rng = np.random.default_rng(scenario.seed)
@@ -104,7 +111,8 @@ def make_run(scenario: Scenario, design: Design, make_pool: PoolFactory, *, devi
     if scenario.pool.unified and pad.convention.dummy_request:
         raise ScenarioError(f"pool.unified: design {design.name}'s padding convention uses a dummy request, "
                             f"whose slots would be virtual ids; the unified pool pads with the sink (slot 0)")
-    scheduler = make_scheduler(scenario, alloc, release, rng, pad.pad_value, pad.convention.dummy_request)
+    scheduler = (scheduler_factory or make_scheduler)(scenario, alloc, release, rng, pad.pad_value,
+                                                      pad.convention.dummy_request)
     owner_of = scheduler.owner_of
     target = build_target_side(scenario, design, alloc, make_pool, pad.skip_index, owner_of, pad.reserved, device,
                                pad.swa_pad, backends)
@@ -116,7 +124,7 @@ def make_run(scenario: Scenario, design: Design, make_pool: PoolFactory, *, devi
     run = Run(scenario, design, alloc=alloc, scheduler=scheduler, padding=pad, target=target, draft=draft,
               device=device, observer=observer or NullObserver(), executor=run_executor,
               info_extra=info_extra or {}, version=version,
-              sources=_sources(scenario, design, alloc, backends, run_executor, target))
+              sources=_sources(scenario, design, alloc, backends, run_executor, target, scheduler))
     _install_plugins(run, scenario, release, faults, forward_observer)
     run.pipeline.settle_pools()
     return run
@@ -149,7 +157,8 @@ def run_simulation(scenario: Scenario, design: Design, make_pool: PoolFactory, *
                    executor=None, make_draft_pool: Optional[DraftPoolFactory] = None,
                    allocator_factory: Optional[AllocatorFactory] = None, faults: Optional[FaultInjector] = None,
                    forward_observer: Optional[ForwardObserver] = None,
-                   backends: Optional[BackendSource] = None) -> RunResult:
+                   backends: Optional[BackendSource] = None,
+                   scheduler_factory: Optional[SchedulerFactory] = None) -> RunResult:
     """Run a scenario under a design; on any exception (^C included) the partial result rides on it.
 
     Its steps run in ``torch.inference_mode`` (no autograd bookkeeping: a third less host time per small
@@ -159,7 +168,7 @@ def run_simulation(scenario: Scenario, design: Design, make_pool: PoolFactory, *
     run = make_run(scenario, design, make_pool, device=device, observer=observer, executor=executor,
                    make_draft_pool=make_draft_pool, info_extra=run_info_extra, version=version,
                    allocator_factory=allocator_factory, faults=faults, forward_observer=forward_observer,
-                   backends=backends)
+                   backends=backends, scheduler_factory=scheduler_factory)
     run.obs.on_run_start(run.info)
     try:
         with torch.inference_mode():

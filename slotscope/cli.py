@@ -109,6 +109,10 @@ def _add_run(sub) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
                         "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
+    p.add_argument("--scheduler", default="model", choices=("model", "release"),
+                   help="with --engine: who makes the batches. model (default): our scheduler over the release's "
+                        "allocator; release: the release's own Scheduler, tree cache and event loop (not yet: "
+                        "overlap, speculative, DP attention, PD decode, the unified pool; docs/ENGINE.md)")
     add_allow_design_files(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)
@@ -132,7 +136,7 @@ def cmd_run(args) -> int:
             geometry=args.geometry, store=args.store, trace_level=args.trace_level,
             otlp_endpoint=args.otlp_endpoint, report=not args.no_report, cuda_graphs=not args.no_cuda_graphs,
             max_steps=args.max_steps, progress=progress, engine=args.engine, inject=tuple(args.inject),
-            allow_design_files=True))         # checked above, where the scenario file is known
+            scheduler=args.scheduler, allow_design_files=True))         # checked above, where the scenario file is known
     except BaseException as exc:
         if progress is not None:
             progress.close()

@@ -175,6 +175,8 @@ def pieces_table(runtime) -> dict[str, Any]:
             out[key] = d[key]
     if "allocator" in d:
         out["allocator"] = d["allocator"]
+    if "scheduler" in d:
+        out["scheduler"] = d["scheduler"]        # the release's Scheduler: what of its start-up stood in, and why
     log = getattr(runtime, "release_log", None)
     if log is not None:
         out["release_log"] = log.describe()      # what the release logged during the run (kept off the terminal)

@@ -101,6 +101,8 @@ def _simulate_engine(su: Setup, kwargs: dict[str, Any]) -> RunResult:
     # the release's allocator, its backends' forward, KVWriteLoc and SWAKVPool (docs/ENGINE.md); draft pools stay ours
     with allocator_seam(su.runtime, kwargs):
         kwargs["backends"] = su.runtime.backends(su.scenario)
+        if su.runtime.release_scheduler:
+            kwargs["scheduler_factory"] = su.runtime.scheduler_factory    # the release's own Scheduler
         try:
             return run_simulation(su.scenario, su.design, su.runtime.pool_factory(su.scenario.model), **kwargs)
         finally:

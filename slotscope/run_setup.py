@@ -52,6 +52,10 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
+#: who makes an engine run's batches (``--scheduler``)
+SCHEDULERS = ("model", "release")
+
+
 @dataclass
 class RunOptions:
     design: Optional[str] = None
@@ -74,6 +78,9 @@ class RunOptions:
     #: a Scenario object the caller built, or a design given here (``design``), runs without it
     allow_design_files: bool = False
     forward_observer: Any = None          # simulator.core.observe.ForwardObserver (bench/vs_kv_canary.py)
+    #: who makes the batches of an engine run: "model" (our scheduler over the release's allocator) or "release"
+    #: (the release's own Scheduler: engine_path/schedule_source.py)
+    scheduler: str = "model"
 
 
 @dataclass
@@ -150,6 +157,19 @@ def check_faults(scenario: Scenario, inject: Sequence[str]):
     return FaultInjector(kinds, scenario.seed)
 
 
+def check_scheduler(scenario: Scenario, scheduler: str) -> None:
+    """``--scheduler``: a known source, and a scenario the release's scheduler can drive (UsageError, exit 2; before
+    the release's import)."""
+    if scheduler not in SCHEDULERS:
+        raise UsageError(f"--scheduler {scheduler}: one of {', '.join(SCHEDULERS)}")
+    if scheduler == "release":
+        from engine_path.scheduler import unsupported
+
+        why = unsupported(scenario)
+        if why:
+            raise UsageError(f"--scheduler release: {scenario.source}: {why}; run it with --scheduler model")
+
+
 def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     if not isinstance(scenario_or_path, Scenario):
         scenario_or_path = load_scenario(scenario_or_path)
@@ -164,8 +184,10 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
         spec = opts.engine or engine_release_spec(scenario.engine_release, f"{scenario.source}: engine_release")
         check_options(opts.device, opts.geometry, opts.store, opts.design)
         check_scenario(scenario, spec)    # before the release's import (~15 s)
+        check_scheduler(scenario, opts.scheduler)
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
+        runtime.release_scheduler = opts.scheduler == "release"
         design = runtime.design
         if scenario.pool.unified:
             # the release's unified allocator in the loop; the scenario's modelled design and our pools
@@ -174,6 +196,8 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
             design = load_design(scenario.design)
             runtime = UnifiedEngineRuntime(runtime.api, design, scenario, device=device.type)
     else:
+        if opts.scheduler != "model":
+            raise UsageError(f"--scheduler {opts.scheduler} needs --engine (the release whose scheduler runs)")
         design = load_design(scenario.design)
         device = resolve_device(opts.device)
     if "SLOTSCOPE_TORCH_THREADS" in os.environ:

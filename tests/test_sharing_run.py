@@ -77,7 +77,7 @@ def test_content_tags_are_shared_between_requests():
     # the read check's keys: a later turn's prefix positions expect the tags of turn 1's writes
     rq = next(b.requests for b, _ in pairs if b.requests is not None and int(b.requests.rids[0]) > 0
               and s.owner_of(int(s._tag_rows[int(b.requests.rids[0])][0])).request != int(b.requests.rids[0]))
-    keys = s._keys(rq, np.zeros(3, dtype=np.int64), np.arange(3, dtype=np.int64))
+    keys = s._content_keys(rq, np.zeros(3, dtype=np.int64), np.arange(3, dtype=np.int64))
     assert (keys == s._tag_rows[int(rq.rids[0])][:3]).all()
 
 

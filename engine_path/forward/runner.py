@@ -98,10 +98,11 @@ class RunnerContext:
 
 
 def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str,
-                   spec: Optional[tuple[int, int]] = None) -> RunnerContext:
+                   spec: Optional[tuple[int, int]] = None, extra: Optional[dict] = None) -> RunnerContext:
     """Publish the server args and the attention-parallel group a backend reads, through the release's own
     override hooks (0.5.22+: ``runtime_context``); an EngineError for a release without them. ``spec``: EAGLE's
-    ``(num_draft_tokens, num_steps)`` (topk 1), which backends read at construction."""
+    ``(num_draft_tokens, num_steps)`` (topk 1), which backends read at construction; ``extra``: more server args (the
+    release's scheduler's, when it schedules the run: engine_path.scheduler.server_fields)."""
     try:
         rc = importlib.import_module(RUNTIME_CONTEXT)
         gc = importlib.import_module(GRAPH_CONFIG)
@@ -125,7 +126,7 @@ def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str
     ctx._undo.append(lambda: par.__exit__(None, None, None))
     off = gc.PhaseConfig(backend=gc.Backend.DISABLED)
     try:
-        over = rc.get_context().override_server_args(
+        fields = dict(
             attention_backend=backend, chunked_prefill_size=-1, page_size=page_size,
             cuda_graph_config=gc.CudaGraphConfig(decode=off, prefill=off), disable_radix_cache=True, dp_size=1,
             tp_size=1, pp_size=1, kv_cache_dtype="auto", is_embedding=False,
@@ -136,6 +137,7 @@ def publish_config(api: ReleaseAPI, *, backend: str, page_size: int, device: str
             enable_deterministic_inference=False, triton_attention_num_kv_splits=8,
             triton_attention_split_tile_size=None, max_running_requests=None, revision=None, dllm_algorithm=None,
             dllm_algorithm_config=None, enable_mis=False)
+        over = rc.get_context().override_server_args(**{**fields, **(extra or {})})
     except (TypeError, ValueError, AttributeError) as e:
         ctx.close()
         raise EngineError(f"sglang {api.info.version}: its server args take other fields ({e}); the adapter of "

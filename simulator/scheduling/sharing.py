@@ -31,6 +31,7 @@ from simulator.memory.allocator import HybridAllocator, RequestSlots
 from simulator.scheduling.batch import BatchRequests
 from simulator.engine_model.sharing import FIXED, SharingBehaviour
 from simulator.scheduling.cache_log import CacheLog
+from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.prefix_cache import CachedRequest, PrefixCache
 from simulator.records import Owner
 from simulator.engine_model.release_model import ReleaseBehaviour, eviction_end
@@ -64,43 +65,17 @@ class SharingScheduler(CacheLog, Scheduler):
         self._ready: list[tuple[int, int, RequestSpec]] = []      # (step, order, spec): a turn that may arrive
         self._creq: dict[int, CachedRequest] = {}
         self._cached_len: dict[int, int] = {}
-        self._tag_rows: list[np.ndarray] = []                      # per rid: the tag of each position
-        self._intern: dict[int, int] = {}
-        self._tag_owner: list[tuple[int, int]] = [(-1, -1)]        # tag -> (first rid, position)
+        self._content = ContentTags()
+        self._tag_rows = self._content.rows                        # per rid: the tag of each position
         self._batch_rids: list[int] = []
-        self._content_keys = self._keys
+        self._content_keys = self._content.keys
         #: prefix-hit tokens, for the summary (with the event counts: tombstones, recoveries, tree evictions)
         self.hit_tokens = 0
 
     # ------------------------------------------------------------------ tags
 
-    def _tags_of(self, rid: int, spec: RequestSpec, total: int) -> np.ndarray:
-        ids = spec.tokens(0, spec.total_len).tolist()
-        out = np.empty(total, dtype=np.int64)
-        intern, owners = self._intern, self._tag_owner
-        for p, cid in enumerate(ids):
-            t = intern.get(cid)
-            if t is None:
-                t = intern[cid] = len(owners)
-                owners.append((rid, p))
-            out[p] = t
-        for p in range(len(ids), total):        # positions past the content (none without extra room)
-            out[p] = len(owners)
-            owners.append((rid, p))
-        return out
-
     def owner_of(self, tag: int) -> Owner:
-        if tag <= 0 or tag >= len(self._tag_owner):
-            return Owner(tag)
-        rid, pos = self._tag_owner[tag]
-        return Owner(tag, request=rid, position=pos)
-
-    def _keys(self, requests: BatchRequests, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        out = np.zeros(rows.shape[0], dtype=np.int64)
-        for r in np.unique(rows).tolist():
-            m = rows == r
-            out[m] = self._tag_rows[int(requests.rids[r])][positions[m]]
-        return out
+        return self._content.owner_of(tag)
 
     def _batch_requests(self, tags: list) -> BatchRequests:
         rids = np.asarray(self._batch_rids, dtype=np.int64)
@@ -185,7 +160,7 @@ class SharingScheduler(CacheLog, Scheduler):
         prefill_len = spec.prompt_len if retracted is None else retracted.prefill_len
         rid = self._next_rid if retracted is None else retracted.rid
         slots = RequestSlots(max(total, 1))
-        tag_row = self._tags_of(rid, spec, max(total, 1)) if retracted is None else self._tag_rows[rid]
+        tag_row = self._content.tags_of(rid, spec, max(total, 1)) if retracted is None else self._tag_rows[rid]
         creq = CachedRequest(rid, slots, spec.tokens(0, spec.total_len))
         fit = self._fit(creq, self.cache.admit(creq, max(prefill_len - 1, 0)).length, total, prefill_len)
         if fit is None:
