@@ -33,7 +33,7 @@ SCENARIOS = {"B1": "scenarios/b1-pcg-dp-padding.toml", "B2": "scenarios/b2-decod
 TARGETS = {"cpu": 10.0, "cuda": 3.0}
 IMPORT_TARGET_S = 10.0
 TARGET = TARGETS["cpu"]
-DEVICE = {"name": "cpu"}
+DEVICE = {"name": "cpu", "scheduler": "model"}
 
 
 def _once(path: str, engine, design=None):
@@ -41,7 +41,8 @@ def _once(path: str, engine, design=None):
 
     t0 = time.perf_counter()
     out = run_scenario(ROOT / path, None, RunOptions(engine=engine, design=design, device=DEVICE["name"],
-                                                     report=False, trace_level="off", quiet_engine=True))
+                                                     report=False, trace_level="off", quiet_engine=True,
+                                                     scheduler=DEVICE["scheduler"] if engine else "model"))
     wall = time.perf_counter() - t0
     run_s = out.timings["run_s"]
     return {"wall_s": wall, "run_s": run_s, "setup_s": wall - run_s, "findings": out.result.total_findings,
@@ -58,6 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"which, comma-separated (default {','.join(SCENARIOS)})")
     ap.add_argument("--device", choices=sorted(TARGETS), default="cpu", help="where the runs go (default cpu)")
+    ap.add_argument("--scheduler", choices=("model", "release"), default="model",
+                    help="who makes the engine runs' batches (run --scheduler; default model); release: the "
+                         "release's own Scheduler (issue 27 point 6; B2 and scale only, B1 is refused)")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -68,6 +72,7 @@ def main(argv=None) -> int:
     global TARGET
     TARGET = TARGETS[args.device]
     DEVICE["name"] = args.device
+    DEVICE["scheduler"] = args.scheduler
 
     from engine_path.api import load
     from engine_path.errors import EngineError
@@ -84,6 +89,7 @@ def main(argv=None) -> int:
           f"in a fresh process {warm_s:.1f} s (target <= {IMPORT_TARGET_S:.0f} s)")
     figures = {"engine": api.info.to_json(), "device": args.device, "import_s": round(import_s, 2),
                "import_warm_s": round(warm_s, 2), "import_target_s": IMPORT_TARGET_S, "repeat": args.repeat,
+               "scheduler": args.scheduler,
                "target_ratio": TARGET, "scenarios": {}}
     release_model = _release_model(api.info.version)
     figures["release_model"] = release_model

@@ -24,7 +24,7 @@ from .errors import EngineError
 from .forward.boundary import ReleaseBackends
 from .forward.runner import Runner, RunnerContext, build_runner, context_len, publish_config, request_rows
 from .pool import EnginePool, build_swa_pool
-from .scheduler import server_fields
+from .scheduler import scheduler_context_len, server_fields
 from .writeloc import Translator
 
 
@@ -138,7 +138,8 @@ class EngineRuntime:
         if self._config is None:
             raise EngineError("the release's scheduler needs the run's published config: make the backends first")
         runner = build_runner(self.api, model=scenario.model, allocator=alloc, max_requests=request_rows(scenario),
-                              context_len=context_len(scenario), device="cpu", server_args=self._config.server_args)
+                              context_len=scheduler_context_len(scenario), device="cpu",
+                              server_args=self._config.server_args)
         self.schedule_source = ReleaseStepSource(self.api, scenario, alloc, runner, release.behaviour, rng,
                                                  pad_value, pad_to_capture, server_args=self._config.server_args)
         return self.schedule_source

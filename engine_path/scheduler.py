@@ -104,6 +104,19 @@ def server_fields(sc) -> dict:
                 chunked_prefill_size=e.chunked_prefill_size or -1, max_running_requests=e.max_running_requests)
 
 
+#: what the release's scheduler keeps of a row's context length from a prompt: ``get_worker_info`` serves
+#: ``max_req_input_len = min(context_len, kv_capacity) - 1 - 5`` and refuses a prompt of that length or more
+INPUT_MARGIN = 6
+
+
+def scheduler_context_len(sc) -> int:
+    """The stand-in's context length for the release's scheduler: the forward's (engine_path.forward.runner's
+    ``context_len``) plus the release's input margin, so the scenario's longest prompt is served, not refused."""
+    from .forward.runner import context_len
+
+    return context_len(sc) + INPUT_MARGIN
+
+
 def unsupported(sc) -> Optional[str]:
     """Why the release's scheduler cannot run ``sc`` here yet (None: it can)."""
     return next((why for test, why in NOT_YET if test(sc)), None)
@@ -350,7 +363,7 @@ def trace_schedule(path: str, options: Optional[dict] = None) -> dict:
     """The release's decisions for a scenario file (run under a release: ``engine_path.isolate.call``)."""
     from engine_path.allocator import EngineAllocator
     from engine_path.api import load
-    from engine_path.forward.runner import build_runner, context_len, publish_config, request_rows
+    from engine_path.forward.runner import build_runner, publish_config, request_rows
     from simulator.scenario import load_scenario
     from simulator.scheduling.workload import make_requests
 
@@ -365,7 +378,7 @@ def trace_schedule(path: str, options: Optional[dict] = None) -> dict:
     ctx = publish_config(api, backend="triton", page_size=pc.page_size, device="cpu")
     try:
         runner = build_runner(api, model=sc.model, allocator=alloc, max_requests=request_rows(sc),
-                              context_len=context_len(sc), device="cpu", server_args=ctx.server_args)
+                              context_len=scheduler_context_len(sc), device="cpu", server_args=ctx.server_args)
         specs = make_requests(sc.workload, np.random.default_rng(sc.seed))
         rs = ReleaseScheduler(api, sc, runner=runner, allocator=alloc, requests=specs)
         try:
