@@ -99,7 +99,8 @@ def parse(text: str, source: str = "<patch>") -> list[Patch]:
                 raise EngineError(f"{source}: target {p['target']}, edit {i}: needs 'match' (a code block)")
             bad = set(e) - {"match", *_MODES}
             if bad:
-                raise EngineError(f"{source}: target {p['target']}, edit {i}: unknown keys {sorted(bad)}")
+                raise EngineError(f"{source}: target {p['target']}, edit {i}: unknown keys {sorted(bad)} (an edit has "
+                                  f"'match' and one of {', '.join(_MODES)})")
             modes = [m for m in _MODES if str(e.get(m) or "").strip()]
             if len(modes) > 1:
                 raise EngineError(f"{source}: target {p['target']}, edit {i}: only one of replacement, prepend, "

@@ -113,7 +113,8 @@ def test_parse_format():
         patches.parse("patches:\n  - target: a.f\n    edits:\n      - {match: x, replacement: y, append: z}\n")
     with pytest.raises(EngineError, match="'patches'"):
         patches.parse("- target: a.f\n")
-    with pytest.raises(EngineError, match=r"target a\.f, edit 0: unknown keys"):
+    with pytest.raises(EngineError, match=r"target a\.f, edit 0: unknown keys \['replace'\] \(an edit has 'match' "
+                                          r"and one of replacement, prepend, append\)"):
         patches.parse("patches:\n  - target: a.f\n    edits:\n      - {match: x, replace: y}\n")
 
 
