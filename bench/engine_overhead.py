@@ -33,7 +33,7 @@ SCENARIOS = {"B1": "scenarios/b1-pcg-dp-padding.toml", "B2": "scenarios/b2-decod
 TARGETS = {"cpu": 10.0, "cuda": 3.0}
 IMPORT_TARGET_S = 10.0
 TARGET = TARGETS["cpu"]
-DEVICE = {"name": "cpu", "scheduler": "model"}
+DEVICE = {"name": "cpu", "scheduler": "auto"}
 
 
 def _once(path: str, engine, design=None):
@@ -59,9 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS),
                     help=f"which, comma-separated (default {','.join(SCENARIOS)})")
     ap.add_argument("--device", choices=sorted(TARGETS), default="cpu", help="where the runs go (default cpu)")
-    ap.add_argument("--scheduler", choices=("model", "release"), default="model",
-                    help="who makes the engine runs' batches (run --scheduler; default model); release: the "
-                         "release's own Scheduler (issue 27 point 6; B2 and scale only, B1 is refused)")
+    ap.add_argument("--scheduler", choices=("auto", "model", "release"), default="auto",
+                    help="who makes the engine runs' batches (run --scheduler; default auto, as run does: the "
+                         "release's own Scheduler where it runs, B2 and scale; B1 the model's)")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]

@@ -47,6 +47,8 @@ class EngineRuntime:
         self.release_scheduler = False
         #: the run's scheduler source, once made (engine_path.schedule_source.ReleaseStepSource)
         self.schedule_source = None
+        #: who makes the batches and why (slotscope's ``--scheduler`` choice; run.json's engine_pieces)
+        self.scheduler_choice: Optional[dict] = None
 
     def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
                           **_ignored) -> EngineAllocator:

@@ -71,6 +71,8 @@ STAND_INS = {
 #: scenario features this module cannot drive yet, and why (checked before anything is built)
 NOT_YET = (
     (lambda sc: sc.engine.overlap, "engine.overlap: the release's overlap loop is not driven yet"),
+    (lambda sc: sc.engine.cache_linker, "engine.cache_linker: the external cache linker is the model's (the "
+                                        "release's tree runs without one)"),
     (lambda sc: sc.engine.speculative.enabled, "engine.speculative: no draft worker yet"),
     (lambda sc: sc.engine.dp_size > 1, "engine.dp_size > 1: DP attention's batch sync is not driven yet"),
     (lambda sc: sc.engine.pd_decode, "engine.pd_decode: the PD decode node's loop is not driven yet"),
@@ -120,6 +122,18 @@ def scheduler_context_len(sc) -> int:
 def unsupported(sc) -> Optional[str]:
     """Why the release's scheduler cannot run ``sc`` here yet (None: it can)."""
     return next((why for test, why in NOT_YET if test(sc)), None)
+
+
+#: the releases whose ``Scheduler`` this module drives (its ``__init__`` steps and stand-ins are 0.5.23's)
+RELEASES = ("0.5.23",)
+
+
+def release_unsupported(version: str) -> Optional[str]:
+    """Why the scheduler of release ``version`` is not driven here (None: it is)."""
+    if version in RELEASES:
+        return None
+    return (f"sglang {version}'s Scheduler is not driven here (its start-up steps are stood in for "
+            f"{', '.join(RELEASES)} only)")
 
 
 def check_deps() -> None:

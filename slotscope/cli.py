@@ -109,10 +109,12 @@ def _add_run(sub) -> None:
     p.add_argument("--inject", action="append", default=[], metavar="KIND[:PROB]",
                    help="inject faults of KIND with probability PROB per step (default 0.05), logged in "
                         "faults.jsonl with what detected them; repeatable (simulator/plugins/faults.py FAULT_KINDS)")
-    p.add_argument("--scheduler", default="model", choices=("model", "release"),
-                   help="with --engine: who makes the batches. model (default): our scheduler over the release's "
-                        "allocator; release: the release's own Scheduler, tree cache and event loop (not yet: "
-                        "overlap, speculative, DP attention, PD decode, the unified pool; docs/ENGINE.md)")
+    p.add_argument("--scheduler", default="auto", choices=("auto", "model", "release"),
+                   help="with --engine: who makes the batches. release: the release's own Scheduler, tree cache and "
+                        "event loop (sglang 0.5.23; not yet: overlap, speculative, DP attention, PD decode, the "
+                        "unified pool, a cache linker); model: our scheduler over the release's allocator; auto "
+                        "(default): the release's wherever it can run, on the CPU, else the model's, the reason "
+                        "in run.json engine_pieces.scheduler_choice (docs/ENGINE.md)")
     add_allow_design_files(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress, no table")
     p.set_defaults(func=cmd_run)

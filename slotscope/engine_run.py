@@ -157,6 +157,7 @@ def pieces_table(runtime) -> dict[str, Any]:
     """run.json's ``engine_pieces``: what engine_path says it ran of the release, and what stayed ours."""
     d = runtime.describe()
     info = d.get("engine") or runtime.api.info.to_json()
+    choice = getattr(runtime, "scheduler_choice", None)
     rows = [{"piece": p, "whose": "engine", "by": f"{info['name']} {info['version']}"} for p in d.get("engine_pieces", ())]
     backends = d.get("backends")
     forward = ("backend metadata beyond the SWA ids", "per-layer narrowing")
@@ -166,6 +167,8 @@ def pieces_table(runtime) -> dict[str, Any]:
             if not own:
                 continue          # every backend's forward is the release's (its pieces: "backends" below)
             p = f"{p} (for {', '.join(own)})"
+        if p == "scheduler" and choice is not None:
+            p = f"scheduler ({choice['why']})"
         rows.append({"piece": p, "whose": "slotscope", "by": "modelled"})
     out = {"rows": rows, "features": d.get("features", {}), "device": d.get("device", "cpu")}
     if backends is not None:
@@ -177,6 +180,9 @@ def pieces_table(runtime) -> dict[str, Any]:
         out["allocator"] = d["allocator"]
     if "scheduler" in d:
         out["scheduler"] = d["scheduler"]        # the release's Scheduler: what of its start-up stood in, and why
+    choice = getattr(runtime, "scheduler_choice", None)
+    if choice is not None:
+        out["scheduler_choice"] = choice         # who made the batches (--scheduler), and why
     log = getattr(runtime, "release_log", None)
     if log is not None:
         out["release_log"] = log.describe()      # what the release logged during the run (kept off the terminal)

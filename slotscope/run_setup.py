@@ -52,8 +52,9 @@ def device_name(device: torch.device) -> str:
     return "cpu"
 
 
-#: who makes an engine run's batches (``--scheduler``)
-SCHEDULERS = ("model", "release")
+#: who makes an engine run's batches (``--scheduler``): auto is the release's own scheduler wherever it can run here
+#: (the release, the scenario's features, the CPU), the model's otherwise, with the reason in run.json
+SCHEDULERS = ("auto", "model", "release")
 
 
 @dataclass
@@ -78,9 +79,10 @@ class RunOptions:
     #: a Scenario object the caller built, or a design given here (``design``), runs without it
     allow_design_files: bool = False
     forward_observer: Any = None          # simulator.core.observe.ForwardObserver (bench/vs_kv_canary.py)
-    #: who makes the batches of an engine run: "model" (our scheduler over the release's allocator) or "release"
-    #: (the release's own Scheduler: engine_path/schedule_source.py)
-    scheduler: str = "model"
+    #: who makes the batches of an engine run: "release" (the release's own Scheduler:
+    #: engine_path/schedule_source.py), "model" (our scheduler over the release's allocator), or "auto" (the
+    #: release's where it can run here, else the model's: :func:`choose_scheduler`)
+    scheduler: str = "auto"
 
 
 @dataclass
@@ -170,6 +172,27 @@ def check_scheduler(scenario: Scenario, scheduler: str) -> None:
             raise UsageError(f"--scheduler release: {scenario.source}: {why}; run it with --scheduler model")
 
 
+def choose_scheduler(scenario: Scenario, scheduler: str, version: str, device: str) -> dict:
+    """Who makes an engine run's batches, once the release is imported: ``{"scheduler": "release" | "model",
+    "asked": scheduler, "why": ...}`` (run.json's ``engine_pieces.scheduler_choice``). ``--scheduler release`` on a
+    release whose scheduler is not driven here is refused (UsageError, exit 2)."""
+    from engine_path.scheduler import release_unsupported, unsupported
+
+    if scheduler == "model":
+        return {"scheduler": "model", "asked": scheduler, "why": "--scheduler model"}
+    not_release = release_unsupported(version)
+    if scheduler == "release":
+        if not_release:
+            raise UsageError(f"--scheduler release: {not_release}; run it with --scheduler model")
+        return {"scheduler": "release", "asked": scheduler, "why": "--scheduler release"}
+    why = not_release or unsupported(scenario) or (
+        None if device == "cpu" else f"--device {device}: the release's scheduler is checked on the CPU only so "
+                                     f"far (--scheduler release runs it there)")
+    if why:
+        return {"scheduler": "model", "asked": scheduler, "why": why}
+    return {"scheduler": "release", "asked": scheduler, "why": "the release's own scheduler runs this scenario"}
+
+
 def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     if not isinstance(scenario_or_path, Scenario):
         scenario_or_path = load_scenario(scenario_or_path)
@@ -187,7 +210,9 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
         check_scheduler(scenario, opts.scheduler)
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
-        runtime.release_scheduler = opts.scheduler == "release"
+        choice = choose_scheduler(scenario, opts.scheduler, runtime.api.info.version, device.type)
+        runtime.release_scheduler = choice["scheduler"] == "release"
+        runtime.scheduler_choice = choice
         design = runtime.design
         if scenario.pool.unified:
             # the release's unified allocator in the loop; the scenario's modelled design and our pools
@@ -195,8 +220,9 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
 
             design = load_design(scenario.design)
             runtime = UnifiedEngineRuntime(runtime.api, design, scenario, device=device.type)
+            runtime.scheduler_choice = choice
     else:
-        if opts.scheduler != "model":
+        if opts.scheduler == "release":
             raise UsageError(f"--scheduler {opts.scheduler} needs --engine (the release whose scheduler runs)")
         design = load_design(scenario.design)
         device = resolve_device(opts.device)

@@ -127,7 +127,11 @@ def test_engine_outputs_name_the_release(engine_runs):
     assert run["engine_pieces"]["graph_buffer_refreshes"] == {"loc": {"engine": 56, "model": 0},
                                                               "swa": {"engine": 7, "model": 49}}
     assert "KVWriteLoc" in engine and "KVWriteLoc.__post_init__" not in engine      # 0.5.14 has no slice
-    assert any(r["whose"] == "slotscope" and r["piece"] == "scheduler" for r in rows)
+    # the release's scheduler is driven for 0.5.23 only: the model's made the batches, and the run says why
+    assert any(r["whose"] == "slotscope" and r["piece"].startswith("scheduler (sglang 0.5.14's Scheduler is not "
+                                                                   "driven here") for r in rows)
+    assert run["engine_pieces"]["scheduler_choice"]["scheduler"] == "model"
+    assert run["engine_pieces"]["scheduler_choice"]["asked"] == "auto" and run["sources"]["scheduler"] == "model"
     assert run["engine_pieces"]["features"]["has_post_init_slice"] is False
     # the scenario as run records the engine, and reads back
     from simulator.scenario import load_scenario
