@@ -16,7 +16,8 @@ while the release's prefill samples the first new token, so the release is asked
 
 Arrivals follow the model's clock (simulator/scheduling/scheduler.py): a request of ``arrival_step`` s is handed to
 the release before the loop iteration that runs forward s (the forwards run so far), and an idle release jumps to the
-next arrival. Not driven yet (each refused with its reason): the overlap loop, speculative decoding, DP attention, a
+next arrival; a conversation's turn k > 1 is handed over once turn k - 1 has finished, ``think_time`` steps later (not
+before its own arrival), as the model's radix scheduler holds it. Not driven yet (each refused with its reason): the overlap loop, speculative decoding, DP attention, a
 PD decode node, the unified pool.
 """
 from __future__ import annotations
@@ -158,8 +159,13 @@ class ReleaseScheduler:
         check_deps()
         self.api, self.sc, self.runner, self.allocator = api, scenario, runner, allocator
         #: (the workload's index, RequestSpec) not yet handed to the release, by arrival
-        self.pending = list(enumerate(requests))
+        self.pending = [(i, r) for i, r in enumerate(requests) if r.turn <= 1]
         self.specs = list(requests)
+        #: a conversation's later turns, held back until the turn before finishes (plus its think time), as the
+        #: model's radix scheduler holds them (simulator/scheduling/sharing.py)
+        self._later = {(r.conversation, r.turn): (i, r) for i, r in enumerate(requests) if r.turn > 1}
+        self._ready: list = []                 # (step, uid, index, spec): a later turn due at step
+        self._turns: dict = {}                 # index -> the release's Req of a turn whose next turn waits
         self.on_forward = on_forward
         self.decisions: list[Decision] = []
         self._undo: list = []
@@ -246,16 +252,35 @@ class ReleaseScheduler:
         return bool(sched.waiting_queue) or sched.chunked_req is not None or (
             running is not None and not running.is_empty())
 
+    def _next_arrival(self) -> Optional[int]:
+        due = [self.pending[0][1].arrival_step] if self.pending else []
+        return min(due + [r[0] for r in self._ready]) if due or self._ready else None
+
+    def _finish_turns(self, clock: int) -> None:
+        """A finished turn's next turn becomes due ``think_time`` steps later (not before its own arrival)."""
+        for index, req in list(self._turns.items()):
+            if req.finished():
+                del self._turns[index]
+                spec = self.specs[index]
+                nxt = self._later.pop((spec.conversation, spec.turn + 1), None)
+                if nxt is not None:
+                    self._ready.append((max(nxt[1].arrival_step, clock + nxt[1].think_time), nxt[1].uid, *nxt))
+        self._ready.sort(key=lambda x: (x[0], x[1]))
+
     def _ingest(self, sched) -> None:
         """The release's ``ingest_requests``: the requests due by the model's clock, then the loop's end."""
+        self._finish_turns(self._clock(sched))
         busy = self._busy(sched)
-        if self.pending and not busy and self.pending[0][1].arrival_step > self._clock(sched):
-            self._clock_skip += self.pending[0][1].arrival_step - self._clock(sched)
+        due = self._next_arrival()
+        if due is not None and not busy and due > self._clock(sched):
+            self._clock_skip += due - self._clock(sched)
         while self.pending and self.pending[0][1].arrival_step <= self._clock(sched):
             self._submit(sched, *self.pending.pop(0))
+        while self._ready and self._ready[0][0] <= self._clock(sched):
+            self._submit(sched, *self._ready.pop(0)[2:])
         if self._max_steps is not None and sched.forward_ct >= self._max_steps:
             sched.gracefully_exit = True
-        elif not self.pending and not self._busy(sched):
+        elif not self.pending and not self._ready and not self._later and not self._busy(sched):
             self._idle += 1
             sched.gracefully_exit = self._idle > 1     # one idle pass first: the release's on_idle self-check
         else:
@@ -279,6 +304,8 @@ class ReleaseScheduler:
             token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
             token_ids_logprob=None, stream=False)
         sched.handle_generate_request(req)
+        if (spec.conversation, spec.turn + 1) in self._later:
+            self._turns[index] = next(r for r in reversed(sched.waiting_queue) if r.rid == rid)
 
     def forward(self, batch) -> Any:
         """The stand-in forward: records the release's batch, samples each request's next workload token."""

@@ -108,3 +108,30 @@ def test_what_the_release_scheduler_cannot_run_yet_is_named():
     assert unsupported(load_scenario(ROOT / B2)) is None
     assert "dp_size" in unsupported(load_scenario(ROOT / "scenarios/smoke.toml"))
     assert "speculative" in unsupported(load_scenario(ROOT / "scenarios/p6-draft-step-swa.toml"))
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_later_turn_reaches_the_release_after_the_turn_before_finished(engine_releases):
+    """A conversation's turn k > 1 is handed to the release only once turn k - 1 has finished (plus its think
+    time), as the model's radix scheduler holds it: its first forward comes after the previous turn's last."""
+    import numpy as np
+
+    from engine_path import isolate
+    from simulator.scenario import load_scenario
+    from simulator.scheduling.workload import make_requests
+
+    path = str(ROOT / "scenarios/cover-radix-paged.toml")
+    steps = isolate.call("sglang==0.5.23", "engine_path.scheduler:trace_schedule", path, {})["steps"]
+    sc = load_scenario(path)
+    specs = make_requests(sc.workload, np.random.default_rng(sc.seed))
+    first, last = {}, {}
+    for d in steps:
+        for r in d["rids"]:
+            first.setdefault(r, d["step"])
+            last[r] = d["step"]
+    index = {(s.conversation, s.turn): i for i, s in enumerate(specs) if s.conversation is not None}
+    later = [(i, index[(s.conversation, s.turn - 1)]) for i, s in enumerate(specs) if s.turn > 1]
+    assert len(later) >= 3 and all(i in first for i, _ in later)
+    for i, prev in later:
+        assert first[i] > last[prev], (i, prev, first[i], last[prev])
