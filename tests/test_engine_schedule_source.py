@@ -2,10 +2,12 @@
 
 The oracle learns owners from what the release did (its batches' out_cache_loc, its mapping, its free lists, its
 req_to_token rows), never from the model's scheduler. Whole runs against the cached 0.5.23, two at a time, on two
-backends (the bugs here are in scheduling code, before any backend): B2 and scenarios/sched-evict-retract.toml
-run clean with the release deciding (the latter with its retractions and out-of-window SWA evictions, counted
-exactly); a bug put into the release's decode allocation or its SWA eviction gives findings; the decode allocation's
-bug, which keeps every count right, is clean when the model schedules (the release's allocation never runs there).
+backends (the bugs here are in scheduling code, before any backend): B2, scenarios/sched-evict-retract.toml and
+scenarios/cover-radix-paged.toml run clean with the release deciding (the second with its retractions and
+out-of-window SWA evictions, the third through the release's own radix tree under pressure, by default: --scheduler
+auto); a bug put into the release's decode allocation, its SWA eviction or its prefill admission's tree lock gives
+findings; the decode allocation's bug, which keeps every count right, is clean when the model schedules (the
+release's allocation never runs there).
 """
 from __future__ import annotations
 
@@ -27,12 +29,15 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "tests" / "engine_patches"
 B2 = "scenarios/b2-decode-stale-tail.toml"
 SER = "scenarios/sched-evict-retract.toml"
+RADIX = "scenarios/cover-radix-paged.toml"
 RUNS = {
     "b2": (B2, "release", None),
     "ser": (SER, "release", None),
     "row_shift": (SER, "release", "sched-decode-row-shift.yaml"),
     "row_shift_model": (SER, "model", "sched-decode-row-shift.yaml"),
     "evict": (SER, "release", "sched-evict-into-window.yaml"),
+    "radix": (RADIX, "auto", None),
+    "no_lock": (RADIX, "auto", "sched-admission-skips-tree-lock.yaml"),
 }
 
 
@@ -121,6 +126,20 @@ def test_a_bug_in_the_release_swa_eviction_is_found(runs):
     got = runs["evict"]
     assert got["proc"].returncode == 1, got["proc"].stderr[-2000:]
     assert _findings(got) == {"stale_read": 119}
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_a_prefix_admitted_without_its_tree_lock_is_found(runs):
+    clean = runs["radix"]
+    assert clean["proc"].returncode == 0, clean["proc"].stderr[-2000:]
+    assert clean["summary"]["findings_total"] == 0 and clean["summary"]["steps"] == 275
+    choice = clean["run"]["engine_pieces"]["scheduler_choice"]
+    assert choice == {"scheduler": "release", "asked": "auto", "why": "the release's own scheduler runs this scenario"}
+    assert clean["run"]["sources"]["tree_cache"] == "sglang 0.5.23 UnifiedRadixCache"
+    got = runs["no_lock"]
+    assert got["proc"].returncode == 1, got["proc"].stderr[-2000:]
+    assert _findings(got) == {"stale_read": 32}
 
 
 # --------------------------------------------------------------------------- refusals and tags, no engine run
