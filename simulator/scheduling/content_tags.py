@@ -22,6 +22,7 @@ class ContentTags:
         self.rows: list[np.ndarray] = []
         self._intern: dict[int, int] = {}
         self._owner: list[tuple[int, int]] = [(-1, -1)]        # tag -> (first rid, position); tag 0 is no one's
+        self._laid = None               # (requests, their tag rows end to end, each row's start): the last batch's
 
     def tags_of(self, rid: int, spec: RequestSpec, total: int) -> np.ndarray:
         """The tags of request ``rid``'s positions [0, total): its content's, then (past its content, where the
@@ -48,9 +49,16 @@ class ContentTags:
         return Owner(tag, request=rid, position=pos)
 
     def keys(self, requests: BatchRequests, rows: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """The read check's content keys (``batch.ContentKeys``): the tag of each (request row, position)."""
-        out = np.zeros(rows.shape[0], dtype=np.int64)
-        for r in np.unique(rows).tolist():
-            m = rows == r
-            out[m] = self.rows[int(requests.rids[r])][positions[m]]
-        return out
+        """The read check's content keys (``batch.ContentKeys``): the tag of each (request row, position).
+
+        One gather over the batch's tag rows laid end to end, made once per batch (every backend and layer kind of
+        a step asks with the same requests), not a pass per request."""
+        if self._laid is None or self._laid[0] is not requests:
+            tag_rows = [self.rows[int(r)] for r in requests.rids.tolist()]
+            lens = np.fromiter((t.shape[0] for t in tag_rows), dtype=np.int64, count=len(tag_rows))
+            starts = np.zeros(len(tag_rows), dtype=np.int64)
+            np.cumsum(lens[:-1], out=starts[1:])
+            flat = np.concatenate(tag_rows) if tag_rows else np.zeros(0, dtype=np.int64)
+            self._laid = (requests, flat, starts)
+        _, flat, starts = self._laid
+        return flat[starts[rows] + positions]
