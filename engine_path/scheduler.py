@@ -166,6 +166,7 @@ class ReleaseScheduler:
         self._later = {(r.conversation, r.turn): (i, r) for i, r in enumerate(requests) if r.turn > 1}
         self._ready: list = []                 # (step, uid, index, spec): a later turn due at step
         self._turns: dict = {}                 # index -> the release's Req of a turn whose next turn waits
+        self._live: list = []                  # the release's Req of every request handed over, until it finishes
         self.on_forward = on_forward
         self.decisions: list[Decision] = []
         self._undo: list = []
@@ -248,9 +249,10 @@ class ReleaseScheduler:
         return sched.forward_ct + self._clock_skip
 
     def _busy(self, sched) -> bool:
-        running = sched.running_batch
-        return bool(sched.waiting_queue) or sched.chunked_req is not None or (
-            running is not None and not running.is_empty())
+        """Whether a request handed over has not finished (waiting, prefilling, decoding, or in the batch just run,
+        which the release merges into its running batch only at its next ``get_next_batch_to_run``)."""
+        self._live = [r for r in self._live if not r.finished()]
+        return bool(self._live) or bool(sched.waiting_queue)
 
     def _next_arrival(self) -> Optional[int]:
         due = [self.pending[0][1].arrival_step] if self.pending else []
@@ -304,8 +306,12 @@ class ReleaseScheduler:
             token_type_ids=None, sampling_params=sp, return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
             token_ids_logprob=None, stream=False)
         sched.handle_generate_request(req)
+        made = next((r for r in reversed(sched.waiting_queue) if r.rid == rid), None)
+        if made is None:
+            raise EngineError(f"the release did not queue workload request {index} (handle_generate_request)")
+        self._live.append(made)
         if (spec.conversation, spec.turn + 1) in self._later:
-            self._turns[index] = next(r for r in reversed(sched.waiting_queue) if r.rid == rid)
+            self._turns[index] = made
 
     def forward(self, batch) -> Any:
         """The stand-in forward: records the release's batch, samples each request's next workload token."""

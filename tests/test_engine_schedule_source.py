@@ -5,8 +5,7 @@ req_to_token rows), never from the model's scheduler. Whole runs against the cac
 backends (the bugs here are in scheduling code, before any backend): B2, scenarios/sched-evict-retract.toml and
 scenarios/cover-radix-paged.toml run clean with the release deciding (the second with its retractions and
 out-of-window SWA evictions, the third through the release's own radix tree under pressure, by default: --scheduler
-auto); a bug put into the release's decode allocation, its SWA eviction or its prefill admission's tree lock gives
-findings; the decode allocation's bug, which keeps every count right, is clean when the model schedules (the
+auto); a bug put into the release's decode allocation, its SWA eviction or its radix tree's insert gives findings; the decode allocation's bug, which keeps every count right, is clean when the model schedules (the
 release's allocation never runs there).
 """
 from __future__ import annotations
@@ -37,7 +36,7 @@ RUNS = {
     "row_shift_model": (SER, "model", "sched-decode-row-shift.yaml"),
     "evict": (SER, "release", "sched-evict-into-window.yaml"),
     "radix": (RADIX, "auto", None),
-    "no_lock": (RADIX, "auto", "sched-admission-skips-tree-lock.yaml"),
+    "dup_row": (RADIX, "auto", "sched-insert-keeps-duplicate-row.yaml"),
 }
 
 
@@ -130,16 +129,18 @@ def test_a_bug_in_the_release_swa_eviction_is_found(runs):
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_a_prefix_admitted_without_its_tree_lock_is_found(runs):
+def test_a_row_left_on_freed_duplicates_by_the_release_tree_is_found(runs):
     clean = runs["radix"]
     assert clean["proc"].returncode == 0, clean["proc"].stderr[-2000:]
-    assert clean["summary"]["findings_total"] == 0 and clean["summary"]["steps"] == 275
+    assert clean["summary"]["findings_total"] == 0 and clean["summary"]["steps"] == 277
     choice = clean["run"]["engine_pieces"]["scheduler_choice"]
     assert choice == {"scheduler": "release", "asked": "auto", "why": "the release's own scheduler runs this scenario"}
     assert clean["run"]["sources"]["tree_cache"] == "sglang 0.5.23 UnifiedRadixCache"
-    got = runs["no_lock"]
+    # the tree's insert frees a request's duplicate of a prefix it already holds; the row left on it reads freed,
+    # then reused, slots
+    got = runs["dup_row"]
     assert got["proc"].returncode == 1, got["proc"].stderr[-2000:]
-    assert _findings(got) == {"stale_read": 32}
+    assert _findings(got) == {"stale_read": 41274}
 
 
 # --------------------------------------------------------------------------- refusals and tags, no engine run
