@@ -264,13 +264,17 @@ def incomplete_sentence(run: RunData) -> Optional[str]:
 
 
 def verdict_subject(run: RunData) -> str:
-    """What an engine run's verdict is about: the release (and its patches), and the scenario's design it
-    replaced; "" for a model run (its design is the page's subject)."""
+    """What an engine run's verdict is about: the release (and its patches), the scenario's design it replaced, and
+    whose scheduler made the batches; "" for a model run (its design is the page's subject)."""
     label = run.provenance.engine_label
     if not label:
         return ""
-    replaced = (run.provenance.engine or {}).get("replaces_design")
-    return f"About {label}'s own code" + (f", run instead of the scenario's design {replaced}" if replaced else "") + ". "
+    engine = run.provenance.engine or {}
+    replaced = engine.get("replaces_design")
+    batches = {"release": "; its own scheduler made the batches",
+               "model": "; slotscope's model of its scheduler made the batches"}.get(engine.get("scheduler"), "")
+    return (f"About {label}'s own code" + (f", run instead of the scenario's design {replaced}" if replaced else "")
+            + batches + ". ")
 
 
 def verdict_sentence(run: RunData) -> str:

@@ -188,14 +188,17 @@ def _print_run(res, out: str) -> None:
 
 
 def _engine_verdict_line(eng: dict, findings: int, cut: bool) -> str:
-    """The verdict of an engine run, naming the release (and patches) it is about, and the design it replaced."""
+    """The verdict of an engine run, naming the release (and patches) it is about, the design it replaced, and whose
+    scheduler made the batches (engine_pieces.scheduler_choice)."""
     pats = eng.get("patches") or ()
     about = f"{eng['name']} {eng['version']}" + (" patched with " + ", ".join(p["path"] for p in pats) if pats else "")
     how = (f"{findings:,} finding(s)" if findings else "no findings") + (" in the steps that ran (incomplete)"
                                                                          if cut else "")
     replaced = eng.get("replaces_design")
+    batches = {"release": "; its own scheduler made the batches",
+               "model": "; slotscope's model of its scheduler made the batches"}.get(eng.get("scheduler"), "")
     return (f"verdict: {how}, about {about}'s own code"
-            + (f" (run instead of the scenario's design {replaced})" if replaced else ""))
+            + (f" (run instead of the scenario's design {replaced})" if replaced else "") + batches)
 
 
 def _stopped_line(marker: dict, out: str, summary_written: Optional[bool] = True) -> str:

@@ -102,12 +102,16 @@ class Setup:
     @property
     def engine(self) -> Optional[dict[str, Any]]:
         """The release in the write path (summary.json's and run.json's ``"engine"``); ``replaces_design``: the
-        scenario's own design where the release's code ran instead of it (the verdict is about the release)."""
+        scenario's own design where the release's code ran instead of it (the verdict is about the release);
+        ``scheduler``: whose scheduler made the batches ("release" or "model": engine_pieces.scheduler_choice)."""
         from .engine_run import engine_json
 
         got = engine_json(self.runtime)
         if got is not None and self.scenario.design != self.design.name:
             got = {**got, "replaces_design": self.scenario.design}
+        choice = getattr(self.runtime, "scheduler_choice", None)
+        if got is not None and choice is not None:
+            got = {**got, "scheduler": choice["scheduler"]}      # whose scheduler made the batches (release | model)
         return got
 
 

@@ -195,3 +195,8 @@ def test_an_engine_verdict_line_names_the_release_its_patches_and_the_design_it_
         "code (run instead of the scenario's design sglang-pre-29460)")
     assert _engine_verdict_line({"name": "sglang", "version": "0.5.14"}, 0, True) == (
         "verdict: no findings in the steps that ran (incomplete), about sglang 0.5.14's own code")
+    # whose scheduler made the batches: the release's own, or slotscope's model of it (never claimed more)
+    assert _engine_verdict_line({"name": "sglang", "version": "0.5.23", "scheduler": "release"}, 0, False) == (
+        "verdict: no findings, about sglang 0.5.23's own code; its own scheduler made the batches")
+    assert _engine_verdict_line({"name": "sglang", "version": "0.5.14", "scheduler": "model"}, 3, False) == (
+        "verdict: 3 finding(s), about sglang 0.5.14's own code; slotscope's model of its scheduler made the batches")

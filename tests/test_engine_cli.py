@@ -105,8 +105,8 @@ def test_the_verdict_names_the_release_it_is_about(engine_runs):
         assert (f"verdict: {findings}, about sglang {version}'s own code (run instead of the scenario's design "
                 f"sglang-pre-29460)") in proc.stdout
         page = (out / "report.html").read_text()
-        assert (f"About sglang {version}&#39;s own code, run instead of the scenario&#39;s design sglang-pre-29460. "
-                f"{verdict}") in page
+        assert (f"About sglang {version}&#39;s own code, run instead of the scenario&#39;s design sglang-pre-29460; "
+                f"slotscope&#39;s model of its scheduler made the batches. {verdict}") in page
 
 
 def test_engine_outputs_name_the_release(engine_runs):
