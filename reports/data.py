@@ -381,9 +381,12 @@ def _load_provenance(d: Optional[dict[str, Any]]) -> Provenance:
     engine = d.get("engine")
     pats = engine.get("patches") if isinstance(engine, dict) else None
     replaced = engine.get("replaces_design") if isinstance(engine, dict) else None
+    scheduler = engine.get("scheduler") if isinstance(engine, dict) else None
     engine = {k: _str(engine.get(k)) for k in ("name", "version", "path")} if isinstance(engine, dict) else None
     if engine is not None and isinstance(replaced, str):    # the scenario's own design, not what ran
         engine["replaces_design"] = _str(replaced)
+    if engine is not None and scheduler in ("release", "model"):     # whose scheduler made the batches
+        engine["scheduler"] = scheduler
     if engine is not None and isinstance(pats, list):     # --engine-patch: [{"path", "sha256", "applied_by"}]
         engine["patches"] = [{k: _str(p.get(k)) for k in ("path", "sha256", "applied_by")}
                              for p in pats if isinstance(p, dict)]
