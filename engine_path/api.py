@@ -208,11 +208,10 @@ def load(spec: EngineSpec | str | None = None, *, device: str = "cpu") -> Releas
     if not common.issubset(params):
         raise EngineError(f"sglang {info.version} at {info.path}: free_swa_out_of_window_slots{params} is not an "
                           f"eviction rule the adapter knows")
-    try:
-        rule_src = inspect.getsource(rule)
-    except (OSError, TypeError):
-        rule_src = ""
-    uses_req_kv = "req.kv" in rule_src
+    # whether the rule reads req.kv, from its byte code's names (0.5.14 and 0.5.15 read none, 0.5.23 reads req.kv):
+    # not its source, which a function recompiled by --engine-patch does not have (inspect then reads other lines)
+    code = getattr(rule, "__code__", None)
+    uses_req_kv = bool(code is not None and "kv" in code.co_names)
     sched = _optional("sglang.srt.managers.schedule_batch") if uses_req_kv else None
     comp = None
     if "component_type" in params:
