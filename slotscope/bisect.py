@@ -317,16 +317,19 @@ class Bisection:
                              "to": self.results[b]["verdict"]} for a, b in changes]}
 
     def table(self) -> str:
-        head = ["release", "verdict", "backends with findings", "source", "seconds"]
+        # "batches": whose scheduler made the run's batches (the release's own where it is driven: 0.5.23; the
+        # model's elsewhere), so a verdict that changes where the scheduler does is seen as such
+        head = ["release", "verdict", "backends with findings", "batches", "source", "seconds"]
         rows = []
         for ver in self.versions:
             r = self.results.get(ver)
             if r is None:
-                rows.append([ver, "-", "", "not run", ""])
+                rows.append([ver, "-", "", "", "not run", ""])
                 continue
             hit = sorted(b for b, f in (r.get("backends") or {}).items() if f)
+            engine = r.get("engine") if isinstance(r.get("engine"), dict) else {}
             rows.append([ver, r["verdict"], f"{len(hit)} of {len(r.get('backends') or {})}" if r.get("backends") else "",
-                         r["source"], f"{r['seconds']:.1f}"])
+                         engine.get("scheduler", ""), r["source"], f"{r['seconds']:.1f}"])
         widths = [max(len(h), *(len(x[i]) for x in rows)) for i, h in enumerate(head)]
         lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(x, widths)).rstrip() for x in rows]

@@ -50,7 +50,9 @@ def _fake(verdicts: dict[str, dict], calls: list[str]):
         f = verdicts[version]
         if f is LACKS:                    # what _run_isolated returns for a ReleaseLacks in the child
             return {"lacks": "this release has no unified memory pool (init_unified_swa_pools): No module named x"}
-        return {"findings": f, "backends": {"triton": f}, "steps": 3, "engine": None}
+        # whose scheduler made the batches, as summary.json's engine says: the release's own for 0.5.23 only
+        engine = {"name": "sglang", "version": version, "scheduler": "release" if version == "0.5.23" else "model"}
+        return {"findings": f, "backends": {"triton": f}, "steps": 3, "engine": engine}
     return run
 
 
@@ -74,6 +76,12 @@ def test_bisection_runs_ends_then_halves(cache):
     assert out["mode"] == "bisect" and [c["release"] for c in out["changes"]] == ["0.5.15"]
     assert calls == ["0.5.14", "0.5.23", "0.5.18", "0.5.16", "0.5.15"]
     assert "not run" in b.table() and "0.5.17" in b.table()
+    # whose scheduler made each release's batches: a verdict that changes where the scheduler does is seen as such
+    lines = b.table().splitlines()
+    col = lines[0].index("batches")
+    batches = {line.split()[0]: line[col:].split()[0] for line in lines[2:] if "not run" not in line}
+    assert batches == {"0.5.14": "model", "0.5.15": "model", "0.5.16": "model", "0.5.18": "model",
+                       "0.5.23": "release"}
     # a rerun runs nothing: every verdict it needs is cached per (release, scenario hash)
     calls2: list[str] = []
     b2 = Bisection(B1, VS, runner=_fake({}, calls2), log=lambda s: None)
