@@ -201,7 +201,9 @@ class ReleaseStepSource(BatchMaking):
 
     def _tag_row(self, index: int) -> np.ndarray:
         rows = self.content.rows
-        while len(rows) <= index:            # submitted in workload order: interned in that order
+        # interned in workload order up to the request's index: a content's tag is the same whoever writes it, and
+        # owner_of names the first request in that order that has it (a later turn's first forward may come first)
+        while len(rows) <= index:
             spec = self.specs[len(rows)]
             rows.append(self.content.tags_of(len(rows), spec, max(spec.total_len, 1)))
         return rows[index]
