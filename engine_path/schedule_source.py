@@ -72,7 +72,6 @@ class ReleaseStepSource(BatchMaking):
         specs = make_requests(scenario.workload, rng)
         self.specs = specs
         self.total_requests = len(specs)
-        self.finished_count = 0
         self.retractions = 0
         self.content = ContentTags()
         self._content_keys = self.content.keys
@@ -85,7 +84,6 @@ class ReleaseStepSource(BatchMaking):
                       "swa": np.zeros(alloc.swa_size + page, dtype=bool)}
         self._full_of_swa = np.zeros(alloc.swa_size + page, dtype=np.int64)
         self._mapping_seen = alloc.full_to_swa.copy()
-        self._live: dict[int, object] = {}           # workload index -> the release's Req, until it finishes
         self._seen: dict[int, int] = {}              # workload index -> the length its last forward left it at
         #: what the release did, as the oracle saw it (run.json's engine_pieces.scheduler.did)
         self.counts = {"extend": 0, "decode": 0, "mixed": 0, "freed_full_slots": 0, "freed_swa_slots": 0,
@@ -107,6 +105,11 @@ class ReleaseStepSource(BatchMaking):
     def tree_cache_source(self) -> str:
         """The tree cache the release configured for the scenario (run.json's ``sources.tree_cache``)."""
         return f"{self.source.rsplit(' ', 1)[0]} {type(self.scheduler.scheduler.tree_cache).__name__}"
+
+    @property
+    def finished_count(self) -> int:
+        """Requests the release has finished (the run's progress line)."""
+        return self.scheduler.finished_count
 
     def owner_of(self, tag: int) -> Owner:
         return self.content.owner_of(tag)
@@ -185,12 +188,10 @@ class ReleaseStepSource(BatchMaking):
         rows = tuple(_Row(r2t[i, :s].cpu().numpy().astype(np.int64)) for i, s in zip(idx, seq.tolist()))
         self._requests = BatchRequests(rids=rids, seq_lens=seq, extend_lens=ext, slots=rows,
                                        tag_bases=np.zeros(len(reqs), dtype=np.int64))
-        for i, r, s, e in zip(rids.tolist(), reqs, seq.tolist(), ext.tolist()):
-            self._live[i] = r
+        for i, s, e in zip(rids.tolist(), seq.tolist(), ext.tolist()):
             if s - e < self._seen.get(i, 0):
                 self.retractions += 1        # prefilled again below the length it had reached: it was retracted
             self._seen[i] = s
-        self._count_finished()
         self._held["full"][loc] = True
         self._held["swa"][swa] = True
         self._full_of_swa[swa] = loc
@@ -245,9 +246,3 @@ class ReleaseStepSource(BatchMaking):
         if changed.size:
             self._mapping_seen[changed] = cur[changed]
             self._mapping_changed.append(changed)
-
-    def _count_finished(self) -> None:
-        done = [i for i, r in self._live.items() if r.finished()]
-        for i in done:
-            del self._live[i]
-        self.finished_count += len(done)

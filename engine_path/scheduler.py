@@ -167,6 +167,7 @@ class ReleaseScheduler:
         self._ready: list = []                 # (step, uid, index, spec): a later turn due at step
         self._turns: dict = {}                 # index -> the release's Req of a turn whose next turn waits
         self._live: list = []                  # the release's Req of every request handed over, until it finishes
+        self.handed = 0                        # requests handed over
         self.on_forward = on_forward
         self.decisions: list[Decision] = []
         self._undo: list = []
@@ -248,11 +249,19 @@ class ReleaseScheduler:
     def _clock(self, sched) -> int:
         return sched.forward_ct + self._clock_skip
 
-    def _busy(self, sched) -> bool:
-        """Whether a request handed over has not finished (waiting, prefilling, decoding, or in the batch just run,
+    def unfinished(self) -> int:
+        """Requests handed over that have not finished (waiting, prefilling, decoding, or in the batch just run,
         which the release merges into its running batch only at its next ``get_next_batch_to_run``)."""
         self._live = [r for r in self._live if not r.finished()]
-        return bool(self._live) or bool(sched.waiting_queue)
+        return len(self._live)
+
+    @property
+    def finished_count(self) -> int:
+        """Requests handed over that have finished."""
+        return self.handed - self.unfinished()
+
+    def _busy(self, sched) -> bool:
+        return self.unfinished() > 0 or bool(sched.waiting_queue)
 
     def _next_arrival(self) -> Optional[int]:
         due = [self.pending[0][1].arrival_step] if self.pending else []
@@ -310,6 +319,7 @@ class ReleaseScheduler:
         if made is None:
             raise EngineError(f"the release did not queue workload request {index} (handle_generate_request)")
         self._live.append(made)
+        self.handed += 1
         if (spec.conversation, spec.turn + 1) in self._later:
             self._turns[index] = made
 
