@@ -43,12 +43,16 @@ class EngineRuntime:
         #: the release's backends as the run's backend source (engine_path.forward), once asked for
         self.backend_source: Optional[ReleaseBackends] = None
         self._config: Optional[RunnerContext] = None
-        #: the release's own scheduler schedules the run (``run --scheduler release``): set before :meth:`backends`
-        self.release_scheduler = False
         #: the run's scheduler source, once made (engine_path.schedule_source.ReleaseStepSource)
         self.schedule_source = None
-        #: who makes the batches and why (slotscope's ``--scheduler`` choice; run.json's engine_pieces)
+        #: who makes the batches and why (slotscope's ``--scheduler`` choice; run.json's engine_pieces): set before
+        #: :meth:`backends`
         self.scheduler_choice: Optional[dict] = None
+
+    @property
+    def release_scheduler(self) -> bool:
+        """Whether the release's own scheduler makes the run's batches (``scheduler_choice``)."""
+        return self.scheduler_choice is not None and self.scheduler_choice["scheduler"] == "release"
 
     def allocator_factory(self, full_size, swa_size: Optional[int] = None, page_size: int = 1,
                           **_ignored) -> EngineAllocator:

@@ -263,6 +263,13 @@ def incomplete_sentence(run: RunData) -> Optional[str]:
             "those steps: this is not a clean verdict.")
 
 
+def batches_clause(engine: dict) -> str:
+    """Whose scheduler made an engine run's batches, as the verdict says it (engine["scheduler"]: release | model);
+    "" where the run does not say."""
+    return {"release": "; its own scheduler made the batches",
+            "model": "; slotscope's model of its scheduler made the batches"}.get(engine.get("scheduler"), "")
+
+
 def verdict_subject(run: RunData) -> str:
     """What an engine run's verdict is about: the release (and its patches), the scenario's design it replaced, and
     whose scheduler made the batches; "" for a model run (its design is the page's subject)."""
@@ -271,10 +278,8 @@ def verdict_subject(run: RunData) -> str:
         return ""
     engine = run.provenance.engine or {}
     replaced = engine.get("replaces_design")
-    batches = {"release": "; its own scheduler made the batches",
-               "model": "; slotscope's model of its scheduler made the batches"}.get(engine.get("scheduler"), "")
     return (f"About {label}'s own code" + (f", run instead of the scenario's design {replaced}" if replaced else "")
-            + batches + ". ")
+            + batches_clause(engine) + ". ")
 
 
 def verdict_sentence(run: RunData) -> str:

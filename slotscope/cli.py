@@ -194,11 +194,11 @@ def _engine_verdict_line(eng: dict, findings: int, cut: bool) -> str:
     about = f"{eng['name']} {eng['version']}" + (" patched with " + ", ".join(p["path"] for p in pats) if pats else "")
     how = (f"{findings:,} finding(s)" if findings else "no findings") + (" in the steps that ran (incomplete)"
                                                                          if cut else "")
+    from reports.explain import batches_clause
+
     replaced = eng.get("replaces_design")
-    batches = {"release": "; its own scheduler made the batches",
-               "model": "; slotscope's model of its scheduler made the batches"}.get(eng.get("scheduler"), "")
     return (f"verdict: {how}, about {about}'s own code"
-            + (f" (run instead of the scenario's design {replaced})" if replaced else "") + batches)
+            + (f" (run instead of the scenario's design {replaced})" if replaced else "") + batches_clause(eng))
 
 
 def _stopped_line(marker: dict, out: str, summary_written: Optional[bool] = True) -> str:

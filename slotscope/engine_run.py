@@ -180,7 +180,6 @@ def pieces_table(runtime) -> dict[str, Any]:
         out["allocator"] = d["allocator"]
     if "scheduler" in d:
         out["scheduler"] = d["scheduler"]        # the release's Scheduler: what of its start-up stood in, and why
-    choice = getattr(runtime, "scheduler_choice", None)
     if choice is not None:
         out["scheduler_choice"] = choice         # who made the batches (--scheduler), and why
     log = getattr(runtime, "release_log", None)

@@ -215,7 +215,6 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
         device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
         runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
         choice = choose_scheduler(scenario, opts.scheduler, runtime.api.info.version, device.type)
-        runtime.release_scheduler = choice["scheduler"] == "release"
         runtime.scheduler_choice = choice
         design = runtime.design
         if scenario.pool.unified:
