@@ -40,13 +40,15 @@ def model_schedule(path: str, options: Optional[dict] = None) -> dict:
                            pad.convention.dummy_request)
     out: list[dict] = []
     limit = o.get("max_steps")
+    uid: dict[int, int] = {}        # the model's request ids (admission order) to the workload's uids
     for batch, _truth in sched.steps():
         if limit is not None and len(out) >= limit:
             break
         rq = batch.requests
+        uid.update((r.rid, r.spec.uid) for r in sched.running)
         real = batch.num_token_non_padded
         out.append(Decision(
-            step=len(out), mode=batch.mode, rids=tuple(int(r) for r in rq.rids),
+            step=len(out), mode=batch.mode, rids=tuple(uid[int(r)] for r in rq.rids),
             extend_lens=tuple(int(x) for x in rq.extend_lens), seq_lens=tuple(int(x) for x in rq.seq_lens),
             out_cache_loc=tuple(int(x) for x in batch.out_cache_loc[:real]), full_free=int(alloc.full_free),
             swa_free=int(alloc.swa_free)).to_json())

@@ -83,7 +83,7 @@ NOT_YET = (
 
 @dataclass(frozen=True)
 class Decision:
-    """One forward a scheduler made: its mode, requests (the workload's indices, in batch order), each request's
+    """One forward a scheduler made: its mode, requests (the workload's uids, in batch order), each request's
     new tokens and length after the forward, the slots it writes (real rows) and the free slots left in each pool."""
 
     step: int
@@ -334,7 +334,7 @@ class ReleaseScheduler:
             ext = [int(x) for x in batch.extend_lens]
         loc = [int(x) for x in batch.out_cache_loc.tolist()]
         self.decisions.append(Decision(
-            step=len(self.decisions), mode=mode, rids=tuple(int(r.rid) for r in batch.reqs), extend_lens=tuple(ext),
+            step=len(self.decisions), mode=mode, rids=tuple(self.specs[int(r.rid)].uid for r in batch.reqs), extend_lens=tuple(ext),
             seq_lens=tuple(seq), out_cache_loc=tuple(loc), full_free=int(self.allocator.full_free),
             swa_free=int(self.allocator.swa_free)))
         if self.on_forward is not None:
