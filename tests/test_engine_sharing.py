@@ -4,8 +4,8 @@ scenarios/r8-sink-free-list.toml (the radix cache on, #38519's external linker a
 with the release's SWA allocator (engine_path.allocator.EngineAllocator): every free the cache makes goes
 through the release's ``free_swa_segment`` / ``free_swa`` / ``free_full`` and its free groups, so what frees
 the sink is 0.5.23's ``_free_swa_pages`` (``mapping[rep] // page`` for every representative, nothing
-filtered). The run gives the model's counts exactly (tests/test_sharing_run.py pins them: 1216 stale_read on
-the sink page, request 15 given page 0 at step 85, the over-free at step 99), the release's own free list
+filtered). The run gives the model's counts exactly (tests/test_sharing_run.py pins them: 1 stale_read on
+the sink page, request 8 given page 0 at step 49, the over-free at step 60), the release's own free list
 holds page 0, and the release's capacity assert (``available_size() <= size``, in its ``free_swa_segment``)
 is what ends the run. As ``slotscope run scenarios/r8-sink-free-list.toml --engine sglang==0.5.23`` does, the
 run takes our model of the release for what stays ours (the scheduler's cadence and free groups).
@@ -68,14 +68,14 @@ def test_r8_reproduces_in_0523s_own_free_paths(run):
     assert run["version"] == "0.5.23" and run["allocator"].endswith("SWATokenToKVPoolAllocator")
     # the cache's frees ran through the release
     assert run["calls"]["free_swa_segment"] > 0 and run["calls"]["free_full"] > 0
-    # the sink page handed out and read (as the model: step 85, request 15), then the over-free at step 99
-    assert run["steps"] == 98
-    assert {k: v for k, v in run["findings"].items() if v} == {"stale_read": 1216}
-    assert run["first"] == [85, "swa", 0]
-    assert run["given"] == [[85, "alloc", "alloc", "request:15", None]]
-    # the release's own free list held page 0 (from step 87: at 85 it was handed out as it came in, up to 5
-    # times at once), and the release's own assert ended the run
-    assert run["sink"] == {"first": 87, "max": 5}
-    assert run["stopped"] == {"step": 99, "class": "over_free", "assert": "available_size() <= size",
+    # the sink page handed out and read (as the model: step 49, request 8), then the over-free at step 60
+    assert run["steps"] == 59
+    assert {k: v for k, v in run["findings"].items() if v} == {"stale_read": 1}
+    assert run["first"] == [49, "swa", 0]
+    assert run["given"] == [[49, "alloc", "alloc", "request:8", None]]
+    # the release's own free list held page 0 (from step 40, up to 19 times at once), and the release's own
+    # assert ended the run
+    assert run["sink"] == {"first": 40, "max": 19}
+    assert run["stopped"] == {"step": 60, "class": "over_free", "assert": "available_size() <= size",
                               "message": "sglang 0.5.23 free_swa_segment: available_size() <= size failed"}
-    assert (run["calls"]["free_swa_segment"], run["calls"]["free_full"]) == (43, 39)
+    assert (run["calls"]["free_swa_segment"], run["calls"]["free_full"]) == (37, 27)

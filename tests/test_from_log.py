@@ -24,9 +24,9 @@ EXPECTED = {f"req-{i:04d}": v for i, v in enumerate(((40, 6, 0), (52, 4, 32), (3
                                                         (44, 3, 32), (30, 7, 0)))}
 ARRIVAL_MS = (0.0, 3.0, 4.0, 30.0, 31.0, 55.0)
 #: the replays' prefix hits: req-0004 finds the 32 cached tokens (req-0001 and req-0002 arrive together, before
-#: either is cached); with the conversation, turn 2 also finds turn 1's 45 tokens with K/V (40 + 6, less the last
-#: output token, whose K/V is never written)
-PLAIN_HITS, CONV_HITS = 32, 32 + 45
+#: either is cached); with the conversation, turn 2 also finds turn 1's 46 tokens with K/V (40 + 6: the scenario's
+#: output_len counts decodes, each writing one token's K/V, and a finished request inserts them all)
+PLAIN_HITS, CONV_HITS = 32, 32 + 46
 
 
 def _numbers(reqs):

@@ -85,15 +85,16 @@ P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "
 #          keys only: i + 1 positions left out of its full table and i + 1 of its SWA window, per request: 2 + 4 = 6
 #          a (request, round) over its two steps, 27 of them = 162; xpu's P6 in both runs. F2/p16: the same, xpu 36
 #          missed on pages.
-#  smoke   16 layers / S 8, 33 forwards: 528 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
+#  smoke   16 layers / S 8, 34 forwards: 544 writes; under pre-29460 4 DP-padded piecewise MIXED batches x 8
 #          SWA layers = 32 length_mismatch, every backend.
-#  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 clobbered rows x 2 SWA layers = 14.
+#  paths-paged      4 layers x 57 = 228; B2's stale tail: 7 rows x 2 SWA layers = 14, each on an SWA slot
+#                   evicted out of its owner's window (evicted_slot).
 #  paths-spec       36 target forwards x 4 + 111 draft forwards x 2 = 366; B4 on triton only, first at the
 #                   draft's SWA layer (id 5); B3's undersized pools: out_of_range from the draft's SWA layer on.
 #  paths-spec-paged 40 target forwards x 4 + 103 draft forwards x 2 = 366; B3: the draft's full pool has
 #                   256 + 16 rows and position p sits in slot 16 + p, so the prefill chunk over positions
 #                   256..319 (its draft extend is step 9) is the first out of range, at the draft's full layer (id 4).
-#  paths-noshrink   4 layers x 27 = 108; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
+#  paths-noshrink   4 layers x 28 = 112; under post-29460 (the gap) 5 piecewise batches x 2 SWA layers = 10.
 #  paths-big-pool   2 layers x 14 = 28; B2's stale tail: steps 6-8 replay 3 rows in capture size 4, one stale row
 #                   each x 1 SWA layer = 3 clobbered.
 #  U1      gemma4-31b, 6 layers (1 full, 5 SWA); SWA pages cost 5x full ones, so the SWA table of the buggy pool has
@@ -106,15 +107,15 @@ P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "
 #  U1/p16  pages of 16: the SWA table has 39 entries (38 pages), the full side 194 pages (ids from 5); 31 forwards
 #          x 6 = 186, then the bind of virtual page 39 (token 624). Fixed: 73 x 6 = 438.
 #  U2/p16  pages of 16: 197 forwards x 4 = 788; the same 81 (forward, request) pairs meet a tombstoned page.
-#  R2, R7 2 layers (SF), 55 forwards: 110 writes. R2: request 1 (A) reads its 40-token prefix's full slots, freed by
-#          B's locked recovery, at its full layer in every forward from step 31: 280 stale_read. R7: C and D read
-#          the node's window through the mapping the flush cleared (slot 0): 30 stale_read from step 40.
-#  R3      2 layers, 74 forwards (148 writes) up to the over-free at step 75 (radix.stopped); 18 stale_read of SWA
-#          slots the stale mapping freed, first request 13's slot 106 at step 61. Fixed: 169 x 2 = 338.
-#  R8      2 layers, page 16, 98 forwards (196 writes) up to the over-free at step 99; the sink page (slots 0..15)
-#          handed to request 15 at step 85 and read: 1216 stale_read (1184 before the sink was a stale read
-#          even where it held the reader's own token: +32, request 15's reads of its 16 positions there at
-#          steps 85 and 86). Fixed (the filter): 178 x 2 = 356.
+#  R2, R7 2 layers (SF), 31 forwards: 62 writes. R2: request 0 (A) reads its prefix's full slots [53, 70), freed by
+#          B's locked recovery in the result group after step 0, at its full layer in each of its 30 decodes:
+#          17 x 30 = 510 stale_read from step 1. R7: B (request 1) reads the node's window through the mapping the
+#          flush cleared (slot 0) in its decodes, steps 1..6 (15, 14, .., 10 positions as its window slides): 75.
+#  R3      2 layers, 48 forwards (96 writes) up to the over-free at step 49 (radix.stopped); 1640 stale_read of
+#          SWA slots the stale mapping freed, first request 8's position 0 at step 40. Fixed: 184 x 2 = 368.
+#  R8      2 layers, page 16, 59 forwards (118 writes) up to the over-free at step 60; the sink page handed to
+#          request 8, which writes position 144 at slot 0 and reads it at step 49: 1 stale_read (the sink is no
+#          token's, even where it holds the reader's own token). Fixed (the filter): 175 x 2 = 350.
 #  A1, A2  a PD decode node (2 layers: S F, draft F; EAGLE 4 tokens), page 16, 48 requests: a write per layer per
 #          forward (target verify 2, draft decode / extend 1 each); every backend the same (the allocator's bugs):
 #          the SWA page freed under a live request is handed to another, whose tags the first one then reads
@@ -183,22 +184,22 @@ PINNED_CORPUS = {
         aiter=(124, {"padding_slot": 25, "torn_write": 5, "stale_read": 107}, (10, 0, "padding_slot"))),
     ("W7", "fixed"): pinned("sglang-0.5.23-war-barrier", steps=31,
         every=(124, {}, None)),
-    ("R2", "buggy"): pinned("radix-r2", steps=55,
-        every=(110, {"stale_read": 280}, (31, 1, "stale_read"))),
-    ("R2", "fixed"): pinned("radix-fixed", steps=55,
-        every=(110, {}, None)),
-    ("R3", "buggy"): pinned("radix-r3", steps=74,
-        every=(148, {"stale_read": 18}, (61, 0, "stale_read"))),
-    ("R3", "fixed"): pinned("radix-fixed", steps=169,
-        every=(338, {}, None)),
-    ("R7", "buggy"): pinned("radix-r7", steps=55,
-        every=(110, {"stale_read": 30}, (40, 0, "stale_read"))),
-    ("R7", "fixed"): pinned("radix-fixed", steps=55,
-        every=(110, {}, None)),
-    ("R8", "buggy"): pinned("sglang-0.5.23", steps=98,
-        every=(196, {"stale_read": 1216}, (85, 0, "stale_read"))),
-    ("R8", "fixed"): pinned("radix-fixed", steps=178,
-        every=(356, {}, None)),
+    ("R2", "buggy"): pinned("radix-r2", steps=31,
+        every=(62, {"stale_read": 510}, (1, 1, "stale_read"))),
+    ("R2", "fixed"): pinned("radix-fixed", steps=31,
+        every=(62, {}, None)),
+    ("R3", "buggy"): pinned("radix-r3", steps=48,
+        every=(96, {"stale_read": 1640}, (40, 0, "stale_read"))),
+    ("R3", "fixed"): pinned("radix-fixed", steps=184,
+        every=(368, {}, None)),
+    ("R7", "buggy"): pinned("radix-r7", steps=31,
+        every=(62, {"stale_read": 75}, (1, 0, "stale_read"))),
+    ("R7", "fixed"): pinned("radix-fixed", steps=31,
+        every=(62, {}, None)),
+    ("R8", "buggy"): pinned("sglang-0.5.23", steps=59,
+        every=(118, {"stale_read": 1}, (49, 0, "stale_read"))),
+    ("R8", "fixed"): pinned("radix-fixed", steps=175,
+        every=(350, {}, None)),
     ("A1", "buggy"): pinned("pd-decode-pre-25805", steps=330,
         every=(396, {"stale_read": 373}, (198, 0, "stale_read"))),
     ("A1", "fixed"): pinned("pd-decode-pre-25805-post-27779", steps=395,
@@ -256,14 +257,14 @@ PINNED_CORPUS = {
 
 #: shipped path scenarios: (scenario, design or "own") -> pin
 PINNED_SCENARIOS = {
-    ("smoke", "own"): pinned("sglang-post-29460", steps=33,
-        every=(528, {}, None)),
-    ("smoke", "sglang-pre-29460"): pinned("sglang-pre-29460", steps=33,
-        every=(528, {"length_mismatch": 32}, (5, 0, "length_mismatch"))),
+    ("smoke", "own"): pinned("sglang-post-29460", steps=34,
+        every=(544, {}, None)),
+    ("smoke", "sglang-pre-29460"): pinned("sglang-pre-29460", steps=34,
+        every=(544, {"length_mismatch": 32}, (5, 0, "length_mismatch"))),
     ("paths-paged", "own"): pinned("sglang-post-29460", steps=57,
         every=(228, {}, None)),
     ("paths-paged", "sglang-pre-24743"): pinned("sglang-pre-24743", steps=57,
-        every=(228, {"clobbered": 14}, (36, 0, "clobbered"))),
+        every=(228, {"evicted_slot": 14}, (36, 0, "evicted_slot"))),
     ("paths-spec", "own"): pinned("sglang-pr-29858", steps=147,
         every=(366, {}, None)),
     ("paths-spec", "sglang-post-29460"): pinned("sglang-post-29460", steps=147,
@@ -275,10 +276,10 @@ PINNED_SCENARIOS = {
         every=(366, {}, None)),
     ("paths-spec-paged", "sglang-pre-17630"): pinned("sglang-pre-17630", steps=143,
         every=(366, {"stale_read": 13234, "out_of_range": 881}, (9, 4, "out_of_range"))),
-    ("paths-noshrink", "own"): pinned("kvwriteloc-strict", steps=27,
-        every=(108, {}, None)),
-    ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=27,
-        every=(108, {"length_mismatch": 10}, (1, 0, "length_mismatch"))),
+    ("paths-noshrink", "own"): pinned("kvwriteloc-strict", steps=28,
+        every=(112, {}, None)),
+    ("paths-noshrink", "sglang-post-29460"): pinned("sglang-post-29460", steps=28,
+        every=(112, {"length_mismatch": 10}, (1, 0, "length_mismatch"))),
     ("paths-big-pool", "own"): pinned("sglang-post-29460", steps=14,
         every=(28, {}, None)),
     ("paths-big-pool", "sglang-pre-24743"): pinned("sglang-pre-24743", steps=14,
@@ -385,5 +386,5 @@ def test_a_switches_are_not_reached_without_a_decode_node(monkeypatch):
     res = run_scenario(scenario, None, RunOptions(design="radix-a1", backends=("triton",), device="cpu",
                                                   trace_level="off", report=False))
     assert calls == dict.fromkeys(A_SWITCH_PATHS, 0)
-    assert res.summary["steps"] == 178 and "stopped" not in res.summary["radix"]
-    assert observed(res.summary)["backends"] == {"triton": (356, {}, None)}
+    assert res.summary["steps"] == 175 and "stopped" not in res.summary["radix"]
+    assert observed(res.summary)["backends"] == {"triton": (350, {}, None)}

@@ -40,33 +40,33 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_history_comes_from_the_runs_slot_events(runs):
     h = read_history(load_run(runs["r3"]))
-    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 106, 61, "stale_read", "triton")
+    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 208, 40, "stale_read", "triton")
     given = [(e.step, e.owner) for e in h.events if e.kind == "alloc"]
-    assert given == [(1, "request:0"), (16, "request:4"), (38, "request:11"), (60, "request:13")]
+    assert given == [(3, "request:1"), (39, "request:8")]
     freed = [(e.step, e.owner, e.cause) for e in h.events if e.kind == "free"]
-    assert freed == [(16, "node:3", "evict_leaf"), (38, "node:7", "tombstone"), (50, "node:13", "evict_leaf"),
-                     (61, "node:7", "recover"), (75, "node:7", "tombstone")]
+    assert freed == [(30, "node:1", "tombstone"), (40, "node:18", "recover")]
 
 
 def test_words_name_who_held_freed_and_was_given_the_slot(runs):
     view = ownership_view(load_run(runs["r3"]))
     words = view.sentences
-    assert words[0].startswith("SWA slot 106 is the first divergent slot (stale_read at step 61 on triton: req 13 ")
-    assert ("node 7 from step 26 (split) until it was freed at step 38; request 11 from step 38 (alloc) until it "
-            "was passed at step 50") in words[1]
-    assert "step 60: given to request 13 (allocation); step 61: freed on behalf of node 7 (recover)" in words[2]
-    assert words[3] == ("At step 61 it was freed on behalf of node 7 (recover) while request 13 (since step 60) "
+    assert words[0].startswith("SWA slot 208 is the first divergent slot (stale_read at step 40 on triton: req 8 ")
+    assert ("node 1 from step 4 (recover_locked) until it was freed at step 30; request 8 from step 39 (alloc) "
+            "until it was passed at step 40") in words[1]
+    assert "step 39: given to request 8 (allocation); step 40: freed on behalf of node 18 (recover)" in words[2]
+    assert words[3] == ("At step 40 it was freed on behalf of node 18 (recover) while request 8 (since step 39) "
                         "held it: a free of a slot its owner still uses.")
-    assert words[4] == "Read through a prefix lock by request 0, request 4, request 7, request 11, request 13."
-    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 106" in view.plot.svg
+    assert words[4] == ("Read through a prefix lock by request 1, request 2, request 3, request 5, request 6, "
+                        "request 8, request 9, request 10.")
+    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 208" in view.plot.svg
     # the over-free that ended the run (radix.stopped) is said too
-    assert view.notes == ("The run stopped at step 75: the allocator's capacity assert (available_size() <= size) "
-                          "failed, which ends SGLang's engine: freeing 64 pages leaves 538 free of 512.",)
+    assert view.notes == ("The run stopped at step 49: the allocator's capacity assert (available_size() <= size) "
+                          "failed, which ends SGLang's engine: freeing 101 pages leaves 515 free of 512.",)
 
 
 def test_the_report_has_the_section_and_clean_runs_do_not(runs):
     page = render_report(load_run(runs["r3"]))
-    assert '<section id="ownership">' in page and "freed on behalf of node 7 (recover) while request 13" in page
+    assert '<section id="ownership">' in page and "freed on behalf of node 18 (recover) while request 8" in page
     assert ownership_view(load_run(runs["clean"])) is None
     assert '<section id="ownership">' not in render_report(load_run(runs["clean"]))
 

@@ -55,18 +55,18 @@ def test_the_radix_designs_are_0523_with_one_switch():
 
 def test_prefix_hits_tombstones_and_recoveries_happen():
     s, pairs = schedule_only()
-    assert len(pairs) == 399
+    assert len(pairs) == 447
     assert s.total_requests == 55 and s.finished_count == 55
     r = s.summary()
-    assert (r["hit_tokens"], r["tombstones"], r["recoveries"], r["evicted_leaves"]) == (7765, 50, 26, 107)
-    assert s.counts["adopt:swa:recover_locked"] == 1          # a recovery over a tombstone a running request locks
+    assert (r["hit_tokens"], r["tombstones"], r["recoveries"], r["evicted_leaves"]) == (7057, 118, 62, 148)
+    assert s.counts["adopt:swa:recover_locked"] == 19         # recoveries over a tombstone a running request locks
     # the cache is consistent with the allocator at the end, and nothing is locked any more
     s.cache.check_invariants([])
     assert all(n.full_lock == 0 and n.swa_lock == 0 for n in s.cache.nodes.values())
     # matched prefixes are not written again: the tokens written are the requests' lengths minus the hits
     written = sum(t.tags.size for _, t in pairs)
     assert written == sum(r.prompt_len + r.output_len for r in make_requests(
-        scenario(NAME).workload, np.random.default_rng(8))) - 7765
+        scenario(NAME).workload, np.random.default_rng(8))) - 7057
 
 
 def test_content_tags_are_shared_between_requests():
@@ -83,9 +83,9 @@ def test_content_tags_are_shared_between_requests():
 
 def test_the_write_and_read_paths_are_clean_under_the_fixed_design():
     r = simulate(NAME, "radix-fixed", backends=["triton"])
-    assert len(r.steps) == 399
+    assert len(r.steps) == 447
     assert r.total_findings == 0
-    assert r.radix["hit_tokens"] == 7765 and r.radix["tombstones"] == 50 and r.radix["recoveries"] == 26
+    assert r.radix["hit_tokens"] == 7057 and r.radix["tombstones"] == 118 and r.radix["recoveries"] == 62
     assert "stopped" not in r.radix and "ownership" not in r.radix
 
 
@@ -94,13 +94,16 @@ def _found(r):
 
 
 def test_r2_frees_the_locked_full_that_the_running_request_reads():
-    # B's finish recovers the tombstone over A's out-of-window prefix, which A (running) locks: R2 frees
-    # A's full ids as if unlocked, and A reads its prefix's full slots, freed
+    # B's checkpoint recovers the tombstone over A's out-of-window prefix [53, 70), which A (running) locks: R2
+    # frees A's full ids as if unlocked, and A reads its prefix's full slots, freed
     r = simulate("r2-locked-full-recovery", "radix-r2", backends=["triton"])
-    assert len(r.steps) == 55 and _found(r) == {"stale_read": 280}
+    assert len(r.steps) == 31 and _found(r) == {"stale_read": 510}
     f = r.findings[0]
-    assert (f.step, f.kind, f.slot) == (31, "full", 70) and (f.expected.request, f.expected.position) == (0, 0)
-    assert f.message.startswith("req 1 pos 0 ") and "freed" in f.message
+    assert (f.step, f.kind, f.slot) == (1, "full", 54) and (f.expected.request, f.expected.position) == (0, 53)
+    assert f.message.startswith("req 0 pos 53 ") and "freed" in f.message
+    own = r.radix["ownership"]
+    assert [e[:4] for e in own["events"] if e[1] in ("alloc", "free")] == [
+        [0, "alloc", "alloc", "request:0"], [1, "free", "recover", "node:3"]]
     assert simulate("r2-locked-full-recovery", "radix-fixed", backends=["triton"]).total_findings == 0
 
 
@@ -108,30 +111,29 @@ def test_r3_frees_live_slots_then_the_run_stops_at_the_capacity_assert():
     # SWA eviction leaves the tombstone's mapping stale; an unlocked recovery's free() then frees live
     # SWA slots through it; the over-free (available_size() <= size) ends the run cleanly, recorded
     r = simulate("r3-stale-tombstone-mapping", "radix-r3", backends=["triton"])
-    assert len(r.steps) == 74 and _found(r) == {"stale_read": 18}
-    assert r.radix["stopped"] == {"step": 75, "class": "over_free", "assert": "available_size() <= size",
-                                  "message": "freeing 64 pages leaves 538 free of 512"}
+    assert len(r.steps) == 48 and _found(r) == {"stale_read": 1640}
+    assert r.radix["stopped"] == {"step": 49, "class": "over_free", "assert": "available_size() <= size",
+                                  "message": "freeing 101 pages leaves 515 free of 512"}
     f = r.findings[0]
-    assert (f.step, f.kind, f.slot) == (61, "swa", 106) and "the slot was freed" in f.message
-    # the ownership history: node 7's tombstone freed slot 106, requests 11 (then node 13) and 13 were
-    # given it, and node 7's recovery freed it again (the stale mapping) while request 13 held it
+    assert (f.step, f.kind, f.slot) == (40, "swa", 208) and "the slot was freed" in f.message
+    # the ownership history: node 1's tombstone freed slot 208 (request 1's), request 8 was given it, and
+    # node 18's recovery freed it again (the stale mapping) while request 8 held it
     own = r.radix["ownership"]
-    assert (own["pool"], own["slot"], own["step"]) == ("swa", 106, 61)
+    assert (own["pool"], own["slot"], own["step"]) == ("swa", 208, 40)
     key = [e[:4] for e in own["events"] if e[1] in ("alloc", "free")]
-    assert key[-6:] == [[38, "free", "tombstone", "node:7"], [38, "alloc", "alloc", "request:11"],
-                        [50, "free", "evict_leaf", "node:13"], [60, "alloc", "alloc", "request:13"],
-                        [61, "free", "recover", "node:7"], [75, "free", "tombstone", "node:7"]]
+    assert key[-4:] == [[3, "alloc", "alloc", "request:1"], [30, "free", "tombstone", "node:1"],
+                        [39, "alloc", "alloc", "request:8"], [40, "free", "recover", "node:18"]]
 
 
 def test_r7_the_flush_frees_the_repointed_slots():
-    # A's checkpoint queues its out-of-window SWA free; B's finish (same group) recovers the tombstone over
+    # A's checkpoint queues its out-of-window SWA free; B's checkpoint (same group) recovers the tombstone over
     # A's full ids (locked): the flush then reads the re-pointed mapping and frees the node's new SWA slots
     s, _ = schedule_only(with_bug("R7"), "r7-grouped-free-flush", "radix-r7")
     assert s.counts["free:swa:out_of_window@flush"] == 3 and s.counts["adopt:swa:recover_locked"] == 1
     r = simulate("r7-grouped-free-flush", "radix-r7", backends=["triton"])
-    assert len(r.steps) == 55 and _found(r) == {"stale_read": 30}
+    assert len(r.steps) == 31 and _found(r) == {"stale_read": 75}
     f = r.findings[0]
-    assert (f.step, f.kind, f.slot) == (40, "swa", 0) and f.message.startswith("req 2 pos 25 ")
+    assert (f.step, f.kind, f.slot) == (1, "swa", 0) and f.message.startswith("req 1 pos 55 ")
     assert simulate("r7-grouped-free-flush", "radix-fixed", backends=["triton"]).total_findings == 0
     t, _ = schedule_only(FIXED, "r7-grouped-free-flush", "radix-fixed")
     t.cache.check_invariants([])
@@ -139,16 +141,16 @@ def test_r7_the_flush_frees_the_repointed_slots():
 
 def test_r8_live_in_the_0523_default_the_sink_is_handed_out_then_the_capacity_assert():
     # 0.5.23's unfiltered SWA free plus the linker (engine.cache_linker): evicted tombstone leaves free
-    # mapping[rep] // 16 = page 0; request 15 is given the sink page and reads it; the repeated frees of
+    # mapping[rep] // 16 = page 0; request 8 is given the sink page and reads it; the repeated frees of
     # page 0 end in the capacity assert; a read of the sink page is stale even where it holds the reader's own
-    # token (32 of them: request 15's 16 positions there at steps 85 and 86)
+    # token (request 8's position 144, written at slot 0 and read at step 49)
     r = simulate("r8-sink-free-list", "sglang-0.5.23", backends=["triton"])
-    assert len(r.steps) == 98 and _found(r) == {"stale_read": 1216}
-    assert sum(1 for f in r.findings if f.observed == f.expected) == 32
-    assert {f.slot for f in r.findings if f.kind == "swa"} == set(range(16))      # the sink page, page 0
-    assert r.radix["stopped"]["step"] == 99 and r.radix["stopped"]["class"] == "over_free"
+    assert len(r.steps) == 59 and _found(r) == {"stale_read": 1}
+    assert sum(1 for f in r.findings if f.observed == f.expected) == 1
+    assert {f.slot for f in r.findings if f.kind == "swa"} == {0}                # the sink page, page 0
+    assert r.radix["stopped"]["step"] == 60 and r.radix["stopped"]["class"] == "over_free"
     own = r.radix["ownership"]
-    assert [e[:4] for e in own["events"] if e[1] == "alloc"][0] == [85, "alloc", "alloc", "request:15"]
+    assert [e[:4] for e in own["events"] if e[1] == "alloc"][0] == [49, "alloc", "alloc", "request:8"]
     assert simulate("r8-sink-free-list", "radix-fixed", backends=["triton"]).total_findings == 0
 
 

@@ -90,6 +90,7 @@ class CachedRequest:
     tokens: np.ndarray
     protected: int = 0        # positions [0, protected) are the tree's (cache_protected_len)
     lock: Optional[Lock] = None
+    branching: Optional[int] = None   # the SWA branching point of its match (swa_branching_seqlen)
 
     @property
     def owner(self) -> Owner:
@@ -264,6 +265,9 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         s.full[:L], s.swa[:L] = m.full, m.swa
         s.length, s.swa_evicted = L, m.swa_live_from
         req.protected = L
+        # the Full KV hit past the SWA-usable prefix: the request's first insert stops there
+        # (SWAComponent.finalize_match_result_in_tree_core / prepare_for_caching_req)
+        req.branching = m.full_hit if m.full_hit > L else None
         req.lock = self._lock(m.node, req)
         return m
 
@@ -348,11 +352,22 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             self._emit(ADOPT, "swa", node.swa, node.owner, "insert")
         return node
 
+    @staticmethod
+    def insert_length(req: CachedRequest, length: int) -> int:
+        """How much of ``length`` an insert of ``req`` takes: up to its SWA branching point while that lies
+        past its protected prefix and within ``length`` (SWAComponent.prepare_for_caching_req), else all."""
+        b = req.branching
+        return b if b is not None and req.protected < b <= length else length
+
     def _insert(self, req: CachedRequest, length: int) -> Node:
-        """``checkpoint_into_tree``: insert positions [0, length) page-aligned, free the request's
+        """``checkpoint_into_tree``: insert positions [0, length) page-aligned (up to the request's SWA
+        branching point, :meth:`insert_length`, which the insert then clears), free the request's
         duplicates, re-point its row at the tree's ids, move its lock to the node the insert ended on."""
         p, s = self.p, req.slots
-        L = min(length, s.length)
+        capped = self.insert_length(req, length)
+        if capped != length or req.branching == length:
+            req.branching = None
+        L = min(capped, s.length)
         L -= L % p
         prev, evicted = req.protected, s.swa_evicted
         if L <= prev:

@@ -315,6 +315,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
+            self._reorder_running(prefill, mixed=mode == "mixed")
         elif decoding:
             if self.spec is not None:
                 yield from self._speculative_round(decoding)
@@ -333,12 +334,27 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             # EAGLE: the draft model extends over the tokens the target just prefilled (eagerly, same slots)
             yield self._draft_batch(batch, truth)
 
+    def _reorder_running(self, prefill: list[tuple[Request, int]], mixed: bool) -> None:
+        """The decode order SGLang's running batch takes after this batch: the requests whose prefill it
+        completes join the running batch in batch order, behind it after an extend batch (``merge_batch``),
+        in front of it after a mixed one (the mixed batch, extend requests first, becomes the running batch)."""
+        done = [r for r, take in prefill if r.prefilled + take >= r.prefill_len]
+        if not done:
+            return
+        ids = {id(r) for r in done}
+        rest = [r for r in self.running if id(r) not in ids]
+        self.running = done + rest if mixed else rest + done
+
     def _take_prefill(self, chunked: list[Request], decoding: list[Request]) -> list[tuple[Request, int]]:
         """The batch's prefill chunks, (request, tokens), within ``chunked_prefill_size``: the in-progress
         chunked requests continue first, then the waiting queue's head is admitted while the budget lasts.
-        An admitted request that already decodes is appended to ``decoding``."""
+        An admitted request that already decodes is appended to ``decoding``. Under ``mixed_chunk`` the
+        running requests' decode tokens come off the budget first (SGLang's ``PrefillAdder`` is given the
+        running batch's size as ``num_mixed_decode_tokens``, whether or not the batch ends up mixed)."""
         prefill: list[tuple[Request, int]] = []
         budget = self.sc.engine.chunked_prefill_size
+        if self.sc.engine.mixed_chunk:
+            budget -= len(decoding)
         for r in chunked:
             if budget > 0:
                 take = min(r.prefill_len - r.prefilled, budget)

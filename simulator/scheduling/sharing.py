@@ -7,9 +7,11 @@
   slots into the request's row and locks them; only the unmatched part is reserved and written. When
   the pools (the requests' reservations plus what the tree holds) cannot take the rest, the tree
   evicts (unlocked leaves, then SWA tombstones) before the admission is refused;
-* after each prefill chunk (once its forward ran) ``cache_unfinished``, at the finish
-  ``cache_finished`` (prompt + output - 1 tokens), on retraction ``release``; request-side SWA
-  eviction is ``free_out_of_window``;
+* after each forward that extended a request which has not finished (a prefill chunk, or the whole
+  prefill) its checkpoint, ``cache_unfinished`` (0.5.23's ``checkpoint_kv_cache``; up to the request's
+  SWA branching point first: ``PrefixCache.insert_length``), at the finish ``cache_finished`` (all its
+  K/V: prompt + output_len tokens, the scenario's output_len counting decodes), on retraction
+  ``release``; request-side SWA eviction is ``free_out_of_window``;
 * a conversation's turn k > 1 waits for turn k-1's finish plus its ``think_time``.
 
 The oracle: a slot's expected tag is its token *content* (content ids interned into small tags, so
@@ -188,7 +190,7 @@ class SharingScheduler(CacheLog, Scheduler):
     def _release(self, req: Request, kind: str = "free") -> None:
         creq = self._creq.pop(req.rid)
         if kind == "free":
-            kv_len = min(req.slots.length, req.spec.prompt_len + req.spec.output_len - 1)
+            kv_len = min(req.slots.length, req.spec.prompt_len + req.spec.output_len)
             self.cache.cache_finished(creq, kv_len)
             self.finished_count += 1
             self._turn_finished(req.spec)
@@ -210,19 +212,25 @@ class SharingScheduler(CacheLog, Scheduler):
         # checkpoint (its out-of-window SWA freed, then its KV so far inserted), then the finishes
         with self.alloc.free_group(self._grouped):
             for r in self.running:
-                if not r.finished and not r.prefill_done and r.prefilled > self._cached_len.get(r.rid, 0):
+                if not r.finished and r.prefilled > self._cached_len.get(r.rid, 0):
                     self._checkpoint(r)
             self._release_finished()
         yield from super()._schedule()
 
     def _checkpoint(self, r: Request) -> None:
         """``checkpoint_into_tree`` of an unfinished request: ``free_out_of_window_slots(req, key - 1)``
-        (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, on by default), then the insert."""
+        (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS, on by default), then the insert. A key cut at the
+        request's SWA branching point frees again after the insert, up to the forward's whole key
+        (SWAComponent.cleanup_after_caching_req), the branch now the tree's."""
         creq, L = self._creq[r.rid], r.slots.length
-        if L > 0:
-            margin = -(-max(self.window, self.page) // self.page) * self.page     # ceil_align(max(window, page))
-            self.cache.free_out_of_window(creq, max(L - 1 - margin, 0))
+        margin = -(-max(self.window, self.page) // self.page) * self.page     # ceil_align(max(window, page))
+        key = self.cache.insert_length(creq, L)
+        branched = creq.branching is not None and key == creq.branching
+        if key > 0:
+            self.cache.free_out_of_window(creq, max(key - 1 - margin, 0))
         self.cache.cache_unfinished(creq, L)
+        if branched and L > 0:
+            self.cache.free_out_of_window(creq, max(L - 1 - margin, 0))
         self._cached_len[r.rid] = r.prefilled
 
     def _evict_extend(self, req: Request) -> None:
