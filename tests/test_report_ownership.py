@@ -40,35 +40,50 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_history_comes_from_the_runs_slot_events(runs):
     h = read_history(load_run(runs["r3"]))
-    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 208, 40, "stale_read", "triton")
+    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 322, 28, "stale_read", "triton")
     given = [(e.step, e.owner) for e in h.events if e.kind == "alloc"]
-    assert given == [(3, "request:1"), (39, "request:8")]
+    assert given[:5] == [(3, "request:1"), (16, "request:5"), (26, "request:4"), (28, "request:9"), (28, "request:10")]
     freed = [(e.step, e.owner, e.cause) for e in h.events if e.kind == "free"]
-    assert freed == [(30, "node:1", "tombstone"), (40, "node:18", "recover")]
+    assert freed[:4] == [(16, "node:8", "evict_leaf"), (26, "node:15", "tombstone"), (27, "node:17", "evict_leaf"),
+                         (28, "node:15", "recover")]
 
 
 def test_words_name_who_held_freed_and_was_given_the_slot(runs):
     view = ownership_view(load_run(runs["r3"]))
     words = view.sentences
-    assert words[0].startswith("SWA slot 208 is the first divergent slot (stale_read at step 40 on triton: req 8 ")
-    assert ("node 1 from step 4 (recover_locked) until it was freed at step 30; request 8 from step 39 (alloc) "
-            "until it was passed at step 40") in words[1]
-    assert "step 39: given to request 8 (allocation); step 40: freed on behalf of node 18 (recover)" in words[2]
-    assert words[3] == ("At step 40 it was freed on behalf of node 18 (recover) while request 8 (since step 39) "
-                        "held it: a free of a slot its owner still uses.")
-    assert words[4] == ("Read through a prefix lock by request 1, request 2, request 3, request 5, request 6, "
-                        "request 8, request 9, request 10.")
-    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 208" in view.plot.svg
-    # the over-free that ended the run (radix.stopped) is said too
-    assert view.notes == ("The run stopped at step 49: the allocator's capacity assert (available_size() <= size) "
-                          "failed, which ends SGLang's engine: freeing 101 pages leaves 515 free of 512.",)
+    assert words[0].startswith("SWA slot 322 is the first divergent slot (stale_read at step 28 on triton: req 9 ")
+    assert ("node 17 from step 27 (insert) until it was freed at step 27; request 10 from step 28 (alloc) until it "
+            "was passed at step 29; request 9 from step 28 (alloc)") in words[1]
+    # the stale mapping's recovery frees the slot a second time: it is in the free list twice, handed out twice
+    assert ("step 27: freed on behalf of node 17 (evict_leaf); step 28: freed on behalf of node 15 (recover); "
+            "step 28: given to request 9 (allocation); step 28: given to request 10 (allocation)") in words[2]
+    assert words[3] == ("At step 28 it was given to request 10 while request 9 (since step 28) still held it: two "
+                        "owners of one slot.")
+    assert words[4].startswith("Read through a prefix lock by request 1, request 4, request 5, request 9, ")
+    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 322" in view.plot.svg
+    # this run ends without an over-free: no note
+    assert view.notes == ()
 
 
 def test_the_report_has_the_section_and_clean_runs_do_not(runs):
     page = render_report(load_run(runs["r3"]))
-    assert '<section id="ownership">' in page and "freed on behalf of node 18 (recover) while request 8" in page
+    assert '<section id="ownership">' in page and "given to request 10 while request 9" in page
     assert ownership_view(load_run(runs["clean"])) is None
     assert '<section id="ownership">' not in render_report(load_run(runs["clean"]))
+
+
+def test_an_over_free_that_ended_the_run_is_said(runs, tmp_path):
+    import shutil
+
+    stopped = tmp_path / "stopped"
+    shutil.copytree(runs["r3"], stopped)
+    s = json.loads((stopped / "summary.json").read_text())
+    s["radix"]["stopped"] = {"step": 49, "class": "over_free", "assert": "available_size() <= size",
+                             "message": "freeing 101 pages leaves 515 free of 512"}
+    (stopped / "summary.json").write_text(json.dumps(s))
+    assert ownership_view(load_run(stopped)).notes == (
+        "The run stopped at step 49: the allocator's capacity assert (available_size() <= size) failed, which ends "
+        "SGLang's engine: freeing 101 pages leaves 515 free of 512.",)
 
 
 def test_a_damaged_or_missing_history_shows_nothing(runs, tmp_path):

@@ -315,7 +315,6 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
         if prefill:
             mode = "mixed" if (eng.mixed_chunk and decoding) else "extend"
             decode_part = decoding if mode == "mixed" else []
-            self._reorder_running(prefill, mixed=mode == "mixed")
         elif decoding:
             if self.spec is not None:
                 yield from self._speculative_round(decoding)
@@ -327,7 +326,11 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             return
 
         tags, full, swa = [], [], []
-        self._write_batch(prefill, decode_part, tags, full, swa)
+        decode_part = self._write_batch(prefill, decode_part, tags, full, swa)
+        if prefill:
+            if mode == "mixed" and not decode_part:
+                mode = "extend"             # the running requests sat this one out (no room to decode)
+            self._reorder_running(prefill, mixed=mode == "mixed")
         batch, truth = self._make_batch(self._step, mode, len(prefill) + len(decode_part), tags, full, swa)
         yield batch, truth
         if self.spec is not None:
@@ -337,8 +340,9 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
     def _reorder_running(self, prefill: list[tuple[Request, int]], mixed: bool) -> None:
         """The decode order SGLang's running batch takes after this batch: the requests whose prefill it
         completes join the running batch in batch order, behind it after an extend batch (``merge_batch``),
-        in front of it after a mixed one (the mixed batch, extend requests first, becomes the running batch)."""
-        done = [r for r, take in prefill if r.prefilled + take >= r.prefill_len]
+        in front of it after a mixed one (the mixed batch, extend requests first, becomes the running batch).
+        Called once the batch is written."""
+        done = [r for r, _ in prefill if r.prefilled >= r.prefill_len]
         if not done:
             return
         ids = {id(r) for r in done}
@@ -373,8 +377,14 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             budget -= take
         return prefill
 
-    def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> None:
-        """A batch's evictions and allocations: the prefill chunks, then one token per decoding request."""
+    def _mixed_decode(self, decode_part: list[Request]) -> list[Request]:
+        """The running requests that decode in a MIXED batch once its prefill is allocated: all of them here
+        (a scheduler whose admission does not reserve whole requests checks the room, SharingScheduler)."""
+        return decode_part
+
+    def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> list[Request]:
+        """A batch's evictions and allocations: the prefill chunks, then one token per decoding request.
+        Returns the requests that decoded (:meth:`_mixed_decode` may leave a MIXED batch's out)."""
         if self._eviction.batched:
             # SGLang 0.5.23: prepare_for_extend frees the batch's out-of-window slots (one free group),
             # then allocates; a mixed batch's running requests then do the same in prepare_for_decode
@@ -385,6 +395,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
                 self._write_tokens(r, take, tags, full, swa)
                 r.prefilled += take
                 r.extend_batches += 1
+            decode_part = self._mixed_decode(decode_part) if prefill else decode_part
             with self.alloc.free_group(self._grouped):
                 for r in decode_part:
                     self._evict_decode(r)
@@ -395,8 +406,10 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
                 self._write_tokens(r, take, tags, full, swa)
                 r.prefilled += take
                 r.extend_batches += 1
+            decode_part = self._mixed_decode(decode_part) if prefill else decode_part
             # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
             self._decode_tokens(decode_part, tags, full, swa, evict=True)
+        return decode_part
 
     def _decode_tokens(self, reqs: list[Request], tags, full, swa, evict: bool) -> None:
         """One token for each decoding request, in order (``evict``: each request's lazy eviction first)."""

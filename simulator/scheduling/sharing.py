@@ -30,6 +30,7 @@ from typing import Optional
 import numpy as np
 
 from simulator.memory.allocator import HybridAllocator, RequestSlots
+from simulator.scheduling.prefill_budget import PrefillPass
 from simulator.scheduling.batch import BatchRequests
 from simulator.engine_model.sharing import FIXED, SharingBehaviour
 from simulator.scheduling.cache_log import CacheLog
@@ -164,10 +165,23 @@ class SharingScheduler(CacheLog, Scheduler):
         slots = RequestSlots(max(total, 1))
         tag_row = self._content.tags_of(rid, spec, max(total, 1)) if retracted is None else self._tag_rows[rid]
         creq = CachedRequest(rid, slots, spec.tokens(0, spec.total_len))
-        fit = self._fit(creq, self.cache.admit(creq, max(prefill_len - 1, 0)).length, total, prefill_len)
-        if fit is None:
+        matched = self.cache.admit(creq, max(prefill_len - 1, 0)).length
+        max_new = spec.output_len + 1 if retracted is None else spec.output_len - retracted.decoded
+        first = self._pass.admit(self, matched, prefill_len - matched, max_new)
+        if first:
+            need = (total if self.reserve_whole else prefill_len) - matched
+            fit = matched, self._pages(need) * self.page, self._swa_need(need)
+        elif self.running or self._pass.admitted:
+            self.cache.release(creq)     # undo the match's lock: nothing of the request's own is held
             return None
+        else:                            # nothing runs: the model's fallback makes room (the release would wait)
+            fit = self._fit(creq, matched, total, prefill_len)
+            if fit is None:
+                return None
+            first = min(prefill_len - fit[0], self._pass.chunk)
         matched, full_need, swa_need = fit
+        self._pass.charge(first, max_new if matched + first >= prefill_len else 0)
+        self._first_chunk = first
         self._full_reserved += full_need
         self._swa_reserved += swa_need
         self.hit_tokens += matched
@@ -200,8 +214,45 @@ class SharingScheduler(CacheLog, Scheduler):
         self._swa_reserved -= req.swa_reserve
 
     def _retract(self, req: Request) -> None:
+        """0.5.23's retraction (``release_req``: its K/V freed, nothing inserted), then the queue's tail
+        (``_add_request_to_queue``). Its prefill again covers the prompt and every sampled token, the last one
+        included (whose K/V its next decode would have written): one position more, one decode less."""
         super()._retract(req)
         self._cached_len.pop(req.rid, None)
+        self.waiting.remove(req)
+        self.waiting.append(req)
+        req.prefill_len += 1
+        req.decoded += 1
+
+    def _decode_fits(self, decoding: list[Request]) -> bool:
+        """``check_decode_mem``: the next decode's new pages (one for each request whose length ends a page),
+        after the tree evicts for the shortfall, fit both pools."""
+        need = sum(1 for r in decoding if r.slots.length % self.page == 0) * self.page
+        short_full, short_swa = need - self.alloc.full_free, need - self.alloc.swa_free
+        if short_full > 0 or short_swa > 0:
+            self.cache.evict(full_tokens=max(short_full, 0), swa_tokens=max(short_swa, 0))
+        return need <= self.alloc.full_free and need <= self.alloc.swa_free
+
+    def _mixed_decode(self, decode_part: list[Request]) -> list[Request]:
+        """A MIXED batch's running requests decode only where the room is left once the prefill is allocated;
+        else they sit this forward out (0.5.23: no retraction for a mixed step)."""
+        return decode_part if not decode_part or self._decode_fits(decode_part) else []
+
+    def _grow_or_retract(self, decoding: list[Request]) -> list[Request]:
+        """0.5.23's ``check_decode_mem`` before a decode batch (:meth:`_decode_fits`); while it fails,
+        ``retract_decode`` retracts the request it keeps least (the fewest outputs, then the longest
+        prompt, then the last in batch order), always keeping one."""
+        if self._decode_fits(decoding) or len(decoding) <= 1:
+            return decoding
+        # the order it keeps them in, which the running batch then has (a stable sort: ties keep batch order)
+        decoding = sorted(decoding, key=lambda r: (r.decoded, -r.spec.prompt_len), reverse=True)
+        while True:
+            self._retract(decoding.pop())
+            if self._decode_fits(decoding) or len(decoding) <= 1:
+                break
+        kept = {id(r) for r in decoding}
+        self.running = decoding + [r for r in self.running if id(r) not in kept]
+        return decoding
 
     # ------------------------------------------------------------------ steps
 
@@ -216,6 +267,29 @@ class SharingScheduler(CacheLog, Scheduler):
                     self._checkpoint(r)
             self._release_finished()
         yield from super()._schedule()
+
+    def _take_prefill(self, chunked: list[Request], decoding: list[Request]) -> list[tuple[Request, int]]:
+        """The batch's prefill chunks as 0.5.23's ``PrefillAdder`` sizes them with the radix cache on
+        (:class:`~simulator.scheduling.prefill_budget.PrefillPass`): the request prefilled in chunks goes on
+        first, then the waiting queue's head is admitted while the pass's budget lasts."""
+        budget = self._pass = PrefillPass.start(self, decoding)
+        prefill: list[tuple[Request, int]] = []
+        for r in chunked:
+            left = r.prefill_len - r.prefilled
+            take = budget.continuing_chunk(self, left)
+            if take > 0:
+                budget.charge(take, r.spec.output_len + 1 if take == left else 0)
+                prefill.append((r, take))
+        while self.waiting and budget.open(self):
+            req = self._try_admit(self.waiting[0])
+            if req is None:
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            if req.decodes:
+                decoding.append(req)
+            prefill.append((req, self._first_chunk))
+        return prefill
 
     def _checkpoint(self, r: Request) -> None:
         """``checkpoint_into_tree`` of an unfinished request: ``free_out_of_window_slots(req, key - 1)``
