@@ -273,12 +273,12 @@ def test_a_bug_in_one_backends_own_metadata_is_found_on_that_backend_only(tmp_pa
     assert p.returncode == 1, p.stderr[-2000:]
     assert [x["applied_by"] for x in summary["engine"]["patches"]] == ["sglang"] * len(PATCHED)
     assert found == {
-        "flashinfer": {"stale_read": 60652},            # decode reads the previous request's row
-        "flashattention": {"stale_read": 30088},        # the SWA page table one page short
-        "musa": {"stale_read": 30088},                  # ... which musa inherits
-        "trtllm_mha": {"missed": 6496, "clobbered": 50, "evicted_slot": 440},   # every SWA write one slot off
+        "flashinfer": {"stale_read": 50718},            # decode reads the previous request's row
+        "flashattention": {"stale_read": 30072},        # the SWA page table one page short
+        "musa": {"stale_read": 30072},                  # ... which musa inherits
+        "trtllm_mha": {"missed": 6496, "clobbered": 52, "evicted_slot": 440},   # every SWA write one slot off
         "aiter": {"missed": 10, "clobbered": 10, "padding_slot": 312},          # decode's SWA write via mapping[1:]
-        "xpu": {"stale_read": 30088},                   # its own SWA page table one page off
-        "torch_native": {"missed": 6496, "clobbered": 50, "evicted_slot": 440},  # its SWA write ids one slot off
+        "xpu": {"stale_read": 30072},                   # its own SWA page table one page off
+        "torch_native": {"missed": 6496, "clobbered": 52, "evicted_slot": 440},  # its SWA write ids one slot off
         "triton": {"stale_read": 216},                  # its SWA table leaves out the window's first position
     }
