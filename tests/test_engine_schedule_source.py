@@ -6,7 +6,8 @@ backends (the bugs here are in scheduling code, before any backend): B2, scenari
 scenarios/cover-radix-paged.toml run clean with the release deciding (the second with its retractions and
 out-of-window SWA evictions, the third through the release's own radix tree under pressure, by default: --scheduler
 auto); a bug put into the release's decode allocation, its SWA eviction or its radix tree's insert gives findings; the decode allocation's bug, which keeps every count right, is clean when the model schedules (the
-release's allocation never runs there).
+release's allocation never runs there). R2 (#29352) with its fix reverted gives the model's count through the
+release's own scheduler and tree, and the model schedules r2's scenario as the release does, forward by forward.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ PATCHES = ROOT / "tests" / "engine_patches"
 B2 = "scenarios/b2-decode-stale-tail.toml"
 SER = "scenarios/sched-evict-retract.toml"
 RADIX = "scenarios/cover-radix-paged.toml"
+R2 = "scenarios/r2-locked-full-recovery.toml"
 RUNS = {
     "b2": (B2, "release", None),
     "ser": (SER, "release", None),
@@ -38,6 +40,7 @@ RUNS = {
     "evict_model": (SER, "model", "sched-evict-into-window.yaml"),
     "radix": (RADIX, "auto", None),
     "dup_row": (RADIX, "auto", "sched-insert-keeps-duplicate-row.yaml"),
+    "r2_revert": (R2, "auto", ROOT / "examples" / "engine-patches" / "revert-29352-locked-full-recovery.yaml"),
 }
 
 
@@ -56,7 +59,7 @@ def runs(engine_releases, tmp_path_factory):
         cmd = ["run", scenario, "--engine", "sglang==0.5.23", "--scheduler", scheduler, "--backends",
                "triton,flashinfer", "--out", str(out), "--no-report", "-q"]
         if patch:
-            cmd += ["--engine-patch", str(PATCHES / patch)]
+            cmd += ["--engine-patch", str(PATCHES / patch)]     # (an absolute path stays itself)
         proc = slotscope(*cmd)
         got = {"proc": proc}
         if (out / "summary.json").exists():
@@ -174,3 +177,19 @@ def test_content_tags_name_the_first_writer():
                         tag_bases=np.zeros(2, dtype=np.int64))
     keys = ct.keys(req, np.array([0, 0, 1]), np.array([0, 4, 3]))
     assert keys.tolist() == [1, 8, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.engine
+def test_r2_through_the_release_scheduler_and_tree_with_its_fix_reverted(runs, engine_releases):
+    """The release's checkpoints (at each completed prefill too), its tombstone over A's out-of-window prefix and
+    B's recovery over it in the same result group: with #29352 reverted A reads its freed Full, the model's 510
+    stale_read per backend; and the model makes the release's batches on this scenario, every forward."""
+    got = runs["r2_revert"]
+    assert got["proc"].returncode == 1, got["proc"].stderr[-2000:]
+    assert got["run"]["engine_pieces"]["scheduler_choice"]["scheduler"] == "release"
+    assert _findings(got) == {"stale_read": 2 * 510} and got["summary"]["steps"] == 31
+    proc = slotscope("conform", R2, "--engine", "sglang==0.5.23", "--scheduler", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["first_difference"] is None and res["forwards"] == {"model": 31, "engine": 31}
