@@ -110,9 +110,9 @@ def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[S
 
 
 def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], log: Callable[[str], None],
-                against: Optional[str] = None) -> dict:
+                against: Optional[str] = None, engine_patches: tuple = ()) -> dict:
     """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json (``against``: the
-    reference design, default the result's)."""
+    reference design, default the result's; ``engine_patches``: the --engine-patch files the release ran with)."""
     against = res.against if against is None else against
     from .pipeline import RunOptions, run_scenario
 
@@ -124,7 +124,8 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
     (out_dir / "minimal.toml").write_text(minimal.to_toml(defaults=False))
     back = parse_scenario(minimal.to_toml(defaults=False), str(out_dir / "minimal.toml"))
     run = run_scenario(back, out_dir / "run", RunOptions(device="cpu", engine=engine, quiet_engine=True))
-    info = {"status": "found", "design": sc.design, "engine": None if engine is None else str(engine), "tried": res.tried, "rejected": res.rejected,
+    info = {"status": "found", "design": sc.design, "engine": None if engine is None else str(engine),
+            "engine_patches": list(engine_patches), "tried": res.tried, "rejected": res.rejected,
             "found_after_s": round(res.elapsed_s, 2), "minimize_s": round(time.perf_counter() - t0, 2),
             "minimize_runs": runs, "coverage": res.coverage, "scenario_hash": sc.hash,
             "finding": {"class": f.cls, "backend": f.backend, "step": f.step, "layer": f.layer, "kind": f.kind,
@@ -169,7 +170,7 @@ def write_clean(res: FuzzResult, out_dir: Path, design: str, seed: int) -> dict:
 
 
 def register(subparsers: Any) -> None:
-    from .options import add_engine_option, positive_int
+    from .options import add_engine_option, add_engine_patch, positive_int
 
     p = subparsers.add_parser(
         "fuzz", help="search the scenario space for a scenario that makes a design fail",
@@ -186,6 +187,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--design", required=True, help="a built-in design or path/to/file.py:ClassName")
     add_engine_option(p, help="sglang or sglang==VERSION: the real release in the write path of every scenario "
                               "drawn (default: none, the design's model)")
+    add_engine_patch(p)
     p.add_argument("--budget", type=parse_budget, default=600.0, metavar="TIME",
                    help="how long to search: 90s, 10m, 1h (a finite time > 0; default 10m)")
     p.add_argument("--seed", type=parse_seed, default=0,
@@ -210,14 +212,18 @@ def cmd_fuzz(args) -> int:
         if not args.quiet:
             print(line, file=sys.stderr, flush=True)
 
+    from .options import use_engine_patches
+
     engine = args.engine
+    engine_patches = tuple(use_engine_patches(args, engine))
     out_dir = Path(args.out or f"out/fuzz-{_slug(args.design)}")
     from .fuzz_search import resolve_against
 
     against = resolve_against(args.design, args.against, engine)
     why = " (the design's own release)" if args.against == OWN_RELEASE and against else ""
-    log(f"fuzz: design {args.design}, seed {args.seed}, budget {args.budget:.0f}s, against "
-        f"{against or 'nothing'}{why}")
+    patched = f" + {', '.join(Path(x).name for x in engine_patches)}" if engine_patches else ""
+    log(f"fuzz: design {args.design}{f', engine {engine}{patched}' if engine else ''}, seed {args.seed}, budget "
+        f"{args.budget:.0f}s, against {against or 'nothing'}{why}")
     res = fuzz(args.design, seed=args.seed, budget_s=args.budget, engine=engine, max_scenarios=args.max_scenarios,
                log=log, against=against or NO_REFERENCE)
     internal = f", {len(res.internal)} internal errors of slotscope" if res.internal else ""
@@ -237,7 +243,7 @@ def cmd_fuzz(args) -> int:
     from .minimize import InternalError
 
     try:
-        info = write_found(res, out_dir, engine, log)
+        info = write_found(res, out_dir, engine, log, engine_patches=engine_patches)
     except InternalError as e:
         write_internal(res, out_dir)
         (out_dir / "minimize-error.toml").write_text(e.candidate.to_toml(defaults=False))

@@ -175,3 +175,13 @@ def test_bad_design_is_bad_input(capsys):
     with pytest.raises(SystemExit):
         main(["fuzz", "--design", "kvwriteloc-strict", "--budget", "ten"])
     assert "--budget 'ten'" in capsys.readouterr().err
+
+
+def test_an_engine_patch_needs_an_engine_and_a_readable_file(capsys, tmp_path):
+    patch = ROOT / "examples" / "engine-patches" / "revert-29352-locked-full-recovery.yaml"
+    assert main(["fuzz", "--design", "sglang-0.5.23", "--budget", "5s", "--engine-patch", str(patch)]) == 2
+    assert "--engine-patch needs --engine" in capsys.readouterr().err
+    missing = tmp_path / "no-such.yaml"
+    assert main(["fuzz", "--design", "sglang-0.5.23", "--budget", "5s", "--engine", "sglang==0.5.23",
+                 "--engine-patch", str(missing)]) == 2
+    assert "no-such.yaml" in capsys.readouterr().err
