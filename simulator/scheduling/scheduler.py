@@ -365,17 +365,25 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
                 prefill.append((r, take))
                 budget -= take
         while self.waiting and budget > 0:
-            req = self._try_admit(self.waiting[0])
+            req = self._admit_head(decoding)
             if req is None:
                 break
-            self.waiting.popleft()
-            self.running.append(req)
-            if req.decodes:
-                decoding.append(req)
             take = min(req.prefill_len - req.prefilled, budget)   # a radix cache admits past the matched prefix
             prefill.append((req, take))
             budget -= take
         return prefill
+
+    def _admit_head(self, decoding: list[Request]) -> Optional[Request]:
+        """The waiting queue's head admitted (None: it does not fit): it joins the running requests, and
+        ``decoding`` where it already decodes."""
+        req = self._try_admit(self.waiting[0])
+        if req is None:
+            return None
+        self.waiting.popleft()
+        self.running.append(req)
+        if req.decodes:
+            decoding.append(req)
+        return req
 
     def _mixed_decode(self, decode_part: list[Request]) -> list[Request]:
         """The running requests that decode in a MIXED batch once its prefill is allocated: all of them here

@@ -281,13 +281,9 @@ class SharingScheduler(CacheLog, Scheduler):
                 budget.charge(take, r.spec.output_len + 1 if take == left else 0)
                 prefill.append((r, take))
         while self.waiting and budget.open(self):
-            req = self._try_admit(self.waiting[0])
+            req = self._admit_head(decoding)
             if req is None:
                 break
-            self.waiting.popleft()
-            self.running.append(req)
-            if req.decodes:
-                decoding.append(req)
             prefill.append((req, self._first_chunk))
         return prefill
 
