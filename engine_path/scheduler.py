@@ -334,8 +334,8 @@ class ReleaseScheduler:
             ext = [int(x) for x in batch.extend_lens]
         loc = [int(x) for x in batch.out_cache_loc.tolist()]
         self.decisions.append(Decision(
-            step=len(self.decisions), mode=mode, rids=tuple(self.specs[int(r.rid)].uid for r in batch.reqs), extend_lens=tuple(ext),
-            seq_lens=tuple(seq), out_cache_loc=tuple(loc), full_free=int(self.allocator.full_free),
+            step=len(self.decisions), mode=mode, rids=tuple(self.specs[int(r.rid)].uid for r in batch.reqs),
+            extend_lens=tuple(ext), seq_lens=tuple(seq), out_cache_loc=tuple(loc), full_free=int(self.allocator.full_free),
             swa_free=int(self.allocator.swa_free)))
         if self.on_forward is not None:
             self.on_forward(batch)

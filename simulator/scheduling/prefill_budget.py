@@ -34,7 +34,7 @@ def swa_need(extend: int, max_new: int, window: int, page: int, limit: int) -> i
 
 @dataclass
 class PrefillPass:
-    """The budget of one pass (see the module docstring); ``room()`` reads the pools and the tree live."""
+    """The budget of one pass (see the module docstring); :meth:`rooms` reads the pools and the tree live."""
 
     page: int
     window: int

@@ -4,9 +4,11 @@
 :class:`~simulator.scheduling.prefix_cache.PrefixCache` between it and the allocator:
 
 * admission matches the request's prompt (all but its last token) in the tree, takes the matched
-  slots into the request's row and locks them; only the unmatched part is reserved and written. When
-  the pools (the requests' reservations plus what the tree holds) cannot take the rest, the tree
-  evicts (unlocked leaves, then SWA tombstones) before the admission is refused;
+  slots into the request's row and locks them; only the unmatched part is written. Who is admitted, and
+  the first chunk, is 0.5.23's per-pass budget (:class:`~simulator.scheduling.prefill_budget.PrefillPass`:
+  free plus evictable tokens, nothing reserved across passes); the tree evicts (unlocked leaves, then SWA
+  tombstones) when a batch allocates. Before a decode batch 0.5.23's decode memory check, then its
+  retraction (:meth:`SharingScheduler._grow_or_retract`);
 * after each forward that extended a request which has not finished (a prefill chunk, or the whole
   prefill) its checkpoint, ``cache_unfinished`` (0.5.23's ``checkpoint_kv_cache``; up to the request's
   SWA branching point first: ``PrefixCache.insert_length``), at the finish ``cache_finished`` (all its
