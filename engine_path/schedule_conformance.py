@@ -18,7 +18,7 @@ from .scheduler import Decision, unsupported
 from .errors import EngineError
 
 #: a Decision's compared fields (all but its index), in the order a difference is named
-FIELDS = tuple(f.name for f in fields(Decision) if f.name != "step")
+FIELDS = tuple(f.name for f in fields(Decision) if f.name not in ("step", "tree"))
 
 
 def model_schedule(path: str, options: Optional[dict] = None) -> dict:
@@ -51,27 +51,44 @@ def model_schedule(path: str, options: Optional[dict] = None) -> dict:
             step=len(out), mode=batch.mode, rids=tuple(uid[int(r)] for r in rq.rids),
             extend_lens=tuple(int(x) for x in rq.extend_lens), seq_lens=tuple(int(x) for x in rq.seq_lens),
             out_cache_loc=tuple(int(x) for x in batch.out_cache_loc[:real]), full_free=int(alloc.full_free),
-            swa_free=int(alloc.swa_free)).to_json())
+            swa_free=int(alloc.swa_free), tree=_tree_state(sched)).to_json())
     return {"info": {"scenario": sc.name, "scheduler": type(sched).__name__, "design": design.name,
                      "release": design.release.name}, "steps": out}
 
 
+def _tree_state(sched) -> tuple:
+    """The model's tree as a Decision counts it: Full tokens in unlocked / locked nodes, live SWA tokens in
+    unlocked / locked nodes (0s without the radix cache)."""
+    cache = getattr(sched, "cache", None)
+    if cache is None:
+        return (0, 0, 0, 0)
+    nodes = [n for n in cache.nodes.values() if n is not cache.root]
+    full = [(len(n.full), n.full_lock > 0) for n in nodes]
+    swa = [(len(n.swa), n.swa_lock > 0) for n in nodes if n.swa is not None]
+    return (sum(k for k, locked in full if not locked), sum(k for k, locked in full if locked),
+            sum(k for k, locked in swa if not locked), sum(k for k, locked in swa if locked))
+
+
 def compare_schedules(model: list[dict], engine: list[dict]) -> dict:
     """The first forward where the two sides' decisions differ (None where every forward agrees), the field and
-    both values, and each side's forward count."""
-    first = None
+    both values, and each side's forward count; apart from it, the first forward where the trees differ
+    (``first_tree_difference``: a Decision's ``tree``, Full and SWA tokens evictable and locked)."""
+    first = tree = None
     for m, e in zip(model, engine):
         field = next((f for f in FIELDS if _norm(m[f]) != _norm(e[f])), None)
-        if field is not None:
+        if field is not None and first is None:
             first = {"step": m["step"], "field": field, "model": m[field], "engine": e[field],
                      "model_forward": {f: m[f] for f in FIELDS if f != "out_cache_loc"},
                      "engine_forward": {f: e[f] for f in FIELDS if f != "out_cache_loc"}}
+        if tree is None and _norm(m.get("tree")) != _norm(e.get("tree")):
+            tree = {"step": m["step"], "model": m.get("tree"), "engine": e.get("tree")}
+        if first is not None and tree is not None:
             break
     if first is None and len(model) != len(engine):
         n = min(len(model), len(engine))
         first = {"step": n, "field": "forwards", "model": len(model), "engine": len(engine)}
-    return {"conforms": first is None, "first_difference": first, "forwards": {"model": len(model),
-                                                                               "engine": len(engine)}}
+    return {"conforms": first is None and tree is None, "first_difference": first, "first_tree_difference": tree,
+            "forwards": {"model": len(model), "engine": len(engine)}}
 
 
 def _norm(v):

@@ -84,7 +84,9 @@ NOT_YET = (
 @dataclass(frozen=True)
 class Decision:
     """One forward a scheduler made: its mode, requests (the workload's uids, in batch order), each request's
-    new tokens and length after the forward, the slots it writes (real rows) and the free slots left in each pool."""
+    new tokens and length after the forward, the slots it writes (real rows), the free slots left in each pool and
+    the tree's state: (Full tokens evictable, Full tokens locked, live SWA tokens evictable, live SWA tokens locked),
+    all 0 without the radix cache."""
 
     step: int
     mode: str
@@ -94,6 +96,7 @@ class Decision:
     out_cache_loc: tuple
     full_free: int
     swa_free: int
+    tree: tuple = (0, 0, 0, 0)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -336,12 +339,20 @@ class ReleaseScheduler:
         self.decisions.append(Decision(
             step=len(self.decisions), mode=mode, rids=tuple(self.specs[int(r.rid)].uid for r in batch.reqs),
             extend_lens=tuple(ext), seq_lens=tuple(seq), out_cache_loc=tuple(loc), full_free=int(self.allocator.full_free),
-            swa_free=int(self.allocator.swa_free)))
+            swa_free=int(self.allocator.swa_free), tree=self._tree_state()))
         if self.on_forward is not None:
             self.on_forward(batch)
         result = importlib.import_module(RESULT).GenerationBatchResult
         return result(next_token_ids=torch.tensor([self._next_token(int(r.rid), s) for r, s in zip(batch.reqs, seq)],
                                                   dtype=torch.int64))
+
+    def _tree_state(self) -> tuple:
+        """The release's tree as a Decision counts it (its own size accessors; 0s where the cache is disabled)."""
+        t = self.scheduler.tree_cache
+        if getattr(t, "disable", True):
+            return (0, 0, 0, 0)
+        return (int(t.full_evictable_size()), int(t.full_protected_size()), int(t.swa_evictable_size()),
+                int(t.swa_protected_size()))
 
     def _next_token(self, index: int, seq_len: int) -> int:
         """The token sampled after a forward that leaves request ``index`` at ``seq_len``: the workload's content

@@ -45,14 +45,21 @@ def print_schedule_conform(res: dict, out=sys.stdout) -> None:
     if first is None:
         print(f"  every forward conforms: mode, requests, new tokens, lengths, write slots and free slots "
               f"({n['model']} forwards{'' if res['max_steps'] is None else ', --max-steps'})", file=out)
-        return
-    print(f"  first difference at forward {first['step']}: {first['field']}", file=out)
-    print(f"    model:  {_short(first['model'])}", file=out)
-    print(f"    engine: {_short(first['engine'])}", file=out)
-    for side in ("model", "engine"):
-        fwd = first.get(f"{side}_forward")
-        if fwd:
-            print(f"    {side} forward: " + ", ".join(f"{k}={_short(v, 60)}" for k, v in fwd.items()), file=out)
+    else:
+        print(f"  first difference at forward {first['step']}: {first['field']}", file=out)
+        print(f"    model:  {_short(first['model'])}", file=out)
+        print(f"    engine: {_short(first['engine'])}", file=out)
+        for side in ("model", "engine"):
+            fwd = first.get(f"{side}_forward")
+            if fwd:
+                print(f"    {side} forward: " + ", ".join(f"{k}={_short(v, 60)}" for k, v in fwd.items()), file=out)
+    tree = res.get("first_tree_difference")
+    what = "the tree (Full tokens evictable, locked; live SWA tokens evictable, locked)"
+    if tree is None:
+        print(f"  {what}: the same after every forward compared", file=out)
+    else:
+        print(f"  {what}: first differs after forward {tree['step']}: model {_short(tree['model'])}, "
+              f"engine {_short(tree['engine'])}", file=out)
 
 
 def _short(v, limit: int = 160) -> str:

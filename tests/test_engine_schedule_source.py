@@ -190,6 +190,9 @@ def test_r2_through_the_release_scheduler_and_tree_with_its_fix_reverted(runs, e
     assert got["run"]["engine_pieces"]["scheduler_choice"]["scheduler"] == "release"
     assert _findings(got) == {"stale_read": 2 * 510} and got["summary"]["steps"] == 31
     proc = slotscope("conform", R2, "--engine", "sglang==0.5.23", "--scheduler", "--json")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["first_difference"] is None and res["forwards"] == {"model": 31, "engine": 31}
+    # the trees: one SWA token apart in the locks from the first checkpoint on (the release splits a fresh live leaf
+    # longer than a window so that a lock pins one window, _maybe_split_leaf_for_swa_lock; the model does not yet)
+    assert proc.returncode == 1 and res["first_tree_difference"] == {
+        "step": 1, "model": [0, 96, 0, 34], "engine": [0, 96, 1, 33]}

@@ -79,14 +79,24 @@ def test_a_scenario_it_cannot_run_yet_is_refused(runs):
 
 # --------------------------------------------------------------------------- the comparison, no engine
 
-def _d(step=0, mode="decode", rids=(0, 1), loc=(5, 6), full_free=10, swa_free=8) -> dict:
+def _d(step=0, mode="decode", rids=(0, 1), loc=(5, 6), full_free=10, swa_free=8, tree=(0, 0, 0, 0)) -> dict:
     return Decision(step, mode, tuple(rids), (1,) * len(rids), (9,) * len(rids), tuple(loc), full_free,
-                    swa_free).to_json()
+                    swa_free, tuple(tree)).to_json()
 
 
 def test_equal_decisions_conform():
     res = compare_schedules([_d(0), _d(1)], [_d(0), _d(1)])
-    assert res == {"conforms": True, "first_difference": None, "forwards": {"model": 2, "engine": 2}}
+    assert res == {"conforms": True, "first_difference": None, "first_tree_difference": None,
+                   "forwards": {"model": 2, "engine": 2}}
+
+
+def test_a_tree_difference_is_named_apart_from_the_decisions():
+    res = compare_schedules([_d(0), _d(1, tree=(0, 96, 0, 34)), _d(2, swa_free=1)],
+                            [_d(0), _d(1, tree=(0, 96, 1, 33)), _d(2, swa_free=2)])
+    assert res["conforms"] is False
+    assert res["first_tree_difference"] == {"step": 1, "model": (0, 96, 0, 34), "engine": (0, 96, 1, 33)}
+    assert res["first_difference"]["step"] == 2 and res["first_difference"]["field"] == "swa_free"
+    assert "tree" not in res["first_difference"]["model_forward"]
 
 
 def test_the_first_differing_field_is_named_in_order():
