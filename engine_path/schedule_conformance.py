@@ -62,11 +62,8 @@ def _tree_state(sched) -> tuple:
     cache = getattr(sched, "cache", None)
     if cache is None:
         return (0, 0, 0, 0)
-    nodes = [n for n in cache.nodes.values() if n is not cache.root]
-    full = [(len(n.full), n.full_lock > 0) for n in nodes]
-    swa = [(len(n.swa), n.swa_lock > 0) for n in nodes if n.swa is not None]
-    return (sum(k for k, locked in full if not locked), sum(k for k, locked in full if locked),
-            sum(k for k, locked in swa if not locked), sum(k for k, locked in swa if locked))
+    (full_free, swa_free), (full, swa) = cache.evictable(), cache.held()
+    return (full_free, full - full_free, swa_free, swa - swa_free)
 
 
 def compare_schedules(model: list[dict], engine: list[dict]) -> dict:

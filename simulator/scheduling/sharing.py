@@ -111,17 +111,9 @@ class SharingScheduler(CacheLog, Scheduler):
 
     # ------------------------------------------------------------------ admission and release
 
-    def _tree_held(self) -> tuple[int, int]:
-        full = swa = 0
-        for n in self.cache.nodes.values():
-            full += len(n.full)
-            if n.swa is not None:
-                swa += len(n.swa)
-        return full, swa
-
     def _short(self, full_need: int, swa_need: int) -> tuple[int, int]:
         """How many full / SWA slots an admission reserving ``full_need`` / ``swa_need`` is short of (> 0)."""
-        tf, ts = self._tree_held()
+        tf, ts = self.cache.held()
         return (self._full_reserved + tf + full_need - self.alloc.full_size,
                 self._swa_reserved + ts + swa_need - self.alloc.swa_size)
 

@@ -65,3 +65,9 @@ class TreeEviction:
         swa = sum(len(n.swa) for n in self.nodes.values()
                   if n is not self.root and n.swa is not None and n.swa_lock == 0)
         return full, swa
+
+    def held(self) -> tuple[int, int]:
+        """Full tokens in every node, SWA tokens in every live node (locked or not)."""
+        full = sum(len(n.full) for n in self.nodes.values())
+        swa = sum(len(n.swa) for n in self.nodes.values() if n.swa is not None)
+        return full, swa
