@@ -13,3 +13,15 @@ class ReleaseLacks(EngineError):
     cannot run this scenario, other releases may. ``slotscope bisect`` lists such a release as "cannot run" and
     looks for the change among the releases that can; a single run exits 2 with the message, as for any
     EngineError."""
+
+
+class AdapterLacks(EngineError):
+    """slotscope's adapter of the release has no piece for what the scenario asks (an fp8 KV pool): the scenario
+    cannot run in engine mode, though the release may have it. A run exits 2 with the message; a fuzz search
+    counts the draw as rejected."""
+
+
+class SchedulerStalled(EngineError):
+    """The release's own scheduler made no forward for many passes of its loop with requests waiting: its pools
+    cannot hold a waiting request (the model refuses such a scenario before it runs). A fuzz search counts the
+    draw as rejected."""

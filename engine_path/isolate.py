@@ -16,11 +16,11 @@ import sys
 import traceback
 from typing import Any, Optional
 
-from .errors import EngineError, ReleaseLacks
+from .errors import AdapterLacks, EngineError, ReleaseLacks, SchedulerStalled
 
 MARK = "@@slotscope-isolate@@"
 #: the engine errors raised again in the parent as themselves
-ERRORS = {"EngineError": EngineError, "ReleaseLacks": ReleaseLacks}
+ERRORS = {e.__name__: e for e in (EngineError, ReleaseLacks, AdapterLacks, SchedulerStalled)}
 
 
 class IsolatedFailure(RuntimeError):

@@ -33,7 +33,7 @@ from simulator.oracle.kvrows import TAG_LANES, decode_tags, encode_rows, set_lay
 from simulator.memory.pool import KVLengthMismatch
 
 from .api import ReleaseAPI
-from .errors import EngineError
+from .errors import AdapterLacks, EngineError
 
 COMPACT_WIDTH = 16
 #: (id(api), device) -> release_store's answer (one probe per release and device)
@@ -173,7 +173,7 @@ class EnginePool:
         """``layers``: (global layer id, "full" | "swa", index in its sub-pool), in global order. ``build``
         False: the release's ``SWAKVPool`` is built when first used (:attr:`pool`), not here."""
         if kv_dtype not in _DTYPES:
-            raise EngineError(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
+            raise AdapterLacks(f"the engine pool adapter supports kv_dtype bf16 and fp16, not {kv_dtype!r}")
         self.api = api
         self.device = torch.device(device)
         self._args = dict(full_size=full_size, swa_size=swa_size, page_size=page_size, layers=list(layers),

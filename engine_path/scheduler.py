@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .api import ReleaseAPI
-from .errors import EngineError
+from .errors import EngineError, SchedulerStalled
 
 SCHEDULER = "sglang.srt.managers.scheduler"
 IPC = "sglang.srt.managers.scheduler_components.ipc_channels"
@@ -301,7 +301,7 @@ class ReleaseScheduler:
             self._stall = self._stall + 1 if sched.forward_ct == self._last_ct else 0
             self._last_ct = sched.forward_ct
             if self._stall > STALL_PASSES:
-                raise EngineError(f"the release's scheduler stalled: {STALL_PASSES} passes of its loop without a "
+                raise SchedulerStalled(f"the release's scheduler stalled: {STALL_PASSES} passes of its loop without a "
                                   f"forward, {len(sched.waiting_queue)} requests waiting")
 
     def _submit(self, sched, index: int, spec) -> None:

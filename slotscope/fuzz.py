@@ -21,10 +21,10 @@ pool of interesting scenarios, and half the draws mutate one of them (a few knob
 others are fresh. Everything depends only on the seed and the runs' deterministic results, so the
 same seed gives the same sequence of scenarios (``--max-scenarios`` bounds it for a test).
 
-A failure counts only where the reference design runs the same scenario clean: by default the design's own
+A failure counts only where the reference runs the same scenario clean: by default the design's own
 release (``--against release``: ``sglang-0.5.23`` for a design of 0.5.23, ``sglang-post-33587`` for one of
-mid-2026; none for a design that is the release, or with ``--engine``), ``--against DESIGN`` another,
-``--against none`` no reference. On the first failing scenario (any finding on any backend) the search stops,
+mid-2026; none for a design that is the release, or with ``--engine``; with ``--engine-patch``, the release
+without the patches, fuzz_release_ref.py), ``--against DESIGN`` another, ``--against none`` no reference. On the first failing scenario (any finding on any backend) the search stops,
 minimizes it with :class:`slotscope.minimize.Minimizer` and writes into ``--out``: ``found.toml`` (the
 scenario as drawn), ``minimal.toml``, ``run/`` (the minimal scenario's run: summary, findings, report.html)
 and ``fuzz.json`` (seed, counts, the finding, timings). An internal error of slotscope on a draw (an exception,
@@ -50,7 +50,7 @@ from typing import Any, Callable, Optional
 from engine_path.releases import EngineSpec
 from simulator.scenario import MAX_SEED, Scenario, parse_scenario
 
-from .fuzz_search import NO_REFERENCE, OWN_RELEASE, FuzzResult, fuzz, run_one
+from .fuzz_search import OWN_RELEASE, FuzzResult, fuzz, run_one
 
 EXIT_CLEAN, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 #: internal errors written to --out/internal-errors/ at most (every one is counted)
@@ -134,10 +134,13 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
     info["against"] = against
     if against is not None:
         info["shared_with_against"] = res.shared
-        try:
-            info["against_on_minimal"] = run_one(replace(back, design=against), None).status
-        except Exception as exc:          # slotscope's own bug on the reference: said, not raised
-            info["against_on_minimal"] = f"internal error: {type(exc).__name__}: {str(exc)[:200]}"
+        if minimal is sc:                 # not minimized: the reference's outcome on this very draw
+            info["against_on_minimal"] = res.against_on_found
+        else:
+            try:
+                info["against_on_minimal"] = run_one(replace(back, design=against), None).status
+            except Exception as exc:      # slotscope's own bug on the reference: said, not raised
+                info["against_on_minimal"] = f"internal error: {type(exc).__name__}: {str(exc)[:200]}"
     info.update(write_internal(res, out_dir))
     (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -196,8 +199,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--against", metavar="DESIGN", default=OWN_RELEASE,
                    help="a reference design: count a failure only where it runs clean. 'release' (the default): "
                         "the design's own release (sglang-0.5.23 for a design of 0.5.23, sglang-post-33587 for one of "
-                        "mid-2026; none for the release itself or with --engine), so a bug the release has, like W7 "
-                        "on ROCm, does not end the search; a design name or path.py:Class; 'none': no reference")
+                        "mid-2026; none for the release itself or with --engine; with --engine-patch the release "
+                        "without the patches, in a worker process), so a bug the release has, like W7 on ROCm or F1 "
+                        "in 0.5.23, does not end the search; a design name or path.py:Class; 'none': no reference")
     p.add_argument("--max-scenarios", type=positive_int, metavar="N", help="stop after N scenarios run (N >= 1)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_fuzz)
@@ -217,15 +221,17 @@ def cmd_fuzz(args) -> int:
     engine = args.engine
     engine_patches = tuple(use_engine_patches(args, engine))
     out_dir = Path(args.out or f"out/fuzz-{_slug(args.design)}")
-    from .fuzz_search import resolve_against
+    from .fuzz_search import reference
 
-    against = resolve_against(args.design, args.against, engine)
-    why = " (the design's own release)" if args.against == OWN_RELEASE and against else ""
+    ref = reference(args.design, args.against, engine, patched=bool(engine_patches))
+    against = None if ref is None else ref.name
+    why = "" if args.against != OWN_RELEASE or ref is None else (
+        " (the release without the patches)" if engine else " (the design's own release)")
     patched = f" + {', '.join(Path(x).name for x in engine_patches)}" if engine_patches else ""
     log(f"fuzz: design {args.design}{f', engine {engine}{patched}' if engine else ''}, seed {args.seed}, budget "
         f"{args.budget:.0f}s, against {against or 'nothing'}{why}")
     res = fuzz(args.design, seed=args.seed, budget_s=args.budget, engine=engine, max_scenarios=args.max_scenarios,
-               log=log, against=against or NO_REFERENCE)
+               log=log, against=args.against)
     internal = f", {len(res.internal)} internal errors of slotscope" if res.internal else ""
     log(f"fuzz: {res.status}: {res.tried} scenarios run, {res.rejected} rejected, {res.elapsed_s:.1f}s, "
         f"coverage {res.coverage} combinations" + (f", {res.shared} failing under {against} too" if against else "")

@@ -5,9 +5,11 @@ interesting scenario (recent ones preferred), the others are fresh. Each valid d
 CPU without outputs and stops at its first finding; a draw the validator, the scheduler or the resource check
 refuses is counted as rejected. Everything depends only on the seed and the runs' deterministic results.
 
-A failure counts only where the reference design runs the same scenario clean: by default the design's own
-release (:func:`own_release_design`), so a failure the release shares (W7 on ROCm, R8 with a cache linker) does
-not end the search. An exception inside slotscope on a valid draw (not a finding) is slotscope's own bug: it is
+A failure counts only where the reference runs the same scenario clean: by default the design's own release
+(:func:`own_release_design`), so a failure the release shares (W7 on ROCm, R8 with a cache linker) does not end
+the search; a release patched with --engine-patch is searched against the release as released
+(fuzz_release_ref.py). A draw the release or slotscope's adapter of it cannot run is rejected, as one the
+validator refuses (fuzz_run.py). An exception inside slotscope on a valid draw (not a finding) is slotscope's own bug: it is
 recorded (:class:`InternalFailure`) and the search goes on.
 """
 from __future__ import annotations
@@ -23,12 +25,11 @@ from simulator.designs.base import Design
 from simulator.designs.catalogue import CATALOGUE
 from simulator.designs.loading import load_design
 from simulator.engine_model.release import MID_2026_RELEASE, SGLANG_0_5_23_RELEASE
-from simulator.scenario import MAX_SEED, Scenario, ScenarioError
+from simulator.scenario import MAX_SEED, Scenario
 
 from .fuzz_coverage import features
+from .fuzz_run import FirstFinding, Outcome, StopAtFirst, run_one  # noqa: F401 (the search's names)
 from .fuzz_space import Generator, draw_scenario, fix_up
-from .minimize import stalled
-from .rundir import UsageError
 
 MAX_LEVEL = 6
 
@@ -39,54 +40,6 @@ RELEASES = (MID_2026_RELEASE, SGLANG_0_5_23_RELEASE)
 #: the hooks through which a design changes the write path (a release's own design overrides none)
 HOOKS = ("translate", "fill_graph_loc_buffer", "fill_graph_swa_buffer", "read_ids", "make_write_loc",
          "size_draft_pools", "backend_spec")
-
-
-class FirstFinding(Exception):
-    """Raised by :class:`StopAtFirst`: the run's first finding (``finding``)."""
-
-    def __init__(self, finding):
-        super().__init__(finding)
-        self.finding = finding
-
-
-class StopAtFirst:
-    """A run observer that ends the run at its first finding (the fuzzer needs one; so do tests)."""
-
-    def on_run_start(self, run) -> None: pass
-    def on_step(self, step) -> None: pass
-    def on_boundary(self, *args) -> None: pass
-    def on_run_end(self) -> None: pass
-
-    def on_findings(self, findings) -> None:
-        if findings:
-            raise FirstFinding(findings[0])
-
-
-@dataclass
-class Outcome:
-    status: str                                   # "clean" | "found" | "rejected"
-    finding: Any = None
-    steps: list = field(default_factory=list)
-    radix: Optional[dict] = None
-
-
-def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
-    """One scenario in-process on the CPU, no outputs; stopped at the first finding."""
-    from .pipeline import RunOptions, run_scenario
-
-    opts = RunOptions(device="cpu", trace_level="off", report=False, engine=engine, quiet_engine=True,
-                      extra_observers=(StopAtFirst(),))
-    try:
-        out = run_scenario(sc, None, opts)
-    except FirstFinding as f:
-        return Outcome("found", f.finding)
-    except (ScenarioError, UsageError):
-        return Outcome("rejected")
-    except RuntimeError as e:
-        if stalled(e):     # pools too small for any request (a dummy request's page): a draw that cannot run
-            return Outcome("rejected")
-        raise
-    return Outcome("clean", None, out.result.steps, out.result.radix)
 
 
 # --------------------------------------------------------------------------- the reference design
@@ -127,14 +80,44 @@ def own_release_design(design: str) -> Optional[str]:
 
 
 def resolve_against(design: str, against: Optional[str], engine: Optional[EngineSpec]) -> Optional[str]:
-    """``against`` as a design name, or None for no reference: ``"release"`` the design's own release (none with
-    an engine: the scenarios then run the release's own code), ``"none"`` or None none, else the design named."""
+    """``against`` as a design name, or None for no reference design: ``"release"`` the design's own release (none
+    with an engine: the scenarios then run the release's own code; a patched one has the release as released,
+    :func:`reference`), ``"none"`` or None none, else the design named."""
     if against is None or against == NO_REFERENCE:
         return None
     if against == OWN_RELEASE:
         return None if engine is not None else own_release_design(design)
     load_design(against)                 # a bad --against is bad input before anything runs
     return against
+
+
+class DesignReference:
+    """A reference design, run in-process as the model (:func:`run_one` without an engine)."""
+
+    def __init__(self, design: str):
+        self.name = design
+
+    def scenario(self, sc: Scenario) -> Scenario:
+        """The draw as the reference runs it (recorded as such if slotscope fails on it)."""
+        return replace(sc, design=self.name)
+
+    def run(self, sc: Scenario) -> Outcome:
+        return run_one(sc, None)
+
+    def close(self) -> None:
+        pass
+
+
+def reference(design: str, against: Optional[str], engine: Optional[EngineSpec], patched: bool = False):
+    """What a failure is counted against (None: nothing). As :func:`resolve_against`, but ``"release"`` with an
+    engine the --engine-patch files patch (``patched``) is that release as released, in a worker process of its
+    own (slotscope/fuzz_release_ref.py), so the release's own bugs do not end a search for a patch's."""
+    if against == OWN_RELEASE and engine is not None and patched:
+        from .fuzz_release_ref import ReleaseReference
+
+        return ReleaseReference(engine)
+    name = resolve_against(design, against, engine)
+    return None if name is None else DesignReference(name)
 
 
 # --------------------------------------------------------------------------- the search
@@ -161,16 +144,19 @@ class FuzzResult:
     finding: Any = None
     error: Optional[str] = None
     shared: int = 0                               # failures the reference design showed too
-    against: Optional[str] = None                 # the reference design, if any
+    against: Optional[str] = None                 # the reference's name, if any
     internal: list = field(default_factory=list)  # an InternalFailure per draw slotscope failed on
+    against_on_found: Optional[str] = None        # the reference's outcome on the failing draw
 
 
 class Fuzzer:
     def __init__(self, design: str, seed: int, engine: Optional[EngineSpec] = None,
-                 log: Callable[[str], None] = lambda s: None, progress_s: float = 5.0, against: Optional[str] = None):
+                 log: Callable[[str], None] = lambda s: None, progress_s: float = 5.0, against=None):
         self.design, self.seed, self.engine, self.log, self.progress_s = design, seed, engine, log, progress_s
-        self.against = against              # a reference design: a failure counts only where it is clean
-        self.shared = 0                     # failures the reference design shows too (not the design's own)
+        self.reference = against            # a failure counts only where it runs clean (None: no reference)
+        self.against = None if against is None else against.name
+        self.shared = 0                     # failures the reference shows too (not the design's own)
+        self.against_on_found: Optional[str] = None
         self.gen = Generator(seed)
         self.seen: set[tuple] = set()
         self.interesting: list[dict] = []
@@ -198,7 +184,7 @@ class Fuzzer:
             if sc is None:
                 self.rejected += 1
                 continue
-            out = self.guarded(sc, self.engine, "run")
+            out = self.guarded(sc, lambda x: run_one(x, self.engine), "run")
             if out is not None and out.status == "rejected":
                 self.rejected += 1
                 continue
@@ -217,10 +203,10 @@ class Fuzzer:
                 self.log(self.progress_line(last - t0))
         return self._result("clean", t0)
 
-    def guarded(self, sc: Scenario, engine: Optional[EngineSpec], during: str) -> Optional[Outcome]:
+    def guarded(self, sc: Scenario, run: Callable[[Scenario], Outcome], during: str) -> Optional[Outcome]:
         """One run; None when slotscope itself raised (recorded as an internal failure). ^C and exits pass."""
         try:
-            return run_one(sc, engine)
+            return run(sc)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:         # slotscope itself failed on a valid scenario
@@ -231,12 +217,13 @@ class Fuzzer:
             return None
 
     def shared_failure(self, sc: Scenario) -> bool:
-        """With a reference design: whether it fails the same scenario too (then the failure is not this design's).
-        A reference run slotscope fails on is recorded; the design's failure then counts as its own."""
-        if self.against is None:
+        """With a reference: whether it fails the same scenario too (then the failure is not this design's). A
+        reference run slotscope fails on is recorded; the design's failure then counts as its own."""
+        if self.reference is None:
             return False
-        out = self.guarded(replace(sc, design=self.against), None, "against")
+        out = self.guarded(self.reference.scenario(sc), self.reference.run, "against")
         if out is None or out.status != "found":
+            self.against_on_found = "internal error" if out is None else out.status
             return False
         self.shared += 1
         return True
@@ -252,7 +239,8 @@ class Fuzzer:
     def _result(self, status: str, t0: float, sc: Optional[Scenario] = None, finding=None,
                 error: Optional[str] = None) -> FuzzResult:
         return FuzzResult(status, self.tried, self.rejected, time.perf_counter() - t0, len(self.seen),
-                          list(self.hashes), sc, finding, error, self.shared, self.against, list(self.internal))
+                          list(self.hashes), sc, finding, error, self.shared, self.against, list(self.internal),
+                          self.against_on_found if status == "found" else None)
 
 
 def check_search(seed: Any, budget_s: Any) -> None:
@@ -268,11 +256,18 @@ def fuzz(design: str, *, seed: int = 0, budget_s: float = 600.0, engine: Optiona
          max_scenarios: Optional[int] = None, log: Callable[[str], None] = lambda s: None,
          progress_s: float = 5.0, against: Optional[str] = OWN_RELEASE) -> FuzzResult:
     """Search until the first failing scenario or the end of the budget (no outputs written). ``against``: the
-    reference design, by default the design's own release (:func:`resolve_against`; None or "none": no reference)."""
+    reference, by default the design's own release (:func:`reference`: a patched engine's is the release as
+    released; None or "none": no reference)."""
     import torch
+
+    from engine_path.patches import env_paths
 
     check_search(seed, budget_s)
     torch.set_num_threads(1)
     load_design(design)                  # a bad --design is bad input before anything runs
-    ref = resolve_against(design, against, engine)
-    return Fuzzer(design, seed, engine, log, progress_s, ref).run(budget_s, max_scenarios)
+    ref = reference(design, against, engine, patched=bool(env_paths()))
+    try:
+        return Fuzzer(design, seed, engine, log, progress_s, ref).run(budget_s, max_scenarios)
+    finally:
+        if ref is not None:
+            ref.close()

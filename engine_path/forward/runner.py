@@ -238,11 +238,15 @@ def _algorithm(name: Optional[str]):
 
 
 def request_rows(scenario) -> int:
-    """Rows of the stand-in's ``ReqToTokenPool``: one per request that can run at once, plus one, and at least the
-    largest decode capture size the run can replay (the release captures no batch size past its pool's rows:
-    ``get_batch_sizes_to_capture``; under DP attention another rank's batch can choose the largest)."""
+    """Rows of the stand-in's ``ReqToTokenPool``: one per request that can run at once (a conversation's every
+    turn counted), plus one, and at least the largest decode capture size the run can replay (the release
+    captures no batch size past its pool's rows: ``get_batch_sizes_to_capture``; under DP attention another
+    rank's batch can choose the largest)."""
     e, w = scenario.engine, scenario.workload
-    rows = min(e.max_running_requests, max(w.requests, len(w.explicit), 1)) + 1
+    # a conversation's later turns are requests of their own; without the radix cache (whose scheduler holds a
+    # turn back until the previous one finished) they all arrive with the first
+    requests = max(w.requests * max(int(w.turns.upper), 1), len(w.explicit), 1)
+    rows = min(e.max_running_requests, requests) + 1
     if e.cuda_graph and e.cuda_graph_bs:
         sizes = e.cuda_graph_bs
         rows = max(rows, sizes[-1] if e.dp_size > 1 else (smallest_capture(sizes, rows) or sizes[-1]))
