@@ -142,7 +142,7 @@ def test_a_bug_in_the_release_swa_eviction_is_found(runs):
 def test_a_row_left_on_freed_duplicates_by_the_release_tree_is_found(runs):
     clean = runs["radix"]
     assert clean["proc"].returncode == 0, clean["proc"].stderr[-2000:]
-    assert clean["summary"]["findings_total"] == 0 and clean["summary"]["steps"] == 277
+    assert clean["summary"]["findings_total"] == 0 and clean["summary"]["steps"] == 265
     choice = clean["run"]["engine_pieces"]["scheduler_choice"]
     assert choice == {"scheduler": "release", "asked": "auto", "why": "the release's own scheduler runs this scenario"}
     assert clean["run"]["sources"]["tree_cache"] == "sglang 0.5.23 UnifiedRadixCache"
@@ -150,7 +150,7 @@ def test_a_row_left_on_freed_duplicates_by_the_release_tree_is_found(runs):
     # then reused, slots
     got = runs["dup_row"]
     assert got["proc"].returncode == 1, got["proc"].stderr[-2000:]
-    assert _findings(got) == {"stale_read": 41274}
+    assert _findings(got) == {"stale_read": 19370}
 
 
 # --------------------------------------------------------------------------- refusals and tags, no engine run
@@ -192,7 +192,6 @@ def test_r2_through_the_release_scheduler_and_tree_with_its_fix_reverted(runs, e
     proc = slotscope("conform", R2, "--engine", "sglang==0.5.23", "--scheduler", "--json")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     assert res["first_difference"] is None and res["forwards"] == {"model": 31, "engine": 31}
-    # the trees: one SWA token apart in the locks from the first checkpoint on (the release splits a fresh live leaf
-    # longer than a window so that a lock pins one window, _maybe_split_leaf_for_swa_lock; the model does not yet)
-    assert proc.returncode == 1 and res["first_tree_difference"] == {
-        "step": 1, "model": [0, 96, 0, 34], "engine": [0, 96, 1, 33]}
+    # the trees too, after every forward (the model caps a fresh live leaf at one window as the release does,
+    # _maybe_split_leaf_for_swa_lock, so that a lock pins one window)
+    assert proc.returncode == 0 and res["first_tree_difference"] is None

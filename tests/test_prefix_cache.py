@@ -84,10 +84,13 @@ def test_match_shares_a_prefix_and_frees_duplicates():
     a = run(c, req(1, T + [100]))
     c.cache_finished(a)
     assert free_lists(alloc) == (list(range(14, 33)), list(range(14, 33)))
+    # the 13-token leaf was capped at one window when inserted: [0, 9) -> [9, 13) (the SWA lock's split)
+    assert c.describe() == ["node 2: 9 tokens, full 1..9, swa 1..9, locks full 0 swa 0",
+                            "  node 1: 4 tokens, full 10..13, swa 10..13, locks full 0 swa 0"]
     b = req(2, T + [200, 201])
-    m = c.admit(b, 13)                       # T + [100] vs T + [200]: the node is split after T
+    m = c.admit(b, 13)                       # T + [100] vs T + [200]: the tail node is split after T
     assert m.length == 12 and m.full.tolist() == list(range(1, 13)) and m.swa.tolist() == list(range(1, 13))
-    assert b.protected == 12 and b.slots.length == 12 and len(c.nodes) == 3
+    assert b.protected == 12 and b.slots.length == 12 and len(c.nodes) == 4
     c.check_invariants([b])
     alloc.extend(b.slots, 2)
     assert b.slots.full[:14].tolist() == list(range(1, 13)) + [14, 15]
@@ -104,22 +107,26 @@ def test_match_split_and_duplicates_of_a_request_computed_alongside():
     c.cache_finished(b)
     ev = events(c)
     dup = [e for e in ev if e.kind == FREE and e.cause == "dedup"]
-    assert [(e.pool, e.slots.tolist()) for e in dup] == [("swa", list(range(14, 26))), ("full", list(range(14, 26)))]
+    # one pair of frees per node b's duplicates lie in: [0, 9) and [9, 12)
+    assert [(e.pool, e.slots.tolist()) for e in dup] == [("swa", list(range(14, 23))), ("full", list(range(14, 23))),
+                                                         ("swa", [23, 24, 25]), ("full", [23, 24, 25])]
     assert free_lists(alloc) == (list(range(27, 33)) + list(range(14, 26)), list(range(27, 33)) + list(range(14, 26)))
     c.check_invariants([])
-    # tree: T -> {100, 200}
+    # tree: T[:9] -> T[9:] -> {100, 200}
     root_child = next(iter(c.root.children.values()))
-    assert root_child.key.tolist() == T and len(root_child.children) == 2
+    tail = next(iter(root_child.children.values()))
+    assert root_child.key.tolist() == T[:9] and tail.key.tolist() == T[9:] and len(tail.children) == 2
 
 
 def test_match_stops_where_the_swa_window_rules_do():
     alloc, c = setup()
     a = run(c, req(1, T))
     c.free_out_of_window(a, 6)               # positions [0, 6) lose their SWA slots
-    c.cache_finished(a)                      # tree: tombstone [0, 6) -> live [6, 12)
+    c.cache_finished(a)                      # tree: tombstone [0, 6) -> live [6, 8) -> live [8, 12)
     x = next(iter(c.root.children.values()))
-    y = next(iter(x.children.values()))
-    assert x.tombstone and len(x.key) == 6 and not y.tombstone and len(y.key) == 6
+    y = next(iter(x.children.values()))      # the live leaf capped at one window: [6, 8) and [8, 12)
+    assert x.tombstone and len(x.key) == 6 and not y.tombstone and len(y.key) == 2
+    assert [len(n.key) for n in y.children.values()] == [4]
     c.check_invariants([])
     # 6 live tokens after the tombstone cover the window: the whole prefix matches
     m = c.match_prefix(np.array(T + [99]), 12)
@@ -142,13 +149,40 @@ def test_match_at_page_16_is_page_granular():
     toks = list(range(1, 41))
     a = run(c, req(1, toks))
     c.cache_finished(a)
-    # 40 tokens: the tree keeps two pages (32 tokens); the tail page goes back
+    # 40 tokens: the tree keeps two pages (32 tokens); the tail page goes back. A window of 4 rounds up to one
+    # page: the live leaf is capped at it, [0, 16) -> [16, 32)
     node = next(iter(c.root.children.values()))
-    assert len(node.key) == 32
+    assert len(node.key) == 16 and [len(n.key) for n in node.children.values()] == [16]
     m = c.match_prefix(np.array(toks[:20] + [0] * 20), 39)
     assert m.length == 16 and m.full.tolist() == list(range(16, 32))
     c.check_invariants([])
 
+
+
+def test_a_fresh_live_leaf_is_capped_at_one_window_so_a_lock_pins_one_window():
+    # SWAComponent._maybe_split_leaf_for_swa_lock: a running request's checkpoint of 13 tokens (window 4, page 1)
+    # inserts [0, 9) and [9, 13); its SWA lock pins the window's leaf only, so the older part can be tombstoned
+    # (its Full still locked) while the request runs
+    alloc, c = setup()
+    a = run(c, req(1, T + [100]))
+    c.cache_unfinished(a)
+    x = next(iter(c.root.children.values()))
+    y = next(iter(x.children.values()))
+    assert (len(x.key), len(y.key)) == (9, 4)
+    assert (x.full_lock, x.swa_lock, y.full_lock, y.swa_lock) == (1, 0, 1, 1)
+    assert c.evict(swa_tokens=1) == (0, 9)
+    assert x.tombstone and not y.tombstone and x.full.tolist() == list(range(1, 10))
+    c.check_invariants([a])
+    # paged: a window of 5 on pages of 2 rounds up to 6 tokens; a leaf of 6 stays whole, one of 14 is split at 8
+    alloc, c = setup(page=2, window=5)
+    c.cache_finished(run(c, req(1, list(range(1, 7)))))
+    c.cache_finished(run(c, req(2, list(range(20, 34)))))
+    assert sorted(len(n.key) for n in c.nodes.values() if n is not c.root) == [6, 6, 8]
+    long = next(n for n in c.root.children.values() if len(n.key) == 8)
+    assert [len(n.key) for n in long.children.values()] == [6]
+    c.check_invariants([])
+    events(c)
+    assert not c.ledger.problems
 
 # --------------------------------------------------------------------------- recovery
 
@@ -189,8 +223,8 @@ def test_recovery_with_the_full_unlocked_adopts_the_incoming_ids():
 def _locked_tombstone(behaviour):
     """A running request (3) holds [0, 12) through nodes X = [0, 6) and Y = [6, 12), its SWA lock only on
     Y; X is then SWA-evicted (tombstoned, its Full still locked). Request 2 (admitted before X existed)
-    computed [0, 6) itself."""
-    alloc, c = setup(behaviour=behaviour)
+    computed [0, 6) itself. (A window of 6: no fresh leaf is longer than one window, so none is capped.)"""
+    alloc, c = setup(behaviour=behaviour, window=6)
     b = run(c, req(2, T[:6] + [400, 401]))                    # full/swa 1..8
     chain(c, 1, T, 6)                                          # A: full/swa 9..20 -> X, Y
     x = next(iter(c.root.children.values()))
@@ -298,7 +332,7 @@ def test_release_gives_the_evicted_range_back_full_side_only():
 
 
 def test_tree_eviction_frees_lru_unlocked_leaves():
-    alloc, c = setup()
+    alloc, c = setup(window=5)                                  # each request one window: no leaf is capped
     c.cache_finished(run(c, req(1, [1, 2, 3, 4, 5])))
     c.cache_finished(run(c, req(2, [9, 9, 9, 9, 9])))
     held = run(c, req(3, [1, 2, 3, 4, 5, 6]), limit=5)         # locks request 1's node

@@ -40,27 +40,27 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_the_history_comes_from_the_runs_slot_events(runs):
     h = read_history(load_run(runs["r3"]))
-    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 322, 28, "stale_read", "triton")
+    assert (h.pool, h.slot, h.step, h.cls, h.backend) == ("swa", 114, 28, "stale_read", "triton")
     given = [(e.step, e.owner) for e in h.events if e.kind == "alloc"]
-    assert given[:5] == [(3, "request:1"), (16, "request:5"), (26, "request:4"), (28, "request:9"), (28, "request:10")]
+    assert given[:5] == [(1, "request:0"), (16, "request:5"), (26, "request:4"), (28, "request:9"), (28, "request:10")]
     freed = [(e.step, e.owner, e.cause) for e in h.events if e.kind == "free"]
-    assert freed[:4] == [(16, "node:8", "evict_leaf"), (26, "node:15", "tombstone"), (27, "node:17", "evict_leaf"),
-                         (28, "node:15", "recover")]
+    assert freed[:4] == [(16, "node:2", "tombstone"), (26, "node:17", "tombstone"), (27, "node:19", "evict_leaf"),
+                         (28, "node:17", "recover")]
 
 
 def test_words_name_who_held_freed_and_was_given_the_slot(runs):
     view = ownership_view(load_run(runs["r3"]))
     words = view.sentences
-    assert words[0].startswith("SWA slot 322 is the first divergent slot (stale_read at step 28 on triton: req 9 ")
-    assert ("node 17 from step 27 (insert) until it was freed at step 27; request 10 from step 28 (alloc) until it "
+    assert words[0].startswith("SWA slot 114 is the first divergent slot (stale_read at step 28 on triton: req 9 ")
+    assert ("node 19 from step 27 (insert) until it was freed at step 27; request 10 from step 28 (alloc) until it "
             "was passed at step 29; request 9 from step 28 (alloc)") in words[1]
     # the stale mapping's recovery frees the slot a second time: it is in the free list twice, handed out twice
-    assert ("step 27: freed on behalf of node 17 (evict_leaf); step 28: freed on behalf of node 15 (recover); "
+    assert ("step 27: freed on behalf of node 19 (evict_leaf); step 28: freed on behalf of node 17 (recover); "
             "step 28: given to request 9 (allocation); step 28: given to request 10 (allocation)") in words[2]
     assert words[3] == ("At step 28 it was given to request 10 while request 9 (since step 28) still held it: two "
                         "owners of one slot.")
-    assert words[4].startswith("Read through a prefix lock by request 1, request 4, request 5, request 9, ")
-    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 322" in view.plot.svg
+    assert words[4].startswith("Read through a prefix lock by request 0, request 4, request 5, request 9, ")
+    assert view.plot is not None and view.plot.svg.count("<svg") == 1 and "Ownership of SWA slot 114" in view.plot.svg
     # this run ends without an over-free: no note
     assert view.notes == ()
 

@@ -42,7 +42,7 @@ from simulator.scheduling.tree_eviction import TreeEviction
 
 class Node:
     __slots__ = ("id", "key", "parent", "children", "full", "swa", "full_lock", "swa_lock", "last_access",
-                 "boundary")
+                 "swa_access", "boundary")
 
     def __init__(self, nid: int, key: np.ndarray, parent: Optional["Node"], full: np.ndarray,
                  swa: Optional[np.ndarray]):
@@ -54,7 +54,8 @@ class Node:
         self.swa = swa                      # None: tombstone
         self.full_lock = 0
         self.swa_lock = 0
-        self.last_access = 0
+        self.last_access = 0                # the Full side's recency (leaf eviction)
+        self.swa_access = 0.0               # the SWA side's recency (its LRU list: SWA eviction)
         self.boundary: set[int] = set()     # tags of SWA window locks whose segment ends here
 
     @property
@@ -127,7 +128,8 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         self.root = Node(0, np.zeros(0, np.int64), None, np.zeros(0, np.int64), np.zeros(0, np.int64))
         self.nodes: dict[int, Node] = {0: self.root}
         self.events: list[SlotEvent] = []
-        self._clock = 0
+        self._clock = 0                     # the Full side's time counter
+        self._swa_clock = 0.0               # the SWA LRU list's order
         self._deferred: list[tuple[np.ndarray, Owner, str, bool]] = []   # R7: SWA frees resolved at flush
         self._held: list[tuple[str, np.ndarray]] = []                     # frees waiting for the group's end
         #: an engine's allocator (engine_path.allocator.EngineAllocator) runs the free paths itself: the
@@ -166,12 +168,6 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
     def _ck(self, key: np.ndarray, off: int = 0) -> tuple:
         return tuple(key[off:off + self.p].tolist())
 
-    def _touch(self, node: Node) -> None:
-        self._clock += 1
-        while node is not None:
-            node.last_access = self._clock
-            node = node.parent
-
     # ------------------------------------------------------------------ allocation (allocator/swa.py)
 
     def extend_swa_tail(self, req: CachedRequest, n: int, tail: int) -> np.ndarray:
@@ -189,7 +185,8 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         parent = node.parent
         new = Node(next(self._ids), node.key[:k].copy(), parent, node.full[:k].copy(),
                    None if node.swa is None else node.swa[:k].copy())
-        new.full_lock, new.swa_lock, new.last_access = node.full_lock, node.swa_lock, node.last_access
+        new.full_lock, new.swa_lock = node.full_lock, node.swa_lock
+        self._recency_of_split(new, node)
         new.boundary, node.boundary = node.boundary, set()     # the older edge moves to the parent
         parent.children[self._ck(node.key)] = new
         node.key, node.full = node.key[k:].copy(), node.full[k:].copy()
@@ -330,6 +327,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             self._emit(MAP, "full", kept, node.owner, "recover_locked", peers=swa_value)
             self.free_full(incoming, req.owner, "recover_locked")
             node.swa = swa_value
+            self._swa_mru(node)
             self._emit(ADOPT, "swa", swa_value, node.owner, "recover_locked")
             return
         old = node.full
@@ -340,6 +338,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         else:
             self.free_full(old, node.owner, "recover")     # FreeDeviceKVFullOnly
         node.swa = mapping[node.full].copy()               # SWARebuild
+        self._swa_mru(node)
         self._emit(ADOPT, "swa", node.swa, node.owner, "recover")
 
     def _new_leaf(self, parent: Node, key: np.ndarray, full: np.ndarray, live: bool) -> Node:
@@ -347,10 +346,20 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
                     self.alloc.full_to_swa[full].copy() if live else None)
         parent.children[self._ck(key)] = node
         self.nodes[node.id] = node
+        self._stamp(node)
         self._emit(ADOPT, "full", node.full, node.owner, "insert")
         if live:
+            self._swa_mru(node)
             self._emit(ADOPT, "swa", node.swa, node.owner, "insert")
         return node
+
+    def _cap_for_swa_lock(self, leaf: Node) -> None:
+        """A fresh live leaf longer than one page-aligned window is split so that the window's tail is a leaf
+        of its own (``SWAComponent._maybe_split_leaf_for_swa_lock``): a lock then pins one window of SWA, and
+        the older part (the new parent) can be tombstoned while the request runs."""
+        tail = -(-self.window // self.p) * self.p
+        if len(leaf.key) > tail:
+            self._split(leaf, len(leaf.key) - tail)
 
     @staticmethod
     def insert_length(req: CachedRequest, length: int) -> int:
@@ -383,9 +392,9 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             k = _common(child.key, key[total:L], p)
             if k == 0:
                 break
+            self._stamp(child)             # _touch_node: the walked node, before a split makes it the child
             if k < len(child.key):
                 child = self._split(child, k)
-            self._touch(child)
             if total + k > prev:           # nodes inside the request's own prefix are skipped
                 consumed = k
                 if child.swa is None:      # update_component_on_insert_overlap
@@ -408,7 +417,9 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
                 node = self._new_leaf(node, key[total:min(live, L)], value[total:min(live, L)], live=False)
             if live < L:
                 node = self._new_leaf(node, key[live:L], value[live:L], live=True)
-            self._touch(node)
+                self._cap_for_swa_lock(node)
+        if node is not self.root:
+            self._refresh_swa(node)        # the insert's end: its SWA window most recent
         # the request's row now reads the tree's ids
         s.full[prev:L] = self.path_full(node)[prev:L]
         s.swa[prev:L] = self.path_swa(node)[prev:L]

@@ -153,15 +153,13 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
 
     def _check_fits(self, requests: list[RequestSpec]) -> None:
         for i, r in enumerate(requests):
-            total = r.prompt_len + r.output_len + self._extra
+            total, where = r.prompt_len + r.output_len + self._extra, f"{self.sc.source}: workload request {i}"
             if self._pages(total) * self.page > self.alloc.full_size:
-                raise ScenarioError(
-                    f"{self.sc.source}: workload request {i} needs {total} tokens but pool.full_size is "
-                    f"{self.alloc.full_size}: raise pool.full_size or shorten the request")
-            if self._swa_need(total) > self.alloc.swa_size:
-                raise ScenarioError(
-                    f"{self.sc.source}: workload request {i} may hold {self._swa_need(total)} SWA slots at once "
-                    f"but the SWA pool has {self.alloc.swa_size}: raise pool.full_size or pool.swa_ratio")
+                raise ScenarioError(f"{where} needs {total} tokens but pool.full_size is {self.alloc.full_size}: "
+                                    "raise pool.full_size or shorten the request")
+            if (swa := self._swa_need(total)) > self.alloc.swa_size:
+                raise ScenarioError(f"{where} may hold {swa} SWA slots at once but the SWA pool has "
+                                    f"{self.alloc.swa_size}: raise pool.full_size or pool.swa_ratio")
 
     def _try_admit(self, item) -> Optional[Request]:
         retracted = item if isinstance(item, Request) else None
@@ -386,8 +384,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
         return req
 
     def _mixed_decode(self, decode_part: list[Request]) -> list[Request]:
-        """The running requests that decode in a MIXED batch once its prefill is allocated: all of them here
-        (a scheduler whose admission does not reserve whole requests checks the room, SharingScheduler)."""
+        """A MIXED batch's decoding requests once its prefill is allocated: all here (SharingScheduler checks)."""
         return decode_part
 
     def _write_batch(self, prefill: list, decode_part: list[Request], tags, full, swa) -> list[Request]:
@@ -399,6 +396,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             with self.alloc.free_group(self._grouped):
                 for r, _ in prefill:
                     self._evict_extend(r)
+            self._make_room(prefill, [])
             for r, take in prefill:
                 self._write_tokens(r, take, tags, full, swa)
                 r.prefilled += take
@@ -407,6 +405,7 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             with self.alloc.free_group(self._grouped):
                 for r in decode_part:
                     self._evict_decode(r)
+            self._make_room([], decode_part)
             self._decode_tokens(decode_part, tags, full, swa, evict=False)
         else:
             for r, take in prefill:
@@ -418,6 +417,10 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             # mid-2026: SGLang evicts lazily in decode, when decode_step % window == 1
             self._decode_tokens(decode_part, tags, full, swa, evict=True)
         return decode_part
+
+    def _make_room(self, prefill: list, decoding: list[Request]) -> None:
+        """Before the extend (``prefill``) or the decode allocation, what 0.5.23 asks its prefix cache to evict
+        (``evict_from_tree_cache``): nothing without one (SharingScheduler)."""
 
     def _decode_tokens(self, reqs: list[Request], tags, full, swa, evict: bool) -> None:
         """One token for each decoding request, in order (``evict``: each request's lazy eviction first)."""
@@ -439,14 +442,12 @@ class Scheduler(SpeculativeRounds, VectorDecode, BatchMaking):
             r.lagged = True      # the overlap scheduler's token past the end: its output is dropped
 
     def _evict_extend(self, req: Request) -> None:
-        point = self._eviction.extend_point(self._ev_ctx, prefix_len=req.prefilled, evicted=req.slots.swa_evicted,
-                                            chunk=req.extend_batches)
-        if point is not None:
+        if (point := self._eviction.extend_point(self._ev_ctx, prefix_len=req.prefilled,
+                                                 evicted=req.slots.swa_evicted, chunk=req.extend_batches)) is not None:
             self._lazy_evict(req, point)
 
     def _evict_decode(self, req: Request) -> None:
-        point = self._decode_point(req)
-        if point is not None:
+        if (point := self._decode_point(req)) is not None:
             self._lazy_evict(req, point)
 
     def _decode_point(self, req: Request) -> Optional[int]:

@@ -43,6 +43,9 @@ from simulator.engine_model.release_model import ReleaseBehaviour, eviction_end
 from simulator.scenario import RequestSpec, Scenario, ScenarioError
 from simulator.scheduling.scheduler import Request, Scheduler
 
+#: SGLANG_RETRACT_DECODE_STEPS (0.5.23's default): the decode steps per request a retraction makes room for
+RETRACT_DECODE_STEPS = 20
+
 
 class SharingScheduler(CacheLog, Scheduler):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
@@ -242,6 +245,9 @@ class SharingScheduler(CacheLog, Scheduler):
         decoding = sorted(decoding, key=lambda r: (r.decoded, -r.spec.prompt_len), reverse=True)
         while True:
             self._retract(decoding.pop())
+            # release_req uses the room at once: the tree evicts for the requests left, RETRACT_DECODE_STEPS
+            # decodes each (evict_from_tree_cache)
+            self._make_room([], [], len(decoding) * RETRACT_DECODE_STEPS)
             if self._decode_fits(decoding) or len(decoding) <= 1:
                 break
         kept = {id(r) for r in decoding}
@@ -304,6 +310,18 @@ class SharingScheduler(CacheLog, Scheduler):
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
         end = eviction_end(prefix_len, self.window, self.page)
         self.cache.free_out_of_window(self._creq[req.rid], end)
+
+    def _make_room(self, prefill: list, decoding: list[Request], tokens: int = 0) -> None:
+        """``evict_from_tree_cache`` before a batch's allocation: the tree evicts for each pool's shortfall
+        against the allocation's demand, ``tokens`` or that of ``alloc_for_extend`` (the new tokens, on paged
+        pools a page per request more) and ``alloc_for_decode`` (a token per request, on paged pools a page)."""
+        if prefill:
+            tokens += sum(take for _, take in prefill) + (len(prefill) * self.page if self.page > 1 else 0)
+        tokens += len(decoding) * self.page
+        short_full, short_swa = tokens - self.alloc.full_free, tokens - self.alloc.swa_free
+        if short_full > 0 or short_swa > 0:
+            self.cache.evict(full_tokens=max(short_full, 0), swa_tokens=max(short_swa, 0))
+            self.counts["evict_calls:alloc"] += 1
 
     def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
         s = req.slots
