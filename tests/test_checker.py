@@ -86,6 +86,35 @@ def test_padding_row_into_live_slot_is_clobbered(rig):
     assert fs[0].observed.tag == -1 and fs[0].observed.label == "padding"
 
 
+def test_a_slot_two_tokens_of_one_step_own_may_hold_either(rig):
+    # a double hand-out (R3's stale mapping): tokens 4 and 5 both own SWA slot 4. The reference keeps the later
+    # token; a GPU store of duplicate indices may keep either. Here the earlier token's row lands last, as it
+    # may on a GPU: the slot holds one of the step's own writes, no write finding (its reads are the read check's)
+    tr = truth([4, 5], [4, 5], [4, 4])
+    rig.ref.apply(tr)
+    writes = []
+    for kind, target in {"full": [4, 5], "swa": [4, 4]}.items():
+        loc = torch.tensor(target, dtype=torch.int64)
+        k, v = rig.pool.make_rows(pad_tags(torch.from_numpy(tr.tags), 2), LAYER[kind], kind)
+        order = [1, 0] if kind == "swa" else [0, 1]
+        rig.pool.store(kind, 0, loc[order], k[order], v[order])
+        writes.append(LayerWrite(LAYER[kind], kind, 0, loc, None))
+    fs, counts = rig.checker.check(1, "flashinfer", rig.pool, tr, writes, (0,))
+    assert fs == [] and sum(counts.values()) == 0
+    # a row none of the slot's tokens wrote landing there last (a padding row) is still a finding
+    tr = truth([6, 7], [6, 7], [6, 6])
+    rig.ref.apply(tr)
+    tags = pad_tags(torch.from_numpy(tr.tags), 3)
+    k, v = rig.pool.make_rows(tags, LAYER["full"], "full")
+    rig.pool.store("full", 0, torch.tensor([6, 7, 0]), k, v)
+    k, v = rig.pool.make_rows(tags, LAYER["swa"], "swa")
+    rig.pool.store("swa", 0, torch.tensor([6, 6, 6]), k, v)
+    writes = [LayerWrite(LAYER["full"], "full", 0, torch.tensor([6, 7, 0]), None),
+              LayerWrite(LAYER["swa"], "swa", 0, torch.tensor([6, 6, 6]), None)]
+    fs, _ = rig.checker.check(2, "flashinfer", rig.pool, tr, writes, (0,))
+    assert classes(fs) == [("swa", "clobbered", 6)] and fs[0].observed.tag == -1
+
+
 def test_write_into_evicted_slot(rig):
     fs, _ = rig.step(1, truth([4, 5], [4, 5], [4, 5], freed_swa=[1], evicted=[1]), {"full": [4, 5], "swa": [1, 5]})
     assert classes(fs) == [("swa", "evicted_slot", 1), ("swa", "missed", 4)]
