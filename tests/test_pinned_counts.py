@@ -115,8 +115,8 @@ P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "
 #          SWA slots the stale mapping freed and handed out again, first request 9's position 104 at step 28.
 #          Fixed: 104 x 2 = 208.
 #  R8      2 layers, page 16, 94 forwards (188 writes); the sink page handed to request 12 at step 45, then to
-#          others: 9248 stale_read on slots 0..15 (the sink is no token's, even where it holds the reader's own
-#          token: 549 of them). Fixed (the filter): 123 x 2 = 246.
+#          others: 9044 stale_read on slots 0..15 (the sink is no token's, even where it holds the reader's own
+#          token: 588 of them). Fixed (the filter): 123 x 2 = 246.
 #  A1, A2  a PD decode node (2 layers: S F, draft F; EAGLE 4 tokens), page 16, 48 requests: a write per layer per
 #          forward (target verify 2, draft decode / extend 1 each); every backend the same (the allocator's bugs):
 #          the SWA page freed under a live request is handed to another, whose tags the first one then reads
@@ -198,7 +198,7 @@ PINNED_CORPUS = {
     ("R7", "fixed"): pinned("radix-fixed", steps=31,
         every=(62, {}, None)),
     ("R8", "buggy"): pinned("sglang-0.5.23", steps=94,
-        every=(188, {"stale_read": 9248}, (45, 0, "stale_read"))),
+        every=(188, {"stale_read": 9044}, (45, 0, "stale_read"))),
     ("R8", "fixed"): pinned("radix-fixed", steps=123,
         every=(246, {}, None)),
     ("A1", "buggy"): pinned("pd-decode-pre-25805", steps=330,

@@ -40,12 +40,17 @@ class FreePaths:
         else:
             self._emit(AVAILABLE, pool, self._page_slots(pages), None, cause)
 
-    def free_full(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_full`` / ``free_full_segment``: the full pages only; the mapping is not read."""
+    def free_full(self, full: np.ndarray, owner: Optional[Owner], cause: str, segment: bool = False) -> None:
+        """``free_full``: the full pages only; the mapping is not read. ``segment``: ``free_full_segment``, a
+        page-aligned run of a row or a tree value, whose pages the paged free list takes in position order
+        (``free_page_ids``), not deduplicated and ascending as a slot free's."""
         full = np.asarray(full, np.int64)
         if self._release and full.size:
             self.alloc.release_free_full(full)
-        self._pushed("full", self._pages(full), owner, cause, push=not self._release)
+        self._pushed("full", self._pages(full), owner, cause, push=not self._release, exact=segment)
+
+    def free_full_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
+        self.free_full(full, owner, cause, segment=True)
 
     def free_swa_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
         """``free_swa_segment`` -> ``_free_swa_pages`` over a page-aligned run of full ids: one
@@ -107,9 +112,9 @@ class FreePaths:
         self.free_full(full, owner, cause)
 
     def free_segment(self, full: np.ndarray, owner: Optional[Owner], cause: str) -> None:
-        """``free_segment``: ``free_swa_segment`` then the full pages."""
+        """``free_segment``: ``free_swa_segment`` then the full pages (``free_full_segment``'s)."""
         self.free_swa_segment(full, owner, cause)
-        self.free_full(full, owner, cause)
+        self.free_full_segment(full, owner, cause)
 
     @contextmanager
     def free_group(self) -> Iterator[None]:

@@ -325,7 +325,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             self._emit(MAP, "full", incoming, req.owner, "recover_locked", peers=np.zeros(incoming.size, np.int64))
             self.alloc.set_mapping(kept, swa_value)
             self._emit(MAP, "full", kept, node.owner, "recover_locked", peers=swa_value)
-            self.free_full(incoming, req.owner, "recover_locked")
+            self.free_full_segment(incoming, req.owner, "recover_locked")
             node.swa = swa_value
             self._swa_mru(node)
             self._emit(ADOPT, "swa", swa_value, node.owner, "recover_locked")
@@ -336,7 +336,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         if self.b.stale_tombstone_mapping:
             self.free(old, node.owner, "recover")          # R3: the old base value through free()
         else:
-            self.free_full(old, node.owner, "recover")     # FreeDeviceKVFullOnly
+            self.free_full_segment(old, node.owner, "recover")     # FreeDeviceKVFullOnly
         node.swa = mapping[node.full].copy()               # SWARebuild
         self._swa_mru(node)
         self._emit(ADOPT, "swa", node.swa, node.owner, "recover")
@@ -408,7 +408,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
                 if dup_lo < consumed:
                     dup = value[total + dup_lo: total + consumed]
                     gone = min(max(evicted - (total + dup_lo), 0), dup.size)
-                    self.free_full(dup[:gone], req.owner, "dedup")       # below the request's SWA floor
+                    self.free_full_segment(dup[:gone], req.owner, "dedup")   # below the request's SWA floor
                     self.free_segment(dup[gone:], req.owner, "dedup")
             node, total = child, total + k
         if total < L:
@@ -444,7 +444,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         lo, hi = req.protected, s.length
         if hi > lo:
             mid = min(max(s.swa_evicted, lo), hi)
-            self.free_full(s.full[lo:mid], req.owner, "release")
+            self.free_full_segment(s.full[lo:mid], req.owner, "release")
             self.free_segment(s.full[mid:hi], req.owner, "release")
         self._unlock(req.lock, req)
         req.lock = None

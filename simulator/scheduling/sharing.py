@@ -259,13 +259,19 @@ class SharingScheduler(CacheLog, Scheduler):
     def _schedule(self):
         self._arrive_turns()
         # the previous forward's result (process_batch_result_prefill): one free group over its requests
-        # in batch order, a mixed batch's extend requests first (merge_batch): each chunked request's
-        # checkpoint (its out-of-window SWA freed, then its KV so far inserted), then the finishes
+        # in batch order, a mixed batch's extend requests first (merge_batch): each checkpoint of a request
+        # whose prefill completed (its out-of-window SWA freed, then its KV so far inserted), then the finishes;
+        # the request still prefilled in chunks is checkpointed after, outside a free group, as the next batch
+        # is made (get_next_batch_to_run -> stash_chunked_request)
+        due = [r for r in self.running if not r.finished and r.prefilled > self._cached_len.get(r.rid, 0)]
         with self.alloc.free_group(self._grouped):
-            for r in self.running:
-                if not r.finished and r.prefilled > self._cached_len.get(r.rid, 0):
+            for r in due:
+                if r.prefilled >= r.prefill_len:
                     self._checkpoint(r)
             self._release_finished()
+        for r in due:
+            if r.prefilled < r.prefill_len:
+                self._checkpoint(r)
         yield from super()._schedule()
 
     def _take_prefill(self, chunked: list[Request], decoding: list[Request]) -> list[tuple[Request, int]]:

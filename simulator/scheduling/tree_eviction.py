@@ -66,7 +66,7 @@ class TreeEviction:
     def _evict_leaf(self, node: Node) -> None:
         if node.swa is not None or self.b.linker_frees_tombstones:
             self.free_swa_segment(node.full, node.owner, "evict_leaf")
-        self.free_full(node.full, node.owner, "evict_leaf")
+        self.free_full_segment(node.full, node.owner, "evict_leaf")
         del node.parent.children[self._ck(node.key)]
         del self.nodes[node.id]
 
