@@ -225,9 +225,7 @@ class SharingScheduler(CacheLog, Scheduler):
         """``check_decode_mem``: the next decode's new pages (one for each request whose length ends a page),
         after the tree evicts for the shortfall, fit both pools."""
         need = sum(1 for r in decoding if r.slots.length % self.page == 0) * self.page
-        short_full, short_swa = need - self.alloc.full_free, need - self.alloc.swa_free
-        if short_full > 0 or short_swa > 0:
-            self.cache.evict(full_tokens=max(short_full, 0), swa_tokens=max(short_swa, 0))
+        self._evict_to_free(need)
         return need <= self.alloc.full_free and need <= self.alloc.swa_free
 
     def _mixed_decode(self, decode_part: list[Request]) -> list[Request]:
@@ -324,18 +322,23 @@ class SharingScheduler(CacheLog, Scheduler):
         if prefill:
             tokens += sum(take for _, take in prefill) + (len(prefill) * self.page if self.page > 1 else 0)
         tokens += len(decoding) * self.page
-        short_full, short_swa = tokens - self.alloc.full_free, tokens - self.alloc.swa_free
-        if short_full > 0 or short_swa > 0:
-            self.cache.evict(full_tokens=max(short_full, 0), swa_tokens=max(short_swa, 0))
+        if self._evict_to_free(tokens):
             self.counts["evict_calls:alloc"] += 1
+
+    def _evict_to_free(self, tokens: int) -> bool:
+        """``evict_to_free_tokens``: the tree evicts for each pool's shortfall against ``tokens`` free slots
+        (unlocked leaves, then SWA tombstones); whether either pool was short."""
+        short_full, short_swa = tokens - self.alloc.full_free, tokens - self.alloc.swa_free
+        if short_full <= 0 and short_swa <= 0:
+            return False
+        self.cache.evict(full_tokens=max(short_full, 0), swa_tokens=max(short_swa, 0))
+        return True
 
     def _write_tokens(self, req: Request, n: int, tags, full, swa) -> None:
         s = req.slots
         start = s.length
-        k = self.alloc.pages_needed(s, n) * self.page
-        if k > self.alloc.full_free or k > self.alloc.swa_free:
-            # alloc_token_slots: the tree evicts (unlocked leaves, then SWA tombstones) before allocating
-            self.cache.evict(full_tokens=max(0, k - self.alloc.full_free), swa_tokens=max(0, k - self.alloc.swa_free))
+        # alloc_token_slots: the tree evicts for this request's pages before allocating
+        if self._evict_to_free(self.alloc.pages_needed(s, n) * self.page):
             self.counts["evict_calls:alloc"] += 1
         new_full = self._extend(s, n)
         self._collect_events()          # what the tree did before this allocation comes first in the log
