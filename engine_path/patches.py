@@ -33,6 +33,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import sys
 import textwrap
 import types
 from dataclasses import dataclass, field
@@ -261,7 +262,9 @@ def _decorated(patches: list[Patch]) -> list[str]:
 
 
 def engine_patcher() -> Optional[Callable]:
-    """The release's own ``apply_patches_from_config``, if it has one."""
+    """The release's own ``apply_patches_from_config``, if it has one (SGLang's; a vLLM release has none)."""
+    if "sglang" not in sys.modules:
+        return None
     try:
         mod = importlib.import_module("sglang.srt.debug_utils.source_patcher")
     except Exception:

@@ -26,8 +26,8 @@ from typing import Optional
 
 from .errors import EngineError
 
-#: the engines a spec may name; each gets its own ``NAME`` / ``NAME==VERSION`` (only SGLang is driven today)
-ENGINE_NAMES = ("sglang",)
+#: the engines a spec may name; each gets its own ``NAME`` / ``NAME==VERSION`` (vLLM: engine_path/vllm/)
+ENGINE_NAMES = ("sglang", "vllm")
 _VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?$")
 FETCH_TIMEOUT_S = 900
 

@@ -79,12 +79,14 @@ def _add_run(sub) -> None:
     p.add_argument("--design", help=f"design to test: one of {', '.join(sorted(BUILTIN_DESIGNS))}, or "
                                     f"path/to/file.py:ClassName (default: the scenario's)")
     add_engine_option(
-        p, help="put a real SGLang release in the write path instead of a modelled design: 'sglang' (the installed "
-                "one, an editable checkout included) or 'sglang==VERSION' (fetched once into slotscope's cache, "
-                "$SLOTSCOPE_CACHE or ~/.cache/slotscope). The release's SWA allocator, eviction rule, SWA "
-                "translation, KVWriteLoc and SWAKVPool run; the scheduler, workload, DP ranks and CUDA-only backend "
-                "parts stay modelled (docs/ENGINE.md). Needs pip install -e '.[sglang]'; runs on the CPU (default: "
-                "the scenario's engine_release, if any)")
+        p, engines=("sglang", "vllm"),
+        help="put a real engine release in the loop instead of a modelled design: 'sglang' (the installed one, an "
+             "editable checkout included), 'sglang==VERSION' or 'vllm==VERSION' ('vllm': 0.34.0), fetched once into "
+             "slotscope's cache ($SLOTSCOPE_CACHE or ~/.cache/slotscope). SGLang: its scheduler, tree cache, "
+             "allocator, backends' forward, KVWriteLoc and pool run (docs/ENGINE.md). vLLM: its Scheduler, hybrid "
+             "KVCacheManager and block pool decide every batch and block; the worker's block tables are modelled "
+             "(docs/VLLM.md). Needs pip install -e '.[sglang]' or '.[vllm]' (default: the scenario's engine_release, "
+             "if any)")
     add_engine_patch(p)
     p.add_argument("--backends", type=backend_list, help="comma-separated backends (default: the scenario's; 'all')")
     p.add_argument("--out", default=None,

@@ -101,6 +101,43 @@ def load_runtime(spec, *, quiet: bool = False, device: str = "cpu"):
     return rt
 
 
+def load_vllm_runtime(scenario, spec, opts, device: str):
+    """A vLLM run's scenario (one backend boundary, both pools the block pool's size) and runtime, the release
+    imported (fetched first if needed); ScenarioError for what vLLM's driver cannot run yet, UsageError for
+    options it cannot honour, EngineError on the import."""
+    from engine_path.vllm.release import activate, resolved
+    from engine_path.vllm.runtime import VllmRuntime
+    from engine_path.vllm.scheduler import unsupported
+    from simulator.scenario import ScenarioError
+
+    from .rundir import UsageError
+
+    spec = resolved(spec)
+    why = unsupported(scenario)
+    if why:
+        raise ScenarioError(f"{scenario.source}: --engine {spec}: {why}")
+    if device != "cpu":
+        raise UsageError(f"--engine {spec} --device {device}: vLLM runs on the CPU so far (its scheduler side; "
+                         f"the worker's Triton kernels on a GPU are not driven yet)")
+    if opts.backends is not None:
+        raise UsageError(f"--backends with --engine {spec}: a vLLM run has one boundary, 'vllm' (every vLLM attention "
+                         f"backend writes through reshape_and_cache_flash with its group's slot mapping)")
+    if opts.scheduler not in (None, "auto", "release"):
+        raise UsageError(f"--scheduler {opts.scheduler} with --engine {spec}: vLLM's own scheduler makes every batch "
+                         f"(slotscope has no model of vLLM's scheduler yet)")
+    t0 = time.perf_counter()
+    if not opts.quiet_engine:
+        print(f"slotscope: importing {spec} ...", file=sys.stderr, flush=True)
+    info = activate(spec)
+    rt = VllmRuntime(info, device=device)
+    rt.import_s = time.perf_counter() - t0
+    _kept_out_of_collections()
+    if not opts.quiet_engine:
+        print(f"slotscope: engine vllm {info.version} from {info.path} ({rt.import_s:.1f} s)", file=sys.stderr,
+              flush=True)
+    return rt.scenario_as_run(scenario), rt
+
+
 def _kept_out_of_collections() -> None:
     """The release's modules and its runtime live as long as the process (0.5.23: some 600 000 objects): frozen,
     they are out of every scan of the cyclic collector, each of which took 0.3-0.4 s of a run on a CPU

@@ -48,10 +48,12 @@ def positive_int(text: str) -> int:
     return value
 
 
-def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "") -> Callable[[str], EngineSpec]:
+def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "",
+                     engines: tuple[str, ...] = ("sglang",)) -> Callable[[str], EngineSpec]:
     """An argparse ``type=`` that reads an engine spec. ``version``: whether the command needs a release
     version (:data:`VERSION_REQUIRED`) or takes the engine's name only (:data:`VERSION_FORBIDDEN`); ``why``:
-    the command's reason, said when a spec breaks that rule."""
+    the command's reason, said when a spec breaks that rule; ``engines``: the engines the command drives (vLLM:
+    ``run`` only so far)."""
     if version not in (VERSION_OPTIONAL, VERSION_REQUIRED, VERSION_FORBIDDEN):
         raise ValueError(f"version={version!r}: one of optional, required, forbidden")
 
@@ -60,6 +62,9 @@ def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "") -> Callable
             spec = parse_spec(text)
         except EngineSpecError as e:      # argparse prefixes "argument --engine: "
             raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
+        if spec.name not in engines:
+            raise argparse.ArgumentTypeError(f"{text!r}: this command drives {' or '.join(engines)} only so far "
+                                             f"(vLLM runs with slotscope run --engine vllm==VERSION)")
         if (version == VERSION_REQUIRED and spec.version is None) or \
                 (version == VERSION_FORBIDDEN and spec.version is not None):
             raise argparse.ArgumentTypeError(f"{text!r}: {why}")
@@ -70,10 +75,10 @@ def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "") -> Callable
 
 def add_engine_option(parser: argparse.ArgumentParser, *, help: str, required: bool = False,
                       default: Optional[EngineSpec] = None, version: str = VERSION_OPTIONAL, why: str = "",
-                      metavar: str = "SPEC") -> None:
+                      metavar: str = "SPEC", engines: tuple[str, ...] = ("sglang",)) -> None:
     """``--engine NAME | NAME==VERSION`` as an :class:`EngineSpec` in ``args.engine`` (``default`` when it is
     not given). ``help`` says what the command does with the engine and which form it needs."""
-    parser.add_argument("--engine", type=engine_spec_type(version, why), required=required, default=default,
+    parser.add_argument("--engine", type=engine_spec_type(version, why, engines), required=required, default=default,
                         metavar=metavar, help=help)
 
 

@@ -94,6 +94,12 @@ def _simulate(su: Setup, observer: RunObserver, progress: ProgressTracker) -> Ru
 def _simulate_engine(su: Setup, kwargs: dict[str, Any]) -> RunResult:
     from .engine_run import allocator_seam
 
+    if getattr(su.runtime, "own_pools", False):
+        # vLLM: its scheduler and block pool decide, our pools take the writes (engine_path/vllm/runtime.py)
+        kwargs.update(allocator_factory=su.runtime.allocator_factory, backends=su.runtime.backends(su.scenario),
+                      scheduler_factory=su.runtime.scheduler_factory)
+        return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),
+                              **kwargs)
     if getattr(su.runtime, "unified", False):
         kwargs["allocator_factory"] = su.runtime.allocator_factory     # pool.unified: the release's allocator
         return run_simulation(su.scenario, su.design, make_pool_factory(su.scenario, su.device, su.geometry, su.store),

@@ -197,6 +197,33 @@ def choose_scheduler(scenario: Scenario, scheduler: str, version: str, device: s
     return {"scheduler": "release", "asked": scheduler, "why": "the release's own scheduler runs this scenario"}
 
 
+def _engine_setup(scenario: Scenario, opts: RunOptions):
+    """An engine run's scenario (as the engine runs it), design, device and runtime: the release imported."""
+    from .engine_run import check_options, check_scenario, load_runtime, load_vllm_runtime
+    from .options import engine_release_spec
+
+    spec = opts.engine or engine_release_spec(scenario.engine_release, f"{scenario.source}: engine_release")
+    check_options(opts.device, opts.geometry, opts.store, opts.design)
+    device = resolve_device(opts.device)
+    if spec.name == "vllm":
+        scenario, runtime = load_vllm_runtime(scenario, spec, opts, device.type)
+        return scenario, runtime.design, device, runtime
+    check_scenario(scenario, spec)    # before the release's import (~15 s)
+    check_scheduler(scenario, opts.scheduler)
+    runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)   # cuda: the release's CUDA store
+    choice = choose_scheduler(scenario, opts.scheduler, runtime.api.info.version, device.type)
+    runtime.scheduler_choice = choice
+    design = runtime.design
+    if scenario.pool.unified:
+        # the release's unified allocator in the loop; the scenario's modelled design and our pools
+        from engine_path.unified import UnifiedEngineRuntime
+
+        design = load_design(scenario.design)
+        runtime = UnifiedEngineRuntime(runtime.api, design, scenario, device=device.type)
+        runtime.scheduler_choice = choice
+    return scenario, design, device, runtime
+
+
 def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     if not isinstance(scenario_or_path, Scenario):
         scenario_or_path = load_scenario(scenario_or_path)
@@ -205,25 +232,7 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     faults = check_faults(scenario, opts.inject)
     runtime = None
     if scenario.engine_release is not None:
-        from .engine_run import check_options, check_scenario, load_runtime
-        from .options import engine_release_spec
-
-        spec = opts.engine or engine_release_spec(scenario.engine_release, f"{scenario.source}: engine_release")
-        check_options(opts.device, opts.geometry, opts.store, opts.design)
-        check_scenario(scenario, spec)    # before the release's import (~15 s)
-        check_scheduler(scenario, opts.scheduler)
-        device = resolve_device(opts.device)      # cuda: the release's CUDA store (engine_path.pool.release_store)
-        runtime = load_runtime(spec, quiet=opts.quiet_engine, device=device.type)
-        choice = choose_scheduler(scenario, opts.scheduler, runtime.api.info.version, device.type)
-        runtime.scheduler_choice = choice
-        design = runtime.design
-        if scenario.pool.unified:
-            # the release's unified allocator in the loop; the scenario's modelled design and our pools
-            from engine_path.unified import UnifiedEngineRuntime
-
-            design = load_design(scenario.design)
-            runtime = UnifiedEngineRuntime(runtime.api, design, scenario, device=device.type)
-            runtime.scheduler_choice = choice
+        scenario, design, device, runtime = _engine_setup(scenario, opts)
     else:
         if opts.scheduler == "release":
             raise UsageError(f"--scheduler {opts.scheduler} needs --engine (the release whose scheduler runs)")

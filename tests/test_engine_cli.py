@@ -172,7 +172,7 @@ def _one_line_error(proc, *needles):
 
 
 @pytest.mark.parametrize("spec, needle", [
-    ("vllm", "unknown engine 'vllm'"),
+    ("trtllm", "unknown engine 'trtllm'"),
     ("sglang>=0.5", "only '==' is supported"),
     ("sglang==latest", "is not a release version"),
 ])

@@ -35,7 +35,7 @@ def test_parse_spec(text, version):
     assert parse_spec(text) == EngineSpec("sglang", version)
 
 
-@pytest.mark.parametrize("text, says", [("vllm", "unknown engine 'vllm'"), ("sglang>=0.5", "only '=='"),
+@pytest.mark.parametrize("text, says", [("trtllm", "unknown engine 'trtllm'"), ("sglang>=0.5", "only '=='"),
                                         ("sglang==latest", "not a release version"),
                                         ("sglang==", "not a release version"), ("", "unknown engine")])
 def test_bad_spec_is_one_clear_error(text, says):

@@ -39,7 +39,7 @@ def _refused(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("spec, needle", [("vllm", "unknown engine 'vllm' (known: sglang)"),
+@pytest.mark.parametrize("spec, needle", [("trtllm", "unknown engine 'trtllm' (known: sglang, vllm)"),
                                           ("sglang>=0.5", "use 'sglang' or 'sglang==VERSION' (only '=='"),
                                           ("sglang==latest", "'latest' is not a release version")])
 def test_every_command_reads_engine_the_same_way(capsys, command, spec, needle):
@@ -78,8 +78,9 @@ def test_help_says_what_each_command_needs(capsys, command, says):
 
 
 def test_a_spec_names_a_known_engine_however_it_is_made():
-    with pytest.raises(EngineSpecError, match="unknown engine 'vllm'"):
-        EngineSpec("vllm")
+    with pytest.raises(EngineSpecError, match="unknown engine 'trtllm'"):
+        EngineSpec("trtllm")
+    assert str(EngineSpec("vllm", "0.34.0")) == "vllm==0.34.0"
     with pytest.raises(EngineSpecError, match="not a release version"):
         EngineSpec("sglang", "latest")
     assert str(EngineSpec("sglang", "0.5.23")) == "sglang==0.5.23" and str(EngineSpec()) == "sglang"

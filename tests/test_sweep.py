@@ -102,10 +102,10 @@ def test_engine_option_runs_every_point_with_that_engine(tmp_path):
     assert load_grid(bare, engine=EngineSpec("sglang")).runners == (("engine", "sglang"),)
     with pytest.raises(ScenarioError, match="designs\\[0\\]"):
         load_grid(grid_file(tmp_path, f'scenarios = ["{GAP}"]\ndesigns = ["no-such"]\n'), engine=EngineSpec())
-    bad = grid_file(tmp_path, f'scenarios = ["{GAP}"]\nengines = ["vllm"]\n')
+    bad = grid_file(tmp_path, f'scenarios = ["{GAP}"]\nengines = ["trtllm"]\n')
     with pytest.raises(ScenarioError) as e:
         load_grid(bad)
-    assert str(e.value).startswith(f"{bad}: engines[0]: 'vllm': unknown engine 'vllm'")
+    assert str(e.value).startswith(f"{bad}: engines[0]: 'trtllm': unknown engine 'trtllm'")
     assert str(e.value).count("engines[0]") == 1
 
 

@@ -1,0 +1,91 @@
+"""Which vLLM runs: a release fetched by version into slotscope's cache (``--engine vllm==VERSION``), or the default.
+
+The wheel is installed alone (``pip install --no-deps --target``, about 240 MB) into ``<cache>/vllm-VERSION``, as
+SGLang's releases are (engine_path/releases.py); its pure-Python dependencies come from the ``vllm`` extra. The
+wheel's compiled extensions are CUDA builds: on a CPU they fail to load and vLLM says so once ("Failed to import
+from vllm._C"); nothing the scheduler side runs needs them. One release per process, as for SGLang.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Optional
+
+from ..errors import EngineError
+from ..releases import EngineInfo, EngineSpec, fetch, is_cached
+
+#: the release ``--engine vllm`` takes when no version is named: the newest on the registry when this was written
+DEFAULT_VERSION = "0.34.0"
+#: modules the scheduler side imports that the ``vllm`` extra provides (name -> the package to install)
+DEPS = {"cachetools": "cachetools", "cbor2": "cbor2", "cloudpickle": "cloudpickle", "cpuinfo": "py-cpuinfo",
+        "prometheus_client": "prometheus_client", "msgspec": "msgspec", "pydantic": "pydantic",
+        "transformers": "transformers", "llguidance": "llguidance", "uvloop": "uvloop"}
+
+_ACTIVE: Optional[EngineInfo] = None
+
+
+def resolved(spec: EngineSpec) -> EngineSpec:
+    """``vllm`` alone means the default release (no installed vLLM is looked for: a GPU build drags CUDA along)."""
+    return spec if spec.version is not None else EngineSpec("vllm", DEFAULT_VERSION)
+
+
+def missing_deps() -> list[str]:
+    return [pkg for mod, pkg in DEPS.items() if importlib.util.find_spec(mod) is None]
+
+
+def activate(spec: EngineSpec) -> EngineInfo:
+    """Import the release ``spec`` names (fetching it first if needed); EngineError on any failure."""
+    global _ACTIVE
+    spec = resolved(spec)
+    if _ACTIVE is not None:
+        if _ACTIVE.version == spec.version:
+            return _ACTIVE
+        raise EngineError(f"this process already imported vllm {_ACTIVE.version}; one release per process: run "
+                          f"{spec} in its own process")
+    if "sglang" in sys.modules:
+        raise EngineError(f"{spec}: this process already imported sglang; one engine per process")
+    lacking = missing_deps()
+    if lacking:
+        raise EngineError(f"--engine {spec} needs {', '.join(lacking)} (the vllm extra): pip install -e '.[vllm]'")
+    fresh = not is_cached(spec.version, "vllm")
+    if fresh:
+        print(f"slotscope: fetching {spec} into slotscope's cache (the wheel, ~240 MB, once) ...", file=sys.stderr,
+              flush=True)
+    root = fetch(spec)
+    sys.path.insert(0, str(root))
+    importlib.invalidate_caches()
+    # quiet, CPU-agnostic import: vLLM's logger at warnings only, no usage reporting, its own CPU checks untouched
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = importlib.import_module("vllm")
+            importlib.import_module("vllm.v1.core.sched.scheduler")
+    except ModuleNotFoundError as e:
+        _forget(root)
+        raise EngineError(f"importing {spec} from {root} failed: module {e.name!r} is missing; install the vllm "
+                          f"extra: pip install -e '.[vllm]'") from None
+    except Exception as e:  # an import error of any kind is the user's to see, not a traceback
+        _forget(root)
+        raise EngineError(f"importing {spec} from {root} failed: {type(e).__name__}: {e}") from None
+    pkg = Path(mod.__file__).parent
+    version = next((d.name[len("vllm-"):-len(".dist-info")] for d in root.glob("vllm-*.dist-info")), "unknown")
+    if version != spec.version:
+        raise EngineError(f"asked for {spec} but {root} holds vllm {version}")
+    from .. import patches
+
+    patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
+    _ACTIVE = EngineInfo("vllm", version, str(pkg))
+    return _ACTIVE
+
+
+def _forget(root: Path) -> None:
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+    while str(root) in sys.path:
+        sys.path.remove(str(root))

@@ -1,0 +1,131 @@
+"""One vLLM run's pieces, wired to the simulator's seams (as engine_path/runtime.py does for SGLang).
+
+* ``allocator_factory(pool config)`` -> :class:`VllmSlots`: the run's slot bookkeeping (its translation table is
+  what the step source sets per step; the release's ``BlockPool`` decides every block);
+* ``design`` -> :class:`VllmDesign`: padded rows -1, skipped by the store (vLLM's ``PAD_SLOT_ID``); each layer
+  writes at its group's slots;
+* ``backends(scenario)``: one boundary, ``vllm``: every vLLM attention backend writes through
+  ``reshape_and_cache_flash`` (or its Triton twin) with the layer group's slot mapping, so one boundary stands for
+  them all;
+* ``scheduler_factory``: :class:`~engine_path.vllm.source.VllmStepSource`, the release's scheduler.
+
+The pools under test are the simulator's own (the store that skips -1, as vLLM's does).
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Optional
+
+import torch
+
+from simulator.core.boundary import ModelBackends
+from simulator.designs.base import Design
+from simulator.engine_model.backends import BackendSpec
+from simulator.engine_model.padding_convention import SKIP_MINUS_1
+from simulator.memory.allocator import HybridAllocator
+
+from ..releases import EngineInfo
+
+#: the run's one backend boundary
+BACKEND = "vllm"
+
+
+class VllmDesign(Design):
+    """vLLM's write path: the slot mapping of each layer's KV-cache group, padded rows -1 (the store skips them)."""
+
+    name = "vllm"
+    description = ("vLLM's write path: each layer writes at its KV-cache group's slot mapping (block table row * "
+                   "block_size + offset); padded rows get PAD_SLOT_ID -1, which reshape_and_cache_flash skips.")
+    padding = SKIP_MINUS_1
+    graph_swa_dtype = torch.int64
+
+
+class VllmSlots(HybridAllocator):
+    """The run's slots: both pools ``num_blocks * block_size`` rows (vLLM's one block pool backs both groups). The
+    release's ``BlockPool`` decides every block (engine_path/vllm/scheduler.py); this object only carries the
+    translation table the step source sets and the counts the run reports."""
+
+    def __init__(self, full_size: int, page_size: int, version: str):
+        super().__init__(full_size, full_size, page_size)
+        self.source = f"vllm {version} BlockPool (KVCacheManager)"
+        self.driver = None            # the VllmScheduler, once the step source is made
+
+    @property
+    def full_used(self) -> int:
+        d = self.driver
+        return 0 if d is None else (d.num_blocks - 1 - d.pool.get_num_free_blocks()) * self.page_size
+
+    @property
+    def swa_used(self) -> int:
+        return self.full_used
+
+
+class VllmBackends(ModelBackends):
+    name = "vllm (its attention backends write through reshape_and_cache_flash: one boundary)"
+
+    def __init__(self):
+        super().__init__({BACKEND: BackendSpec(BACKEND, swa_ids="translate")})
+
+
+class VllmRuntime:
+    """The seams of a vLLM run (``slotscope run --engine vllm==V``)."""
+
+    unified = False
+    release_scheduler = True
+    own_pools = True                   # the pools under test are the simulator's (slotscope's pool factory)
+
+    def __init__(self, info: EngineInfo, *, device: str = "cpu"):
+        self.api = SimpleNamespace(info=info)
+        self.device = device
+        self.design = VllmDesign()
+        self.design.name = f"vllm-{info.version}"
+        self.scheduler_choice = {"scheduler": "release", "asked": "auto",
+                                 "why": "vLLM's own Scheduler and KVCacheManager make every batch of a vLLM run"}
+        self.alloc: Optional[VllmSlots] = None
+        self.schedule_source = None
+        self.import_s = 0.0
+
+    @staticmethod
+    def scenario_as_run(scenario):
+        """The scenario as a vLLM run runs it: one backend boundary (``vllm``), both pools the block pool's size."""
+        pool = dataclasses.replace(scenario.pool, swa_ratio=1.0)
+        return dataclasses.replace(scenario, backends=(BACKEND,), pool=pool)
+
+    def allocator_factory(self, cfg) -> VllmSlots:
+        self.alloc = VllmSlots(cfg.full_size, cfg.page_size, self.api.info.version)
+        return self.alloc
+
+    def backends(self, scenario) -> VllmBackends:
+        return VllmBackends()
+
+    def scheduler_factory(self, scenario, alloc, release, rng, pad_value: int = -1, pad_to_capture: bool = False):
+        from .source import VllmStepSource
+
+        src = VllmStepSource(scenario, alloc, release.behaviour, rng, pad_value, pad_to_capture)
+        src.release_version = self.api.info.version
+        alloc.driver = src.driver
+        self.schedule_source = src
+        return src
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict:
+        v = self.api.info.version
+        d = {"engine": self.api.info.to_json(), "device": self.device,
+             "engine_pieces": ["Scheduler (admission, chunked prefill, preemption, resumption)",
+                               "KVCacheManager, its coordinator (HybridKVCacheCoordinator with prefix caching), "
+                               "FullAttentionManager, SlidingWindowManager",
+                               "BlockPool (one pool for both groups, null block 0) and prefix caching",
+                               "KV-cache grouping of the model's layers (get_kv_cache_groups)",
+                               "Request objects and their block hashes"],
+             "model_pieces": ["the worker's block tables and slot mappings (model runner V2's rules; its Triton "
+                              "kernels need CUDA)",
+                              "CUDA-graph choice and padding (-1 rows)",
+                              "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",
+                              "attention arithmetic (none: the read check reads the tables)"]}
+        if self.schedule_source is not None:
+            d["scheduler"] = self.schedule_source.describe()
+            d["scheduler"]["release"] = f"vllm {v}"
+        return d

@@ -1,0 +1,294 @@
+"""The release's own scheduler on a CPU: vLLM's ``Scheduler`` and its hybrid ``KVCacheManager`` decide every batch.
+
+:class:`VllmScheduler` builds the release's ``Scheduler`` for a scenario and drives it one step at a time, as vLLM's
+engine core does (``schedule()``, the model's forward, ``update_from_output``), without a model, a tokenizer, a
+worker process or a GPU. What is the release's own: the scheduling loop (admission, chunked prefill, preemption and
+resumption), the ``Request`` objects and their block hashes, the KV-cache groups of the scenario's layers
+(``get_kv_cache_groups``: vLLM's own grouping), the ``HybridKVCacheCoordinator`` with its full-attention and
+sliding-window managers, the one shared ``BlockPool`` and its null block, prefix caching. What stands in, and why,
+is :data:`STAND_INS` (run.json says it).
+
+The scenario maps onto vLLM as follows: the pool's ``full_size`` slots are ``full_size / page_size`` blocks of
+``page_size`` tokens, plus the null block (block 0), shared by every group (the scenario's ``swa_size`` has no
+counterpart: vLLM has one pool); ``chunked_prefill_size`` is the token budget of a step (``max_num_batched_tokens``);
+``max_running_requests`` is ``max_num_seqs`` (at most the token budget, as vLLM asks); the radix cache is vLLM's
+prefix caching; the model's window ``W`` is each sliding-window layer's
+``sliding_window``. A request asks for ``output_len + 1`` tokens with ``ignore_eos``: its prefill samples the first,
+each of its ``output_len`` decodes writes the token before it (the scenario's count of decode forwards). Token ids are
+the oracle's content tags (small integers, equal for equal content), so vLLM's block hashes see the workload's
+sharing.
+Arrivals follow the simulator's clock (the forwards run so far, as for SGLang's scheduler: engine_path/scheduler.py);
+an idle release jumps to the next arrival; a conversation's later turn is handed over ``think_time`` forwards after
+the turn before finished.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Optional
+
+import numpy as np
+
+from ..errors import EngineError
+
+#: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
+STAND_INS = {
+    "ModelConfig": "a namespace of the fields the scheduler reads (no HF model is loaded: max_model_len from the "
+                   "workload, text-only, generate runner, no mrope)",
+    "the platform": "CUDA's choice of the hybrid KV-cache manager (on a CPU platform vLLM turns it off; a GPU "
+                    "deployment of these models runs it: disable_hybrid_kv_cache_manager = False)",
+    "the workers' KV-cache layouts": "one worker reporting flash attention's (LBNHC, the legacy NHD); the engine "
+                                     "core's resolve_kv_cache_layout picks from it",
+    "the model's forward": "samples each request's next token from the workload's content (so prefix hashes "
+                           "match what later turns send), nothing is computed",
+    "the worker's block tables and slot mappings": "slotscope's model of model runner V2's (engine_path/vllm/"
+                                                   "worker.py): its Triton kernels need CUDA",
+}
+
+#: fields of the ModelConfig stand-in (what vLLM 0.34's Scheduler and StructuredOutputManager read of it)
+_MODEL_FIELDS = dict(uses_mrope=False, is_encoder_decoder=False, runner_type="generate", is_diffusion=False,
+                     skip_tokenizer_init=True, multimodal_config=None, supports_multimodal_inputs=False,
+                     return_sampling_mask=False, is_multimodal_model=False)
+
+#: a scenario's engine settings vLLM has no counterpart of here, each refused with its reason
+NOT_YET = (
+    (lambda sc: sc.engine.dp_size > 1, "DP attention (engine.dp_size > 1): vLLM's DP padding and dummy requests are "
+                                       "not driven yet"),
+    (lambda sc: sc.engine.speculative.enabled, "speculative decoding: vLLM's EAGLE groups are not driven yet"),
+    (lambda sc: sc.engine.pd_decode, "a PD decode node: vLLM's KV connectors are not driven"),
+    (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),
+    (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
+)
+
+
+def unsupported(scenario) -> Optional[str]:
+    """Why the release's scheduler cannot run ``scenario`` yet (None: it can)."""
+    return next((why for test, why in NOT_YET if test(scenario)), None)
+
+
+def _mod(name: str):
+    return importlib.import_module(name)
+
+
+@dataclass
+class Step:
+    """One forward as the release scheduled it: per request (batch order) its id, first position and new tokens,
+    and the blocks the scheduler's output handed the worker."""
+
+    output: object                              # the release's SchedulerOutput
+    req_ids: list[str]
+    starts: np.ndarray                          # int64: num_computed_tokens before the forward
+    counts: np.ndarray                          # int64: tokens scheduled
+    new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
+    appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
+
+
+class VllmScheduler:
+    """The release's ``Scheduler`` over a scenario's workload, one forward per :meth:`next_step`."""
+
+    def __init__(self, scenario, requests, tokens, *, max_steps: Optional[int] = None):
+        """``tokens(index)``: the token ids of workload request ``index`` by position, prompt and output (int32: the
+        step source's content tags, equal for equal content, so prefix hashes match as the workload shares)."""
+        why = unsupported(scenario)
+        if why:
+            raise EngineError(f"vLLM's scheduler: {why}")
+        self.sc, self.specs, self.tokens = scenario, list(requests), tokens
+        page = scenario.pool.page_size
+        if scenario.pool.full_size % page:
+            raise EngineError(f"pool.full_size {scenario.pool.full_size} is not a multiple of page_size {page}")
+        self.block_size = page
+        self.num_blocks = scenario.pool.full_size // page + 1       # + the null block, block 0
+        self.max_steps = max_steps
+        self.groups = self._groups()
+        self.scheduler = self._build()
+        self.pool = self.scheduler.kv_cache_manager.block_pool
+        self.managers = self.scheduler.kv_cache_manager.coordinator.single_type_managers
+        #: workload index -> the release's Request id; pending arrivals; later turns held back
+        self.pending = [(i, r) for i, r in enumerate(self.specs) if r.turn <= 1]
+        self._later = {(r.conversation, r.turn): (i, r) for i, r in enumerate(self.specs) if r.turn > 1}
+        self._ready: list = []
+        self._turns: dict[str, int] = {}
+        self.clock = 0                        # forwards run, plus the steps an idle release jumped
+        self.forwards = 0
+        self.handed = 0
+        self.finished = 0
+        self.preemptions = 0
+        self.hit_tokens = 0                   # tokens a (re)admitted request found in the prefix cache
+
+    # ------------------------------------------------------------------ set-up
+
+    def _config(self):
+        cfg = _mod("vllm.config")
+        longest = max((s.total_len for s in self.specs), default=1)
+        budget = max(self.sc.engine.chunked_prefill_size or max(longest, 8192), 1)
+        # vLLM asks max_num_seqs <= max_num_batched_tokens (every running request may decode in one step)
+        seqs = max(1, min(self.sc.engine.max_running_requests, budget))
+        sched = cfg.SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
+                                    max_model_len=longest + 2, is_encoder_decoder=False,
+                                    enable_chunked_prefill=True)
+        cache = cfg.CacheConfig(block_size=self.block_size, enable_prefix_caching=bool(self.sc.engine.radix_cache))
+        cache.num_gpu_blocks = self.num_blocks
+        vc = cfg.VllmConfig(scheduler_config=sched, cache_config=cache, device_config=cfg.DeviceConfig(device="cpu"))
+        # the platform: a CPU platform has no hybrid KV-cache manager; a GPU deployment's has (STAND_INS)
+        vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+        # no HF model here: the fields the scheduler reads (STAND_INS)
+        object.__setattr__(vc, "model_config", SimpleNamespace(max_model_len=longest + 2, **_MODEL_FIELDS))
+        return vc
+
+    def _groups(self):
+        """The scenario's layers as vLLM groups them (its own ``get_kv_cache_groups``): [(kind, layer names)]."""
+        import torch
+
+        kci = _mod("vllm.v1.kv_cache_interface")
+        planning = _mod("vllm.v1.core.kv_cache_planning")
+        self.vllm_config = self._config()
+        spec = {}
+        for layer in self.sc.model.layers():
+            kw = dict(block_size=self.block_size, num_kv_heads=1, head_size=16, dtype=torch.float16)
+            spec[f"layers.{layer.layer}"] = (kci.SlidingWindowSpec(sliding_window=self.sc.model.window, **kw)
+                                             if layer.kind == "swa" else kci.FullAttentionSpec(**kw))
+        # the engine core resolves one layout from what the workers' backends support (STAND_INS: flash attention's)
+        _mod("vllm.v1.attention.backends.utils").resolve_kv_cache_layout(self.vllm_config, [["LBNHC"]],
+                                                                         spec.values())
+        groups = planning.get_kv_cache_groups(self.vllm_config, spec)
+        kinds = ["swa" if isinstance(g.kv_cache_spec, kci.SlidingWindowSpec) else "full" for g in groups]
+        if sorted(kinds) != ["full", "swa"]:
+            raise EngineError(f"vLLM groups this model's {len(spec)} layers into {len(groups)} KV-cache groups "
+                              f"({', '.join(kinds)}); slotscope drives one full and one sliding-window group so far "
+                              f"(a model whose full and SWA layers come in equal numbers, e.g. gpt-oss)")
+        self.kv_groups = groups
+        return kinds
+
+    def _build(self):
+        kci = _mod("vllm.v1.kv_cache_interface")
+        kcu = _mod("vllm.v1.core.kv_cache_utils")
+        hashing = _mod("vllm.utils.hashing")
+        sched_mod = _mod("vllm.v1.core.sched.scheduler")
+        so_mod = _mod("vllm.v1.structured_output")
+        kc = kci.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=self.kv_groups)
+        hash_fn = hashing.get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
+        kcu.init_none_hash(hash_fn)
+        self._hasher = kcu.get_request_block_hasher(self.block_size, hash_fn)
+        try:
+            return sched_mod.Scheduler(vllm_config=self.vllm_config, kv_cache_config=kc,
+                                       structured_output_manager=so_mod.StructuredOutputManager(self.vllm_config),
+                                       block_size=self.block_size, log_stats=False)
+        except AttributeError as e:
+            raise EngineError(f"vLLM's Scheduler read a field slotscope's ModelConfig stand-in lacks: {e}") from None
+
+    def describe(self) -> dict:
+        s = self.scheduler
+        return {"class": f"{type(s).__module__}.{type(s).__name__}",
+                "kv_cache_manager": type(s.kv_cache_manager.coordinator).__name__,
+                "groups": [{"kind": k, "layers": len(g.layer_names), "spec": type(g.kv_cache_spec).__name__}
+                           for k, g in zip(self.groups, self.kv_groups)],
+                "num_blocks": self.num_blocks, "block_size": self.block_size,
+                "prefix_caching": bool(self.vllm_config.cache_config.enable_prefix_caching),
+                "stand_ins": STAND_INS,
+                "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
+                        "prefix_hit_tokens": self.hit_tokens}}
+
+    # ------------------------------------------------------------------ arrivals
+
+    def _submit(self, index: int, spec) -> None:
+        req_mod, sp_mod = _mod("vllm.v1.request"), _mod("vllm.sampling_params")
+        params = sp_mod.SamplingParams(max_tokens=spec.output_len + 1, ignore_eos=True)
+        ids = self.tokens(index)[: spec.prompt_len].tolist()
+        self.scheduler.add_request(req_mod.Request(str(index), ids, params, None, block_hasher=self._hasher))
+        self.handed += 1
+        if (spec.conversation, spec.turn + 1) in self._later:
+            self._turns[str(index)] = index
+
+    def _arrivals(self) -> None:
+        busy = self.scheduler.has_unfinished_requests()
+        due = [self.pending[0][1].arrival_step] if self.pending else []
+        due += [r[0] for r in self._ready]
+        if due and not busy and min(due) > self.clock:
+            self.clock = min(due)
+        while self.pending and self.pending[0][1].arrival_step <= self.clock:
+            self._submit(*self.pending.pop(0))
+        while self._ready and self._ready[0][0] <= self.clock:
+            self._submit(*self._ready.pop(0)[2:])
+
+    def _finish_turn(self, req_id: str) -> None:
+        index = self._turns.pop(req_id, None)
+        if index is None:
+            return
+        spec = self.specs[index]
+        nxt = self._later.pop((spec.conversation, spec.turn + 1), None)
+        if nxt is not None:
+            self._ready.append((max(nxt[1].arrival_step, self.clock + nxt[1].think_time), nxt[1].uid, *nxt))
+            self._ready.sort(key=lambda x: (x[0], x[1]))
+
+    def done(self) -> bool:
+        return not (self.pending or self._ready or self._later or self.scheduler.has_unfinished_requests())
+
+    # ------------------------------------------------------------------ one forward
+
+    def next_step(self) -> Optional[Step]:
+        """The release's next forward (None: the workload is done or ``max_steps`` reached)."""
+        idle = 0
+        while True:
+            if self.max_steps is not None and self.forwards >= self.max_steps:
+                return None
+            self._arrivals()
+            if self.done():
+                return None
+            out = self.scheduler.schedule()
+            if out.total_num_scheduled_tokens > 0:
+                break
+            # nothing to run: let its bookkeeping settle (an empty step), then jump to the next arrival
+            self.scheduler.update_from_output(out, _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
+            idle += 1
+            if not (self.pending or self._ready) and idle > 2:
+                raise EngineError(f"vLLM's scheduler scheduled nothing for {idle} steps with "
+                                  f"{self.scheduler.get_num_unfinished_requests()} requests unfinished (the pool "
+                                  f"cannot hold one request: {self.num_blocks - 1} blocks of {self.block_size})")
+            if not self.scheduler.has_unfinished_requests():
+                self.clock = max(self.clock, min([p[1].arrival_step for p in self.pending[:1]]
+                                                 + [r[0] for r in self._ready] or [self.clock]))
+        self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
+        return self._step_of(out)
+
+    def _step_of(self, out) -> Step:
+        ids, starts, counts = [], [], []
+        new_rows, appended = {}, {}
+        for nr in out.scheduled_new_reqs:
+            ids.append(nr.req_id)
+            starts.append(nr.num_computed_tokens)
+            self.hit_tokens += nr.num_computed_tokens
+            new_rows[nr.req_id] = [list(b) for b in nr.block_ids]
+        cr = out.scheduled_cached_reqs
+        for rid, start, blocks in zip(cr.req_ids, cr.num_computed_tokens, cr.new_block_ids):
+            ids.append(rid)
+            starts.append(start)
+            if blocks is not None:
+                appended[rid] = [list(b) for b in blocks]
+        counts = [out.num_scheduled_tokens[r] for r in ids]
+        return Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
+                    new_rows, appended)
+
+    def manager_blocks(self, req_id: str) -> list[list[int]]:
+        """Per group, the block ids the release's manager holds for a request (null blocks as 0)."""
+        return [[b.block_id for b in m.req_to_blocks.get(req_id, ())] for m in self.managers]
+
+    def finish_step(self, step: Step) -> None:
+        """The model's output of ``step``: the next token of each request that has computed all it knows."""
+        reqs = self.scheduler.requests
+        sampled = []
+        for rid in step.req_ids:
+            r = reqs[rid]
+            if r.num_computed_tokens >= r.num_tokens:
+                row, p = self.tokens(int(rid)), r.num_tokens
+                sampled.append([int(row[p]) if p < row.shape[0] else 0])
+            else:
+                sampled.append([])
+        out = _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled)
+        self.scheduler.update_from_output(step.output, out)
+        self.forwards += 1
+        self.clock += 1
+        for rid in step.req_ids:
+            if reqs.get(rid) is None or reqs[rid].is_finished():
+                self.finished += 1
+                self._finish_turn(rid)

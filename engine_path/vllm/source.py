@@ -1,0 +1,215 @@
+"""vLLM's scheduler as a run's source of batches: its steps, its blocks, our oracle.
+
+:class:`VllmStepSource` is a scheduler source of the step pipeline (``steps()`` yields a
+:class:`~simulator.scheduling.batch.ForwardBatch` and its :class:`~simulator.scheduling.batch.BatchTruth` per forward),
+like SGLang's (engine_path/schedule_source.py), over :class:`~engine_path.vllm.scheduler.VllmScheduler`.
+
+vLLM's two KV-cache groups map onto the simulator's two pools: the full-attention group's slots index the full pool,
+the sliding-window group's the SWA pool (both ``num_blocks * block_size`` rows: one block id is one group's at a
+time). Per forward, where each piece comes from:
+
+* **what a layer writes at**: the worker's slot mapping (engine_path/vllm/worker.py) of the full group is the batch's
+  ``out_cache_loc`` (padded rows -1, skipped by the store); the SWA group's slot of each token reaches the SWA layers
+  through the run's translation table (``full_to_swa[full slot]``), set here for the step's tokens;
+* **what the oracle expects**: the blocks the release's *manager* holds for each request at each position
+  (``req_to_blocks`` of the full and sliding-window managers), independent of the worker's tables: a worker row that
+  lost or kept the wrong block writes elsewhere than the manager allocated, and the checker says where;
+* **reads**: each request's full row as the worker's table gives it (``req_to_token``), and its sliding-window
+  positions ``[first - W + 1, end)`` through the SWA group's row (the translation table again);
+* **frees**: a block the oracle holds is freed when the release's pool has it back unreferenced and uncached
+  (``ref_cnt == 0`` and no block hash: a prefix-cached block keeps its contents for a later hit), or when the
+  manager hands it to the other group; an SWA block freed while the token's full slot stays held is an eviction
+  (out of the window).
+
+A request's tags are its tokens' *content* (simulator/scheduling/content_tags.py), so a prefix hit reads what its
+first writer wrote. Graph choice and padding are the model's (simulator/scheduling/batch_making.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+
+from simulator.records import Owner
+from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch
+from simulator.scheduling.batch_making import BatchMaking
+from simulator.scheduling.content_tags import ContentTags
+from simulator.scheduling.workload import make_requests
+
+from .scheduler import VllmScheduler
+from .worker import BlockTables
+
+
+@dataclass
+class _Row:
+    """A request's full row as the forward reads it (``RequestSlots``'s ``full``)."""
+
+    full: np.ndarray
+
+
+class VllmStepSource(BatchMaking):
+    """vLLM's scheduler behind the run's scheduler interface (``steps``, ``owner_of``, counts)."""
+
+    journal = None
+
+    def __init__(self, scenario, alloc, release, rng: np.random.Generator, pad_value: int = -1,
+                 pad_to_capture: bool = False):
+        self.sc, self.alloc, self.rng, self.release = scenario, alloc, rng, release
+        self.pad_value, self.pad_to_capture = pad_value, pad_to_capture
+        self.specs = make_requests(scenario.workload, rng)
+        self.total_requests = len(self.specs)
+        self.content = ContentTags()
+        self.driver = VllmScheduler(scenario, self.specs, self._tag_row, max_steps=scenario.max_steps)
+        self.g_full, self.g_swa = self.driver.groups.index("full"), self.driver.groups.index("swa")
+        self.bs = self.driver.block_size
+        self.window = scenario.model.window
+        self.tables = BlockTables(self.bs, len(self.driver.groups))
+        self._content_keys = self.content.keys
+        self._freed_full: list[np.ndarray] = []
+        self._freed_swa: list[np.ndarray] = []
+        self._evicted_swa: list[np.ndarray] = []
+        self._mapping_changed: list[np.ndarray] = []
+        n = self.driver.num_blocks
+        self._block_group = np.full(n, -1, dtype=np.int64)      # the group the oracle holds each block in
+        self._full_of_swa = np.zeros(n * self.bs, dtype=np.int64)
+        self._held_full = np.zeros(n * self.bs, dtype=bool)
+        self._requests: Optional[BatchRequests] = None
+        self._seen: dict[int, int] = {}          # workload index -> the length its last forward left it at
+        self.retractions = 0
+        self.counts = {"extend": 0, "decode": 0, "mixed": 0, "freed_full_slots": 0, "freed_swa_slots": 0,
+                       "evicted_swa_slots": 0}
+
+    @property
+    def source(self) -> str:
+        return f"vllm {self.release_version} Scheduler"
+
+    release_version = "?"
+
+    @property
+    def tree_cache_source(self) -> Optional[str]:
+        return (f"vllm {self.release_version} prefix caching (BlockPool)" if self.sc.engine.radix_cache else None)
+
+    @property
+    def finished_count(self) -> int:
+        return self.driver.finished
+
+    def owner_of(self, tag: int) -> Owner:
+        return self.content.owner_of(tag)
+
+    def describe(self) -> dict:
+        d = self.driver.describe()
+        d["did"].update(self.counts, retractions=self.driver.preemptions)
+        return d
+
+    # ------------------------------------------------------------------ the steps
+
+    def steps(self) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        k = 0
+        while True:
+            step = self.driver.next_step()
+            if step is None:
+                return
+            finished = set(step.output.finished_req_ids) | set(getattr(step.output, "preempted_req_ids", None) or ())
+            self.tables.apply(step.new_rows, step.appended, finished - set(step.new_rows))
+            self._learn_frees(step)
+            yield self._batch_of(k, step)
+            self.driver.finish_step(step)
+            k += 1
+
+    def _learn_frees(self, step) -> None:
+        """Blocks the oracle holds that the release's pool has back (unreferenced, uncached) or gave the other
+        group in this step's output."""
+        blocks = self.driver.pool.blocks
+        given = {g: set() for g in range(len(self.driver.groups))}
+        for rows in (step.new_rows, step.appended):
+            for per_group in rows.values():
+                for g, ids in enumerate(per_group):
+                    given[g].update(ids)
+        held = np.flatnonzero(self._block_group >= 0)
+        freed = [b for b in held.tolist()
+                 if (blocks[b].ref_cnt == 0 and blocks[b].block_hash is None)
+                 or any(b in ids for g, ids in given.items() if g != self._block_group[b])]
+        if not freed:
+            return
+        freed = np.asarray(freed, dtype=np.int64)
+        groups = self._block_group[freed]
+        self._block_group[freed] = -1
+        for g, out, key in ((self.g_full, self._freed_full, "freed_full_slots"),
+                            (self.g_swa, self._freed_swa, "freed_swa_slots")):
+            b = freed[groups == g]
+            if not b.size:
+                continue
+            slots = (b[:, None] * self.bs + np.arange(self.bs)).ravel()
+            out.append(slots)
+            self.counts[key] += int(slots.size)
+            if g == self.g_full:
+                self._held_full[slots] = False
+            else:
+                evicted = slots[self._held_full[self._full_of_swa[slots]]]
+                if evicted.size:
+                    self._evicted_swa.append(evicted)
+                    self.counts["evicted_swa_slots"] += int(evicted.size)
+
+    def _batch_of(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
+        tags, locs, swas, truth_full, rows = [], [], [], [], []
+        seq, ext = [], []
+        mapping = self.alloc.full_to_swa
+        changed = []
+        decoding = 0
+        for rid, c, n in zip(step.req_ids, step.starts.tolist(), step.counts.tolist()):
+            index = int(rid)
+            spec = self.specs[index]
+            end = c + n
+            full_row = self.tables.read_slots(rid, self.g_full, c, end, 0)
+            lo = max(0, c - self.window + 1)
+            swa_row = self.tables.slots(rid, self.g_swa, lo, end)
+            ch = full_row[lo:end]
+            moved = ch[mapping[ch] != swa_row]
+            if moved.size:
+                changed.append(moved)
+            mapping[ch] = swa_row               # the SWA group's slots, read and written through the table
+            locs.append(full_row[c:end])
+            held = self.driver.manager_blocks(rid)
+            truth_full.append(self._manager_slots(held[self.g_full], c, end))
+            swas.append(self._manager_slots(held[self.g_swa], c, end))
+            tags.append(self._tag_row(index)[c:end])
+            rows.append(_Row(full_row))
+            seq.append(end)
+            ext.append(n)
+            decoding += n == 1 and c >= spec.prompt_len
+            if c < self._seen.get(index, 0):
+                self.retractions += 1
+            self._seen[index] = end
+        for f, s in zip(truth_full, swas):
+            self._block_group[f // self.bs] = self.g_full
+            self._block_group[s // self.bs] = self.g_swa
+            self._held_full[f] = True
+            self._full_of_swa[s] = f
+        if changed:
+            self._mapping_changed.extend(changed)
+        nreq = len(step.req_ids)
+        mode = "decode" if decoding == nreq else ("extend" if decoding == 0 else "mixed")
+        self.counts[mode] += 1
+        self._requests = BatchRequests(rids=np.asarray([int(r) for r in step.req_ids], dtype=np.int64),
+                                       seq_lens=np.asarray(seq, dtype=np.int64),
+                                       extend_lens=np.asarray(ext, dtype=np.int64), slots=tuple(rows),
+                                       tag_bases=np.zeros(nreq, dtype=np.int64))
+        batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
+        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    def _manager_slots(self, blocks: list[int], lo: int, hi: int) -> np.ndarray:
+        pos = np.arange(lo, hi, dtype=np.int64)
+        ids = np.asarray(blocks, dtype=np.int64)
+        return ids[pos // self.bs] * self.bs + pos % self.bs
+
+    def _batch_requests(self, tags: list) -> BatchRequests:
+        return self._requests
+
+    def _tag_row(self, index: int) -> np.ndarray:
+        rows = self.content.rows
+        while len(rows) <= index:
+            spec = self.specs[len(rows)]
+            rows.append(self.content.tags_of(len(rows), spec, max(spec.total_len, 1)))
+        return rows[index]
