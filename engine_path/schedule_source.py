@@ -201,13 +201,7 @@ class ReleaseStepSource(BatchMaking):
         return self._requests
 
     def _tag_row(self, index: int) -> np.ndarray:
-        rows = self.content.rows
-        # interned in workload order up to the request's index: a content's tag is the same whoever writes it, and
-        # owner_of names the first request in that order that has it (a later turn's first forward may come first)
-        while len(rows) <= index:
-            spec = self.specs[len(rows)]
-            rows.append(self.content.tags_of(len(rows), spec, max(spec.total_len, 1)))
-        return rows[index]
+        return self.content.row(index, self.specs)
 
     def _free_mask(self, sub) -> np.ndarray:
         """Which slots of a sub-allocator are on its free lists (``free_pages``, ``release_pages``: page ids)."""

@@ -208,8 +208,4 @@ class VllmStepSource(BatchMaking):
         return self._requests
 
     def _tag_row(self, index: int) -> np.ndarray:
-        rows = self.content.rows
-        while len(rows) <= index:
-            spec = self.specs[len(rows)]
-            rows.append(self.content.tags_of(len(rows), spec, max(spec.total_len, 1)))
-        return rows[index]
+        return self.content.row(index, self.specs)

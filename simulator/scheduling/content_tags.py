@@ -41,6 +41,16 @@ class ContentTags:
             owners.append((rid, p))
         return out
 
+    def row(self, index: int, specs) -> np.ndarray:
+        """Workload request ``index``'s tag row, rows interned in workload order up to it: a content's tag is the
+        same whoever writes it, and :meth:`owner_of` names the first request in that order that has it (a later
+        turn's first forward may come first)."""
+        rows = self.rows
+        while len(rows) <= index:
+            spec = specs[len(rows)]
+            rows.append(self.tags_of(len(rows), spec, max(spec.total_len, 1)))
+        return rows[index]
+
     def owner_of(self, tag: int) -> Owner:
         """The request and position that first had ``tag``; padding, empty and unknown tags by themselves."""
         if tag <= 0 or tag >= len(self._owner):
