@@ -18,17 +18,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine_path.vllm.worker import BlockTables
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "tests" / "engine_patches" / "vllm"
 SER = "scenarios/sched-evict-retract.toml"
 SHARING = "scenarios/sharing-system-prompt.toml"
-RUNS = {
-    "ser": (SER, None),
-    "ser_skip": (SER, "swa-skip-one-more.yaml"),
-    "sharing": (SHARING, None),
-    "sharing_hit": (SHARING, "swa-hit-one-block-short.yaml"),
+RUNS = {          # key: (scenario, patch, extra arguments); the worker's interpreted kernels cost ~50 ms a step
+    "ser": (SER, None, ()),
+    "ser_skip": (SER, "swa-skip-one-more.yaml", ("--max-steps", "80")),
+    "sharing": (SHARING, None, ()),
+    "sharing_hit": (SHARING, "swa-hit-one-block-short.yaml", ()),
 }
 
 
@@ -57,9 +56,9 @@ def runs(vllm_release, tmp_path_factory):
     base = tmp_path_factory.mktemp("vllm")
 
     def one(key):
-        scenario, patch = RUNS[key]
+        scenario, patch, extra = RUNS[key]
         out = base / key
-        cmd = ["run", scenario, "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q"]
+        cmd = ["run", scenario, "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q", *extra]
         if patch:
             cmd += ["--engine-patch", str(PATCHES / patch)]
         proc = slotscope(*cmd)
@@ -100,7 +99,9 @@ def test_pressure_runs_clean_with_the_release_deciding(runs):
 def test_window_skip_off_by_one_is_a_stale_read(runs):
     proc, summary, run = runs["ser_skip"]
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert _found(summary) == {"stale_read": 1013}
+    # its first 80 forwards (the whole run: 1,013): the window's first token's block freed while still read
+    assert _found(summary) == {"stale_read": 140}
+    assert summary["backends"]["vllm"]["first_finding"] == {"step": 1, "layer": 0, "class": "stale_read"}
     assert run["engine"]["patches"][0]["applied_by"] == "slotscope"
 
 
@@ -131,20 +132,51 @@ def test_what_vllm_cannot_run_yet_is_refused(vllm_release):
     assert proc.returncode == 2 and "--design sglang-0.5.23 with --engine" in proc.stderr
 
 
-def test_worker_rows_keep_freed_ids_and_null_below_the_window():
-    t = BlockTables(block_size=4, num_groups=2)
-    t.apply({"a": [[1, 2], [3, 4]]}, {}, set())
-    t.apply({}, {"a": [[5], [6]]}, set())
-    assert t.rows["a"] == [[1, 2, 5], [3, 4, 6]]
-    np.testing.assert_array_equal(t.slots("a", 1, 6, 10), np.array([18, 19, 24, 25]))
-    # the SWA group's table as attention reads it: entries wholly below first - retained nulled (block 0)
-    np.testing.assert_array_equal(t.read_slots("a", 1, 9, 10, retained=3)[:4], np.array([0, 1, 2, 3]))
-    np.testing.assert_array_equal(t.read_slots("a", 1, 9, 10, retained=3)[4:8], np.array([16, 17, 18, 19]))
-    # a resumed request's row is replaced, a finished one dropped
-    t.apply({"a": [[7], [8]]}, {}, set())
-    assert t.rows["a"] == [[7], [8]]
-    t.apply({}, {}, {"a"})
-    assert "a" not in t.rows
-    t.apply({"b": [[1], [2]]}, {}, set())
-    with pytest.raises(IndexError, match="position 4 needs block 1"):
-        t.slots("b", 0, 0, 5)
+WORKER_PROBE = """
+import json, sys
+import numpy as np
+from types import SimpleNamespace
+from engine_path.releases import EngineSpec
+from engine_path.vllm.release import activate
+from engine_path.vllm.scheduler import VllmScheduler
+from engine_path.vllm.worker import WorkerTables, slots_of
+from simulator.scenario import load_scenario
+activate(EngineSpec("vllm", "0.34.0"))
+sc = load_scenario("scenarios/sched-evict-retract.toml")
+driver = VllmScheduler(sc, [], lambda i: np.zeros(1, dtype=np.int64))
+g = driver.groups.index("swa")
+w = WorkerTables(driver)
+w.apply({"a": [[1, 2, 5], [3, 4, 6]]}, {}, set())
+w.apply({}, {"a": [[9], [10]]}, set())
+slots, tables = w.prepare(["a"], np.array([3]), np.array([1]))
+out = {"slots": slots[:, :1].tolist(), "rows": [t[0, :4].tolist() for t in tables], "swa": g}
+w.apply({"b": [[7], [8]]}, {}, {"a"})
+slots, tables = w.prepare(["b"], np.array([0]), np.array([1]))
+out["b"] = slots[:, :1].tolist()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+def test_the_releases_worker_tables_append_and_map_slots(vllm_release):
+    """The release's BlockTables under Triton's interpreter: rows grow by appended ids, slot = block * size + offset
+    (block size 1 here); a finished request's row goes back and the next request's row is written whole."""
+    proc = subprocess.run([sys.executable, "-c", WORKER_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["swa"] == 0               # vLLM orders the groups by the first layer: gpt-oss's is a window layer
+    # position 3 of request a: the 4th block (block size 1) of each group's row, [1, 2, 5, 9] and [3, 4, 6, 10]
+    assert got["slots"] == [[9], [10]]
+    # the window (32) reaches back past position 0: nothing of the SWA row is nulled in the gathered table
+    assert got["rows"] == [[1, 2, 5, 9], [3, 4, 6, 10]]
+    assert got["b"] == [[7], [8]]
+
+
+def test_slots_through_a_block_table_row():
+    from engine_path.vllm.worker import slots_of
+
+    row = np.array([3, 4, 6], dtype=np.int64)
+    np.testing.assert_array_equal(slots_of(row, 4, 6, 10), np.array([18, 19, 24, 25]))
+    with pytest.raises(IndexError, match="3 blocks read at position 12"):
+        slots_of(row, 4, 10, 13)

@@ -3,7 +3,10 @@
 The wheel is installed alone (``pip install --no-deps --target``, about 240 MB) into ``<cache>/vllm-VERSION``, as
 SGLang's releases are (engine_path/releases.py); its pure-Python dependencies come from the ``vllm`` extra. The
 wheel's compiled extensions are CUDA builds: on a CPU they fail to load and vLLM says so once ("Failed to import
-from vllm._C"); nothing the scheduler side runs needs them. One release per process, as for SGLang.
+from vllm._C"); nothing that runs here needs them. The worker's Triton kernels run under Triton's interpreter
+(``TRITON_INTERPRET=1``); two stand-ins make that possible, each said in run.json: Triton reports an active driver
+while vLLM imports (``vllm.triton_utils`` would otherwise hand out a placeholder), and ``UvaBuffer`` is the host
+tensor itself. One release per process, as for SGLang.
 """
 from __future__ import annotations
 
@@ -11,7 +14,9 @@ import importlib
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Optional
 
 from ..errors import EngineError
@@ -61,11 +66,15 @@ def activate(spec: EngineSpec) -> EngineInfo:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
+    os.environ["TRITON_INTERPRET"] = "1"      # the worker's Triton kernels, run by Triton's interpreter on a CPU
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _triton_driver_reported():
             warnings.simplefilter("ignore")
             mod = importlib.import_module("vllm")
+            importlib.import_module("vllm.triton_utils")
             importlib.import_module("vllm.v1.core.sched.scheduler")
+            _host_uva(importlib.import_module("vllm.v1.worker.gpu.buffer_utils"))
+            importlib.import_module("vllm.v1.worker.gpu.block_table")
     except ModuleNotFoundError as e:
         _forget(root)
         raise EngineError(f"importing {spec} from {root} failed: module {e.name!r} is missing; install the vllm "
@@ -82,6 +91,40 @@ def activate(spec: EngineSpec) -> EngineInfo:
     patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
     _ACTIVE = EngineInfo("vllm", version, str(pkg))
     return _ACTIVE
+
+
+@contextmanager
+def _triton_driver_reported():
+    """While vLLM imports: Triton reports an active driver, so ``vllm.triton_utils`` hands out the real Triton (whose
+    interpreter runs the kernels here) instead of its placeholder (it finds no GPU driver on a CPU machine)."""
+    import triton.backends as tb
+
+    class _Interpreter:
+        @staticmethod
+        def is_active() -> bool:
+            return True
+
+    key = "slotscope-interpreter"
+    tb.backends[key] = SimpleNamespace(driver=_Interpreter, compiler=None)
+    try:
+        yield
+    finally:
+        tb.backends.pop(key, None)
+
+
+def _host_uva(buffer_utils) -> None:
+    """``UvaBuffer`` is a device view of pinned host memory (CUDA only); on a CPU the host tensor is the view."""
+    import torch
+
+    class HostUvaBuffer:
+        def __init__(self, size, dtype):
+            self.cpu = torch.zeros(size, dtype=dtype)
+            self.np = self.cpu.numpy()
+
+        def uva(self, n=None):
+            return self.cpu[:n] if n is not None else self.cpu
+
+    buffer_utils.UvaBuffer = HostUvaBuffer
 
 
 def _forget(root: Path) -> None:

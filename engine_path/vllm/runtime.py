@@ -119,10 +119,11 @@ class VllmRuntime:
                                "FullAttentionManager, SlidingWindowManager",
                                "BlockPool (one pool for both groups, null block 0) and prefix caching",
                                "KV-cache grouping of the model's layers (get_kv_cache_groups)",
-                               "Request objects and their block hashes"],
-             "model_pieces": ["the worker's block tables and slot mappings (model runner V2's rules; its Triton "
-                              "kernels need CUDA)",
-                              "CUDA-graph choice and padding (-1 rows)",
+                               "Request objects and their block hashes",
+                               "the worker's BlockTables (model runner V2): staged row writes, gather_block_tables "
+                               "(SWA entries below the window nulled), compute_slot_mappings; its Triton kernels "
+                               "under Triton's interpreter"],
+             "model_pieces": ["CUDA-graph choice and padding (-1 rows)",
                               "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",
                               "attention arithmetic (none: the read check reads the tables)"]}
         if self.schedule_source is not None:

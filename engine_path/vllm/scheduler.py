@@ -42,8 +42,11 @@ STAND_INS = {
                                      "core's resolve_kv_cache_layout picks from it",
     "the model's forward": "samples each request's next token from the workload's content (so prefix hashes "
                            "match what later turns send), nothing is computed",
-    "the worker's block tables and slot mappings": "slotscope's model of model runner V2's (engine_path/vllm/"
-                                                   "worker.py): its Triton kernels need CUDA",
+    "the worker's state rows": "a free list of row indices popped from the end, as RequestState's (the block "
+                               "tables, their writes, gathers and slot mappings are the release's BlockTables)",
+    "UvaBuffer": "the host tensor itself (a device view of pinned host memory needs CUDA)",
+    "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
+                                       "Triton, run by Triton's interpreter on a CPU",
 }
 
 #: fields of the ModelConfig stand-in (what vLLM 0.34's Scheduler and StructuredOutputManager read of it)

@@ -8,14 +8,16 @@ vLLM's two KV-cache groups map onto the simulator's two pools: the full-attentio
 the sliding-window group's the SWA pool (both ``num_blocks * block_size`` rows: one block id is one group's at a
 time). Per forward, where each piece comes from:
 
-* **what a layer writes at**: the worker's slot mapping (engine_path/vllm/worker.py) of the full group is the batch's
-  ``out_cache_loc`` (padded rows -1, skipped by the store); the SWA group's slot of each token reaches the SWA layers
-  through the run's translation table (``full_to_swa[full slot]``), set here for the step's tokens;
+* **what a layer writes at**: the slot mapping the release's worker computed (engine_path/vllm/worker.py: its
+  ``BlockTables``' kernels) of the full group is the batch's ``out_cache_loc`` (padded rows -1, skipped by the
+  store); the SWA group's slot of each token reaches the SWA layers through the run's translation table
+  (``full_to_swa[full slot]``), set here for the step's tokens;
 * **what the oracle expects**: the blocks the release's *manager* holds for each request at each position
   (``req_to_blocks`` of the full and sliding-window managers), independent of the worker's tables: a worker row that
   lost or kept the wrong block writes elsewhere than the manager allocated, and the checker says where;
-* **reads**: each request's full row as the worker's table gives it (``req_to_token``), and its sliding-window
-  positions ``[first - W + 1, end)`` through the SWA group's row (the translation table again);
+* **reads**: each request's full row as the forward's gathered block table gives it (``req_to_token``), and its
+  sliding-window positions ``[first - W + 1, first)`` through the SWA group's gathered table (the translation table
+  again; the step's own tokens through its slot mapping);
 * **frees**: a block the oracle holds is freed when the release's pool has it back unreferenced and uncached
   (``ref_cnt == 0`` and no block hash: a prefix-cached block keeps its contents for a later hit), or when the
   manager hands it to the other group; an SWA block freed while the token's full slot stays held is an eviction
@@ -39,7 +41,7 @@ from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.workload import make_requests
 
 from .scheduler import VllmScheduler
-from .worker import BlockTables
+from .worker import WorkerTables, slots_of
 
 
 @dataclass
@@ -65,7 +67,7 @@ class VllmStepSource(BatchMaking):
         self.g_full, self.g_swa = self.driver.groups.index("full"), self.driver.groups.index("swa")
         self.bs = self.driver.block_size
         self.window = scenario.model.window
-        self.tables = BlockTables(self.bs, len(self.driver.groups))
+        self.worker = WorkerTables(self.driver)
         self._content_keys = self.content.keys
         self._freed_full: list[np.ndarray] = []
         self._freed_swa: list[np.ndarray] = []
@@ -112,7 +114,7 @@ class VllmStepSource(BatchMaking):
             if step is None:
                 return
             finished = set(step.output.finished_req_ids) | set(getattr(step.output, "preempted_req_ids", None) or ())
-            self.tables.apply(step.new_rows, step.appended, finished - set(step.new_rows))
+            self.worker.apply(step.new_rows, step.appended, finished)
             self._learn_frees(step)
             yield self._batch_of(k, step)
             self.driver.finish_step(step)
@@ -153,24 +155,29 @@ class VllmStepSource(BatchMaking):
                     self.counts["evicted_swa_slots"] += int(evicted.size)
 
     def _batch_of(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
+        slot_map, tables = self.worker.prepare(step.req_ids, step.starts, step.counts)
         tags, locs, swas, truth_full, rows = [], [], [], [], []
         seq, ext = [], []
         mapping = self.alloc.full_to_swa
         changed = []
-        decoding = 0
-        for rid, c, n in zip(step.req_ids, step.starts.tolist(), step.counts.tolist()):
+        decoding = q = 0
+        for i, (rid, c, n) in enumerate(zip(step.req_ids, step.starts.tolist(), step.counts.tolist())):
             index = int(rid)
-            spec = self.specs[index]
             end = c + n
-            full_row = self.tables.read_slots(rid, self.g_full, c, end, 0)
+            full_row = slots_of(tables[self.g_full][i], self.bs, 0, end)
             lo = max(0, c - self.window + 1)
-            swa_row = self.tables.slots(rid, self.g_swa, lo, end)
-            ch = full_row[lo:end]
-            moved = ch[mapping[ch] != swa_row]
+            loc, swa_w = slot_map[self.g_full, q:q + n], slot_map[self.g_swa, q:q + n]
+            q += n
+            # the SWA group's slots, read (its table) and written (its slot mapping) through the translation table
+            keys = np.concatenate([full_row[lo:c], loc])
+            vals = np.concatenate([slots_of(tables[self.g_swa][i], self.bs, lo, c), swa_w])
+            live = keys >= 0
+            keys, vals = keys[live], vals[live]
+            moved = keys[mapping[keys] != vals]
             if moved.size:
                 changed.append(moved)
-            mapping[ch] = swa_row               # the SWA group's slots, read and written through the table
-            locs.append(full_row[c:end])
+            mapping[keys] = vals
+            locs.append(loc)
             held = self.driver.manager_blocks(rid)
             truth_full.append(self._manager_slots(held[self.g_full], c, end))
             swas.append(self._manager_slots(held[self.g_swa], c, end))
@@ -178,7 +185,7 @@ class VllmStepSource(BatchMaking):
             rows.append(_Row(full_row))
             seq.append(end)
             ext.append(n)
-            decoding += n == 1 and c >= spec.prompt_len
+            decoding += n == 1 and c >= self.specs[index].prompt_len
             if c < self._seen.get(index, 0):
                 self.retractions += 1
             self._seen[index] = end

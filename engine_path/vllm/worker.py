@@ -1,59 +1,92 @@
-"""The worker side of a vLLM step, as model runner V2 does it: per request and KV-cache group a block-table row, and
-the slot mapping of the step's tokens. Ours (the release's ``BlockTables`` runs Triton kernels over UVA buffers, which
-need CUDA); the rules modelled, from vLLM 0.34's ``vllm/v1/worker/gpu/``:
+"""The worker side of a vLLM step: the release's own ``BlockTables`` (model runner V2), driven as its model runner
+drives it.
 
-* a new or resumed request's row is its scheduler output's ``block_ids`` (``append_block_ids(overwrite=True)``); a
-  running request's row only grows by the output's ``new_block_ids`` (``overwrite=False``): the ids of blocks the
-  sliding-window manager freed stay in the row (vLLM's open #42273);
-* the slot of position ``p`` in a group is ``row[p // block_size] * block_size + p % block_size``; padded rows of a
-  batch get ``PAD_SLOT_ID`` (-1), which the store skips;
-* a sliding-window group's table, as the step's attention reads it, nulls (block 0) every entry wholly below
-  ``first_position - num_retained_tokens`` (``num_retained_tokens = sliding_window - 1``).
+Per step, as ``vllm/v1/worker/gpu/model_runner.py`` does: finished and preempted requests give their state row back
+(``finish_requests``); a new or resumed request gets a row and its scheduler output's ``block_ids`` with
+``append_block_ids(overwrite=True)``; a running one gets its ``new_block_ids`` with ``overwrite=False`` (freed
+sliding-window ids stay in the row); ``apply_staged_writes`` (its Triton write kernels); then ``prepare_attn``'s two
+calls: ``gather_block_tables`` (the forward's tables, a sliding-window group's entries wholly below the window nulled)
+and ``compute_slot_mappings`` (each token's slot per group, padded tokens ``PAD_SLOT_ID`` -1). The kernels are the
+release's, run by Triton's interpreter on a CPU.
+
+What stands in: the state-row allocator (``RequestState``'s free list: a list of indices, popped from the end, as it
+does) and ``UvaBuffer`` (a device view of pinned host memory, which needs CUDA: on a CPU the host tensor is the
+view; engine_path/vllm/release.py installs it). The table's arguments are made as the model runner makes them, from
+the release's own specs (``max_num_blocks_per_req``, ``get_block_table_width``, ``num_retained_tokens``).
 """
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
-
-PAD_SLOT_ID = -1
-NULL_BLOCK_ID = 0
+import torch
 
 
-class BlockTables:
-    """Per request, one row of block ids per KV-cache group."""
+class WorkerTables:
+    """The release's ``BlockTables`` for the run's KV-cache groups, one state row per live request."""
 
-    def __init__(self, block_size: int, num_groups: int):
-        self.block_size = block_size
-        self.num_groups = num_groups
-        self.rows: dict[str, list[list[int]]] = {}
+    def __init__(self, driver):
+        kci = importlib.import_module("vllm.v1.kv_cache_interface")
+        bt_mod = importlib.import_module("vllm.v1.worker.gpu.block_table")
+        vc = driver.vllm_config
+        max_len = vc.model_config.max_model_len
+        sizes, widths, enabled, sharded, reach = [], [], [], [], []
+        for group in driver.kv_groups:
+            spec = group.kv_cache_spec
+            sizes.append(spec.block_size)
+            enabled.append(spec.uses_slot_mapping)
+            sharded.append(spec.dcp_sharded)
+            reach.append(spec.num_retained_tokens if isinstance(spec, kci.SlidingWindowSpec) else 0)
+            widths.append(kci.get_block_table_width(spec.max_num_blocks_per_req(vc, max_len), spec.block_size,
+                                                    token_alignment=spec.block_table_token_alignment))
+        self.max_reqs = vc.scheduler_config.max_num_seqs
+        self.max_tokens = vc.scheduler_config.max_num_batched_tokens
+        self.block_sizes = sizes
+        self.tables = bt_mod.BlockTables(block_sizes=sizes, max_num_reqs=self.max_reqs,
+                                         max_num_batched_tokens=self.max_tokens, max_num_blocks_per_group=widths,
+                                         device=torch.device("cpu"), slot_mapping_enabled=enabled,
+                                         dcp_sharded=sharded, sliding_window_reach=reach)
+        self.free_rows = list(range(self.max_reqs))
+        self.row_of: dict[str, int] = {}
+        self.num_computed = torch.zeros(self.max_reqs, dtype=torch.int32)
 
     def apply(self, new_rows: dict, appended: dict, finished: set) -> None:
-        """A scheduler output's changes: finished requests dropped, new and resumed rows set, new blocks appended."""
-        for rid in finished:
-            self.rows.pop(rid, None)
+        """A scheduler output's changes, in the model runner's order: rows of finished and preempted requests freed
+        (sorted, as it frees them), new and resumed rows written whole, running rows appended, then staged."""
+        for rid in sorted(finished):
+            row = self.row_of.pop(rid, None)
+            if row is not None:
+                self.free_rows.append(row)
         for rid, blocks in new_rows.items():
-            self.rows[rid] = [list(b) for b in blocks]
+            old = self.row_of.pop(rid, None)
+            if old is not None:
+                self.free_rows.append(old)
+            row = self.row_of[rid] = self.free_rows.pop()
+            self.tables.append_block_ids(row, tuple(blocks), overwrite=True)
         for rid, blocks in appended.items():
-            row = self.rows.setdefault(rid, [[] for _ in range(self.num_groups)])
-            for g, b in enumerate(blocks):
-                row[g].extend(b)
+            self.tables.append_block_ids(self.row_of[rid], tuple(blocks), overwrite=False)
+        self.tables.apply_staged_writes()
 
-    def slots(self, rid: str, group: int, lo: int, hi: int) -> np.ndarray:
-        """The slots of positions ``[lo, hi)`` of a request in ``group``, by its row (int64)."""
-        row = np.asarray(self.rows[rid][group], dtype=np.int64)
-        pos = np.arange(lo, hi, dtype=np.int64)
-        idx = pos // self.block_size
-        if idx.size and int(idx[-1]) >= row.shape[0]:
-            raise IndexError(f"request {rid}'s group-{group} row holds {row.shape[0]} blocks; position {hi - 1} "
-                             f"needs block {int(idx[-1])}")
-        return row[idx] * self.block_size + pos % self.block_size
+    def prepare(self, req_ids: list, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``prepare_attn`` of a step: per group each token's slot (``[groups, tokens]``, int64) and the forward's
+        block tables (per group ``[requests, width]``, int64), the release's kernels' output."""
+        rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32)
+        self.num_computed[rows.long()] = torch.from_numpy(starts.astype(np.int32))
+        qsl = torch.zeros(len(req_ids) + 1, dtype=torch.int32)
+        qsl[1:] = torch.from_numpy(np.cumsum(counts).astype(np.int32))
+        positions = torch.from_numpy(np.concatenate([np.arange(c, c + n, dtype=np.int64)
+                                                     for c, n in zip(starts.tolist(), counts.tolist())]))
+        tables = self.tables.gather_block_tables(rows, num_reqs_padded=len(req_ids),
+                                                 num_computed_tokens=self.num_computed)
+        total = int(qsl[-1])
+        slots = self.tables.compute_slot_mappings(rows, qsl, positions, num_tokens_padded=total)
+        return slots.numpy().copy(), [t.numpy().astype(np.int64) for t in tables]
 
-    def read_slots(self, rid: str, group: int, first: int, hi: int, retained: int) -> np.ndarray:
-        """The slots of positions ``[0, hi)`` as the step's attention reads them: a sliding-window group's entries
-        wholly below ``first - retained`` nulled (``retained`` 0: none)."""
-        row = np.asarray(self.rows[rid][group], dtype=np.int64)
-        if retained:
-            cut = max(first - retained, 0) // self.block_size
-            row = row.copy()
-            row[:cut] = NULL_BLOCK_ID
-        pos = np.arange(0, hi, dtype=np.int64)
-        return row[pos // self.block_size] * self.block_size + pos % self.block_size
+
+def slots_of(table_row: np.ndarray, block_size: int, lo: int, hi: int) -> np.ndarray:
+    """The slots of positions ``[lo, hi)`` through one block-table row (as the attention kernels read it)."""
+    pos = np.arange(lo, hi, dtype=np.int64)
+    idx = pos // block_size
+    if idx.size and int(idx[-1]) >= table_row.shape[0]:
+        raise IndexError(f"a block-table row of {table_row.shape[0]} blocks read at position {hi - 1}")
+    return table_row[idx] * block_size + pos % block_size
