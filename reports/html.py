@@ -22,6 +22,7 @@ from markupsafe import Markup
 from .data import FINDING_CLASSES, RunData, load_run
 from .explain import Divergence, first_divergence, incomplete_sentence, verdict_sentence
 from .tables import compare_rows, first_mismatches, verdict_rows
+from .write_paths import write_path_rows
 
 if TYPE_CHECKING:  # plots pulls in matplotlib; imported when a figure is made
     from .plots import Plot
@@ -211,6 +212,7 @@ def render_comparison(runs: Sequence[RunData]) -> str:
     title = f"{names[0]} under {designs}" if len(names) == 1 else f"{', '.join(names)} under {designs}"
     return environment().get_template("compare.html.j2").render(
         title=title, columns=columns, same_scenario=same, compare_rows=compare_rows(runs), rows=_COMPARE_ROWS,
+        write_paths=write_path_rows(runs),
         **page_context())
 
 

@@ -80,7 +80,7 @@ def model_allocator(scenario: Scenario, release: Release):
 
 
 def _sources(scenario: Scenario, design: Design, alloc, backends: BackendSource, executor, target,
-             scheduler) -> dict:
+             scheduler, pad: RunPadding) -> dict:
     """run.json's ``sources``: per concern, whose code serves it in this run; the design's declared fast paths."""
     probe = next(iter(target.boundaries.values()), None)
     own = getattr(scheduler, "source", None)        # a release's scheduler says whose it is; the model's does not
@@ -88,6 +88,8 @@ def _sources(scenario: Scenario, design: Design, alloc, backends: BackendSource,
                                                                       else None)
     return {"allocator": alloc.source, "scheduler": own or "model", "backends": backends.name, "tree_cache": tree,
             "release": design.release.to_json(), "design": design.name, "executor": type(executor).__name__,
+            "padding": {"convention": pad.convention.name, "pad_value": int(pad.pad_value),
+                        "skip_index": pad.skip_index},
             "declared": {"layer_free_write_loc": bool(probe and probe.layer_free_write_loc()),
                          "pure_read_ids": declared(design.read_ids, "pure"),
                          "base_read_ids": declared(design.read_ids, "base_reads")}}
@@ -124,7 +126,7 @@ def make_run(scenario: Scenario, design: Design, make_pool: PoolFactory, *, devi
     run = Run(scenario, design, alloc=alloc, scheduler=scheduler, padding=pad, target=target, draft=draft,
               device=device, observer=observer or NullObserver(), executor=run_executor,
               info_extra=info_extra or {}, version=version,
-              sources=_sources(scenario, design, alloc, backends, run_executor, target, scheduler))
+              sources=_sources(scenario, design, alloc, backends, run_executor, target, scheduler, pad))
     _install_plugins(run, scenario, release, faults, forward_observer)
     run.pipeline.settle_pools()
     return run

@@ -158,6 +158,19 @@ def test_compare_contains_both_designs(runs, tmp_path):
     _assert_inert(page)
 
 
+def test_compare_sets_the_write_paths_side_by_side(runs):
+    """The "Write paths" rows: whose scheduler and allocator, the padding convention (from run.json's sources.padding),
+    SWA slots freed ahead of their full slots (steps.jsonl), each run's cell in order; a row says when they differ."""
+    from reports.write_paths import write_path_rows
+
+    rows = {r.aspect: r for r in write_path_rows([load_run(runs["b2"]), load_run(runs["b2_fixed"])])}
+    assert rows["engine"].cells == ("model: sglang-pre-24743", "model: sglang-post-29460") and rows["engine"].differs
+    assert rows["batches made by"].cells == ("model", "model") and not rows["batches made by"].differs
+    assert rows["padded rows of loc"].cells == ("slot0: padded rows hold 0, index 0 skipped by the store",) * 2
+    assert rows["what the release's scheduler did"].cells == ("the model's scheduler (no release counts)",) * 2
+    assert rows["SWA slots freed ahead of their full slots (tokens)"].cells[0].startswith("mean ")
+
+
 def test_report_is_deterministic(runs):
     run = load_run(runs["b2"])
     assert render_report(run) == render_report(run)

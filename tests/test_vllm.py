@@ -64,7 +64,7 @@ def runs(vllm_release, tmp_path_factory):
         proc = slotscope(*cmd)
         summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
         run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else None
-        return key, (proc, summary, run)
+        return key, (proc, summary, run, out)
 
     with ThreadPoolExecutor(2) as pool:
         return dict(pool.map(one, RUNS))
@@ -76,7 +76,7 @@ def _found(summary) -> dict:
 
 @pytest.mark.vllm
 def test_pressure_runs_clean_with_the_release_deciding(runs):
-    proc, summary, run = runs["ser"]
+    proc, summary, run, _ = runs["ser"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["findings_total"] == 0
     assert run["sources"]["scheduler"] == "vllm 0.34.0 Scheduler"
@@ -97,7 +97,7 @@ def test_pressure_runs_clean_with_the_release_deciding(runs):
 
 @pytest.mark.vllm
 def test_window_skip_off_by_one_is_a_stale_read(runs):
-    proc, summary, run = runs["ser_skip"]
+    proc, summary, run, _ = runs["ser_skip"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     # its first 80 forwards (the whole run: 1,013): the window's first token's block freed while still read
     assert _found(summary) == {"stale_read": 140}
@@ -107,7 +107,7 @@ def test_window_skip_off_by_one_is_a_stale_read(runs):
 
 @pytest.mark.vllm
 def test_prefix_caching_runs_clean_and_hits(runs):
-    proc, summary, run = runs["sharing"]
+    proc, summary, run, _ = runs["sharing"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["findings_total"] == 0
     did = run["engine_pieces"]["scheduler"]["did"]
@@ -118,9 +118,34 @@ def test_prefix_caching_runs_clean_and_hits(runs):
 
 @pytest.mark.vllm
 def test_window_hit_one_block_short_is_a_stale_read(runs):
-    proc, summary, _ = runs["sharing_hit"]
+    proc, summary, _, _ = runs["sharing_hit"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert _found(summary) == {"stale_read": 32}
+
+
+@pytest.mark.vllm
+def test_compare_shows_where_sglang_and_vllm_write_differently(runs, tmp_path):
+    """One scenario under SGLang 0.5.23's model and under vLLM: `slotscope compare`'s write paths differ in who
+    schedules and allocates, the padding convention and eviction timing (issue 28 point 5)."""
+    from reports.data import load_run
+    from reports.write_paths import write_path_rows
+
+    model = tmp_path / "model"
+    proc = slotscope("run", SER, "--out", str(model), "--no-report", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r.aspect: r.cells for r in write_path_rows([load_run(model), load_run(runs["ser"][3])])}
+    assert rows["engine"] == ("model: sglang-0.5.23", "vllm 0.34.0")
+    assert rows["batches made by"] == ("model", "vllm 0.34.0 Scheduler")
+    assert rows["padded rows of loc"] == ("slot0: padded rows hold 0, index 0 skipped by the store",
+                                          "skip-1: padded rows hold -1, index -1 skipped by the store")
+    assert rows["forwards"] == ("441", "619")
+    evicted = rows["SWA slots freed ahead of their full slots (tokens)"]
+    assert evicted[0].endswith("first at step 5") and evicted[1].endswith("first at step 1")
+    assert rows["what the release's scheduler did"][1] == ("15 retractions / preemptions, 220 SWA slots evicted, "
+                                                          "0 prefix-hit tokens")
+    out = tmp_path / "cmp.html"
+    proc = slotscope("compare", str(model), str(runs["ser"][3]), "-o", str(out))
+    assert proc.returncode == 0 and 'id="write-paths"' in out.read_text()
 
 
 @pytest.mark.vllm

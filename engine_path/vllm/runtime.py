@@ -49,16 +49,17 @@ class VllmSlots(HybridAllocator):
     def __init__(self, full_size: int, page_size: int, version: str):
         super().__init__(full_size, full_size, page_size)
         self.source = f"vllm {version} BlockPool (KVCacheManager)"
-        self.driver = None            # the VllmScheduler, once the step source is made
+        self.step_source = None       # the VllmStepSource, once made: its per-group occupancy
 
     @property
     def full_used(self) -> int:
-        d = self.driver
-        return 0 if d is None else (d.num_blocks - 1 - d.pool.get_num_free_blocks()) * self.page_size
+        """Slots of the blocks the full-attention group holds (as the oracle saw the release hand them out)."""
+        return 0 if self.step_source is None else self.step_source.used("full")
 
     @property
     def swa_used(self) -> int:
-        return self.full_used
+        """Slots of the blocks the sliding-window group holds: its frees show as the gap to ``full_used``."""
+        return 0 if self.step_source is None else self.step_source.used("swa")
 
 
 class VllmBackends(ModelBackends):
@@ -104,7 +105,7 @@ class VllmRuntime:
 
         src = VllmStepSource(scenario, alloc, release.behaviour, rng, pad_value, pad_to_capture)
         src.release_version = self.api.info.version
-        alloc.driver = src.driver
+        alloc.step_source = src
         self.schedule_source = src
         return src
 

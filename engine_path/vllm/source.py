@@ -97,6 +97,11 @@ class VllmStepSource(BatchMaking):
     def finished_count(self) -> int:
         return self.driver.finished
 
+    def used(self, kind: str) -> int:
+        """Slots of the blocks the oracle holds in the ``kind`` ("full" or "swa") group."""
+        g = self.g_full if kind == "full" else self.g_swa
+        return int(np.count_nonzero(self._block_group == g)) * self.bs
+
     def owner_of(self, tag: int) -> Owner:
         return self.content.owner_of(tag)
 
