@@ -128,10 +128,16 @@ def resolve(target: str) -> tuple[Any, str, Callable]:
             break
         if isinstance(obj, (staticmethod, classmethod)):
             obj = obj.__func__
-        if not isinstance(obj, types.FunctionType):
+        if not isinstance(obj, types.FunctionType) and not _is_kernel(obj):
             raise EngineError(f"target {target}: not a function or method ({type(obj).__name__})")
         return owner, parts[-1], obj
     raise EngineError(f"target {target}: unknown target (no such module, class or function)")
+
+
+def _is_kernel(obj: Any) -> bool:
+    """A Triton kernel (``@triton.jit``: a JITFunction, or an InterpretedFunction under ``TRITON_INTERPRET``): its
+    Python function is ``.fn``, and it is launched as ``kernel[grid](...)``."""
+    return isinstance(getattr(obj, "fn", None), types.FunctionType) and hasattr(obj, "__getitem__")
 
 
 def _find(lines: list[str], match: list[str]) -> list[int]:
@@ -189,6 +195,9 @@ def _with_preamble(source: str, preamble: str) -> str:
 def patched_function(target: str, patch: Patch) -> tuple[Any, str, Callable, Callable]:
     """(owner, name, old function, new function) of ``patch``; nothing is changed yet."""
     owner, name, fn = resolve(target)
+    kernel = _is_kernel(fn)
+    if kernel:
+        fn = fn.fn          # its source carries the @triton.jit decorator: the patched source is jitted again
     try:
         src = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError) as e:
@@ -205,6 +214,10 @@ def patched_function(target: str, patch: Patch) -> tuple[Any, str, Callable, Cal
         raise EngineError(f"target {target}: the patched source does not compile or run: "
                           f"{type(e).__name__}: {e}") from None
     new = ns.get(fn.__name__)
+    if kernel:
+        if not _is_kernel(new):
+            raise EngineError(f"target {target}: the patched source does not define the kernel {fn.__name__}")
+        return owner, name, fn, new       # launched through its module's global: swapped there
     if isinstance(new, (staticmethod, classmethod)):     # its decorator came with the source; put back later
         new = new.__func__
     if not isinstance(new, types.FunctionType):

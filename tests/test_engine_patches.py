@@ -118,6 +118,45 @@ def test_parse_format():
         patches.parse("patches:\n  - target: a.f\n    edits:\n      - {match: x, replace: y}\n")
 
 
+KERNEL_TOY = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def fill(out, n, VALUE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, VALUE, mask=offs < n)
+'''
+
+
+def test_our_patcher_edits_a_triton_kernel(tmp_path, monkeypatch):
+    """A ``@triton.jit`` kernel is a target too (vLLM's slot-mapping kernel): its function's source is edited and
+    jitted again, and the module's global (what launches look up) is the new kernel."""
+    import importlib
+
+    import torch
+
+    name = f"slotscope_kernel_toy_{os.getpid()}"
+    (tmp_path / f"{name}.py").write_text(KERNEL_TOY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module(name)
+    try:
+        rec = _apply(_yaml(tmp_path, f"""
+            patches:
+              - target: {name}.fill
+                edits:
+                  - match: "tl.store(out + offs, VALUE, mask=offs < n)"
+                    replacement: "tl.store(out + offs, VALUE, mask=offs < n - 1)"
+        """))
+        assert rec["applied_by"] == "slotscope"
+        out = torch.zeros(8, dtype=torch.int64)
+        mod.fill[(1,)](out, 4, VALUE=7, BLOCK=8)
+        assert out.tolist() == [7, 7, 7, 0, 0, 0, 0, 0]      # the patched mask: one row short
+    finally:
+        sys.modules.pop(name, None)
+
+
 @pytest.mark.engine
 def test_our_patcher_edits(toy, tmp_path):
     t = toy.__name__

@@ -28,6 +28,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); the worker's interp
     "ser_skip": (SER, "swa-skip-one-more.yaml", ("--max-steps", "80")),
     "sharing": (SHARING, None, ()),
     "sharing_hit": (SHARING, "swa-hit-one-block-short.yaml", ()),
+    "pad": (SER, "slot-pad-off-by-one.yaml", ("--max-steps", "60")),
 }
 
 
@@ -103,6 +104,16 @@ def test_window_skip_off_by_one_is_a_stale_read(runs):
     assert _found(summary) == {"stale_read": 140}
     assert summary["backends"]["vllm"]["first_finding"] == {"step": 1, "layer": 0, "class": "stale_read"}
     assert run["engine"]["patches"][0]["applied_by"] == "slotscope"
+
+
+@pytest.mark.vllm
+def test_a_slot_kernel_pad_bug_writes_padded_rows_at_stale_slots(runs):
+    """The release's slot-mapping kernel (a Triton kernel, patched) pads one row late: a decode graph's first padded
+    row writes where an earlier step's token was, now freed (evicted_slot)."""
+    proc, summary, run, _ = runs["pad"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert _found(summary) == {"evicted_slot": 52}
+    assert summary["backends"]["vllm"]["first_finding"]["step"] == 4
 
 
 @pytest.mark.vllm

@@ -59,7 +59,8 @@ class VllmStepSource(BatchMaking):
     def __init__(self, scenario, alloc, release, rng: np.random.Generator, pad_value: int = -1,
                  pad_to_capture: bool = False):
         self.sc, self.alloc, self.rng, self.release = scenario, alloc, rng, release
-        self.pad_value, self.pad_to_capture = pad_value, pad_to_capture
+        # a captured graph's padded rows take what the release's slot-mapping kernel wrote there (-1: PAD_SLOT_ID)
+        self.pad_value, self.pad_to_capture = pad_value, True
         self.specs = make_requests(scenario.workload, rng)
         self.total_requests = len(self.specs)
         self.content = ContentTags()
@@ -209,7 +210,24 @@ class VllmStepSource(BatchMaking):
                                        extend_lens=np.asarray(ext, dtype=np.int64), slots=tuple(rows),
                                        tag_bases=np.zeros(nreq, dtype=np.int64))
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
+        batch = self._padded_by_release(batch, slot_map, q)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    def _padded_by_release(self, batch: ForwardBatch, slot_map: np.ndarray, real: int) -> ForwardBatch:
+        """A graph's padded rows as vLLM pads them: what ``compute_slot_mappings`` left past the real tokens (its
+        last program fills them with -1); their SWA slots through the translation table, as the real rows'."""
+        n = batch.out_cache_loc.shape[0]
+        if n <= real:
+            return batch
+        if n > slot_map.shape[1]:
+            raise IndexError(f"a batch padded to {n} rows past the release's slot mappings ({slot_map.shape[1]})")
+        tail, tail_swa = slot_map[self.g_full, real:n], slot_map[self.g_swa, real:n]
+        live = tail >= 0
+        if live.any():
+            keys = tail[live]
+            self._mapping_changed.append(keys[self.alloc.full_to_swa[keys] != tail_swa[live]])
+            self.alloc.full_to_swa[keys] = tail_swa[live]
+        return dataclasses.replace(batch, out_cache_loc=np.concatenate([batch.out_cache_loc[:real], tail]))
 
     def _manager_slots(self, blocks: list[int], lo: int, hi: int) -> np.ndarray:
         pos = np.arange(lo, hi, dtype=np.int64)

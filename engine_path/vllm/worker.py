@@ -68,7 +68,8 @@ class WorkerTables:
         self.tables.apply_staged_writes()
 
     def prepare(self, req_ids: list, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """``prepare_attn`` of a step: per group each token's slot (``[groups, tokens]``, int64) and the forward's
+        """``prepare_attn`` of a step: per group each token's slot (``[groups, max_num_batched_tokens]``, int64: the
+        real tokens', then what the kernel left in the rest, which a graph's padded rows take) and the forward's
         block tables (per group ``[requests, width]``, int64), the release's kernels' output."""
         rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32)
         self.num_computed[rows.long()] = torch.from_numpy(starts.astype(np.int32))
@@ -78,8 +79,7 @@ class WorkerTables:
                                                      for c, n in zip(starts.tolist(), counts.tolist())]))
         tables = self.tables.gather_block_tables(rows, num_reqs_padded=len(req_ids),
                                                  num_computed_tokens=self.num_computed)
-        total = int(qsl[-1])
-        slots = self.tables.compute_slot_mappings(rows, qsl, positions, num_tokens_padded=total)
+        slots = self.tables.compute_slot_mappings(rows, qsl, positions, num_tokens_padded=self.max_tokens)
         return slots.numpy().copy(), [t.numpy().astype(np.int64) for t in tables]
 
 
