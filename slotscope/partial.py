@@ -206,7 +206,20 @@ def stop_marker(exc: BaseException, steps_done: int) -> dict[str, Any]:
         error = str(exc)
         return {"reason": "error", "message": f"writing the outputs failed: {error}"[:2000], "error": error[:2000],
                 "steps_done": steps_done}
-    error = f"{type(exc).__name__}: {exc}"
+    error = f"{type(exc).__name__}: {exc}" if str(exc) else f"{type(exc).__name__} {raised_at(exc)}"
     return {"reason": "error", "message": f"the run failed: {error}"[:2000], "error": error[:2000],
             "steps_done": steps_done}
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where an exception without a message was raised (a bare ``assert`` in an engine's code): "(raised at
+    PATH:LINE in FUNCTION)", the path cut to its last three parts."""
+    tb = exc.__traceback__
+    if tb is None:
+        return "(raised at an unknown place)"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    path = "/".join(code.co_filename.replace("\\", "/").split("/")[-3:])
+    return f"(raised at {path}:{tb.tb_lineno} in {code.co_name})"
 

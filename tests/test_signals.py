@@ -77,3 +77,22 @@ def test_outside_a_command_nothing_is_raised():
     stop_if_signalled()
     with signals_held():
         pass
+
+
+def test_a_bare_assert_says_where_it_was_raised():
+    """An engine's bare ``assert`` has no message: the run's "incomplete" entry names the file, line and function."""
+    from slotscope.partial import stop_marker
+
+    def checks_a_block():
+        raise AssertionError        # what a bare assert raises outside pytest's rewriting
+
+    try:
+        checks_a_block()
+    except AssertionError as e:
+        marker = stop_marker(e, 16)
+    assert marker["error"].startswith("AssertionError (raised at ") and "/tests/test_signals.py:" in marker["error"]
+    assert marker["error"].endswith(" in checks_a_block)") and marker["steps_done"] == 16
+    try:
+        raise ValueError("pages freed twice")
+    except ValueError as e:
+        assert stop_marker(e, 0)["error"] == "ValueError: pages freed twice"
