@@ -113,6 +113,19 @@ def engine_scenario(case: Case, spec: str):
     return sc.with_overrides(design=name) if sc.pool.unified and name in BUILTIN_DESIGNS else sc
 
 
+#: a mechanism piece that only the release's own scheduler runs (its event loop), which engine runs drive on the CPU
+#: only so far (slotscope/run_setup.py's choose_scheduler): a case that needs it runs on the CPU on a CUDA machine too
+SCHEDULER_PIECE = "event_loop_normal"
+
+
+def on_cpu_here(eng: EngineCase) -> bool:
+    """Whether the case's runs go to the CPU on this machine although CUDA is here (its mechanism is the release's
+    scheduler, which a CUDA run would replace by the model's: its verdict would be about the model)."""
+    import torch
+
+    return SCHEDULER_PIECE in eng.mechanism and torch.cuda.is_available()
+
+
 def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
     """One engine run of a case (a subprocess), its summary and engine pieces."""
     scenario = out.with_suffix(".toml")
@@ -122,6 +135,8 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
            "--no-report", "--trace-level", "off", "-q", "--backends", ",".join(backends)]
     for p in patches:
         cmd += ["--engine-patch", str(p)]
+    if on_cpu_here(eng):
+        cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:]}
@@ -204,6 +219,8 @@ def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
         outcomes[role] = None if s is None or s.get("incomplete") else Outcome(
             seen, role, eng.spec(role), case.load(), s, {}, r["wall_s"])
     why = eng.why
+    if on_cpu_here(eng):
+        why += "; run on the CPU: the release's scheduler is not driven on CUDA runs yet"
     failed = [role for role, o in outcomes.items() if o is None]
     if failed:
         why = f"the {' and '.join(failed)} run did not finish: {_failure(runs[failed[0]])}"

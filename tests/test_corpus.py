@@ -173,3 +173,19 @@ def test_an_engine_run_that_did_not_finish_says_why_on_one_line():
     assert _failure(run) == "the run failed: AssertionError: pages [3, 4] freed twice"
     assert _failure({"summary": None, "stderr": "a\nexit 3: no summary\n"}) == "exit 3: no summary"
     assert _failure({"summary": {}, "stderr": ""}) == "(no message)"
+
+
+def test_a_case_whose_mechanism_is_the_releases_scheduler_runs_on_the_cpu_on_a_gpu(monkeypatch):
+    """R2's mechanism is the release's own scheduler, which engine runs drive on the CPU only: on a CUDA machine its
+    runs go to the CPU (said in the row's why), so its verdict is about the release; B2's (a backend's graph replay)
+    stays on the device."""
+    import torch
+
+    from slotscope.corpus_engine import engine_of, on_cpu_here
+
+    cases = {c.id: c for c in load_corpus(CORPUS)}
+    r2, b2 = engine_of(cases["R2"]), engine_of(cases["B2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert on_cpu_here(r2) and not on_cpu_here(b2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not on_cpu_here(r2)
