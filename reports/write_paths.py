@@ -14,7 +14,7 @@ and ``engine_pieces``, steps.jsonl's pool occupancy), never from what the engine
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
-from typing import Optional
 
 import torch
 
@@ -83,7 +82,6 @@ class VllmRuntime:
         self.design.name = f"vllm-{info.version}"
         self.scheduler_choice = {"scheduler": "release", "asked": "auto",
                                  "why": "vLLM's own Scheduler and KVCacheManager make every batch of a vLLM run"}
-        self.alloc: Optional[VllmSlots] = None
         self.schedule_source = None
         self.import_s = 0.0
 
@@ -94,8 +92,7 @@ class VllmRuntime:
         return dataclasses.replace(scenario, backends=(BACKEND,), pool=pool)
 
     def allocator_factory(self, cfg) -> VllmSlots:
-        self.alloc = VllmSlots(cfg.full_size, cfg.page_size, self.api.info.version)
-        return self.alloc
+        return VllmSlots(cfg.full_size, cfg.page_size, self.api.info.version)
 
     def backends(self, scenario) -> VllmBackends:
         return VllmBackends()
@@ -103,8 +100,8 @@ class VllmRuntime:
     def scheduler_factory(self, scenario, alloc, release, rng, pad_value: int = -1, pad_to_capture: bool = False):
         from .source import VllmStepSource
 
-        src = VllmStepSource(scenario, alloc, release.behaviour, rng, pad_value, pad_to_capture)
-        src.release_version = self.api.info.version
+        # pad_to_capture is the source's own: a graph's padded rows are what the release's slot kernel left there
+        src = VllmStepSource(scenario, alloc, release.behaviour, rng, self.api.info.version, pad_value)
         alloc.step_source = src
         self.schedule_source = src
         return src
@@ -123,8 +120,9 @@ class VllmRuntime:
                                "Request objects and their block hashes",
                                "the worker's BlockTables (model runner V2): staged row writes, gather_block_tables "
                                "(SWA entries below the window nulled), compute_slot_mappings; its Triton kernels "
-                               "under Triton's interpreter"],
-             "model_pieces": ["CUDA-graph choice and padding (-1 rows)",
+                               "under Triton's interpreter",
+                               "a CUDA graph's padded rows (what compute_slot_mappings leaves past the real tokens)"],
+             "model_pieces": ["CUDA-graph choice (capture sizes, bucket)",
                               "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",
                               "attention arithmetic (none: the read check reads the tables)"]}
         if self.schedule_source is not None:

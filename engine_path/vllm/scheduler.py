@@ -241,16 +241,13 @@ class VllmScheduler:
             out = self.scheduler.schedule()
             if out.total_num_scheduled_tokens > 0:
                 break
-            # nothing to run: let its bookkeeping settle (an empty step), then jump to the next arrival
+            # nothing to run: let its bookkeeping settle (an empty step); _arrivals jumps an idle release's clock
             self.scheduler.update_from_output(out, _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
             idle += 1
             if not (self.pending or self._ready) and idle > 2:
                 raise EngineError(f"vLLM's scheduler scheduled nothing for {idle} steps with "
                                   f"{self.scheduler.get_num_unfinished_requests()} requests unfinished (the pool "
                                   f"cannot hold one request: {self.num_blocks - 1} blocks of {self.block_size})")
-            if not self.scheduler.has_unfinished_requests():
-                self.clock = max(self.clock, min([p[1].arrival_step for p in self.pending[:1]]
-                                                 + [r[0] for r in self._ready] or [self.clock]))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         return self._step_of(out)
 
@@ -272,9 +269,10 @@ class VllmScheduler:
         return Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
                     new_rows, appended)
 
-    def manager_blocks(self, req_id: str) -> list[list[int]]:
-        """Per group, the block ids the release's manager holds for a request (null blocks as 0)."""
-        return [[b.block_id for b in m.req_to_blocks.get(req_id, ())] for m in self.managers]
+    def manager_blocks(self, req_id: str) -> list[np.ndarray]:
+        """Per group, the block ids the release's manager holds for a request (int64; null blocks as 0)."""
+        return [np.fromiter((b.block_id for b in m.req_to_blocks.get(req_id, ())), dtype=np.int64)
+                for m in self.managers]
 
     def finish_step(self, step: Step) -> None:
         """The model's output of ``step``: the next token of each request that has computed all it knows."""

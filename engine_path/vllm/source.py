@@ -24,7 +24,8 @@ time). Per forward, where each piece comes from:
   (out of the window).
 
 A request's tags are its tokens' *content* (simulator/scheduling/content_tags.py), so a prefix hit reads what its
-first writer wrote. Graph choice and padding are the model's (simulator/scheduling/batch_making.py).
+first writer wrote. Graph choice is the model's (simulator/scheduling/batch_making.py); a graph's padded rows take
+what the release's slot-mapping kernel left past the real tokens.
 """
 from __future__ import annotations
 
@@ -56,9 +57,9 @@ class VllmStepSource(BatchMaking):
 
     journal = None
 
-    def __init__(self, scenario, alloc, release, rng: np.random.Generator, pad_value: int = -1,
-                 pad_to_capture: bool = False):
-        self.sc, self.alloc, self.rng, self.release = scenario, alloc, rng, release
+    def __init__(self, scenario, alloc, release, rng: np.random.Generator, version: str, pad_value: int = -1):
+        """``release``: the behaviour the model's batch making reads (DP padding); ``version``: vLLM's."""
+        self.sc, self.alloc, self.rng, self.release, self.release_version = scenario, alloc, rng, release, version
         # a captured graph's padded rows take what the release's slot-mapping kernel wrote there (-1: PAD_SLOT_ID)
         self.pad_value, self.pad_to_capture = pad_value, True
         self.specs = make_requests(scenario.workload, rng)
@@ -79,16 +80,12 @@ class VllmStepSource(BatchMaking):
         self._full_of_swa = np.zeros(n * self.bs, dtype=np.int64)
         self._held_full = np.zeros(n * self.bs, dtype=bool)
         self._requests: Optional[BatchRequests] = None
-        self._seen: dict[int, int] = {}          # workload index -> the length its last forward left it at
-        self.retractions = 0
         self.counts = {"extend": 0, "decode": 0, "mixed": 0, "freed_full_slots": 0, "freed_swa_slots": 0,
                        "evicted_swa_slots": 0}
 
     @property
     def source(self) -> str:
         return f"vllm {self.release_version} Scheduler"
-
-    release_version = "?"
 
     @property
     def tree_cache_source(self) -> Optional[str]:
@@ -130,18 +127,18 @@ class VllmStepSource(BatchMaking):
         """Blocks the oracle holds that the release's pool has back (unreferenced, uncached) or gave the other
         group in this step's output."""
         blocks = self.driver.pool.blocks
-        given = {g: set() for g in range(len(self.driver.groups))}
+        given = np.full(self._block_group.shape[0], -1, dtype=np.int64)      # the group this output gave a block
         for rows in (step.new_rows, step.appended):
             for per_group in rows.values():
                 for g, ids in enumerate(per_group):
-                    given[g].update(ids)
+                    given[ids] = g
         held = np.flatnonzero(self._block_group >= 0)
-        freed = [b for b in held.tolist()
-                 if (blocks[b].ref_cnt == 0 and blocks[b].block_hash is None)
-                 or any(b in ids for g, ids in given.items() if g != self._block_group[b])]
-        if not freed:
+        moved = (given[held] >= 0) & (given[held] != self._block_group[held])
+        back = np.fromiter((blocks[b].ref_cnt == 0 and blocks[b].block_hash is None for b in held.tolist()),
+                           dtype=bool, count=held.size)
+        freed = held[moved | back]
+        if not freed.size:
             return
-        freed = np.asarray(freed, dtype=np.int64)
         groups = self._block_group[freed]
         self._block_group[freed] = -1
         for g, out, key in ((self.g_full, self._freed_full, "freed_full_slots"),
@@ -164,8 +161,6 @@ class VllmStepSource(BatchMaking):
         slot_map, tables = self.worker.prepare(step.req_ids, step.starts, step.counts)
         tags, locs, swas, truth_full, rows = [], [], [], [], []
         seq, ext = [], []
-        mapping = self.alloc.full_to_swa
-        changed = []
         decoding = q = 0
         for i, (rid, c, n) in enumerate(zip(step.req_ids, step.starts.tolist(), step.counts.tolist())):
             index = int(rid)
@@ -175,33 +170,22 @@ class VllmStepSource(BatchMaking):
             loc, swa_w = slot_map[self.g_full, q:q + n], slot_map[self.g_swa, q:q + n]
             q += n
             # the SWA group's slots, read (its table) and written (its slot mapping) through the translation table
-            keys = np.concatenate([full_row[lo:c], loc])
-            vals = np.concatenate([slots_of(tables[self.g_swa][i], self.bs, lo, c), swa_w])
-            live = keys >= 0
-            keys, vals = keys[live], vals[live]
-            moved = keys[mapping[keys] != vals]
-            if moved.size:
-                changed.append(moved)
-            mapping[keys] = vals
+            self._map(np.concatenate([full_row[lo:c], loc]),
+                      np.concatenate([slots_of(tables[self.g_swa][i], self.bs, lo, c), swa_w]))
             locs.append(loc)
             held = self.driver.manager_blocks(rid)
-            truth_full.append(self._manager_slots(held[self.g_full], c, end))
-            swas.append(self._manager_slots(held[self.g_swa], c, end))
+            truth_full.append(slots_of(held[self.g_full], self.bs, c, end))
+            swas.append(slots_of(held[self.g_swa], self.bs, c, end))
             tags.append(self._tag_row(index)[c:end])
             rows.append(_Row(full_row))
             seq.append(end)
             ext.append(n)
             decoding += n == 1 and c >= self.specs[index].prompt_len
-            if c < self._seen.get(index, 0):
-                self.retractions += 1
-            self._seen[index] = end
         for f, s in zip(truth_full, swas):
             self._block_group[f // self.bs] = self.g_full
             self._block_group[s // self.bs] = self.g_swa
             self._held_full[f] = True
             self._full_of_swa[s] = f
-        if changed:
-            self._mapping_changed.extend(changed)
         nreq = len(step.req_ids)
         mode = "decode" if decoding == nreq else ("extend" if decoding == 0 else "mixed")
         self.counts[mode] += 1
@@ -221,18 +205,20 @@ class VllmStepSource(BatchMaking):
             return batch
         if n > slot_map.shape[1]:
             raise IndexError(f"a batch padded to {n} rows past the release's slot mappings ({slot_map.shape[1]})")
-        tail, tail_swa = slot_map[self.g_full, real:n], slot_map[self.g_swa, real:n]
-        live = tail >= 0
-        if live.any():
-            keys = tail[live]
-            self._mapping_changed.append(keys[self.alloc.full_to_swa[keys] != tail_swa[live]])
-            self.alloc.full_to_swa[keys] = tail_swa[live]
+        tail = slot_map[self.g_full, real:n]
+        self._map(tail, slot_map[self.g_swa, real:n])
         return dataclasses.replace(batch, out_cache_loc=np.concatenate([batch.out_cache_loc[:real], tail]))
 
-    def _manager_slots(self, blocks: list[int], lo: int, hi: int) -> np.ndarray:
-        pos = np.arange(lo, hi, dtype=np.int64)
-        ids = np.asarray(blocks, dtype=np.int64)
-        return ids[pos // self.bs] * self.bs + pos % self.bs
+    def _map(self, full: np.ndarray, swa: np.ndarray) -> None:
+        """Set the translation table's entries of the full slots ``full`` (-1 rows left out) to ``swa``, recording
+        the entries that changed (the truth's ``mapping_changed``)."""
+        live = full >= 0
+        keys, vals = full[live], swa[live]
+        table = self.alloc.full_to_swa
+        moved = keys[table[keys] != vals]
+        if moved.size:
+            self._mapping_changed.append(moved)
+        table[keys] = vals
 
     def _batch_requests(self, tags: list) -> BatchRequests:
         return self._requests
