@@ -1,6 +1,9 @@
-"""Helpers shared by the tests: run a scenario in-process with the CPU pool."""
+"""Helpers shared by the tests: run a scenario in-process with the CPU pool, or the CLI in a subprocess."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from simulator.designs import load_design
@@ -8,6 +11,12 @@ from simulator.run import RunResult, run_simulation
 from simulator.scenario import Scenario, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def slotscope_cli(*args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``python -m slotscope ARGS`` from the repository root, its output captured (``env``: added variables)."""
+    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
 def scenario(name: str) -> Scenario:

@@ -9,13 +9,11 @@ tested on hand-made traces without the engine.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import slotscope_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 B1 = "scenarios/b1-pcg-dp-padding.toml"
@@ -36,9 +34,7 @@ RUNS = {
 }
 
 
-def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+slotscope = slotscope_cli
 
 
 #: the run that stays two fresh processes end to end (the CLI's and the release's, engine_path.isolate)

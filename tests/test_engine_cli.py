@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import slotscope_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 B1 = "scenarios/b1-pcg-dp-padding.toml"
@@ -36,8 +36,7 @@ EXIT = {("b1", "0.5.14"): 1, ("b1", "0.5.15"): 0, ("b1", "0.5.23"): 0, ("gap", "
 
 
 def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})))
+    return slotscope_cli(*args, env=env, timeout=timeout)
 
 
 #: the run that stays a fresh process (its release's one import this session); the other three run in a child

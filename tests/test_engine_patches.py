@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from engine_path.errors import EngineError
+from helpers import slotscope_cli
 
 #: every test here runs the engine (b1 through the release's forward on eight backends): the slow tier
 pytestmark = pytest.mark.slow
@@ -261,8 +262,7 @@ def test_unknown_target(toy, tmp_path):
 
 
 def slotscope(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ, **(env or {})))
+    return slotscope_cli(*args, env=env, timeout=timeout)
 
 
 RUNS = {

@@ -12,9 +12,6 @@ release's own scheduler and tree, and the model schedules r2's scenario as the r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,6 +21,7 @@ import pytest
 from simulator.scenario import RequestSpec
 from simulator.scheduling.batch import BatchRequests
 from simulator.scheduling.content_tags import ContentTags
+from helpers import slotscope_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "tests" / "engine_patches"
@@ -44,9 +42,7 @@ RUNS = {
 }
 
 
-def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+slotscope = slotscope_cli
 
 
 @pytest.fixture(scope="module")

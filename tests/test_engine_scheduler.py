@@ -8,9 +8,6 @@ on hand-made decisions without the engine.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,6 +15,7 @@ import pytest
 
 from engine_path.schedule_conformance import compare_schedules
 from engine_path.scheduler import Decision, unsupported
+from helpers import slotscope_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 B2 = "scenarios/b2-decode-stale-tail.toml"
@@ -28,9 +26,7 @@ RUNS = {
 }
 
 
-def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+slotscope = slotscope_cli
 
 
 @pytest.fixture(scope="module")

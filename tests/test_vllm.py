@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import slotscope_cli
+
 
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "tests" / "engine_patches" / "vllm"
@@ -32,9 +34,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); the worker's interp
 }
 
 
-def slotscope(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slotscope", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=dict(os.environ))
+slotscope = slotscope_cli
 
 
 @pytest.fixture(scope="module")
