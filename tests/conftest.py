@@ -58,6 +58,23 @@ def engine_releases():
     return out
 
 
+@pytest.fixture(scope="session")
+def vllm_release():
+    """vLLM 0.34.0's cache dir, fetched when missing; skips with the reason when its dependencies (the vllm extra)
+    are not installed or it cannot be fetched."""
+    from engine_path.errors import EngineError
+    from engine_path.releases import EngineSpec, fetch
+    from engine_path.vllm.release import missing_deps
+
+    lacking = missing_deps()
+    if lacking:
+        pytest.skip(f"vLLM's dependencies are not installed ({', '.join(lacking)}): pip install -e '.[vllm]'")
+    try:
+        return fetch(EngineSpec("vllm", "0.34.0"))
+    except EngineError as e:
+        pytest.skip(f"vllm==0.34.0 is not in the cache and cannot be fetched: {e}")
+
+
 #: the releases the warm servers import ahead of their first use (tests/warm_engine.py)
 WARM_AHEAD = ("none", "sglang==0.5.23", "sglang==0.5.14")
 _SERVERS = None

@@ -11,7 +11,9 @@ is :data:`STAND_INS` (run.json says it).
 The scenario maps onto vLLM as follows: the pool's ``full_size`` slots are ``full_size / page_size`` blocks of
 ``page_size`` tokens, plus the null block (block 0), shared by every group (the scenario's ``swa_size`` has no
 counterpart: vLLM has one pool); ``chunked_prefill_size`` is the token budget of a step (``max_num_batched_tokens``);
-``max_running_requests`` is ``max_num_seqs`` (at most the token budget, as vLLM asks); the radix cache is vLLM's
+``max_running_requests`` is ``max_num_seqs`` (at most the token budget, as vLLM asks); the engine core steps
+synchronously (``async_scheduling`` off: one batch in flight, which also sizes the sliding-window group's admission
+cap; ``engine.overlap`` is refused); the radix cache is vLLM's
 prefix caching; the model's window ``W`` is each sliding-window layer's
 ``sliding_window``. A request asks for ``output_len + 1`` tokens with ``ignore_eos``: its prefill samples the first,
 each of its ``output_len`` decodes writes the token before it (the scenario's count of decode forwards). Token ids are
@@ -30,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import EngineError
+from ..errors import EngineError, SchedulerStalled
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -45,6 +47,9 @@ STAND_INS = {
     "the worker's state rows": "a free list of row indices popped from the end, as RequestState's (the block "
                                "tables, their writes, gathers and slot mappings are the release's BlockTables)",
     "UvaBuffer": "the host tensor itself (a device view of pinned host memory needs CUDA)",
+    "async scheduling": "off: the engine core steps synchronously, one batch in flight (0.34's default is on, which "
+                        "also doubles a sliding-window group's admission cap; engine.overlap, which would drive it, "
+                        "is refused)",
     "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
                                        "Triton, run by Triton's interpreter on a CPU",
 }
@@ -129,7 +134,7 @@ class VllmScheduler:
         seqs = max(1, min(self.sc.engine.max_running_requests, budget))
         sched = cfg.SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                     max_model_len=longest + 2, is_encoder_decoder=False,
-                                    enable_chunked_prefill=True)
+                                    enable_chunked_prefill=True, async_scheduling=False)
         cache = cfg.CacheConfig(block_size=self.block_size, enable_prefix_caching=bool(self.sc.engine.radix_cache))
         cache.num_gpu_blocks = self.num_blocks
         vc = cfg.VllmConfig(scheduler_config=sched, cache_config=cache, device_config=cfg.DeviceConfig(device="cpu"))
@@ -241,15 +246,25 @@ class VllmScheduler:
             out = self.scheduler.schedule()
             if out.total_num_scheduled_tokens > 0:
                 break
-            # nothing to run: let its bookkeeping settle (an empty step); _arrivals jumps an idle release's clock
+            # nothing to run: let its bookkeeping settle (an empty step); the clock goes on (an idle engine core
+            # still receives requests; _arrivals jumps it when no request is waiting)
             self.scheduler.update_from_output(out, _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
             idle += 1
+            self.clock += 1
             if not (self.pending or self._ready) and idle > 2:
-                raise EngineError(f"vLLM's scheduler scheduled nothing for {idle} steps with "
-                                  f"{self.scheduler.get_num_unfinished_requests()} requests unfinished (the pool "
-                                  f"cannot hold one request: {self.num_blocks - 1} blocks of {self.block_size})")
+                raise SchedulerStalled(self._stalled(idle))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         return self._step_of(out)
+
+    def _stalled(self, idle: int) -> str:
+        """Why the run stops: the release's scheduler admits nothing and runs nothing (a hang in a server)."""
+        waiting = self.scheduler.get_num_unfinished_requests()
+        head = next(iter(self.scheduler.waiting), None)
+        which = "" if head is None else (f"; the head of its queue, request {head.request_id}, has "
+                                         f"{head.num_prompt_tokens} prompt tokens")
+        return (f"vLLM's scheduler scheduled nothing for {idle} steps with {waiting} requests unfinished "
+                f"(a server would wait forever): {self.pool.get_num_free_blocks()} of "
+                f"{self.num_blocks - 1} blocks of {self.block_size} tokens free{which}")
 
     def _step_of(self, out) -> Step:
         ids, starts, counts = [], [], []
