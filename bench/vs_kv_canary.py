@@ -209,7 +209,7 @@ def shipped_rows(refs, max_steps: int, quick: bool, only=None) -> list[dict]:
     in_corpus = {(c.scenario.name, c.buggy) for c in load_corpus() if not c.overrides}
     rows = []
     for path in sorted((ROOT / "scenarios").glob("*.toml")):
-        if path.name == "corpus.toml" or (quick and path.name not in QUICK_SHIPPED) or \
+        if path.stem.startswith("corpus") or (quick and path.name not in QUICK_SHIPPED) or \
                 (only is not None and path.stem not in only):
             continue
         sc = load_scenario(path)

@@ -22,6 +22,8 @@ from simulator.scenario.toml_write import dumps
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "scenarios" / "corpus.toml"
+#: the vLLM cases (V1, V2, ...): release code only, ``slotscope bugs --engine vllm``
+CORPUS_VLLM = ROOT / "scenarios" / "corpus-vllm.toml"
 CLEAN = "clean"
 ROLES = ("buggy", "fixed")
 SHORT = {"missed": "missed", "clobbered": "clobber", "padding_slot": "pad_slot", "evicted_slot": "evicted",
@@ -45,6 +47,12 @@ class Case:
     #: how the case runs as release code (``slotscope bugs --engine``; slotscope/corpus_engine.py): a table, a
     #: "model-only: why" string, or None (not said yet)
     engine: Any = None
+
+    @property
+    def engine_only(self) -> bool:
+        """A case with no model design (a vLLM case: slotscope has no model of vLLM yet): it runs as release code
+        only, with ``slotscope bugs --engine``."""
+        return not self.buggy
 
     def design(self, role: str) -> str:
         return self.buggy if role == "buggy" else self.fixed
@@ -110,7 +118,9 @@ def load_corpus(path: str | Path = CORPUS) -> list[Case]:
         unknown = sorted(set(c) - known)
         if unknown:
             raise _fail(source, f"{where}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(known))})")
-        for key in ("id", "title", "scenario", "buggy", "fixed", "expect"):
+        # a case with an engine table and no designs runs as release code only (a vLLM case)
+        engine_only = isinstance(c.get("engine"), dict) and "buggy" not in c and "fixed" not in c
+        for key in ("id", "title", "scenario", "expect") + (() if engine_only else ("buggy", "fixed")):
             if key not in c:
                 raise _fail(source, f"{where}.{key}", "is required")
         for key in ("id", "issue", "title", "scenario", "buggy", "fixed"):
@@ -120,7 +130,7 @@ def load_corpus(path: str | Path = CORPUS) -> list[Case]:
         if c["id"] in seen:
             raise _fail(source, f"{where}.id", "names a case twice")
         seen.add(c["id"])
-        for role in ROLES:
+        for role in () if engine_only else ROLES:
             if c[role] not in BUILTIN_DESIGNS:
                 raise _fail(source, f"{where}.{role}", f"{c[role]!r} is not a built-in design "
                                                        f"(known: {', '.join(sorted(BUILTIN_DESIGNS))})")
@@ -134,8 +144,8 @@ def load_corpus(path: str | Path = CORPUS) -> list[Case]:
         if not isinstance(overrides, dict):
             raise _fail(source, f"{where}.set", "must be a table of dotted field -> value")
         cases.append(Case(
-            id=c["id"], issue=c.get("issue", ""), title=c["title"], scenario=scenario, buggy=c["buggy"],
-            fixed=c["fixed"], expect=expect_table(c["expect"], source, f"{where}.expect"),
+            id=c["id"], issue=c.get("issue", ""), title=c["title"], scenario=scenario, buggy=c.get("buggy", ""),
+            fixed=c.get("fixed", ""), expect=expect_table(c["expect"], source, f"{where}.expect"),
             expect_fixed=expect_table(c.get("expect_fixed", CLEAN), source, f"{where}.expect_fixed"),
             also=tuple(also), overrides=dict(overrides), engine=c.get("engine")))
     return cases

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .corpus import (CORPUS, EXIT_BAD_INPUT, EXIT_FAILS, EXIT_HOLDS, Outcome, format_corpus_table, load_corpus,
-                     run_corpus)
+from .corpus import (CORPUS, CORPUS_VLLM, EXIT_BAD_INPUT, EXIT_FAILS, EXIT_HOLDS, Outcome, format_corpus_table,
+                     load_corpus, run_corpus)
 from .corpus_report import write_corpus_report
 
 
@@ -19,31 +19,37 @@ def register(subparsers: Any) -> None:
                     "#29460 gap, B2 under the other engines' padding conventions, paged pools, and the 2026 "
                     "bugs W1, W2, W5, W7, R2, R3, R7, R8, A1, A2, P7, U1, U2) under the design "
                     "that had the bug and the design that fixed it, on every backend, and print bug, design, "
-                    "expected and observed outcome per backend, and verdict. Exit 0 when every verdict holds.",
+                    "expected and observed outcome per backend, and verdict. Exit 0 when every verdict holds. "
+                    "With --engine vllm: the vLLM cases V1, V2, ... (scenarios/corpus-vllm.toml), each on a vLLM "
+                    "release with the bug (or its fix reverted by a shipped patch) and on the release with the fix.",
         epilog="exit codes: 0 every verdict holds, 1 some verdict fails, 2 bad input\n"
                "cells: the finding class seen (oor = out_of_range, len_mism = length_mismatch, ...), +k when k "
                "other classes were seen too, ' !' where the expectation does not hold. docs/CORPUS.md explains "
                "each case.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", default=str(CORPUS), help="corpus file (default: scenarios/corpus.toml)")
+    p.add_argument("--corpus", help="corpus file (default: scenarios/corpus.toml; with --engine vllm "
+                                    "scenarios/corpus-vllm.toml)")
     p.add_argument("--only", help="comma-separated case ids to run (e.g. B1,B3)")
     p.add_argument("--report", nargs="?", const="", metavar="OUT",
                    help="write the corpus as one self-contained HTML report (default: out/corpus/report.html)")
     p.add_argument("--out", metavar="DIR", help="also write each run's outputs to DIR/<case>-<buggy|fixed>/")
     p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="pool under test (default cpu)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--engine", choices=("sglang",), metavar="sglang",
+    p.add_argument("--engine", choices=("sglang", "vllm"), metavar="{sglang,vllm}",
                    help="run every case as release code where it can be: its buggy run on a release that had the "
                         "bug (or today's with its fix reverted by a shipped engine patch), its fixed run on the "
                         "release with the fix; the table says per case real or model-only, and why "
-                        "(slotscope/corpus_engine.py, docs/CORPUS.md)")
+                        "(slotscope/corpus_engine.py, docs/CORPUS.md). vllm: the vLLM cases (V1, V2, ...), "
+                        "which have no model design and run only so")
     p.add_argument("--json", metavar="FILE", help="with --engine: write the verdicts as a JSON list of {case, pr, real, "
                                                    "buggy, fixed, holds, why, mechanism, missing}")
     p.set_defaults(func=cmd_bugs)
 
 
 def cmd_bugs(args) -> int:
-    cases = load_corpus(args.corpus)
+    corpus = args.corpus or str(CORPUS_VLLM if args.engine == "vllm" else CORPUS)
+    args.corpus = corpus
+    cases = load_corpus(corpus)
     if args.only:
         wanted = [x.strip() for x in args.only.split(",") if x.strip()]
         ids = {c.id for c in cases}
@@ -66,6 +72,11 @@ def cmd_bugs(args) -> int:
     if args.json:
         print("slotscope: error: --json goes with --engine", file=sys.stderr)
         return EXIT_BAD_INPUT
+    only = [c.id for c in cases if c.engine_only]
+    if only:
+        print(f"slotscope: error: {args.corpus}: case {only[0]} has no model design (it runs as release code "
+              f"only): run it with --engine {engine_name(cases, only[0])}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     outcomes = run_corpus(cases, out_dir=out_dir, progress=progress, device=args.device)
     print(format_corpus_table(outcomes))
     held = sum(o.holds for o in outcomes)
@@ -85,7 +96,11 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
     from .corpus_engine import engine_of, format_engine_table, run_engine_corpus, write_json
 
     for c in cases:
-        engine_of(c, args.corpus)          # bad engine entries: exit 2 before any run
+        eng = engine_of(c, args.corpus)    # bad engine entries: exit 2 before any run
+        if not isinstance(eng, str) and eng.engine != args.engine:
+            print(f"slotscope: error: {args.corpus}: case {c.id} runs on {eng.engine}, not {args.engine} "
+                  f"(--engine {eng.engine})", file=sys.stderr)
+            return EXIT_BAD_INPUT
 
     def progress(v) -> None:
         if not args.quiet:
@@ -103,3 +118,9 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
         write_json(verdicts, Path(args.json))
         print(f"json: {args.json}")
     return EXIT_HOLDS if held == len(ran) else EXIT_FAILS
+
+
+def engine_name(cases, case_id: str) -> str:
+    """The engine an engine-only case runs on (its engine table's buggy spec)."""
+    raw = next(c for c in cases if c.id == case_id).engine
+    return str(raw.get("buggy", "")).partition("==")[0] or "vllm"

@@ -37,6 +37,7 @@ from .corpus import ROLES, Case, Outcome, expect_table, slug
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ONLY = "model-only:"
+ENGINES = ("sglang", "vllm")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ class EngineCase:
     expect_fixed: Optional[dict] = None
     why: str = ""
     also: Optional[tuple[str, ...]] = None
+    stops: str = ""                    # the buggy run must stop with a message holding this text (a hang, a crash)
+
+    @property
+    def engine(self) -> str:
+        """The engine both runs take: "sglang" or "vllm"."""
+        return self.buggy.partition("==")[0]
 
     def spec(self, role: str) -> str:
         """The engine spec and its patches, as the verdict names them."""
@@ -70,13 +77,18 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         return raw
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: must be a table or a '{MODEL_ONLY} why' string")
-    known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "also", "why"}
+    known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "also", "why",
+             "stops"}
     bad = sorted(set(raw) - known)
     if bad:
         raise ScenarioError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
     for key in ("buggy", "fixed"):
-        if not isinstance(raw.get(key), str) or not raw[key].startswith("sglang=="):
-            raise ScenarioError(f"{where}.{key}: an engine spec sglang==VERSION is required")
+        if not isinstance(raw.get(key), str) or raw[key].partition("==")[0] not in ENGINES or "==" not in raw[key]:
+            raise ScenarioError(f"{where}.{key}: an engine spec sglang==VERSION or vllm==VERSION is required")
+    if raw["buggy"].partition("==")[0] != raw["fixed"].partition("==")[0]:
+        raise ScenarioError(f"{where}.fixed: {raw['fixed']!r} is another engine than buggy's {raw['buggy']!r}")
+    if not isinstance(raw.get("stops", ""), str):
+        raise ScenarioError(f"{where}.stops: must be the text the buggy run's stop message holds")
 
     def paths(key: str) -> tuple[Path, ...]:
         got = raw.get(key, [])
@@ -97,7 +109,7 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         raise ScenarioError(f"{where}.also: must list finding classes (allowed: {', '.join(FINDING_CLASSES)})")
     return EngineCase(raw["buggy"], raw["fixed"], paths("buggy_patches"), paths("fixed_patches"), tuple(mech),
                       exp.get("expect"), exp.get("expect_fixed"), str(raw.get("why", "")),
-                      None if also is None else tuple(also))
+                      None if also is None else tuple(also), raw.get("stops", ""))
 
 
 def engine_scenario(case: Case, spec: str):
@@ -109,6 +121,8 @@ def engine_scenario(case: Case, spec: str):
     from simulator.designs.catalogue import BUILTIN_DESIGNS
 
     sc = case.load()
+    if not spec.startswith("sglang=="):
+        return sc
     name = f"sglang-{spec.partition('==')[2]}-unified"
     return sc.with_overrides(design=name) if sc.pool.unified and name in BUILTIN_DESIGNS else sc
 
@@ -123,7 +137,7 @@ def on_cpu_here(eng: EngineCase) -> bool:
     scheduler, which a CUDA run would replace by the model's: its verdict would be about the model)."""
     import torch
 
-    return SCHEDULER_PIECE in eng.mechanism and torch.cuda.is_available()
+    return eng.engine == "sglang" and SCHEDULER_PIECE in eng.mechanism and torch.cuda.is_available()
 
 
 def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
@@ -132,10 +146,12 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
     spec, patches = (eng.buggy, eng.buggy_patches) if role == "buggy" else (eng.fixed, eng.fixed_patches)
     scenario.write_text(engine_scenario(case, spec).to_toml())
     cmd = [sys.executable, "-m", "slotscope", "run", str(scenario), "--engine", spec, "--out", str(out),
-           "--no-report", "--trace-level", "off", "-q", "--backends", ",".join(backends)]
+           "--no-report", "--trace-level", "off", "-q"]
+    if eng.engine == "sglang":             # a vLLM run has one boundary of its own
+        cmd += ["--backends", ",".join(backends)]
     for p in patches:
         cmd += ["--engine-patch", str(p)]
-    if on_cpu_here(eng):
+    if on_cpu_here(eng) or eng.engine == "vllm":       # vLLM runs take the CPU (docs/VLLM.md)
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -201,6 +217,25 @@ def _failure(run: dict) -> str:
     return " ".join(str(msg).split())
 
 
+def _outcome(seen: Case, eng: EngineCase, role: str, run: dict) -> tuple[Optional[Outcome], str]:
+    """A run's outcome (None: it did not end as the case says), and why not where that is the case's ``stops``.
+    A run finishes, or, for the buggy role of a case with ``stops``, stops with a message holding that text (a
+    release that hangs or raises: the steps before are checked as usual)."""
+    s = run["summary"]
+    if s is None:
+        return None, ""
+    stops = eng.stops if role == "buggy" else ""
+    inc = s.get("incomplete")
+    if stops:
+        if not inc or inc.get("reason") != "error" or stops not in _failure(run):
+            said = "finished" if not inc else f"stopped: {_failure(run)}"
+            return None, f"the buggy run should stop with {stops!r}; it {said}"
+    elif inc:
+        return None, ""
+    note = f"the buggy run stopped: {_failure(run)}" if stops else ""
+    return Outcome(seen, role, eng.spec(role), seen.load(), s, {}, run["wall_s"]), note
+
+
 def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
     eng = engine_of(case)
     if isinstance(eng, str):
@@ -213,20 +248,22 @@ def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
         futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends)
                 for role in ROLES}
         runs = {role: f.result() for role, f in futs.items()}
-    outcomes = {}
+    outcomes, notes = {}, {}
     for role, r in runs.items():
-        s = r["summary"]
-        outcomes[role] = None if s is None or s.get("incomplete") else Outcome(
-            seen, role, eng.spec(role), case.load(), s, {}, r["wall_s"])
+        outcomes[role], notes[role] = _outcome(seen, eng, role, r)
     why = eng.why
     if on_cpu_here(eng):
         why += "; run on the CPU: the release's scheduler is not driven on CUDA runs yet"
     failed = [role for role, o in outcomes.items() if o is None]
-    if failed:
+    stop_note = notes["buggy"]             # the case's stop: as expected (buggy holds) or not (buggy failed)
+    if stop_note and "buggy" in failed:
+        why = stop_note
+    elif failed:
         why = f"the {' and '.join(failed)} run did not finish: {_failure(runs[failed[0]])}"
-    elif _missing(eng, runs):
-        why = (why + "; " if why else "") + "model-only: " + ", ".join(_missing(eng, runs)) + \
-            " did not run as the release's code"
+    else:
+        missing = _missing(eng, runs)
+        gap = "model-only: " + ", ".join(missing) + " did not run as the release's code" if missing else ""
+        why = "; ".join(w for w in (why, stop_note, gap) if w)
     return EngineVerdict(case, eng, why, outcomes, runs)
 
 

@@ -25,7 +25,7 @@ def test_toml_writer_round_trips_every_shipped_file(path):
     data = tomllib.loads(path.read_text())
     text = dumps(data)
     assert tomllib.loads(text) == data
-    if path.stem != "corpus":
+    if not path.stem.startswith("corpus"):      # corpus files are cases, not scenarios
         assert _same(parse_scenario(text, "x.toml"), load_scenario(path))
 
 

@@ -12,7 +12,7 @@ from simulator.scenario.toml_write import dumps
 
 from helpers import ROOT
 
-SCENARIOS = [p for p in sorted((ROOT / "scenarios").glob("*.toml")) if p.stem != "corpus"]
+SCENARIOS = [p for p in sorted((ROOT / "scenarios").glob("*.toml")) if not p.stem.startswith("corpus")]
 
 
 @pytest.mark.parametrize("defaults", [True, False], ids=["explicit", "compact"])

@@ -1,0 +1,91 @@
+"""The vLLM corpus: `slotscope bugs --engine vllm` (scenarios/corpus-vllm.toml, slotscope/corpus_engine.py).
+
+Each V-case runs twice as vLLM's own code (its scheduler, KV-cache manager and worker tables): on 0.34.0 with the
+fix reverted by a shipped patch (examples/engine-patches/vllm/), and on 0.34.0 as released. V1 (#36580: a graph's
+padded rows keep earlier slots) writes over live slots; V2 (#39734: the admission gate budgets the SWA group for the
+whole sequence) never admits a prompt that fits, so the run stops; V3 (#17398: EAGLE's hit one block short of the
+window) reads the null block inside the window. The corpus file's validation runs without vLLM.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import slotscope_cli
+from simulator.scenario import ScenarioError
+from slotscope.corpus import CORPUS_VLLM, load_corpus
+from slotscope.corpus_engine import engine_of
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_vllm_case_runs_on_vllm_as_release_code_only():
+    cases = load_corpus(CORPUS_VLLM)
+    assert [c.id for c in cases] == ["V1", "V2", "V3"]
+    for c in cases:
+        assert c.engine_only and not c.buggy and not c.fixed
+        eng = engine_of(c, str(CORPUS_VLLM))
+        assert eng.engine == "vllm" and eng.buggy == eng.fixed == "vllm==0.34.0"
+        assert eng.buggy_patches and all(p.is_file() for p in eng.buggy_patches + eng.fixed_patches)
+        assert c.issue.startswith("vllm#")
+
+
+def _corpus(tmp_path: Path, engine: str) -> Path:
+    path = tmp_path / "corpus.toml"
+    path.write_text(f'[[case]]\nid = "X"\ntitle = "t"\nscenario = "{ROOT}/scenarios/vllm-long-prompt.toml"\n'
+                    f'expect = "clean"\nengine = {engine}\n')
+    return path
+
+
+@pytest.mark.parametrize("engine,field", [
+    ('{ buggy = "vllm==0.34.0", fixed = "sglang==0.5.23" }', "case X.engine.fixed"),
+    ('{ buggy = "trtllm==1.0", fixed = "vllm==0.34.0" }', "case X.engine.buggy"),
+    ('{ buggy = "vllm==0.34.0", fixed = "vllm==0.34.0", stops = 3 }', "case X.engine.stops"),
+])
+def test_bad_engine_entries_name_their_field(tmp_path, engine, field):
+    case = load_corpus(_corpus(tmp_path, engine))[0]
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        engine_of(case, "c")
+
+
+def test_a_case_without_designs_needs_an_engine_table(tmp_path):
+    with pytest.raises(ScenarioError, match=r"case\[0\]\.buggy: is required"):
+        load_corpus(_corpus(tmp_path, '"model-only: no"'))
+
+
+def test_vllm_cases_are_refused_without_or_with_the_other_engine(tmp_path):
+    r = slotscope_cli("bugs", "--corpus", str(CORPUS_VLLM), "-q")
+    assert r.returncode == 2 and "case V1 has no model design" in r.stderr and "--engine vllm" in r.stderr
+    r = slotscope_cli("bugs", "--engine", "sglang", "--corpus", str(CORPUS_VLLM), "-q")
+    assert r.returncode == 2 and "case V1 runs on vllm, not sglang" in r.stderr
+
+
+def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp_path):
+    out = tmp_path / "v.json"
+    r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = {v["case"]: v for v in json.loads(out.read_text())}
+    assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {"V1": (True, True), "V2": (True, True),
+                                                                      "V3": (True, True)}
+    assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
+    assert got["V3"]["fixed"] == "vllm==0.34.0 + eagle-hit-rule.yaml"
+    assert "SchedulerStalled" in got["V2"]["why"] and "384 prompt tokens" in got["V2"]["why"]
+
+    def findings(case, role):
+        s = json.loads((tmp_path / "runs" / case / f"{case}-{role}" / "summary.json").read_text())
+        return {k: n for k, n in s["backends"]["vllm"]["findings"].items() if n}
+
+    assert findings("V1", "buggy") == {"clobbered": 4}
+    assert findings("V3", "buggy") == {"stale_read": 75}
+    assert all(findings(c, "fixed") == {} for c in ("V1", "V2", "V3"))
+
+
+def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_path):
+    # V2's expectation with the fix in place: the release admits the prompt, so the run does not stop
+    path = _corpus(tmp_path, '{ buggy = "vllm==0.34.0", fixed = "vllm==0.34.0", mechanism = ["KVCacheManager"], '
+                             'stops = "scheduled nothing" }')
+    r = slotscope_cli("bugs", "--engine", "vllm", "--corpus", str(path), "-q")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the buggy run should stop with 'scheduled nothing'; it finished" in r.stdout
