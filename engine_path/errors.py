@@ -25,3 +25,9 @@ class SchedulerStalled(EngineError):
     """The release's own scheduler made no forward for many passes of its loop with requests waiting: its pools
     cannot hold a waiting request (the model refuses such a scenario before it runs). A fuzz search counts the
     draw as rejected."""
+
+
+class ReleaseBroke(RuntimeError):
+    """The release broke an invariant of its own that no write or read shows (vLLM's block pool not getting every
+    block back once every request finished: a leak). Not a refusal: the run ends as a failed run (exit 3, summary.json
+    "incomplete" with the message), as one of the release's own asserts would end it."""

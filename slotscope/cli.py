@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from engine_path.errors import EngineError
+from engine_path.errors import EngineError, ReleaseBroke
 from simulator.designs.catalogue import BUILTIN_DESIGNS
 from simulator.designs.types import DesignError
 from simulator.scenario import MAX_SEED, ScenarioError
@@ -293,6 +293,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"slotscope: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OutputError as e:      # a full disk, a file size limit: one line, the partial outputs marked
+        print(f"slotscope: error: {getattr(e, 'partial_message', str(e))} (exit 3)", file=sys.stderr)
+        return EXIT_CRASH
+    except ReleaseBroke as e:     # the release broke an invariant of its own: one line, the partial outputs marked
         print(f"slotscope: error: {getattr(e, 'partial_message', str(e))} (exit 3)", file=sys.stderr)
         return EXIT_CRASH
     except RunStopped as e:

@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import EngineError, SchedulerStalled
+from ..errors import EngineError, ReleaseBroke, SchedulerStalled
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -242,6 +242,7 @@ class VllmScheduler:
                 return None
             self._arrivals()
             if self.done():
+                self._check_returned()
                 return None
             out = self.scheduler.schedule()
             if out.total_num_scheduled_tokens > 0:
@@ -255,6 +256,19 @@ class VllmScheduler:
                 raise SchedulerStalled(self._stalled(idle))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         return self._step_of(out)
+
+    def _check_returned(self) -> None:
+        """Every request finished: the pool must have every block back (free, or cached with no reference), and no
+        manager may hold blocks for a request (vLLM's own invariant; a leak shows nowhere else)."""
+        held = [b.block_id for b in self.pool.blocks if not b.is_null and b.ref_cnt > 0]
+        free = self.pool.get_num_free_blocks()
+        rows = sorted({r for m in self.managers for r, blocks in m.req_to_blocks.items() if blocks})
+        if held or free != self.num_blocks - 1 or rows:
+            shown = ", ".join(map(str, held[:8])) + (" ..." if len(held) > 8 else "")
+            raise ReleaseBroke(f"vLLM's block pool after every request finished: {free} of {self.num_blocks - 1} "
+                               f"blocks free, {len(held)} still referenced ({shown or 'none'}), managers holding "
+                               f"blocks for {len(rows)} requests{' (' + ', '.join(rows[:8]) + ')' if rows else ''}: "
+                               f"blocks leaked")
 
     def _stalled(self, idle: int) -> str:
         """Why the run stops: the release's scheduler admits nothing and runs nothing (a hang in a server)."""
