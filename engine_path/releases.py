@@ -142,9 +142,10 @@ def _classify_pip_failure(spec: EngineSpec, out: str) -> EngineError:
         if m:
             versions = [v.strip() for v in m.group(1).split(",") if v.strip()]
             known = f" The newest releases on the registry: {', '.join(versions[-12:])}"
-        return EngineError(f"unknown version: {spec} is not on the package registry.{known}")
-    return EngineError(f"could not fetch {spec} (pip install --no-deps --target {release_dir(spec.version)} "
-                       f"{spec} failed). Last lines:\n{tail}")
+        return EngineError(f"unknown version: {spec} is not on the package registry (as a wheel: slotscope "
+                           f"imports a release from its wheel, never builds one).{known}")
+    return EngineError(f"could not fetch {spec} (pip install --no-deps --only-binary=:all: --target "
+                       f"{release_dir(spec.version, spec.name)} {spec} failed). Last lines:\n{tail}")
 
 
 def fetch(spec: EngineSpec, *, quiet: bool = True) -> Path:
@@ -158,7 +159,7 @@ def fetch(spec: EngineSpec, *, quiet: bool = True) -> Path:
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-input", "--disable-pip-version-check",
-           "--target", str(tmp), str(spec)]
+           "--only-binary=:all:", "--target", str(tmp), str(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
