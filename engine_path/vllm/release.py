@@ -77,8 +77,10 @@ def activate(spec: EngineSpec) -> EngineInfo:
             importlib.import_module("vllm.v1.worker.gpu.block_table")
     except ModuleNotFoundError as e:
         _forget(root)
-        raise EngineError(f"importing {spec} from {root} failed: module {e.name!r} is missing; install the vllm "
-                          f"extra: pip install -e '.[vllm]'") from None
+        extra = ("install the vllm extra: pip install -e '.[vllm]'" if spec.version == DEFAULT_VERSION else
+                 f"the vllm extra covers what {DEFAULT_VERSION} imports; this release needs more: pip install "
+                 f"{(e.name or '').split('.')[0].replace('_', '-')}")
+        raise EngineError(f"importing {spec} from {root} failed: module {e.name!r} is missing; {extra}") from None
     except Exception as e:  # an import error of any kind is the user's to see, not a traceback
         _forget(root)
         raise EngineError(f"importing {spec} from {root} failed: {type(e).__name__}: {e}") from None

@@ -24,7 +24,9 @@ from simulator.engine_model.backends import BackendSpec
 from simulator.engine_model.padding_convention import SKIP_MINUS_1
 from simulator.memory.allocator import HybridAllocator
 
+from ..errors import AdapterLacks
 from ..releases import EngineInfo
+from .release import DEFAULT_VERSION
 
 #: the run's one backend boundary
 BACKEND = "vllm"
@@ -101,7 +103,14 @@ class VllmRuntime:
         from .source import VllmStepSource
 
         # pad_to_capture is the source's own: a graph's padded rows are what the release's slot kernel left there
-        src = VllmStepSource(scenario, alloc, release.behaviour, rng, self.api.info.version, pad_value)
+        try:
+            src = VllmStepSource(scenario, alloc, release.behaviour, rng, self.api.info.version, pad_value)
+        except (AttributeError, ImportError, TypeError) as e:
+            if self.api.info.version == DEFAULT_VERSION:
+                raise
+            raise AdapterLacks(f"vllm {self.api.info.version}: slotscope's adapter of vLLM's scheduler and worker "
+                               f"is written against {DEFAULT_VERSION}, and this release differs where it reaches "
+                               f"in ({type(e).__name__}: {e})") from None
         alloc.step_source = src
         self.schedule_source = src
         return src
