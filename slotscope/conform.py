@@ -29,7 +29,7 @@ from engine_path.releases import EngineSpec
 
 EXIT_CONFORMS, EXIT_DIVERGES, EXIT_BAD_INPUT = 0, 1, 2
 #: why --engine needs a version here
-NEEDS_VERSION = "conform needs a release version (sglang==VERSION): the model design is chosen by it"
+NEEDS_VERSION = "conform needs a release version (sglang==VERSION, vllm==VERSION): the model is chosen by it"
 
 #: documented differences (docs/ENGINE.md, "Conformance"): id -> (what it matches, reason)
 KNOWN: dict[str, str] = {}
@@ -275,6 +275,10 @@ def cmd_conform(args) -> int:
     from .options import use_engine_patches
 
     use_engine_patches(args, args.engine)
+    if args.engine.name == "vllm":
+        from .conform_vllm import cmd_conform_vllm
+
+        return cmd_conform_vllm(args)
     if args.scheduler:
         return _conform_scheduler(args)
     res = run_conform(args.scenario, args.engine, page_size=args.page_size, design=args.design,
@@ -314,7 +318,7 @@ def register(sub) -> None:
     from .options import VERSION_REQUIRED, add_engine_option, add_engine_patch, backend_list, positive_int
 
     p = sub.add_parser(
-        "conform", help="compare our model of an SGLang release with the release, step by step",
+        "conform", help="compare our model of an SGLang (or vLLM) release with the release, step by step",
         description="Drive the model of a release (the design sglang-VERSION unless --design) and the real release "
                     "(its allocator, eviction rule, and each backend's own metadata, graph buffers, narrowing and "
                     "layer forward up to the pool write, in a process of its own) through SCENARIO under the same "
@@ -325,7 +329,8 @@ def register(sub) -> None:
         epilog="examples:\n"
                "  slotscope conform scenarios/b1-pcg-dp-padding.toml --engine sglang==0.5.23\n"
                "  slotscope conform scenarios/paths-paged.toml --engine sglang==0.5.23 --page-size 1\n"
-               "  slotscope conform scenarios/b2-decode-stale-tail.toml --engine sglang==0.5.23 --scheduler\n\n"
+               "  slotscope conform scenarios/b2-decode-stale-tail.toml --engine sglang==0.5.23 --scheduler\n"
+               "  slotscope conform scenarios/sched-evict-retract.toml --engine vllm==0.34.0\n\n"
                "exit codes:\n"
                "  0    every step conforms (on the scenario's own path; 'not compared' lines say what is not)\n"
                "  1    a divergence (the first is printed: step, field, model value, engine value)\n"
@@ -333,9 +338,12 @@ def register(sub) -> None:
                "       the not-compared lines say why)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", help="scenario TOML file")
-    add_engine_option(p, required=True, version=VERSION_REQUIRED, why=NEEDS_VERSION, metavar="sglang==VERSION",
+    add_engine_option(p, required=True, version=VERSION_REQUIRED, why=NEEDS_VERSION, metavar="{sglang,vllm}==VERSION",
+                      engines=("sglang", "vllm"),
                       help="the release to compare with; a version is needed (the model design sglang-VERSION is "
-                           "chosen by it)")
+                           "chosen by it). vllm==0.34.0: slotscope's model of vLLM's worker tables (slot mappings, "
+                           "their padding, the forward's block tables) against the release's, under vLLM's own "
+                           "scheduler (slotscope/conform_vllm.py)")
     add_engine_patch(p)
     p.add_argument("--page-size", type=positive_int, metavar="N",
                    help="run at this page size (pool sizes rounded up to whole pages)")
