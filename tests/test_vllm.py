@@ -32,6 +32,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); the worker's interp
     "sharing_hit": (SHARING, "swa-hit-one-block-short.yaml", ()),
     "pad": (SER, "slot-pad-off-by-one.yaml", ("--max-steps", "60")),
     "leak": ("scenarios/vllm-graph-pad.toml", "swa-window-free-leaks.yaml", ()),
+    "cover": ("scenarios/vllm-cover-paged.toml", None, ()),
 }
 
 
@@ -118,6 +119,17 @@ def test_window_hit_one_block_short_is_a_stale_read(runs):
     proc, summary, _, _ = runs["sharing_hit"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert _found(summary) == {"stale_read": 29}
+
+
+@pytest.mark.vllm
+def test_every_vllm_path_with_paged_blocks_runs_clean(runs):
+    """vllm-cover-paged: preemption and resumption, prefix hits, chunked prefill beside decodes, graph padding, all
+    with 16-token blocks, clean as released (the scenario the plausible bugs are tried on, docs/VLLM.md)."""
+    proc, summary, run, _ = runs["cover"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    did = run["engine_pieces"]["scheduler"]["did"]
+    assert (did["forwards"], did["preemptions"], did["prefix_hit_tokens"]) == (388, 4, 704)
+    assert did["mixed"] > 0 and run["engine_pieces"]["scheduler"]["block_size"] == 16
 
 
 @pytest.mark.vllm
