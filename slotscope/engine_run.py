@@ -116,9 +116,8 @@ def load_vllm_runtime(scenario, spec, opts, device: str):
     why = unsupported(scenario)
     if why:
         raise ScenarioError(f"{scenario.source}: --engine {spec}: {why}")
-    if device != "cpu":
-        raise UsageError(f"--engine {spec} --device {device}: vLLM runs on the CPU so far (its scheduler side; "
-                         f"the worker's Triton kernels on a GPU are not driven yet)")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"--engine {spec} --device {device}: vLLM runs on the CPU or on CUDA")
     if opts.backends is not None:
         raise UsageError(f"--backends with --engine {spec}: a vLLM run has one boundary, 'vllm' (every vLLM attention "
                          f"backend writes through reshape_and_cache_flash with its group's slot mapping)")
@@ -128,7 +127,7 @@ def load_vllm_runtime(scenario, spec, opts, device: str):
     t0 = time.perf_counter()
     if not opts.quiet_engine:
         print(f"slotscope: importing {spec} ...", file=sys.stderr, flush=True)
-    info = activate(spec)
+    info = activate(spec, device)
     rt = VllmRuntime(info, device=device)
     rt.import_s = time.perf_counter() - t0
     _kept_out_of_collections()

@@ -228,3 +228,25 @@ def test_slots_through_a_block_table_row():
     np.testing.assert_array_equal(slots_of(row, 4, 6, 10), np.array([18, 19, 24, 25]))
     with pytest.raises(IndexError, match="3 blocks read at position 12"):
         slots_of(row, 4, 10, 13)
+
+
+@pytest.mark.gpu
+@pytest.mark.vllm
+def test_on_cuda_the_releases_kernels_run_natively_and_find_what_the_cpu_finds(vllm_release, tmp_path):
+    """`--device cuda`: the worker's Triton kernels on the GPU (no interpreter), the pools under test on the GPU, and
+    the same verdicts as on the CPU: vllm-graph-pad clean, and with the #36580 revert 4 clobbered."""
+    patch = str(ROOT / "examples" / "engine-patches" / "vllm" / "revert-36580-pad-from-padded-count.yaml")
+    got = {}
+    for device in ("cuda", "cpu"):
+        for name, extra in (("clean", ()), ("v1", ("--engine-patch", patch))):
+            out = tmp_path / f"{device}-{name}"
+            proc = slotscope("run", "scenarios/vllm-graph-pad.toml", "--engine", "vllm==0.34.0", "--device", device,
+                             "--out", str(out), "--no-report", "-q", *extra)
+            summary = json.loads((out / "summary.json").read_text())
+            run = json.loads((out / "run.json").read_text())
+            got[device, name] = (proc.returncode, _found(summary), summary["steps"])
+            if device == "cuda":
+                rows = {r["piece"]: r["whose"] for r in run["engine_pieces"]["rows"]}
+                assert any("its Triton kernels on the GPU" in p and w == "engine" for p, w in rows.items()), rows
+    assert got["cuda", "clean"] == got["cpu", "clean"] == (0, {}, 37)
+    assert got["cuda", "v1"] == got["cpu", "v1"] == (1, {"clobbered": 4}, 37)

@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -41,8 +41,11 @@ def missing_deps() -> list[str]:
     return [pkg for mod, pkg in DEPS.items() if importlib.util.find_spec(mod) is None]
 
 
-def activate(spec: EngineSpec) -> EngineInfo:
-    """Import the release ``spec`` names (fetching it first if needed); EngineError on any failure."""
+def activate(spec: EngineSpec, device: str = "cpu") -> EngineInfo:
+    """Import the release ``spec`` names (fetching it first if needed); EngineError on any failure. ``device``:
+    "cpu" runs the worker's Triton kernels under Triton's interpreter (the host tensor as ``UvaBuffer``'s view);
+    "cuda" natively, ``UvaBuffer`` being the release's own explicit-copy ``NonUvaBuffer`` (the device view of
+    pinned memory needs ``vllm._C``, which slotscope does not use)."""
     global _ACTIVE
     spec = resolved(spec)
     if _ACTIVE is not None:
@@ -66,14 +69,20 @@ def activate(spec: EngineSpec) -> EngineInfo:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
-    os.environ["TRITON_INTERPRET"] = "1"      # the worker's Triton kernels, run by Triton's interpreter on a CPU
+    cuda = device == "cuda"
+    if not cuda:
+        os.environ["TRITON_INTERPRET"] = "1"  # the worker's Triton kernels, run by Triton's interpreter on a CPU
     try:
-        with warnings.catch_warnings(), _triton_driver_reported():
+        with warnings.catch_warnings(), (nullcontext() if cuda else _triton_driver_reported()):
             warnings.simplefilter("ignore")
             mod = importlib.import_module("vllm")
             importlib.import_module("vllm.triton_utils")
             importlib.import_module("vllm.v1.core.sched.scheduler")
-            _host_uva(importlib.import_module("vllm.v1.worker.gpu.buffer_utils"))
+            buffers = importlib.import_module("vllm.v1.worker.gpu.buffer_utils")
+            if cuda:
+                buffers.UvaBuffer = buffers.NonUvaBuffer
+            else:
+                _host_uva(buffers)
             importlib.import_module("vllm.v1.worker.gpu.block_table")
     except ModuleNotFoundError as e:
         _forget(root)

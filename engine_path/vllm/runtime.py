@@ -104,7 +104,8 @@ class VllmRuntime:
 
         # pad_to_capture is the source's own: a graph's padded rows are what the release's slot kernel left there
         try:
-            src = VllmStepSource(scenario, alloc, release.behaviour, rng, self.api.info.version, pad_value)
+            src = VllmStepSource(scenario, alloc, release.behaviour, rng, self.api.info.version, pad_value,
+                                 device=self.device)
         except (AttributeError, ImportError, TypeError) as e:
             if self.api.info.version == DEFAULT_VERSION:
                 raise
@@ -129,7 +130,7 @@ class VllmRuntime:
                                "Request objects and their block hashes",
                                "the worker's BlockTables (model runner V2): staged row writes, gather_block_tables "
                                "(SWA entries below the window nulled), compute_slot_mappings; its Triton kernels "
-                               "under Triton's interpreter",
+                               + ("on the GPU" if self.device == "cuda" else "under Triton's interpreter"),
                                "a CUDA graph's padded rows (what compute_slot_mappings leaves past the real tokens)"],
              "model_pieces": ["CUDA-graph choice (capture sizes, bucket)",
                               "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",

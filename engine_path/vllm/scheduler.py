@@ -46,12 +46,13 @@ STAND_INS = {
                            "match what later turns send), nothing is computed",
     "the worker's state rows": "a free list of row indices popped from the end, as RequestState's (the block "
                                "tables, their writes, gathers and slot mappings are the release's BlockTables)",
-    "UvaBuffer": "the host tensor itself (a device view of pinned host memory needs CUDA)",
+    "UvaBuffer": "on a CPU the host tensor itself (a device view of pinned host memory needs CUDA); on CUDA the "
+                 "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used)",
     "async scheduling": "off: the engine core steps synchronously, one batch in flight (0.34's default is on, which "
                         "also doubles a sliding-window group's admission cap; engine.overlap, which would drive it, "
                         "is refused)",
     "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
-                                       "Triton, run by Triton's interpreter on a CPU",
+                                       "Triton, run by Triton's interpreter on a CPU (on CUDA the driver is real)",
 }
 
 #: fields of the ModelConfig stand-in (what vLLM 0.34's Scheduler and StructuredOutputManager read of it)

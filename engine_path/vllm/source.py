@@ -57,7 +57,8 @@ class VllmStepSource(BatchMaking):
 
     journal = None
 
-    def __init__(self, scenario, alloc, release, rng: np.random.Generator, version: str, pad_value: int = -1):
+    def __init__(self, scenario, alloc, release, rng: np.random.Generator, version: str, pad_value: int = -1,
+                 device: str = "cpu"):
         """``release``: the behaviour the model's batch making reads (DP padding); ``version``: vLLM's."""
         self.sc, self.alloc, self.rng, self.release, self.release_version = scenario, alloc, rng, release, version
         # a captured graph's padded rows take what the release's slot-mapping kernel wrote there (-1: PAD_SLOT_ID)
@@ -69,7 +70,7 @@ class VllmStepSource(BatchMaking):
         self.g_full, self.g_swa = self.driver.groups.index("full"), self.driver.groups.index("swa")
         self.bs = self.driver.block_size
         self.window = scenario.model.window
-        self.worker = WorkerTables(self.driver)
+        self.worker = WorkerTables(self.driver, device)
         self._content_keys = self.content.keys
         self._freed_full: list[np.ndarray] = []
         self._freed_swa: list[np.ndarray] = []

@@ -25,7 +25,7 @@ import torch
 class WorkerTables:
     """The release's ``BlockTables`` for the run's KV-cache groups, one state row per live request."""
 
-    def __init__(self, driver):
+    def __init__(self, driver, device: str = "cpu"):
         kci = importlib.import_module("vllm.v1.kv_cache_interface")
         bt_mod = importlib.import_module("vllm.v1.worker.gpu.block_table")
         vc = driver.vllm_config
@@ -44,11 +44,12 @@ class WorkerTables:
         self.block_sizes = sizes
         self.tables = bt_mod.BlockTables(block_sizes=sizes, max_num_reqs=self.max_reqs,
                                          max_num_batched_tokens=self.max_tokens, max_num_blocks_per_group=widths,
-                                         device=torch.device("cpu"), slot_mapping_enabled=enabled,
+                                         device=torch.device(device), slot_mapping_enabled=enabled,
                                          dcp_sharded=sharded, sliding_window_reach=reach)
         self.free_rows = list(range(self.max_reqs))
         self.row_of: dict[str, int] = {}
-        self.num_computed = torch.zeros(self.max_reqs, dtype=torch.int32)
+        self.device = torch.device(device)
+        self.num_computed = torch.zeros(self.max_reqs, dtype=torch.int32, device=self.device)
 
     def apply(self, new_rows: dict, appended: dict, finished: set) -> None:
         """A scheduler output's changes, in the model runner's order: rows of finished and preempted requests freed
@@ -71,16 +72,18 @@ class WorkerTables:
         """``prepare_attn`` of a step: per group each token's slot (``[groups, max_num_batched_tokens]``, int64: the
         real tokens', then what the kernel left in the rest, which a graph's padded rows take) and the forward's
         block tables (per group ``[requests, width]``, int64), the release's kernels' output."""
-        rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32)
-        self.num_computed[rows.long()] = torch.from_numpy(starts.astype(np.int32))
+        dev = self.device
+        rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32, device=dev)
+        self.num_computed[rows.long()] = torch.from_numpy(starts.astype(np.int32)).to(dev)
         qsl = torch.zeros(len(req_ids) + 1, dtype=torch.int32)
         qsl[1:] = torch.from_numpy(np.cumsum(counts).astype(np.int32))
         positions = torch.from_numpy(np.concatenate([np.arange(c, c + n, dtype=np.int64)
                                                      for c, n in zip(starts.tolist(), counts.tolist())]))
         tables = self.tables.gather_block_tables(rows, num_reqs_padded=len(req_ids),
                                                  num_computed_tokens=self.num_computed)
-        slots = self.tables.compute_slot_mappings(rows, qsl, positions, num_tokens_padded=self.max_tokens)
-        return slots.numpy().copy(), [t.numpy().astype(np.int64) for t in tables]
+        slots = self.tables.compute_slot_mappings(rows, qsl.to(dev), positions.to(dev),
+                                                  num_tokens_padded=self.max_tokens)
+        return slots.cpu().numpy().copy(), [t.cpu().numpy().astype(np.int64) for t in tables]
 
 
 def slots_of(table_row: np.ndarray, block_size: int, lo: int, hi: int) -> np.ndarray:
