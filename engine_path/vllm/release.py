@@ -69,7 +69,21 @@ def activate(spec: EngineSpec, device: str = "cpu") -> EngineInfo:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
-    cuda = device == "cuda"
+    mod = _import(spec, root, device == "cuda")
+    pkg = Path(mod.__file__).parent
+    version = next((d.name[len("vllm-"):-len(".dist-info")] for d in root.glob("vllm-*.dist-info")), "unknown")
+    if version != spec.version:
+        raise EngineError(f"asked for {spec} but {root} holds vllm {version}")
+    from .. import patches
+
+    patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
+    _ACTIVE = EngineInfo("vllm", version, str(pkg))
+    return _ACTIVE
+
+
+def _import(spec: EngineSpec, root: Path, cuda: bool):
+    """The release's modules a run uses, imported (the worker's kernels interpreted unless ``cuda``); EngineError
+    naming what failed (a missing module: the package to install)."""
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # the worker's Triton kernels, run by Triton's interpreter on a CPU
     try:
@@ -84,6 +98,7 @@ def activate(spec: EngineSpec, device: str = "cpu") -> EngineInfo:
             else:
                 _host_uva(buffers)
             importlib.import_module("vllm.v1.worker.gpu.block_table")
+            return mod
     except ModuleNotFoundError as e:
         _forget(root)
         extra = ("install the vllm extra: pip install -e '.[vllm]'" if spec.version == DEFAULT_VERSION else
@@ -93,15 +108,6 @@ def activate(spec: EngineSpec, device: str = "cpu") -> EngineInfo:
     except Exception as e:  # an import error of any kind is the user's to see, not a traceback
         _forget(root)
         raise EngineError(f"importing {spec} from {root} failed: {type(e).__name__}: {e}") from None
-    pkg = Path(mod.__file__).parent
-    version = next((d.name[len("vllm-"):-len(".dist-info")] for d in root.glob("vllm-*.dist-info")), "unknown")
-    if version != spec.version:
-        raise EngineError(f"asked for {spec} but {root} holds vllm {version}")
-    from .. import patches
-
-    patches.apply_env()          # --engine-patch: right after the import, before anything uses the release
-    _ACTIVE = EngineInfo("vllm", version, str(pkg))
-    return _ACTIVE
 
 
 @contextmanager

@@ -86,7 +86,8 @@ def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator
         layers=scenario.model.layers(),
         boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad, backends),
         pools=backend_pools(scenario.backends, new_pool),
-        reference=reference, checker=Checker(reference, owner_of, reserved), new_pool=new_pool)
+        reference=reference, checker=Checker(reference, owner_of, reserved,
+                                             reserved_words=design.padding.reserved_words), new_pool=new_pool)
 
 
 def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario) -> tuple[int, int]:
@@ -129,7 +130,8 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
         pool_layers = {k: target.count(k) for k in ("full", "swa")}
     # the oracle covers every index the target's allocator hands out, even past a too-small draft pool
     reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
-    checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers)
+    checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers,
+                      reserved_words=design.padding.reserved_words)
     return ModelSide(layers=draft_layers(target, draft),
                      boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad, backends),
                      pools=backend_pools(scenario.backends, new_pool),

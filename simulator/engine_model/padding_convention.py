@@ -26,6 +26,8 @@ class PaddingConvention:
     #: what a static graph buffer's entries past the real batch get at replay (in both sub-pools);
     #: None: the dummy request's slot in that sub-pool
     tail_value: Optional[int] = 0
+    #: how a read finding names a slot of the reserved page
+    reserved_words: str = "the sink / padding slot"
 
     def resolve(self, dummy_full: Optional[int], dummy_swa: Optional[int]) -> tuple[int, int]:
         """(out_cache_loc pad value, static SWA buffer tail value) of a run, given its dummy request's slots."""
@@ -47,7 +49,7 @@ SLOT0_ABSORB = PaddingConvention(
     pad_value=0, skip_index=None, tail_value=0)
 SKIP_MINUS_1 = PaddingConvention(
     "skip-1", "padded rows get location -1 and the store skips -1 (vLLM, nano-vllm)",
-    pad_value=-1, skip_index=-1, tail_value=-1)
+    pad_value=-1, skip_index=-1, tail_value=-1, reserved_words="in the reserved page 0 (vLLM's null block)")
 DUMMY = PaddingConvention(
     "dummy", "padded rows get the slots of a dummy request allocated at start (mini-sglang)",
     pad_value=None, skip_index=None, dummy_request=True, tail_value=None)

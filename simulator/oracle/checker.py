@@ -112,7 +112,8 @@ class _Targets:
 
 class Checker:
     def __init__(self, reference: ReferencePool, owner_of: Callable[[int], Owner], reserved: np.ndarray,
-                 max_detail: int = 100_000, pool_layers: Optional[dict[str, int]] = None):
+                 max_detail: int = 100_000, pool_layers: Optional[dict[str, int]] = None,
+                 reserved_words: str = "the sink / padding slot"):
         self.reference = reference
         # layers per sub-pool of the pool under test, when it holds more than the layers written (a draft
         # model's pool laid out like the target's); None: every layer of a kind is written every step
@@ -126,7 +127,7 @@ class Checker:
         self.first: dict[str, Finding] = {}   # per backend, the earliest (step, layer) finding
         self._reserved_dev: dict[torch.device, torch.Tensor] = {}
         self._last_read: dict[str, tuple] = {}    # per kind: (key, result) of the last read check
-        self._tables = TableCheck(reference, reserved, owner_of)
+        self._tables = TableCheck(reference, reserved, owner_of, reserved_words)
 
     def check(self, step: int, backend: str, pool: PoolWriter, truth: BatchTruth, writes: list[LayerWrite],
               pad_slots: tuple[int, ...]) -> tuple[list[Finding], dict[str, int]]:

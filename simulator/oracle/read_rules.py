@@ -73,6 +73,7 @@ class ReadFacts:
     seq_len: int = 1                 # the request's positions with K/V: [0, seq_len)
     span: tuple[int, int, str] = (0, 1, "prefix")   # (lo, hi, name): the positions a correct table reads
     omitted: bool = False            # a position of the span the table does not read (no slot: ``slot`` is -1)
+    reserved_words: str = "the sink / padding slot"     # the reserved page as the run's convention names it
 
 
 def _span_words(f: ReadFacts) -> str:
@@ -91,7 +92,7 @@ READ_RULES: tuple[Callable[[ReadFacts], Optional[str]], ...] = (
     lambda f: f"the table leaves out position {f.pos} of {_span_words(f)}" if f.omitted else None,
     lambda f: None if f.span[0] <= f.pos < f.span[1] else f"position {f.pos} is outside {_span_words(f)}",
     lambda f: None if 0 <= f.slot < f.rows else f"slot {f.slot} is outside the pool [0, {f.rows})",
-    lambda f: f"slot {f.slot} is the sink / padding slot" if f.reserved else None,
+    lambda f: f"slot {f.slot} is {f.reserved_words}" if f.reserved else None,
     lambda f: None if f.live else (f"the slot was {'evicted out of the window' if f.evicted else 'freed'}"
                                    + (f" (last held {f.last.label})" if f.last is not None else "")),
     lambda f: f"the slot was reassigned to another token ({f.last.label if f.last else 'unknown'})",
@@ -129,9 +130,11 @@ class TableCheck:
     """One side's read-table check against its reference (the :class:`~simulator.oracle.checker.Checker` keeps
     its cache)."""
 
-    def __init__(self, reference: ReferencePool, reserved: np.ndarray, owner_of: Callable[[int], Owner]):
+    def __init__(self, reference: ReferencePool, reserved: np.ndarray, owner_of: Callable[[int], Owner],
+                 reserved_words: str = "the sink / padding slot"):
         self.reference = reference
         self.reserved = reserved
+        self.reserved_words = reserved_words
         self.owner_of = owner_of
 
     def _owner(self, tag: int) -> Owner:
@@ -224,7 +227,7 @@ class TableCheck:
             facts = ReadFacts(slot=slot, rows=rows, reserved=bool(reserved[j]), live=is_live,
                               evicted=bool(evicted is not None and in_range and evicted[slot]),
                               last=self._owner(tag) if tag != 0 else None, pos=p, seq_len=n_r,
-                              span=(int(lo[r]), int(hi[r]), name))
+                              span=(int(lo[r]), int(hi[r]), name), reserved_words=self.reserved_words)
             observed = (self._owner(tag) if is_live else Owner(0)) if in_range else None
             expected = self._owner(int(keys[e])) if 0 <= p < n_r else None
             msg = (f"req {int(requests.rids[r])} pos {p} reads {kind} slot {slot} at layer {layer}{also}: "
