@@ -227,6 +227,13 @@ def comparable(res: dict) -> bool:
     return all(nc["own_path"] for nc in res.get("not_compared") or ())
 
 
+def print_fields(fields: dict, out=sys.stdout) -> None:
+    """The comparison's table: per field, the steps equal and differing."""
+    print(f"\n{'field':<28} {'equal':>7} {'differs':>8}", file=out)
+    for field, (eq, df) in fields.items():
+        print(f"{field:<28} {eq:>7} {df:>8}", file=out)
+
+
 def _print(res: dict, out=sys.stdout) -> None:
     e = res.get("engine") or {}
     print(f"conform {res['path']} (page_size {res['page_size']}): model {res['design']} vs engine "
@@ -250,9 +257,7 @@ def _print(res: dict, out=sys.stdout) -> None:
         at = "before the first step" if f["step"] is None else f"step {f['step']}"
         print(f"first divergence: {at}, {f['field']}" + (f" ({f['where']})" if f["where"] else "")
               + f": {f['detail']}", file=out)
-    print(f"\n{'field':<28} {'equal':>7} {'differs':>8}", file=out)
-    for field, (eq, df) in res["fields"].items():
-        print(f"{field:<28} {eq:>7} {df:>8}", file=out)
+    print_fields(res["fields"], out)
     print(f"\nsteps compared: {res['steps_compared']}; backend groups: "
           + "; ".join(f"{g}: {', '.join(bs)}" for g, bs in sorted(res["groups"].items()))
           + f"; model {res['model_s']} s, engine {res['engine_s']} s (import included)", file=out)

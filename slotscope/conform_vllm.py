@@ -46,6 +46,8 @@ def cmd_conform_vllm(args) -> int:
 
 
 def _print(res: dict, out=sys.stdout) -> None:
+    from .conform import print_fields
+
     e = res["engine"]
     print(f"conform {res['path']}: slotscope's vllm-{MODELLED[0]} worker model vs vllm {e.get('version')}'s "
           f"BlockTables ({e.get('path')}), under vLLM's own scheduler"
@@ -57,9 +59,7 @@ def _print(res: dict, out=sys.stdout) -> None:
         print(f"every step conforms ({res['steps_compared']} steps)", file=out)
     else:
         print(f"first divergence: step {f['step']}, {f['field']}: {f['detail']}", file=out)
-    print(f"\n{'field':<28} {'equal':>7} {'differs':>8}", file=out)
-    for field, (eq, df) in res["fields"].items():
-        print(f"{field:<28} {eq:>7} {df:>8}", file=out)
+    print_fields(res["fields"], out)
     d = res["did"]
     print(f"\nsteps compared: {res['steps_compared']} ({d['preemptions']} preemptions, {d['prefix_hit_tokens']} "
           f"prefix-hit tokens); the release's tables {res['release_s']} s (its kernels interpreted), the model's "
