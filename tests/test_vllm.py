@@ -250,3 +250,22 @@ def test_on_cuda_the_releases_kernels_run_natively_and_find_what_the_cpu_finds(v
                 assert any("its Triton kernels on the GPU" in p and w == "engine" for p, w in rows.items()), rows
     assert got["cuda", "clean"] == got["cpu", "clean"] == (0, {}, 37)
     assert got["cuda", "v1"] == got["cpu", "v1"] == (1, {"clobbered": 4}, 37)
+
+
+@pytest.mark.vllm
+def test_a_stall_on_a_pool_below_vllms_startup_minimum_says_so(vllm_release, tmp_path):
+    """vllm-long-prompt on 24 blocks: its 384-token prompt can never be admitted (24 full blocks and up to 7 SWA ones; max_model_len 392: 384 + 6 outputs + 2), and
+    vLLM's own startup check (check_enough_kv_cache_memory) would not have started a server on that pool: the stall
+    names it, so it is not taken for the release's bug (as V2's stall, on a pool that passes the check, is)."""
+    sc = tmp_path / "small.toml"
+    sc.write_text((ROOT / "scenarios" / "vllm-long-prompt.toml").read_text().replace("full_size = 512",
+                                                                                      "full_size = 384"))
+    out = tmp_path / "out"
+    proc = slotscope("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q")
+    assert proc.returncode == 2
+    assert ("SchedulerStalled" in json.loads((out / "summary.json").read_text())["incomplete"]["message"])
+    assert ("24 of 24 blocks of 16 tokens free; the head of its queue, request 0, has 384 prompt tokens (vLLM would "
+            "not start with this pool (check_enough_kv_cache_memory): one request of max_model_len 392 tokens may "
+            "hold 32 blocks across its groups, the pool has 24") in proc.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["engine_pieces"]["scheduler"]["startup_check"].startswith("vLLM would not start with this pool")

@@ -167,7 +167,25 @@ class VllmScheduler:
                               f"({', '.join(kinds)}); slotscope drives one full and one sliding-window group so far "
                               f"(a model whose full and SWA layers come in equal numbers, e.g. gpt-oss)")
         self.kv_groups = groups
+        self.startup_check = self._startup_check(planning, spec, groups)
         return kinds
+
+    def _startup_check(self, planning, spec: dict, groups) -> str:
+        """vLLM's own check at engine start (``check_enough_kv_cache_memory``: can the pool hold one request of
+        ``max_model_len``, its sliding-window groups at their admission cap?), on the scenario's pool: "passes", or
+        its message. A scenario whose pool is smaller still runs (its scheduler copes by preempting), but a server
+        would not have started: a stall in such a run is said to be the scenario's, not the release's."""
+        available = self.num_blocks * planning._pool_bytes_per_block(self.vllm_config, groups)
+        try:
+            planning.check_enough_kv_cache_memory(self.vllm_config, dict(spec), available)
+        except ValueError:
+            vc = self.vllm_config
+            length = vc.model_config.max_model_len
+            need = sum(g.kv_cache_spec.max_memory_usage_bytes(vc) // g.kv_cache_spec.page_size_bytes for g in groups)
+            return (f"vLLM would not start with this pool (check_enough_kv_cache_memory): one request of "
+                    f"max_model_len {length} tokens may hold {need} blocks across its groups, the pool has "
+                    f"{self.num_blocks - 1}")
+        return "passes"
 
     def _build(self):
         kci = _mod("vllm.v1.kv_cache_interface")
@@ -195,6 +213,7 @@ class VllmScheduler:
                 "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "prefix_caching": bool(self.vllm_config.cache_config.enable_prefix_caching),
                 "stand_ins": STAND_INS,
+                "startup_check": self.startup_check,
                 "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
                         "prefix_hit_tokens": self.hit_tokens}}
 
@@ -279,7 +298,9 @@ class VllmScheduler:
                                          f"{head.num_prompt_tokens} prompt tokens")
         return (f"vLLM's scheduler scheduled nothing for {idle} steps with {waiting} requests unfinished "
                 f"(a server would wait forever): {self.pool.get_num_free_blocks()} of "
-                f"{self.num_blocks - 1} blocks of {self.block_size} tokens free{which}")
+                f"{self.num_blocks - 1} blocks of {self.block_size} tokens free{which}"
+                + ("" if self.startup_check == "passes" else f" ({self.startup_check}: the pool is below the "
+                                                              f"release's own minimum)"))
 
     def _step_of(self, out) -> Step:
         ids, starts, counts = [], [], []
