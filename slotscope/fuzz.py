@@ -188,8 +188,10 @@ def register(subparsers: Any) -> None:
                "example: slotscope fuzz --design sglang-pre-24743 --budget 2m --seed 1 --out out/fuzz-b2",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--design", required=True, help="a built-in design or path/to/file.py:ClassName")
-    add_engine_option(p, help="sglang or sglang==VERSION: the real release in the write path of every scenario "
-                              "drawn (default: none, the design's model)")
+    add_engine_option(p, engines=("sglang", "vllm"),
+                      help="sglang or sglang==VERSION: the real release in the write path of every scenario drawn "
+                           "(default: none, the design's model); vllm==VERSION: vLLM's scheduler, block pool and "
+                           "worker tables make every batch and slot (draws vLLM does not run yet are rejected)")
     add_engine_patch(p)
     p.add_argument("--budget", type=parse_budget, default=600.0, metavar="TIME",
                    help="how long to search: 90s, 10m, 1h (a finite time > 0; default 10m)")

@@ -89,3 +89,18 @@ def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_
     r = slotscope_cli("bugs", "--engine", "vllm", "--corpus", str(path), "-q")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the buggy run should stop with 'scheduled nothing'; it finished" in r.stdout
+
+
+def test_fuzz_on_a_patched_vllm_finds_its_bug_against_vllm_as_released(vllm_release, tmp_path):
+    """`slotscope fuzz --engine vllm==0.34.0 --engine-patch P`: every draw on the patched release (draws vLLM does not
+    run yet are rejected), a failure counted only where vLLM as released (a worker process) runs clean. V1's revert
+    (a graph's padded rows keep earlier slots) is found on the first draw vLLM runs with seed 1."""
+    out = tmp_path / "fz"
+    r = slotscope_cli("fuzz", "--design", "sglang-0.5.23", "--engine", "vllm==0.34.0", "--engine-patch",
+                      "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml", "--budget", "4m",
+                      "--seed", "1", "--out", str(out), "-q")
+    assert r.returncode == 1, r.stdout + r.stderr
+    info = json.loads((out / "fuzz.json").read_text())
+    assert info["finding"]["class"] == "clobbered" and info["finding"]["backend"] == "vllm"
+    assert (info["tried"], info["against"], info["against_on_minimal"], info["internal_errors"]) == (
+        1, "vllm==0.34.0 as released", "clean", 0)

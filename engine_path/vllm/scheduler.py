@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import EngineError, ReleaseBroke, SchedulerStalled
+from ..errors import AdapterLacks, EngineError, ReleaseBroke, SchedulerStalled
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -68,6 +68,9 @@ NOT_YET = (
     (lambda sc: sc.engine.pd_decode, "a PD decode node: vLLM's KV connectors are not driven"),
     (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),
     (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
+    (lambda sc: sc.engine.piecewise_cuda_graph, "engine.piecewise_cuda_graph: slotscope models SGLang's piecewise "
+                                                "graphs (per-layer narrowing); vLLM's (torch.compile, padded tokens "
+                                                "at slot -1) are not driven yet"),
 )
 
 
@@ -163,7 +166,7 @@ class VllmScheduler:
         groups = planning.get_kv_cache_groups(self.vllm_config, spec)
         kinds = ["swa" if isinstance(g.kv_cache_spec, kci.SlidingWindowSpec) else "full" for g in groups]
         if sorted(kinds) != ["full", "swa"]:
-            raise EngineError(f"vLLM groups this model's {len(spec)} layers into {len(groups)} KV-cache groups "
+            raise AdapterLacks(f"vLLM groups this model's {len(spec)} layers into {len(groups)} KV-cache groups "
                               f"({', '.join(kinds)}); slotscope drives one full and one sliding-window group so far "
                               f"(a model whose full and SWA layers come in equal numbers, e.g. gpt-oss)")
         self.kv_groups = groups
