@@ -227,14 +227,9 @@ def comparable(res: dict) -> bool:
     return all(nc["own_path"] for nc in res.get("not_compared") or ())
 
 
-def print_fields(fields: dict, out=sys.stdout) -> None:
-    """The comparison's table: per field, the steps equal and differing."""
-    print(f"\n{'field':<28} {'equal':>7} {'differs':>8}", file=out)
-    for field, (eq, df) in fields.items():
-        print(f"{field:<28} {eq:>7} {df:>8}", file=out)
-
-
 def _print(res: dict, out=sys.stdout) -> None:
+    from .conform_table import print_fields
+
     e = res.get("engine") or {}
     print(f"conform {res['path']} (page_size {res['page_size']}): model {res['design']} vs engine "
           f"sglang {e.get('version')} ({e.get('path')})"

@@ -46,7 +46,7 @@ def cmd_conform_vllm(args) -> int:
 
 
 def _print(res: dict, out=sys.stdout) -> None:
-    from .conform import print_fields
+    from .conform_table import print_fields
 
     e = res["engine"]
     print(f"conform {res['path']}: slotscope's vllm-{MODELLED[0]} worker model vs vllm {e.get('version')}'s "
