@@ -151,7 +151,7 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
         cmd += ["--backends", ",".join(backends)]
     for p in patches:
         cmd += ["--engine-patch", str(p)]
-    if on_cpu_here(eng) or eng.engine == "vllm":       # vLLM runs take the CPU (docs/VLLM.md)
+    if on_cpu_here(eng) or eng.engine == "vllm":       # the vLLM cases run on the CPU (their verdicts there)
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
