@@ -47,9 +47,8 @@ def register(subparsers: Any) -> None:
 
 
 def cmd_bugs(args) -> int:
-    corpus = args.corpus or str(CORPUS_VLLM if args.engine == "vllm" else CORPUS)
-    args.corpus = corpus
-    cases = load_corpus(corpus)
+    args.corpus = args.corpus or str(CORPUS_VLLM if args.engine == "vllm" else CORPUS)
+    cases = load_corpus(args.corpus)
     if args.only:
         wanted = [x.strip() for x in args.only.split(",") if x.strip()]
         ids = {c.id for c in cases}
@@ -72,10 +71,12 @@ def cmd_bugs(args) -> int:
     if args.json:
         print("slotscope: error: --json goes with --engine", file=sys.stderr)
         return EXIT_BAD_INPUT
-    only = [c.id for c in cases if c.engine_only]
+    only = [c for c in cases if c.engine_only]
     if only:
-        print(f"slotscope: error: {args.corpus}: case {only[0]} has no model design (it runs as release code "
-              f"only): run it with --engine {engine_name(cases, only[0])}", file=sys.stderr)
+        from .corpus_engine import engine_of
+
+        print(f"slotscope: error: {args.corpus}: case {only[0].id} has no model design (it runs as release code "
+              f"only): run it with --engine {engine_of(only[0], args.corpus).engine}", file=sys.stderr)
         return EXIT_BAD_INPUT
     outcomes = run_corpus(cases, out_dir=out_dir, progress=progress, device=args.device)
     print(format_corpus_table(outcomes))
@@ -118,9 +119,3 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
         write_json(verdicts, Path(args.json))
         print(f"json: {args.json}")
     return EXIT_HOLDS if held == len(ran) else EXIT_FAILS
-
-
-def engine_name(cases, case_id: str) -> str:
-    """The engine an engine-only case runs on (its engine table's buggy spec)."""
-    raw = next(c for c in cases if c.id == case_id).engine
-    return str(raw.get("buggy", "")).partition("==")[0] or "vllm"
