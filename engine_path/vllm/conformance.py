@@ -88,12 +88,11 @@ def conform(scenario, *, max_steps: Optional[int] = None) -> dict:
     t_release = t_model = 0.0
     steps = 0
     while (step := driver.next_step()) is not None:
-        finished = set(step.output.finished_req_ids) | set(getattr(step.output, "preempted_req_ids", None) or ())
         t0 = time.perf_counter()
-        release.apply(step.new_rows, step.appended, finished)
+        release.apply(step.new_rows, step.appended, step.gone)
         e_slots, e_tables = release.prepare(step.req_ids, step.starts, step.counts)
         t1 = time.perf_counter()
-        model.apply(step.new_rows, step.appended, finished)
+        model.apply(step.new_rows, step.appended, step.gone)
         m_slots, m_tables = model.prepare(step.req_ids, step.starts, step.counts)
         t_release, t_model = t_release + t1 - t0, t_model + time.perf_counter() - t1
         real = int(step.counts.sum())

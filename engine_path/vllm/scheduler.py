@@ -95,6 +95,11 @@ class Step:
     new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
     appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
 
+    @property
+    def gone(self) -> set:
+        """Requests whose worker row goes before this forward: finished, or preempted by this schedule."""
+        return set(self.output.finished_req_ids) | set(getattr(self.output, "preempted_req_ids", None) or ())
+
 
 class VllmScheduler:
     """The release's ``Scheduler`` over a scenario's workload, one forward per :meth:`next_step`."""

@@ -117,8 +117,7 @@ class VllmStepSource(BatchMaking):
             step = self.driver.next_step()
             if step is None:
                 return
-            finished = set(step.output.finished_req_ids) | set(getattr(step.output, "preempted_req_ids", None) or ())
-            self.worker.apply(step.new_rows, step.appended, finished)
+            self.worker.apply(step.new_rows, step.appended, step.gone)
             self._learn_frees(step)
             yield self._batch_of(k, step)
             self.driver.finish_step(step)
