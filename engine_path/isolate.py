@@ -59,9 +59,15 @@ def _main(argv: list[str]) -> int:
         # one thread, as slotscope run: on a busy CPU torch's thread pool spins and a CPU-fallback store
         # (index assignment of a few hundred rows) costs milliseconds instead of microseconds
         torch.set_num_threads(int(os.environ.get("SLOTSCOPE_TORCH_THREADS", "1")))
-        from .api import load
+        if spec.startswith("vllm"):
+            from .releases import parse_spec
+            from .vllm.release import activate
 
-        load(spec)
+            activate(parse_spec(spec))
+        else:
+            from .api import load
+
+            load(spec)
         mod_name, _, fn_name = target.partition(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         reply = {"ok": True, "result": fn(*args)}

@@ -238,7 +238,7 @@ def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_w
         "scatter_ragged_to_page_table_kernel": True, "create_trtllm_mha_kv_indices_triton": True}
 
 
-def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_source_is_not_stood_in(monkeypatch):
+def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_source_is_not_stood_in():
     """The stand-in hands a launch whose access would leave a tensor to the kernel itself, having stored
     nothing; a kernel whose source differs from the checked one (an --engine-patch, another release) is
     interpreted and named so."""
@@ -268,13 +268,11 @@ def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_sou
     t.zero_()
     s[(1,)](store_to=t, at=3)
     assert t.tolist() == [0, 0, 0] and (s.launches, s.handed_back, ran) == (1, 1, [(1,)])
-    monkeypatch.setattr(kernels, "_installed", {})
-    monkeypatch.setattr(kernels, "_refused", {})
-    monkeypatch.setattr(kernels, "MODELS", (kernels.KernelModel(
-        "tests.test_engine_forward", "_a_jit_kernel", (), frozenset({"not its sha"}), compute, "x"),))
-    assert kernels.install() == {}
-    assert list(kernels.refused()) == ["_a_jit_kernel"] and "is not the one" in kernels.refused()["_a_jit_kernel"]
-    assert kernels.pieces() == [("_a_jit_kernel", "engine", kernels.refused()["_a_jit_kernel"])]
+    changed = kernels.StandInSet((kernels.KernelModel(
+        "tests.test_engine_forward", "_a_jit_kernel", (), frozenset({"not its sha"}), compute, "x"),), "tests", "")
+    assert changed.install() == {}
+    assert list(changed.refused()) == ["_a_jit_kernel"] and "is not the one" in changed.refused()["_a_jit_kernel"]
+    assert changed.pieces() == [("_a_jit_kernel", "engine", changed.refused()["_a_jit_kernel"])]
 
 
 def test_a_stand_in_binds_a_launch_as_the_kernel_s_signature_does():

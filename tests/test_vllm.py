@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "tests" / "engine_patches" / "vllm"
 SER = "scenarios/sched-evict-retract.toml"
 SHARING = "scenarios/sharing-system-prompt.toml"
-RUNS = {          # key: (scenario, patch, extra arguments); the worker's interpreted kernels cost ~50 ms a step
+RUNS = {          # key: (scenario, patch, extra arguments); a patched worker kernel is interpreted (~50 ms a step)
     "ser": (SER, None, ()),
     "ser_skip": (SER, "swa-skip-one-more.yaml", ("--max-steps", "80")),
     "sharing": (SHARING, None, ()),

@@ -23,78 +23,16 @@ differs, or a kernel an ``--engine-patch`` edited, is interpreted, and engine_pi
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
-import os
-import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
+
+from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at
 
 I64 = torch.int64
 I32 = torch.int32
 
-
-class OutOfBounds(Exception):
-    """An access the kernel would make lies outside its tensor: the launch goes to the kernel itself."""
-
-
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s storage from its first element to the storage's end, as a 1-D tensor (what a pointer reaches)."""
-    n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
-    return t.as_strided((max(n, 0),), (1,))
-
-
-def _at(t: torch.Tensor, offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the flat view of ``t``, ``offsets`` as int64) once every offset is inside it; OutOfBounds otherwise."""
-    flat = _flat(t)
-    offsets = offsets.to(I64)
-    if offsets.numel() and (int(offsets.min()) < 0 or int(offsets.max()) >= flat.numel()):
-        raise OutOfBounds
-    return flat, offsets
-
-
-def _load(t: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    flat, offsets = _at(t, offsets)
-    return flat[offsets]
-
-
-class Stores:
-    """A launch's stores, each checked in bounds when it is made and written only by :meth:`apply`, after every
-    load: a launch that meets an access out of bounds has changed nothing when it goes to the kernel."""
-
-    def __init__(self):
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-
-    def __call__(self, t: torch.Tensor, offsets: torch.Tensor, values: torch.Tensor) -> None:
-        flat, offsets = _at(t, offsets)
-        self.pending.append((flat, offsets, values.to(flat.dtype)))
-
-    def fill_block(self, t: torch.Tensor, rows: torch.Tensor, cols: int, s0: int, s1: int, value) -> None:
-        """``value`` at ``r * s0 + c * s1`` for each r of ``rows`` and c < ``cols``: a strided view when the rows
-        are consecutive and the block is one that strides can hold without overlap, else as offsets."""
-        if not rows.numel() or cols <= 0:
-            return
-        flat = _flat(t)
-        first, n = int(rows[0]), rows.numel()
-        consecutive = int(rows[-1]) - first == n - 1
-        if consecutive and s1 > 0 and s0 >= cols * s1:
-            if first < 0 or (first + n - 1) * s0 + (cols - 1) * s1 >= flat.numel():
-                raise OutOfBounds
-            view = flat[first * s0:].as_strided((n, cols), (s0, s1))
-            self.pending.append((view, None, value))
-            return
-        offsets = (rows[:, None] * s0 + torch.arange(cols, dtype=I64)[None, :] * s1).reshape(-1)
-        self(t, offsets, torch.full(offsets.shape, value, dtype=flat.dtype))
-
-    def apply(self) -> None:
-        for flat, offsets, values in self.pending:
-            if offsets is None:
-                flat.fill_(values)          # a block (fill_block)
-            else:
-                flat[offsets] = values
 
 
 def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
@@ -115,26 +53,26 @@ def kv_indices(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices
     if programs <= 0:
         return
     p = torch.arange(programs)
-    lens = _load(page_kernel_lens_ptr, p).to(I64).clamp(min=0)
+    lens = load_at(page_kernel_lens_ptr, p).to(I64).clamp(min=0)
     total = int(lens.sum())
     if total == 0:
         return
     prog = torch.repeat_interleave(p, lens)
     within = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    start = _load(kv_start_idx, p).to(I64)[prog] if kv_start_idx is not None else 0
+    start = load_at(kv_start_idx, p).to(I64)[prog] if kv_start_idx is not None else 0
     pos = start + within
     eps = int(ENTRY_PAGE_SIZE)
     col = pos if eps == 1 else _tdiv(pos, eps)
-    rows = _load(req_pool_indices_ptr, p).to(I64)[prog]
-    data = _load(req_to_token_ptr, rows * int(req_to_token_ptr_stride) + col)
+    rows = load_at(req_pool_indices_ptr, p).to(I64)[prog]
+    data = load_at(req_to_token_ptr, rows * int(req_to_token_ptr_stride) + col)
     if eps != 1:
         data = data.to(I64) * eps + torch.fmod(pos, eps)
     if token_mapping is not None:                 # -1 (no slot) stays -1; the rest read the mapping
         live = data >= 0
         mapped = torch.full(data.shape, -1, dtype=token_mapping.dtype)
-        mapped[live] = _load(token_mapping, data[live].to(I64))
+        mapped[live] = load_at(token_mapping, data[live].to(I64))
         data = mapped
-    store(kv_indices_ptr, _load(kv_indptr, p).to(I64)[prog] + within, data)
+    store(kv_indices_ptr, load_at(kv_indptr, p).to(I64)[prog] + within, data)
 
 
 # --------------------------------------------------------------------------- _fused_decode_metadata_kernel
@@ -158,7 +96,7 @@ def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, 
     if gb <= 0 or gc <= 0:
         return
     i = torch.arange(n, dtype=I64)
-    val = (_load(seq_lens, i * int(seq_lens_stride_0)) + delta).to(I32)
+    val = (load_at(seq_lens, i * int(seq_lens_stride_0)) + delta).to(I32)
     store(cache_seqlens_int32, i * int(cache_seqlens_int32_stride_0), val)
     store(cu_seqlens_k, torch.arange(n + 1, dtype=I64) * int(cu_seqlens_k_stride_0),
           torch.cat([torch.zeros(1, dtype=I64), torch.cumsum(val.to(I64), 0)]))
@@ -168,17 +106,17 @@ def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, 
     # wide as the context (a dense matrix of them was most of this kernel's time)
     width = gc * int(BLOCK_COLS)
     b = torch.arange(gb, dtype=I64)
-    seq_len = _load(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
+    seq_len = load_at(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
     num_live = torch.clamp(_tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
     runs = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
     rb = b[runs]
     if not rb.numel():
         return
-    row = _load(req_pool_indices, rb * int(req_pool_indices_stride_0)).to(I64)
+    row = load_at(req_pool_indices, rb * int(req_pool_indices_stride_0)).to(I64)
     lens = num_live[runs].clamp(min=0, max=width)
     at_row = torch.repeat_interleave(torch.arange(rb.numel(), dtype=I64), lens)
     col = torch.arange(int(lens.sum()), dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
-    token = _load(req_to_token, row[at_row] * int(req_to_token_stride_0) + col * page * int(req_to_token_stride_1))
+    token = load_at(req_to_token, row[at_row] * int(req_to_token_stride_0) + col * page * int(req_to_token_stride_1))
     tables = [(page_table, page_table_stride_0, page_table_stride_1, _pages(token, page, full_v2p, full_v2p_stride_0))]
     if swa_page_table is not None:
         tables.append((swa_page_table, swa_page_table_stride_0, swa_page_table_stride_1,
@@ -195,10 +133,10 @@ def _pages(token: torch.Tensor, page: int, page_mapping, page_stride, token_mapp
     """``_resolve_metadata_page_ids`` of live lanes: a token slot (through ``token_mapping``) to its page (through
     ``page_mapping``, at least 0)."""
     if token_mapping is not None:
-        token = _load(token_mapping, token.to(I64) * int(token_stride))
+        token = load_at(token_mapping, token.to(I64) * int(token_stride))
     pages = _tdiv(token, page)
     if page_mapping is not None:
-        pages = _load(page_mapping, pages.to(I64).clamp(min=0) * int(page_stride)).clamp(min=0)
+        pages = load_at(page_mapping, pages.to(I64).clamp(min=0) * int(page_stride)).clamp(min=0)
     return pages
 
 
@@ -221,7 +159,7 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
     programs, n, page = int(grid[0]), int(bs), int(PAGE_SIZE)
     rows = torch.arange(min(programs, n), dtype=I64)
     if rows.numel():
-        seqlen = (_load(seq_lens_ptr, rows) + int(seqlen_offset)).to(I32)
+        seqlen = (load_at(seq_lens_ptr, rows) + int(seqlen_offset)).to(I32)
         store(cache_seqlens_ptr, rows, seqlen)
         if not SKIP_PAGE_TABLE:
             live = torch.clamp(_tdiv(seqlen.to(I64) + page - 1, page), max=int(max_seq_pages)).clamp(min=0)
@@ -229,22 +167,22 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
                 r = torch.repeat_interleave(rows, live)
                 col = torch.arange(int(live.sum()), dtype=I64) - torch.repeat_interleave(
                     torch.cumsum(live, 0) - live, live)
-                req = _load(req_pool_indices_ptr, rows).to(I64)[r]
-                token = _load(req_to_token_ptr, req * int(req_to_token_stride) + col * page)
+                req = load_at(req_pool_indices_ptr, rows).to(I64)[r]
+                token = load_at(req_to_token_ptr, req * int(req_to_token_stride) + col * page)
                 store(page_table_ptr, r * int(page_table_stride) + col, _tdiv(token, page))
                 if HAS_SWA:
                     token64 = token.to(I64)
                     swa = torch.full(token64.shape, -1, dtype=swa_mapping_ptr.dtype)
                     ok = token64 >= 0
-                    swa[ok] = _load(swa_mapping_ptr, token64[ok])
+                    swa[ok] = load_at(swa_mapping_ptr, token64[ok])
                     swa_page = torch.where(swa < 0, -1, _tdiv(swa, page)).to(I32)
                     store(swa_page_table_ptr, r * int(swa_page_table_stride) + col, swa_page)
     if programs > n:
         i = torch.arange(n, dtype=I64)
-        lens = (_load(seq_lens_ptr, i).to(I32) + int(seqlen_offset)).to(I32)
+        lens = (load_at(seq_lens_ptr, i).to(I32) + int(seqlen_offset)).to(I32)
         store(cu_seqlens_k_ptr, 1 + i, torch.cumsum(lens.to(I64), 0))
         if int(Q_MODE) == 1:
-            store(cu_seqlens_q_ptr, 1 + i, torch.cumsum(_load(qlens_ptr, i).to(I32).to(I64), 0))
+            store(cu_seqlens_q_ptr, 1 + i, torch.cumsum(load_at(qlens_ptr, i).to(I32).to(I64), 0))
         elif int(Q_MODE) == 2:
             store(cu_seqlens_q_ptr, 1 + i, (i + 1) * int(q_stride))
     if HAS_SWA_OUT and programs > n + 1:
@@ -252,10 +190,10 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
         j = j[j < int(swa_out_len)]
         real = j < int(num_out_tokens)
         loc = torch.zeros(j.shape, dtype=out_cache_loc_ptr.dtype)
-        loc[real] = _load(out_cache_loc_ptr, j[real])
+        loc[real] = load_at(out_cache_loc_ptr, j[real])
         got = torch.zeros(j.shape, dtype=swa_mapping_ptr.dtype)
         mapped = real & (loc >= 0)
-        got[mapped] = _load(swa_mapping_ptr, loc[mapped].to(I64))
+        got[mapped] = load_at(swa_mapping_ptr, loc[mapped].to(I64))
         got[real & (loc < 0)] = -1
         store(swa_out_cache_loc_ptr, j, got)
 
@@ -286,7 +224,7 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
     store(dest_ptr, at, _tdiv(vals, page))
     if HAS_SWA:
         idx = vals.to(I64) if swa_index is None else swa_index(vals.to(I64))
-        store(sw_page_table_ptr, at, _tdiv(_load(swa_slot_mapping_ptr, idx), page))
+        store(sw_page_table_ptr, at, _tdiv(load_at(swa_slot_mapping_ptr, idx), page))
 
 
 def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,
@@ -296,9 +234,9 @@ def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req
     ``req_pool_indices[p]`` over ``seq_lens[p] + DRAFT_NUM`` tokens (``swa_index``: :func:`_page_scatter`'s)."""
     _page_scatter(
         store, grid,
-        first=lambda p: _load(req_pool_indices_ptr, p).to(I64),
-        kv_lens=lambda p: _load(seq_lens_ptr, p).to(I64) + int(DRAFT_NUM),
-        gather=lambda row, off: _load(req_to_token_ptr, row * int(req_to_token_stride) + off),
+        first=lambda p: load_at(req_pool_indices_ptr, p).to(I64),
+        kv_lens=lambda p: load_at(seq_lens_ptr, p).to(I64) + int(DRAFT_NUM),
+        gather=lambda row, off: load_at(req_to_token_ptr, row * int(req_to_token_stride) + off),
         dest_ptr=page_table_ptr, dest_stride=page_table_stride, sw_page_table_ptr=sw_page_table_ptr,
         swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA,
         swa_index=swa_index)
@@ -310,9 +248,9 @@ def ragged_page_table(store: Stores, grid: tuple, *, kv_flat_ptr, kv_indptr_ptr,
     ``kv_flat[kv_indptr[p]:kv_indptr[p + 1]]``."""
     _page_scatter(
         store, grid,
-        first=lambda p: _load(kv_indptr_ptr, p).to(I64),
-        kv_lens=lambda p: _load(kv_indptr_ptr, p + 1).to(I64) - _load(kv_indptr_ptr, p).to(I64),
-        gather=lambda start, off: _load(kv_flat_ptr, start + off),
+        first=lambda p: load_at(kv_indptr_ptr, p).to(I64),
+        kv_lens=lambda p: load_at(kv_indptr_ptr, p + 1).to(I64) - load_at(kv_indptr_ptr, p).to(I64),
+        gather=lambda start, off: load_at(kv_flat_ptr, start + off),
         dest_ptr=dest_ptr, dest_stride=dest_stride, sw_page_table_ptr=sw_page_table_ptr,
         swa_slot_mapping_ptr=swa_slot_mapping_ptr, PAGE_SIZE=PAGE_SIZE, BLOCK_SIZE=BLOCK_SIZE, HAS_SWA=HAS_SWA)
 
@@ -343,34 +281,6 @@ TRTLLM_PAGE_TABLE_MODULE = "sglang.kernels.ops.attention.trtllm_mha_page_table"
 
 
 # --------------------------------------------------------------------------- the models and their stand-ins
-
-@dataclass(frozen=True)
-class KernelModel:
-    """One release kernel computed by torch: where it lives, the ``@triton.jit`` helpers it calls, the sha256 of
-    the sources (kernel then helpers) the model was checked against, and what it computes."""
-
-    module: str
-    name: str
-    helpers: tuple[str, ...]
-    checked: frozenset[str]
-    compute: Callable[..., None]
-    what: str
-
-    def fingerprint(self) -> Optional[str]:
-        """The sha256 of the release's kernel and helpers as loaded now; None when a source cannot be read
-        (an edited kernel compiled from a string) or a name is missing."""
-        try:
-            mod = importlib.import_module(self.module)
-            text = "".join(inspect.getsource(_jit_fn(getattr(mod, n))) for n in (self.name, *self.helpers))
-        except (ImportError, AttributeError, OSError, TypeError):
-            return None
-        return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _jit_fn(obj):
-    obj = obj.kernel if isinstance(obj, StandIn) else obj
-    return getattr(obj, "fn", obj)
-
 
 #: the sources each model was checked against, by release
 KV_INDICES_0_5_23 = "6314646407b950a925814db6e9880406cc5da5d490a8a7b7dd36745ab38ca5ff"
@@ -405,114 +315,10 @@ WHY = ("vectorised torch over the same pointers and strides on CPU tensors (inte
        "was checked against; SLOTSCOPE_INTERPRET_KERNELS=1 interprets it")
 
 
-class StandIn:
-    """``kernel[grid](...)`` of a :class:`KernelModel`'s kernel, on CPU tensors computed by torch."""
 
-    def __init__(self, kernel, model: KernelModel):
-        self.kernel, self.model = kernel, model
-        params = inspect.signature(kernel.fn).parameters.values()
-        if any(p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params):
-            raise TypeError(f"{model.name}: a kernel with variadic or positional-only parameters")
-        #: the kernel's parameters in order and their defaults: a launch's arguments bound as Signature.bind binds
-        #: them (a tenth of its cost; launches are per forward and per capture size)
-        self.names = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
-        self.known = frozenset(p.name for p in params)
-        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
-        self.launches = 0          # computed by the model
-        self.handed_back = 0       # run by the kernel (another device, an access out of bounds)
-
-    def bind(self, args: tuple, kwargs: dict) -> dict:
-        """The launch's arguments by name, defaults filled; the kernel's launch options (``num_warps``...) left
-        out. TypeError as ``Signature.bind`` raises it for too many positional arguments or one given twice."""
-        if len(args) > len(self.names):
-            raise TypeError(f"{self.model.name}: {len(args)} positional arguments, {len(self.names)} parameters")
-        a = dict(self.defaults)
-        a.update(zip(self.names, args))
-        for k, v in kwargs.items():
-            if k in self.known:
-                if k in self.names[:len(args)]:
-                    raise TypeError(f"{self.model.name}: multiple values for argument {k!r}")
-                a[k] = v
-        return a
-
-    def __getitem__(self, grid):
-        if not isinstance(grid, tuple):
-            return self.kernel[grid]
-
-        def launch(*args, **kwargs):
-            a = self.bind(args, kwargs)
-            if any(isinstance(t, torch.Tensor) and t.device.type != "cpu" for t in a.values()):
-                self.handed_back += 1
-                return self.kernel[grid](*args, **kwargs)
-            store = Stores()
-            try:
-                self.model.compute(store, grid, **a)
-            except OutOfBounds:
-                self.handed_back += 1
-                return self.kernel[grid](*args, **kwargs)
-            store.apply()
-            self.launches += 1
-        return launch
-
-
-_installed: dict[str, StandIn] = {}
-_refused: dict[str, str] = {}
-_passed: tuple[int, int] = (-1, -1)     # (modules, stand-ins) at install's last pass over the release's modules
-
-
-def install() -> dict[str, StandIn]:
-    """Each model's stand-in in every imported module of the release holding its kernel by name (idempotent);
-    a kernel whose source is not one its model was checked against is left to the interpreter (:func:`refused`
-    says why). Nothing is stood in under ``SLOTSCOPE_INTERPRET_KERNELS=1``."""
-    if os.environ.get("SLOTSCOPE_INTERPRET_KERNELS") == "1":
-        return {}
-    for m in MODELS:
-        if m.name not in _installed and m.name not in _refused:
-            try:
-                kernel = getattr(importlib.import_module(m.module), m.name)
-            except (ImportError, AttributeError):
-                continue
-            if isinstance(kernel, StandIn) or not callable(getattr(kernel, "fn", None)):
-                continue
-            got = m.fingerprint()
-            if got not in m.checked:
-                _refused[m.name] = ("interpreted: its source (sha256 " + (got[:12] if got else "unreadable") +
-                                    ") is not the one the stand-in was checked against")
-                continue
-            _installed[m.name] = StandIn(kernel, m)
-    # one pass over the release's modules for every stand-in (~7 ms with a release imported), none while no module
-    # was imported and no stand-in made since the last (a pass missed leaves a kernel interpreted: slower, as exact)
-    global _passed
-    key = (len(sys.modules), len(_installed))
-    if key == _passed:
-        return dict(_installed)
-    _passed = key
-    stand_ins = list(_installed.items())
-    mods = [mod for name, mod in list(sys.modules.items()) if name.startswith("sglang") and mod is not None]
-    for mod in mods:
-        d = getattr(mod, "__dict__", None)
-        if d is None:
-            continue
-        for name, s in stand_ins:
-            if d.get(name) is s.kernel:
-                setattr(mod, name, s)
-    return dict(_installed)
-
-
-def installed() -> dict[str, StandIn]:
-    return dict(_installed)
-
-
-def refused() -> dict[str, str]:
-    """Kernels with a model whose release source differs from the checked one (interpreted), and why."""
-    return dict(_refused)
-
-
-def pieces() -> list[tuple[str, str, str]]:
-    """``(piece, whose, why)`` of every modelled kernel of the release: stood in ("model") or interpreted."""
-    out = [(f"{name} ({s.model.what})", "model", WHY) for name, s in _installed.items()]
-    out += [(f"{name}", "engine", why) for name, why in _refused.items()]
-    return out
+#: SGLang's kernel stand-ins (boundary.py installs them as a backend's modules are imported)
+SGLANG = StandInSet(MODELS, "sglang", WHY)
+install, installed, refused, pieces = SGLANG.install, SGLANG.installed, SGLANG.refused, SGLANG.pieces
 
 
 # --------------------------------------------------------------------------- checked against the kernels

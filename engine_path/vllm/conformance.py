@@ -75,13 +75,15 @@ def conform(scenario, *, max_steps: Optional[int] = None) -> dict:
     from simulator.scheduling.content_tags import ContentTags
     from simulator.scheduling.workload import make_requests
 
+    from . import kernels
     from .scheduler import VllmScheduler
     from .worker import WorkerTables
 
     specs = make_requests(scenario.workload, np.random.default_rng(scenario.seed))
     content = ContentTags()
     driver = VllmScheduler(scenario, specs, lambda i: content.row(i, specs), max_steps=max_steps)
-    release, model = WorkerTables(driver), WorkerModel(driver)
+    # the release's own kernels, interpreted: a stand-in would compare slotscope's torch with slotscope's numpy
+    release, model = WorkerTables(driver, stand_ins=False), WorkerModel(driver)
     kinds = driver.groups
     rows = {f"{f} [{k}]": [0, 0] for f in FIELDS for k in kinds}
     first: Optional[dict] = None
@@ -89,8 +91,9 @@ def conform(scenario, *, max_steps: Optional[int] = None) -> dict:
     steps = 0
     while (step := driver.next_step()) is not None:
         t0 = time.perf_counter()
-        release.apply(step.new_rows, step.appended, step.gone)
-        e_slots, e_tables = release.prepare(step.req_ids, step.starts, step.counts)
+        with kernels.interpreted():
+            release.apply(step.new_rows, step.appended, step.gone)
+            e_slots, e_tables = release.prepare(step.req_ids, step.starts, step.counts)
         t1 = time.perf_counter()
         model.apply(step.new_rows, step.appended, step.gone)
         m_slots, m_tables = model.prepare(step.req_ids, step.starts, step.counts)

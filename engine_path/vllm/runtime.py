@@ -26,6 +26,7 @@ from simulator.memory.allocator import HybridAllocator
 
 from ..errors import AdapterLacks
 from ..releases import EngineInfo
+from . import kernels
 from .release import DEFAULT_VERSION
 
 #: the run's one backend boundary
@@ -119,6 +120,17 @@ class VllmRuntime:
     def close(self) -> None:
         pass
 
+    def _kernels_ran(self) -> str:
+        """Where the worker's Triton kernels ran: natively on CUDA; on a CPU interpreted unless stood in."""
+        if self.device == "cuda":
+            return "its Triton kernels on the GPU"
+        stood = kernels.VLLM.installed()
+        if not stood:
+            return "its Triton kernels under Triton's interpreter"
+        interpreted = [f"{n} ({why})" for n, why in kernels.VLLM.refused().items()]
+        return ("its Triton launch code; the kernels " + ", ".join(stood) + " computed by torch (model_pieces)"
+                + (", the rest under Triton's interpreter: " + "; ".join(interpreted) if interpreted else ""))
+
     def describe(self) -> dict:
         v = self.api.info.version
         d = {"engine": self.api.info.to_json(), "device": self.device,
@@ -129,12 +141,13 @@ class VllmRuntime:
                                "KV-cache grouping of the model's layers (get_kv_cache_groups)",
                                "Request objects and their block hashes",
                                "the worker's BlockTables (model runner V2): staged row writes, gather_block_tables "
-                               "(SWA entries below the window nulled), compute_slot_mappings; its Triton kernels "
-                               + ("on the GPU" if self.device == "cuda" else "under Triton's interpreter"),
+                               "(SWA entries below the window nulled), compute_slot_mappings; " + self._kernels_ran(),
                                "a CUDA graph's padded rows (what compute_slot_mappings leaves past the real tokens)"],
              "model_pieces": ["CUDA-graph choice (capture sizes, bucket)",
                               "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",
-                              "attention arithmetic (none: the read check reads the tables)"]}
+                              "attention arithmetic (none: the read check reads the tables)"]
+                             + [f"the worker kernel {p}: {why}" for p, whose, why in kernels.VLLM.pieces()
+                                if whose == "model" and self.device != "cuda"]}
         if self.schedule_source is not None:
             d["scheduler"] = self.schedule_source.describe()
             d["scheduler"]["release"] = f"vllm {v}"

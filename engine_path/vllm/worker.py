@@ -7,7 +7,8 @@ Per step, as ``vllm/v1/worker/gpu/model_runner.py`` does: finished and preempted
 sliding-window ids stay in the row); ``apply_staged_writes`` (its Triton write kernels); then ``prepare_attn``'s two
 calls: ``gather_block_tables`` (the forward's tables, a sliding-window group's entries wholly below the window nulled)
 and ``compute_slot_mappings`` (each token's slot per group, padded tokens ``PAD_SLOT_ID`` -1). The kernels are the
-release's, run by Triton's interpreter on a CPU.
+release's: native on CUDA; on a CPU computed by torch where their source is the one checked equal to them
+(engine_path/vllm/kernels.py), else (a patched kernel, another release) run by Triton's interpreter.
 
 What stands in: the state-row allocator (``RequestState``'s free list: a list of indices, popped from the end, as it
 does) and ``UvaBuffer`` (a device view of pinned host memory, which needs CUDA: on a CPU the host tensor is the
@@ -21,11 +22,15 @@ import importlib
 import numpy as np
 import torch
 
+from . import kernels
+
 
 class WorkerTables:
     """The release's ``BlockTables`` for the run's KV-cache groups, one state row per live request."""
 
-    def __init__(self, driver, device: str = "cpu"):
+    def __init__(self, driver, device: str = "cpu", stand_ins: bool = True):
+        """``stand_ins``: on a CPU, the kernels of the checked source computed by torch (engine_path/vllm/kernels.py;
+        off: every kernel interpreted, as ``slotscope conform`` runs the release)."""
         kci = importlib.import_module("vllm.v1.kv_cache_interface")
         bt_mod = importlib.import_module("vllm.v1.worker.gpu.block_table")
         vc = driver.vllm_config
@@ -46,6 +51,9 @@ class WorkerTables:
                                          max_num_batched_tokens=self.max_tokens, max_num_blocks_per_group=widths,
                                          device=torch.device(device), slot_mapping_enabled=enabled,
                                          dcp_sharded=sharded, sliding_window_reach=reach)
+        if stand_ins and torch.device(device).type == "cpu":
+            kernels.register(*(b.gpu for b in self.tables.block_tables), *self.tables.input_block_tables)
+            kernels.VLLM.install()
         self.free_rows = list(range(self.max_reqs))
         self.row_of: dict[str, int] = {}
         self.device = torch.device(device)
