@@ -27,9 +27,28 @@ class IsolatedFailure(RuntimeError):
     """The function failed in the child with something other than an EngineError."""
 
 
-def call(spec: str, target: str, *args: Any, timeout: float = 900, env: Optional[dict] = None) -> Any:
-    """Run ``module:function(*args)`` under release ``spec`` in a fresh interpreter; returns its JSON result."""
-    cmd = [sys.executable, "-m", "engine_path.isolate", spec, target]
+def fits_this_process(spec: str) -> bool:
+    """Whether release ``spec`` can run in this process: nothing of either engine imported yet, or this same release
+    (a process imports one release of one engine, once)."""
+    from .releases import active, parse_spec
+    from .vllm import release as vllm_release
+
+    s = parse_spec(spec)
+    sglang, vllm = active(), vllm_release.active()
+    if s.name == "vllm":
+        want = vllm_release.resolved(s).version
+        return vllm.version == want if vllm is not None else "sglang" not in sys.modules
+    if sglang is not None:
+        return s.version is None or s.version == sglang.version
+    return "sglang" not in sys.modules and "vllm" not in sys.modules
+
+
+def call(spec: str, target: str, *args: Any, timeout: Optional[float] = 900, env: Optional[dict] = None,
+         device: str = "cpu") -> Any:
+    """Run ``module:function(*args)`` under release ``spec`` in a fresh interpreter; returns its JSON result
+    (``timeout`` None: no limit; ``device``: where the release's objects will live, "cuda" leaving its Triton
+    kernels native)."""
+    cmd = [sys.executable, "-m", "engine_path.isolate", spec, target, device]
     full_env = dict(os.environ, **(env or {}))
     try:
         proc = subprocess.run(cmd, input=json.dumps(list(args)), capture_output=True, text=True, timeout=timeout,
@@ -52,6 +71,7 @@ def call(spec: str, target: str, *args: Any, timeout: float = 900, env: Optional
 
 def _main(argv: list[str]) -> int:
     spec, target = argv[0], argv[1]
+    device = argv[2] if len(argv) > 2 else "cpu"
     args = json.loads(sys.stdin.read() or "[]")
     try:
         import torch
@@ -63,11 +83,11 @@ def _main(argv: list[str]) -> int:
             from .releases import parse_spec
             from .vllm.release import activate
 
-            activate(parse_spec(spec))
+            activate(parse_spec(spec), device=device)
         else:
             from .api import load
 
-            load(spec)
+            load(spec, device=device)
         mod_name, _, fn_name = target.partition(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         reply = {"ok": True, "result": fn(*args)}

@@ -52,8 +52,7 @@ def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "",
                      engines: tuple[str, ...] = ("sglang",)) -> Callable[[str], EngineSpec]:
     """An argparse ``type=`` that reads an engine spec. ``version``: whether the command needs a release
     version (:data:`VERSION_REQUIRED`) or takes the engine's name only (:data:`VERSION_FORBIDDEN`); ``why``:
-    the command's reason, said when a spec breaks that rule; ``engines``: the engines the command drives (vLLM:
-    ``run`` only so far)."""
+    the command's reason, said when a spec breaks that rule; ``engines``: the engines the command drives."""
     if version not in (VERSION_OPTIONAL, VERSION_REQUIRED, VERSION_FORBIDDEN):
         raise ValueError(f"version={version!r}: one of optional, required, forbidden")
 
@@ -64,7 +63,7 @@ def engine_spec_type(version: str = VERSION_OPTIONAL, why: str = "",
             raise argparse.ArgumentTypeError(f"{text!r}: {e.problem}") from None
         if spec.name not in engines:
             raise argparse.ArgumentTypeError(f"{text!r}: this command drives {' or '.join(engines)} only so far "
-                                             f"(vLLM runs with slotscope run --engine vllm==VERSION)")
+                                             f"(vLLM: run, bugs, conform, fuzz and sweep take --engine vllm==VERSION)")
         if (version == VERSION_REQUIRED and spec.version is None) or \
                 (version == VERSION_FORBIDDEN and spec.version is not None):
             raise argparse.ArgumentTypeError(f"{text!r}: {why}")

@@ -7,7 +7,9 @@ A grid file (examples/sweeps/) names the axes; every combination is one *point*:
     presets   = ["gpt-oss-20b"]                   # and/or model presets, each on the `base` scenario
     base      = "../../scenarios/smoke.toml"      # the scenario a preset replaces the model of (default smoke)
     designs   = ["sglang-pre-29460", "sglang-post-29460"]   # built-in or path.py:Class (relative to the file)
-    engines   = ["sglang==0.5.23"]                # real releases in the write path (docs/ENGINE.md)
+    engines   = ["sglang==0.5.23", "vllm==0.34.0"]   # real releases in the write path (docs/ENGINE.md,
+                                                   # docs/VLLM.md); a release a worker has not imported runs in
+                                                   # a process of its own
     backends  = ["flashinfer", "triton"]          # one point per backend (default: each scenario's own list)
     dp_sizes  = [1, 2]                            # engine.dp_size (default: the scenario's)
     page_sizes = [1, 16]                          # pool.page_size (pool sizes rounded up to a page)
@@ -276,13 +278,25 @@ def run_point(toml_text: str, source: str, out_dir: str, device: str) -> dict[st
     """Run one point's scenario into ``out_dir/run`` and return its record (also what point.json holds).
 
     Runs in a Ray worker (or in-process with --local); never raises for a finding or a failing run: the
-    record says what happened. Only the worker dying loses it (Ray retries that once)."""
+    record says what happened. Only the worker dying loses it (Ray retries that once). A point whose engine release
+    cannot run in this process (it imported another release, or the other engine: one release per process) runs in
+    a process of its own (engine_path.isolate)."""
     import torch
+
+    from engine_path import isolate
 
     from .pipeline import RunOptions, run_scenario
 
     torch.set_num_threads(1)
     sc = parse_scenario(toml_text, f"{source}.toml")
+    if sc.engine_release is not None and not isolate.fits_this_process(sc.engine_release):
+        try:
+            return isolate.call(sc.engine_release, "slotscope.sweep:run_point", toml_text, source, out_dir, device,
+                                timeout=None, device=device)
+        except Exception as e:      # the child died or could not import the release: this point's verdict
+            return {"hash": point_hash(sc), "scenario": sc.name, "design": sc.design, "engine": sc.engine_release,
+                    "seed": sc.seed, "backends": list(sc.backends), "pid": os.getpid(), "started": time.time(),
+                    "status": "error", "error": f"{type(e).__name__}: {e}"[:2000], "wall_s": 0.0}
     t0 = time.perf_counter()
     rec: dict[str, Any] = {"hash": point_hash(sc), "scenario": sc.name, "design": sc.design,
                            "engine": sc.engine_release, "seed": sc.seed, "backends": list(sc.backends),
@@ -470,8 +484,9 @@ def register(subparsers: Any) -> None:
     where.add_argument("--address", help="an existing Ray cluster (ray.init(address=...))")
     p.add_argument("--num-cpus", type=positive_int, metavar="N", help="local Ray: use N cores (default every core)")
     add_allow_design_files(p, "the grid file")
-    add_engine_option(p, help="sglang or sglang==VERSION: every point runs with this engine in the write path, "
-                              "in place of the grid's designs and engines (one row: engine SPEC)")
+    add_engine_option(p, engines=("sglang", "vllm"),
+                      help="sglang[==VERSION] or vllm[==VERSION]: every point runs with this engine in the write path, "
+                           "in place of the grid's designs and engines (one row: engine SPEC)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=cmd_sweep)
 

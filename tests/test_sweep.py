@@ -200,3 +200,27 @@ def test_ray_runs_points_and_reports_a_dying_worker_after_one_retry(tmp_path, lo
         assert json.loads((out / "points" / r["hash"] / "point.json").read_text())["status"] == r["status"]
     todo, done, _ = plan(g, out / "points")
     assert [t.scenario.design.endswith("dying.py:Dying") for t in todo] == [True]   # only the dead one runs again
+
+
+@pytest.mark.engine
+@pytest.mark.vllm
+def test_a_grid_of_both_engines_and_two_releases_runs_each_point_under_its_own(tmp_path, engine_releases,
+                                                                                   vllm_release):
+    """One process imports one release of one engine: a --local sweep over sglang 0.5.14, 0.5.23 and vLLM 0.34.0
+    runs the first in-process and each other in a process of its own (engine_path.isolate), every point as if
+    alone; --engine takes a vLLM spec."""
+    ser = ROOT / "scenarios" / "sched-evict-retract.toml"
+    g = grid_file(tmp_path, f'scenarios = ["{ser}"]\nengines = ["sglang==0.5.14", "sglang==0.5.23", "vllm==0.34.0"]\n'
+                            f'max_steps = 12\n')
+    code = subprocess.run([sys.executable, "-m", "slotscope", "sweep", str(g), "--local", "--out",
+                           str(tmp_path / "out"), "-q"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert code.returncode == 0, code.stdout + code.stderr
+    recs = {r["engine"]: r for r in (json.loads(p.read_text())
+                                     for p in (tmp_path / "out" / "points").glob("*/point.json"))}
+    assert {e: (r["status"], r["steps"]) for e, r in recs.items()} == {
+        "sglang==0.5.14": ("incomplete", 12), "sglang==0.5.23": ("incomplete", 12), "vllm==0.34.0": ("incomplete", 12)}
+    # the first point's process is the sweep's own; the others' are their own
+    assert recs["sglang==0.5.14"]["pid"] != recs["sglang==0.5.23"]["pid"] != recs["vllm==0.34.0"]["pid"]
+    from engine_path.releases import EngineSpec
+
+    assert load_grid(g, engine=EngineSpec("vllm", "0.34.0")).runners == (("engine", "vllm==0.34.0"),)

@@ -32,6 +32,11 @@ DEPS = {"cachetools": "cachetools", "cbor2": "cbor2", "cloudpickle": "cloudpickl
 _ACTIVE: Optional[EngineInfo] = None
 
 
+def active() -> Optional[EngineInfo]:
+    """The vLLM release this process imported, if any."""
+    return _ACTIVE
+
+
 def resolved(spec: EngineSpec) -> EngineSpec:
     """``vllm`` alone means the default release (no installed vLLM is looked for: a GPU build drags CUDA along)."""
     return spec if spec.version is not None else EngineSpec("vllm", DEFAULT_VERSION)
