@@ -96,23 +96,27 @@ def target_of(sc: Scenario, finding):
     return Target(finding.cls, finding.kind, finding.layer >= sc.model.num_layers, finding.backend)
 
 
-def minimize_found(sc: Scenario, finding, log: Callable[[str], None]) -> tuple[Scenario, int]:
-    """The smallest scenario that still shows the finding (slotscope/minimize.py's search)."""
+def minimize_found(sc: Scenario, finding, log: Callable[[str], None],
+                   engine: Optional[EngineSpec] = None) -> tuple[Scenario, int]:
+    """The smallest scenario that still shows the finding (slotscope/minimize.py's search); ``engine``: each
+    candidate through that release as this process imported it (its patches too)."""
     from simulator.designs.loading import load_design
 
     from .minimize import Minimizer
 
-    m = Minimizer(sc, load_design(sc.design), target_of(sc, finding), log)   # a candidate that stalls: rejected
+    m = Minimizer(sc, None if engine else load_design(sc.design), target_of(sc, finding), log,   # a stall: rejected
+                  engine=engine)
     out = m.run()
     return replace(out, name=f"{sc.name}-minimal",
-                   description=f"Found by slotscope fuzz and minimized: {m.target.describe()} under design "
-                               f"{sc.design} ({m.runs} candidate runs)."), m.runs
+                   description=f"Found by slotscope fuzz and minimized: {m.target.describe()} under "
+                               f"{m.under} ({m.runs} candidate runs)."), m.runs
 
 
 def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], log: Callable[[str], None],
-                against: Optional[str] = None, engine_patches: tuple = ()) -> dict:
+                against: Optional[str] = None, engine_patches: tuple = (), ref=None) -> dict:
     """found.toml, minimal.toml, run/ (the minimal scenario's run and report) and fuzz.json (``against``: the
-    reference design, default the result's; ``engine_patches``: the --engine-patch files the release ran with)."""
+    reference design, default the result's; ``engine_patches``: the --engine-patch files the release ran with;
+    ``ref``: the reference to run the minimal scenario on, fuzz_search.reference's, when it is not a design)."""
     against = res.against if against is None else against
     from .pipeline import RunOptions, run_scenario
 
@@ -120,7 +124,7 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
     sc, f = res.scenario, res.finding
     (out_dir / "found.toml").write_text(sc.to_toml(defaults=False))
     t0 = time.perf_counter()
-    minimal, runs = (sc, 0) if engine else minimize_found(sc, f, log)
+    minimal, runs = minimize_found(sc, f, log, engine)
     (out_dir / "minimal.toml").write_text(minimal.to_toml(defaults=False))
     back = parse_scenario(minimal.to_toml(defaults=False), str(out_dir / "minimal.toml"))
     run = run_scenario(back, out_dir / "run", RunOptions(device="cpu", engine=engine, quiet_engine=True))
@@ -138,7 +142,8 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
             info["against_on_minimal"] = res.against_on_found
         else:
             try:
-                info["against_on_minimal"] = run_one(replace(back, design=against), None).status
+                info["against_on_minimal"] = (ref.run(ref.scenario(back)).status if ref is not None else
+                                              run_one(replace(back, design=against), None).status)
             except Exception as exc:      # slotscope's own bug on the reference: said, not raised
                 info["against_on_minimal"] = f"internal error: {type(exc).__name__}: {str(exc)[:200]}"
     info.update(write_internal(res, out_dir))
@@ -251,7 +256,7 @@ def cmd_fuzz(args) -> int:
     from .minimize import InternalError
 
     try:
-        info = write_found(res, out_dir, engine, log, engine_patches=engine_patches)
+        info = write_found(res, out_dir, engine, log, engine_patches=engine_patches, ref=ref)
     except InternalError as e:
         write_internal(res, out_dir)
         (out_dir / "minimize-error.toml").write_text(e.candidate.to_toml(defaults=False))
@@ -259,6 +264,9 @@ def cmd_fuzz(args) -> int:
         log(f"slotscope: error: internal error of slotscope while minimizing: {e}; the failing scenario is in "
             f"{out_dir / 'found.toml'}, the candidate that triggered the error in {out_dir / 'minimize-error.toml'}")
         return EXIT_INTERNAL
+    finally:
+        if ref is not None:
+            ref.close()          # a release-as-released worker, if the minimal scenario started one
     log(f"fuzz: wrote {out_dir}/found.toml, minimal.toml, run/report.html, fuzz.json "
         f"(minimized in {info['minimize_s']}s)" + (f"; {len(res.internal)} internal errors in "
                                                    f"{out_dir / 'internal-errors'}" if res.internal else ""))

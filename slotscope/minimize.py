@@ -230,9 +230,13 @@ def find_target(rd: RunDir, sc: Scenario) -> Target:
 class Minimizer(Candidates):
     """The search: each candidate the passes propose is run, and kept when it still shows the target."""
 
-    def __init__(self, sc: Scenario, design: Design, target: Target, log: Callable[[str], None]):
+    def __init__(self, sc: Scenario, design: Optional[Design], target: Target, log: Callable[[str], None],
+                 engine: Optional[Any] = None, scheduler: str = "auto"):
+        """``engine`` (an EngineSpec): each candidate runs through that release (in this process, as imported:
+        the patches its environment names), ``scheduler`` its choice; else through ``design``."""
         self.sc = sc
         self.design = design
+        self.engine, self.scheduler = engine, scheduler
         self.target = target
         self.log = log
         self.runs = 0
@@ -260,6 +264,8 @@ class Minimizer(Candidates):
             return False
         self.runs += 1
         watch = _Watch(self.target, sc.model.num_layers)
+        if self.engine is not None:
+            return self._reproduces_in_release(sc, watch, what)
         cpu = _cpu()
         try:
             run_simulation(sc, self.design, make_pool_factory(sc, cpu, "compact", "torch"), device=cpu,
@@ -283,6 +289,44 @@ class Minimizer(Candidates):
             raise InternalError(sc, exc, what) from exc
         return False
 
+    def _reproduces_in_release(self, sc: Scenario, watch: "_Watch", what: str) -> bool:
+        """A candidate through the release (slotscope run --engine, in process, no outputs): a draw the release,
+        slotscope's adapter of it or its pools cannot run does not reproduce; a stall is said as such."""
+        from engine_path.errors import AdapterLacks, ReleaseBroke, ReleaseLacks, SchedulerStalled
+
+        from .pipeline import RunOptions, run_scenario
+
+        opts = RunOptions(device="cpu", trace_level="off", report=False, engine=self.engine, quiet_engine=True,
+                          scheduler=self.scheduler, extra_observers=(watch,))
+        try:
+            run_scenario(sc, None, opts)
+        except _Reproduced:
+            return True
+        except SchedulerStalled:
+            self.stalled = True
+            return False
+        except (ScenarioError, UsageError, ReleaseLacks, AdapterLacks, ReleaseBroke):
+            return False        # refused, or the release failed otherwise (not the finding kept)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except RuntimeError as exc:
+            if stalled(exc):
+                self.stalled = True
+                return False
+            raise InternalError(sc, exc, what) from exc
+        except BaseException as exc:   # slotscope failed: not "does not reproduce"
+            raise InternalError(sc, exc, what) from exc
+        return False
+
+    @property
+    def under(self) -> str:
+        """What the candidates run under: the design, or the release and its patches."""
+        if self.engine is None:
+            return f"design {self.design.name}"
+        from engine_path.patches import env_paths
+
+        return f"{self.engine}" + "".join(f" + {Path(p).name}" for p in env_paths())
+
     def attempt(self, what: str, cand: Scenario) -> bool:
         if cand == self.sc or not self.reproduces(cand, what):
             return False
@@ -296,9 +340,10 @@ class Minimizer(Candidates):
         if not self.reproduces(self.sc, "the run's own scenario"):
             if self.stalled:
                 raise UsageError(f"the run's scenario cannot run in-process: the scheduler stalls (its pools can "
-                                 f"never admit a waiting request under design {self.design.name}); nothing to minimize")
-            raise UsageError(f"the run's scenario does not reproduce {self.target.describe()} in-process "
-                             f"(was it run with a different design? pass --design)")
+                                 f"never admit a waiting request under {self.under}); nothing to minimize")
+            raise UsageError(f"the run's scenario does not reproduce {self.target.describe()} in-process under "
+                             f"{self.under}" + (" (was it run with a different design? pass --design)"
+                                                if self.engine is None else ""))
         self.pass_backend()
         self.pass_explicit_requests()
         for _ in range(max_rounds):
@@ -350,6 +395,8 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
 
     torch.set_num_threads(1)
     rd = read_run(run_dir)
+    if rd.run.get("engine_release"):
+        return _minimize_release_run(rd, run_dir, design_spec, log)
     spec = _design_spec(rd.scenario, rd.run, design_spec, run_dir)
     if design_spec is None:
         check_design_file(replace(rd.scenario, design=spec), None, allow_design_files)
@@ -380,6 +427,60 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
     out = replace(out, name=name,
                   description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
                               f"{design.name} ({m.runs} candidate runs).")
+    return out, target, m
+
+
+def _release_of(rd: RunDir, run_dir: Path):
+    """An engine run's release (``name==version`` as it ran), its patches (each still the file that ran: its
+    sha256 checked) put into the environment for the release's import, and whose scheduler made its batches."""
+    from engine_path.patches import set_env, sha256_of
+    from engine_path.releases import EngineSpecError, parse_spec
+
+    eng = rd.run.get("engine") if isinstance(rd.run.get("engine"), dict) else {}
+    text = str(rd.run["engine_release"])
+    if eng.get("name") and eng.get("version"):
+        text = f"{eng['name']}=={eng['version']}"
+    try:
+        spec = parse_spec(text)
+    except EngineSpecError as e:
+        raise UsageError(f"{run_dir / 'run.json'}: engine_release {text!r}: {e.problem}") from None
+    paths = []
+    for i, pt in enumerate(eng.get("patches") or ()):
+        path = Path(str(pt.get("path", "")))
+        if not path.is_file():
+            raise UsageError(f"{run_dir / 'run.json'}: engine.patches[{i}]: {path} is not there any more; the run's "
+                             f"release ran with it (minimize reruns the release as the run ran it)")
+        if pt.get("sha256") and sha256_of(path) != pt["sha256"]:
+            raise UsageError(f"{run_dir / 'run.json'}: engine.patches[{i}]: {path} changed since the run (sha256 "
+                             f"{sha256_of(path)[:16]}, the run's {str(pt['sha256'])[:16]})")
+        paths.append(str(path))
+    set_env(paths)
+    scheduler = eng.get("scheduler") if eng.get("scheduler") in ("release", "model") else "auto"
+    return spec, scheduler
+
+
+def _minimize_release_run(rd: RunDir, run_dir: Path, design_spec: Optional[str],
+                          log: Callable[[str], None]) -> tuple[Scenario, Target, Minimizer]:
+    """An engine run's first finding, each candidate run through the release (and patches) the run ran."""
+    if design_spec is not None:
+        raise UsageError(f"--design with {run_dir}: an engine run ({rd.run['engine_release']}) is minimized "
+                         f"through the release it ran, not a design")
+    spec, scheduler = _release_of(rd, run_dir)
+    seed = rd.run.get("seed", (rd.summary or {}).get("seed", rd.scenario.seed))
+    try:
+        sc = parse_scenario(rd.scenario.with_overrides(seed=int(seed)).to_toml(), str(run_dir / "scenario.toml"))
+    except (ScenarioError, TypeError, ValueError) as e:
+        raise UsageError(f"{run_dir}: the run's scenario with its recorded seed is not valid: {e}") from None
+    target = find_target(rd, sc)
+    if spec.name == "sglang" and target.backend not in sc.backends:
+        raise UsageError(f"the first finding is on backend {target.backend!r}, which the run's scenario does not list")
+    m = Minimizer(sc, None, target, log, engine=spec, scheduler=scheduler)
+    log(f"minimize: keeping {target.describe()} under {m.under}")
+    out = m.run()
+    name = out.name if out.name.endswith("-minimal") else minimal_name(out.name)
+    out = replace(out, name=name,
+                  description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under {m.under} "
+                              f"({m.runs} candidate runs).")
     return out, target, m
 
 
@@ -442,8 +543,11 @@ def cmd_minimize(args) -> int:
                          f"above") from None
     back = parse_scenario(text, str(out))
     reqs = len(back.workload.explicit) or back.workload.requests
+    where = "vllm (the release's one boundary)" if m.engine is not None and m.engine.name == "vllm" else \
+        ", ".join(back.backends)
     log(f"minimize: done in {time.perf_counter() - t0:.1f}s, {m.runs} runs: {reqs} request(s), layers "
-        f"{format_pattern(back.model.layer_kinds)}, backend {', '.join(back.backends)}; wrote {out}")
+        f"{format_pattern(back.model.layer_kinds)}, backend {where}; wrote {out}"
+        + (f" (under {m.under})" if m.engine is not None else ""))
     print(text, end="")
     return EXIT_OK
 

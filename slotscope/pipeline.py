@@ -5,7 +5,7 @@ Outputs of ``run_scenario`` in DIR (deterministic ones are byte-identical for th
   findings.jsonl    one finding per line                                        deterministic
   steps.jsonl       one forward step per line (mode, graph, tokens, occupancy)  deterministic
   shapes.jsonl      per step and backend: loc / swa_loc lengths per layer kind  deterministic
-  scenario.toml     the scenario as run                                         deterministic
+  scenario.toml     the scenario as run (options applied; rerunnable as it is)  deterministic
   run.json          provenance and timings (version, commit, device, wall time)
   trace.otlp.jsonl  OpenTelemetry spans (when tracing is on)
   report.html       the self-contained report
@@ -211,7 +211,7 @@ class _RunWriter:
         if run is not None:
             self.layers = [[l.layer, l.kind] for l in run.layers]
         self.rd.begin()
-        write_atomic(self.out / "scenario.toml", self.su.scenario.to_toml())
+        write_atomic(self.out / "scenario.toml", (self.su.given or self.su.scenario).to_toml())
         self.write_run_json("running")
 
     # ---------------------------------------------------------------------------- the run

@@ -98,6 +98,9 @@ class Setup:
     opts: RunOptions
     runtime: Any = None                   # engine_path.runtime.EngineRuntime of an engine run
     faults: Any = None                    # --inject: simulator.plugins.faults.FaultInjector
+    #: the scenario with the options applied, before an engine's own form of it (vLLM: one boundary, one pool
+    #: size): what scenario.toml holds, so that ``slotscope run DIR/scenario.toml`` runs it again
+    given: Optional[Scenario] = None
 
     @property
     def engine(self) -> Optional[dict[str, Any]]:
@@ -231,6 +234,7 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     scenario = scenario_as_run(scenario_or_path, opts)
     faults = check_faults(scenario, opts.inject)
     runtime = None
+    given = scenario
     if scenario.engine_release is not None:
         scenario, design, device, runtime = _engine_setup(scenario, opts)
     else:
@@ -264,5 +268,5 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
     extra = {"geometry": geometry, "store": store, "commit": git_commit(), "device_name": device_name(device)}
     if runtime is not None:
         extra.update({f"engine.{k}": v for k, v in runtime.api.info.to_json().items()})
-    return Setup(scenario, design, device, geometry, store, extra, opts, runtime, faults)
+    return Setup(scenario, design, device, geometry, store, extra, opts, runtime, faults, given)
 

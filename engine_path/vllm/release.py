@@ -11,6 +11,7 @@ tensor itself. One release per process, as for SGLang.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import sys
 import warnings
@@ -75,6 +76,9 @@ def activate(spec: EngineSpec, device: str = "cpu") -> EngineInfo:
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
     mod = _import(spec, root, device == "cuda")
+    # its loggers at that level even where vLLM left logging unconfigured (Python's last-resort handler would print
+    # every warning bare, e.g. SchedulerConfig's on a small max_model_len)
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"])
     pkg = Path(mod.__file__).parent
     version = next((d.name[len("vllm-"):-len(".dist-info")] for d in root.glob("vllm-*.dist-info")), "unknown")
     if version != spec.version:
