@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import linecache
 import os
 import sys
 import textwrap
@@ -207,8 +208,12 @@ def patched_function(target: str, patch: Patch) -> tuple[Any, str, Callable, Cal
     ns = dict(vars(mod)) if mod is not None else {}
     if isinstance(owner, type):
         ns.setdefault("__class__", owner)
+    filename = f"<patched {target}>"
+    # its source readable through inspect (Triton's JIT compiles a kernel from its source lines; on a CPU the
+    # interpreter did not need them)
+    linecache.cache[filename] = (len(new_src), None, new_src.splitlines(True), filename)
     try:
-        code = compile(new_src, f"<patched {target}>", "exec")
+        code = compile(new_src, filename, "exec")
         exec(code, ns)
     except Exception as e:
         raise EngineError(f"target {target}: the patched source does not compile or run: "

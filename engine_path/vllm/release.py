@@ -103,6 +103,7 @@ def _import(spec: EngineSpec, root: Path, cuda: bool):
             importlib.import_module("vllm.v1.core.sched.scheduler")
             buffers = importlib.import_module("vllm.v1.worker.gpu.buffer_utils")
             if cuda:
+                _cuda_device_type()
                 buffers.UvaBuffer = buffers.NonUvaBuffer
             else:
                 _host_uva(buffers)
@@ -136,6 +137,16 @@ def _triton_driver_reported():
         yield
     finally:
         tb.backends.pop(key, None)
+
+
+def _cuda_device_type() -> None:
+    """vLLM's CUDA platform imports its compiled extensions (``vllm._C_stable_libtorch``, built against the release's
+    own torch), which slotscope neither carries nor uses; without them vLLM resolves an unspecified platform, whose
+    empty ``device_type`` ``NonUvaBuffer`` would place its device tensors on. That platform says "cuda" instead
+    (STAND_INS)."""
+    plat = importlib.import_module("vllm.platforms").current_platform
+    if not getattr(plat, "device_type", ""):
+        plat.device_type = "cuda"
 
 
 def _host_uva(buffer_utils) -> None:

@@ -47,7 +47,8 @@ STAND_INS = {
     "the worker's state rows": "a free list of row indices popped from the end, as RequestState's (the block "
                                "tables, their writes, gathers and slot mappings are the release's BlockTables)",
     "UvaBuffer": "on a CPU the host tensor itself (a device view of pinned host memory needs CUDA); on CUDA the "
-                 "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used)",
+                 "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used), "
+                 "on the platform vLLM resolves without its compiled extensions, its device type set to cuda",
     "async scheduling": "off: the engine core steps synchronously, one batch in flight (0.34's default is on, which "
                         "also doubles a sliding-window group's admission cap; engine.overlap, which would drive it, "
                         "is refused)",
