@@ -31,3 +31,33 @@ class ReleaseBroke(RuntimeError):
     """The release broke an invariant of its own that no write or read shows (vLLM's block pool not getting every
     block back once every request finished: a leak). Not a refusal: the run ends as a failed run (exit 3, summary.json
     "incomplete" with the message), as one of the release's own asserts would end it."""
+
+
+def raised_in(package: str, what: str, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a call into a release's code: an exception its code raises (not one of these errors)
+    becomes :class:`ReleaseBroke` naming ``what`` raised it and where, the innermost frame of the release's package
+    (or of a function an ``--engine-patch`` recompiled), so a release's own crash ends the run in one line, not as
+    slotscope's traceback."""
+    try:
+        return fn(*args, **kwargs)
+    except (EngineError, ReleaseBroke):
+        raise
+    except Exception as e:
+        text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        raise ReleaseBroke(f"{what} raised {text} {_where(e, package)}") from e
+
+
+def _where(exc: BaseException, package: str) -> str:
+    """ "(raised at PATH:LINE in FUNCTION)" of the innermost frame inside ``package`` (PATH from the package root)."""
+    tb, at = exc.__traceback__, None
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if f"/{package}/" in name or name.startswith("<patched "):
+            at = tb
+        tb = tb.tb_next
+    if at is None:
+        return "(raised outside its package)"
+    code = at.tb_frame.f_code
+    name = code.co_filename.replace("\\", "/")
+    path = name.rsplit(f"/{package}/", 1)[-1] if f"/{package}/" in name else name
+    return f"(raised at {path}:{at.tb_lineno} in {code.co_name})"

@@ -269,3 +269,18 @@ def test_a_stall_on_a_pool_below_vllms_startup_minimum_says_so(vllm_release, tmp
             "hold 32 blocks across its groups, the pool has 24") in proc.stderr
     run = json.loads((out / "run.json").read_text())
     assert run["engine_pieces"]["scheduler"]["startup_check"].startswith("vLLM would not start with this pool")
+
+
+@pytest.mark.vllm
+def test_an_exception_in_the_releases_own_code_ends_the_run_in_one_line_naming_where(vllm_release, tmp_path):
+    """The release raising inside its own scheduler (a crash a server would have) is the release's failure: exit 3,
+    one line naming the call, the exception and the frame of the release's code (a patched function by its target),
+    summary.json incomplete with the same words; no traceback of slotscope's."""
+    out = tmp_path / "out"
+    proc = slotscope("run", SER, "--engine", "vllm==0.34.0", "--engine-patch",
+                     str(PATCHES / "pool-cannot-get-blocks.yaml"), "--out", str(out), "--no-report", "-q",
+                     "--trace-level", "off")
+    said = ("vLLM 0.34.0's scheduler (schedule) raised ValueError: Cannot get 41 free blocks from the pool (raised at "
+            "<patched vllm.v1.core.block_pool.BlockPool.get_new_blocks>:")
+    assert proc.returncode == 3 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert said in json.loads((out / "summary.json").read_text())["incomplete"]["message"]

@@ -32,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import AdapterLacks, EngineError, ReleaseBroke, SchedulerStalled
+from ..errors import AdapterLacks, EngineError, ReleaseBroke, SchedulerStalled, raised_in
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -112,6 +112,7 @@ class VllmScheduler:
         if why:
             raise EngineError(f"vLLM's scheduler: {why}")
         self.sc, self.specs, self.tokens = scenario, list(requests), tokens
+        self.version = getattr(_mod("vllm"), "__version__", "?")
         page = scenario.pool.page_size
         if scenario.pool.full_size % page:
             raise EngineError(f"pool.full_size {scenario.pool.full_size} is not a multiple of page_size {page}")
@@ -232,7 +233,8 @@ class VllmScheduler:
         req_mod, sp_mod = _mod("vllm.v1.request"), _mod("vllm.sampling_params")
         params = sp_mod.SamplingParams(max_tokens=spec.output_len + 1, ignore_eos=True)
         ids = self.tokens(index)[: spec.prompt_len].tolist()
-        self.scheduler.add_request(req_mod.Request(str(index), ids, params, None, block_hasher=self._hasher))
+        self._call("scheduler (add_request)", self.scheduler.add_request,
+                   req_mod.Request(str(index), ids, params, None, block_hasher=self._hasher))
         self.handed += 1
         if (spec.conversation, spec.turn + 1) in self._later:
             self._turns[str(index)] = index
@@ -273,18 +275,23 @@ class VllmScheduler:
             if self.done():
                 self._check_returned()
                 return None
-            out = self.scheduler.schedule()
+            out = self._call("scheduler (schedule)", self.scheduler.schedule)
             if out.total_num_scheduled_tokens > 0:
                 break
             # nothing to run: let its bookkeeping settle (an empty step); the clock goes on (an idle engine core
             # still receives requests; _arrivals jumps it when no request is waiting)
-            self.scheduler.update_from_output(out, _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
+            self._call("scheduler (update_from_output)", self.scheduler.update_from_output, out,
+                       _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
             idle += 1
             self.clock += 1
             if not (self.pending or self._ready) and idle > 2:
                 raise SchedulerStalled(self._stalled(idle))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         return self._step_of(out)
+
+    def _call(self, what: str, fn, *args):
+        """A call into the release's scheduler: its own exception ends the run as ReleaseBroke, saying where."""
+        return raised_in("vllm", f"vLLM {self.version}'s {what}", fn, *args)
 
     def _check_returned(self) -> None:
         """Every request finished: the pool must have every block back (free, or cached with no reference), and no
@@ -346,7 +353,7 @@ class VllmScheduler:
             else:
                 sampled.append([])
         out = _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled)
-        self.scheduler.update_from_output(step.output, out)
+        self._call("scheduler (update_from_output)", self.scheduler.update_from_output, step.output, out)
         self.forwards += 1
         self.clock += 1
         for rid in step.req_ids:

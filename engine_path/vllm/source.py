@@ -41,6 +41,7 @@ from simulator.scheduling.batch_making import BatchMaking
 from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.workload import make_requests
 
+from ..errors import raised_in
 from .scheduler import VllmScheduler
 from .worker import WorkerTables, slots_of
 
@@ -117,7 +118,8 @@ class VllmStepSource(BatchMaking):
             step = self.driver.next_step()
             if step is None:
                 return
-            self.worker.apply(step.new_rows, step.appended, step.gone)
+            raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)", self.worker.apply,
+                      step.new_rows, step.appended, step.gone)
             self._learn_frees(step)
             yield self._batch_of(k, step)
             self.driver.finish_step(step)
@@ -158,7 +160,8 @@ class VllmStepSource(BatchMaking):
                     self.counts["evicted_swa_slots"] += int(evicted.size)
 
     def _batch_of(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
-        slot_map, tables = self.worker.prepare(step.req_ids, step.starts, step.counts)
+        slot_map, tables = raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)",
+                                     self.worker.prepare, step.req_ids, step.starts, step.counts)
         tags, locs, swas, truth_full, rows = [], [], [], [], []
         seq, ext = [], []
         decoding = q = 0
