@@ -29,7 +29,7 @@ from simulator.scenario import MAX_SEED, Scenario
 
 from .fuzz_coverage import features
 from .fuzz_run import FirstFinding, Outcome, StopAtFirst, run_one  # noqa: F401 (the search's names)
-from .fuzz_space import Generator, draw_scenario, fix_up
+from .fuzz_space import Generator, draw_scenario, fix_up, for_engine
 
 MAX_LEVEL = 6
 
@@ -173,8 +173,10 @@ class Fuzzer:
         if self.interesting and self.gen.chance(0.5):
             # prefer recent finds (they reached the newest combinations)
             k = len(self.interesting) - 1 - min(int(self.gen.rng.expovariate(0.3)), len(self.interesting) - 1)
-            return fix_up(self.gen.mutate(self.interesting[k], level, i), level)
-        return fix_up(self.gen.fresh(level, i), level)
+            data = fix_up(self.gen.mutate(self.interesting[k], level, i), level)
+        else:
+            data = fix_up(self.gen.fresh(level, i), level)
+        return data if self.engine is None else for_engine(data, self.engine.name)
 
     def run(self, budget_s: float, max_scenarios: Optional[int] = None) -> FuzzResult:
         t0 = last = time.perf_counter()

@@ -380,6 +380,36 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
     return data
 
 
+#: per engine, the knobs of a draw it does not drive (each refused by its adapter, e.g. engine_path/vllm/scheduler.py's
+#: NOT_YET): :func:`for_engine` clears them, so a search spends its draws on what the engine runs
+NOT_DRIVEN = {"vllm": {"engine": ("dp_size", "dp_other_tokens", "speculative", "pd_decode", "overlap", "war_barrier",
+                                  "platform", "piecewise_cuda_graph", "piecewise_max_tokens", "piecewise_shrink",
+                                  "attn_tp_size"),
+                       "pool": ("unified",)}}
+
+
+def for_engine(data: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A draw as ``engine`` runs it: the knobs it does not drive cleared (:data:`NOT_DRIVEN`). For vLLM also a model
+    of equal full and sliding-window layer counts, alternating (slotscope drives one group of each: vLLM groups
+    a 3:1 or 5:1 pattern into several), the drawn window kept, and a pool of whole blocks."""
+    drop = NOT_DRIVEN.get(engine)
+    if drop is None:
+        return data
+    for table, keys in drop.items():
+        for k in keys:
+            data.get(table, {}).pop(k, None)
+    m = data["model"]
+    layers = m.get("layers") or ""
+    if layers.count("S") != layers.count("F") or not layers:
+        n = len(layers) or m.get("num_layers", 2)
+        data["model"] = {"layers": "SF" * max(1, n // 2), "window": window_of(m),
+                         **({"kv_dtype": m["kv_dtype"]} if "kv_dtype" in m else {})}
+    pool = data["pool"]
+    page = pool.get("page_size", 1)
+    pool["full_size"] += (-pool["full_size"]) % page
+    return data
+
+
 def window_of(model: dict) -> int:
     return model.get("window") or PRESETS[model["preset"]].window
 

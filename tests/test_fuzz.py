@@ -11,7 +11,7 @@ from slotscope.cli import main
 from slotscope.corpus import load_corpus
 from slotscope.fuzz import parse_budget
 from slotscope.fuzz_search import Fuzzer, fuzz
-from slotscope.fuzz_space import Generator, draw_scenario, fix_up
+from slotscope.fuzz_space import Generator, draw_scenario, fix_up, for_engine
 
 from helpers import ROOT
 
@@ -185,3 +185,28 @@ def test_an_engine_patch_needs_an_engine_and_a_readable_file(capsys, tmp_path):
     assert main(["fuzz", "--design", "sglang-0.5.23", "--budget", "5s", "--engine", "sglang==0.5.23",
                  "--engine-patch", str(missing)]) == 2
     assert "no-such.yaml" in capsys.readouterr().err
+
+
+def test_a_draw_for_vllm_clears_what_vllm_is_not_driven_for():
+    """fuzz --engine vllm==V: the knobs vLLM's adapter refuses are cleared from each draw (not drawn and rejected),
+    the model is one vLLM groups into one full and one sliding-window group, the pool whole blocks; every draw of a
+    seeded stream then passes the adapter's refusals (engine_path/vllm/scheduler.py's NOT_YET)."""
+    from engine_path.vllm.scheduler import unsupported
+
+    data = {"name": "d", "seed": 1, "model": {"preset": "llama4", "num_layers": 5},
+            "pool": {"full_size": 100, "page_size": 16, "unified": True},
+            "engine": {"dp_size": 2, "overlap": True, "speculative": {"num_draft_tokens": 2},
+                       "piecewise_cuda_graph": True, "radix_cache": True}}
+    got = for_engine(data, "vllm")
+    assert got["model"] == {"layers": "SFSF", "window": 8192} and got["pool"] == {"full_size": 112, "page_size": 16}
+    assert got["engine"] == {"radix_cache": True}
+    assert for_engine({"model": {"preset": "llama4"}, "engine": {"dp_size": 2}}, "sglang")["engine"] == {"dp_size": 2}
+    gen, refused, drawn = Generator(3), [], 0
+    for i in range(150):
+        sc = draw_scenario(for_engine(fix_up(gen.fresh(3, i), 3), "vllm"), "sglang-0.5.23")
+        if sc is not None:
+            drawn += 1
+            kinds = sc.model.layer_kinds
+            if unsupported(sc) or kinds.count("S") != kinds.count("F") or sc.pool.full_size % sc.pool.page_size:
+                refused.append(sc.name)
+    assert drawn > 100 and refused == []
