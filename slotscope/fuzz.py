@@ -47,6 +47,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from engine_path.errors import ReleaseBroke
 from engine_path.releases import EngineSpec
 from simulator.scenario import MAX_SEED, Scenario, parse_scenario
 
@@ -146,6 +147,29 @@ def write_found(res: FuzzResult, out_dir: Path, engine: Optional[EngineSpec], lo
                                               run_one(replace(back, design=against), None).status)
             except Exception as exc:      # slotscope's own bug on the reference: said, not raised
                 info["against_on_minimal"] = f"internal error: {type(exc).__name__}: {str(exc)[:200]}"
+    info.update(write_internal(res, out_dir))
+    (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def write_raised(res: FuzzResult, out_dir: Path, engine: EngineSpec, engine_patches: tuple = ()) -> dict:
+    """A release that raised inside its own code (no finding to keep, so nothing to minimize): found.toml, run/ (the
+    draw's run again, its partial outputs marked with the release's exception) and fuzz.json."""
+    from .pipeline import RunOptions, run_scenario
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sc = res.scenario
+    (out_dir / "found.toml").write_text(sc.to_toml(defaults=False))
+    again = None
+    try:
+        run_scenario(sc, out_dir / "run", RunOptions(device="cpu", engine=engine, quiet_engine=True))
+    except ReleaseBroke as e:
+        again = str(e)
+    info = {"status": "found", "design": sc.design, "engine": str(engine), "engine_patches": list(engine_patches),
+            "tried": res.tried, "rejected": res.rejected, "found_after_s": round(res.elapsed_s, 2),
+            "coverage": res.coverage, "scenario_hash": sc.hash, "finding": None, "raised": res.error,
+            "raised_again": again, "minimized": False, "against": res.against,
+            "against_on_found": res.against_on_found}
     info.update(write_internal(res, out_dir))
     (out_dir / "fuzz.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -251,6 +275,15 @@ def cmd_fuzz(args) -> int:
             f"bugs): {out_dir / 'internal-errors'} (rerun one: slotscope run {out_dir / 'internal-errors' / '000.toml'})")
         return EXIT_INTERNAL
     f = res.finding
+    if f is None:                     # the release raised inside its own code: its crash, written unminimized
+        if ref is not None:
+            ref.close()
+        info = write_raised(res, out_dir, engine, engine_patches)
+        log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {res.error}"
+            + (f"; {against} on it: {res.against_on_found}" if against else "")
+            + f"; wrote {out_dir}/found.toml, run/, fuzz.json (not minimized: no finding to keep)")
+        print((out_dir / "found.toml").read_text(), end="")
+        return EXIT_FOUND
     log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {f.cls} on {f.backend} at step {f.step}, "
         f"layer {f.layer} ({f.kind}); minimizing")
     from .minimize import InternalError

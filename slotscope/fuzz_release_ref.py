@@ -71,7 +71,7 @@ class ReleaseReference:
             raise ReferenceFailed(f"the reference worker ({self.name}) exited {proc.wait()}:\n{self._tail()}") from None
         if "error" in reply:
             raise ReferenceFailed(f"{self.name} raised on {sc.name}:\n{reply['error']}")
-        return Outcome(reply["status"], reply.get("finding"))
+        return Outcome(reply["status"], reply.get("finding"), error=reply.get("error_text"))
 
     def _tail(self) -> str:
         self._stderr.seek(0)
@@ -104,7 +104,7 @@ def _serve(spec: str) -> int:
         try:
             out = run_one(parse_scenario(ask["toml"], ask["name"]), engine)
             f = out.finding
-            reply = {"status": out.status,
+            reply = {"status": out.status, "error_text": out.error,
                      "finding": None if f is None else {"class": f.cls, "backend": f.backend, "step": f.step}}
         except Exception:            # said to the parent, which records it as the reference's internal error
             reply = {"error": traceback.format_exc()}

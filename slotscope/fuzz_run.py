@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from engine_path.errors import AdapterLacks, ReleaseLacks, SchedulerStalled
+from engine_path.errors import AdapterLacks, ReleaseBroke, ReleaseLacks, SchedulerStalled
 from engine_path.releases import EngineSpec
 from simulator.scenario import Scenario, ScenarioError
 
@@ -38,14 +38,16 @@ class StopAtFirst:
 
 @dataclass
 class Outcome:
-    status: str                                   # "clean" | "found" | "rejected"
+    status: str                                   # "clean" | "found" | "raised" | "rejected"
     finding: Any = None
     steps: list = field(default_factory=list)
     radix: Optional[dict] = None
+    error: Optional[str] = None                   # "raised": the release's own exception, where (ReleaseBroke)
 
 
 def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
-    """One scenario in-process on the CPU, no outputs; stopped at the first finding."""
+    """One scenario in-process on the CPU, no outputs; stopped at the first finding, or at an exception the release's
+    own code raised ("raised": a release's crash is its failure, not slotscope's)."""
     from .pipeline import RunOptions, run_scenario
 
     opts = RunOptions(device="cpu", trace_level="off", report=False, engine=engine, quiet_engine=True,
@@ -54,6 +56,8 @@ def run_one(sc: Scenario, engine: Optional[EngineSpec]) -> Outcome:
         out = run_scenario(sc, None, opts)
     except FirstFinding as f:
         return Outcome("found", f.finding)
+    except ReleaseBroke as e:       # the release raised inside its own code (a crash a server would have)
+        return Outcome("raised", error=str(e))
     except (ScenarioError, UsageError, ReleaseLacks, AdapterLacks, SchedulerStalled):
         return Outcome("rejected")      # a draw the release, slotscope's adapter of it or its pools cannot run
     except RuntimeError as e:

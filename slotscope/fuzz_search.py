@@ -123,6 +123,10 @@ def reference(design: str, against: Optional[str], engine: Optional[EngineSpec],
 # --------------------------------------------------------------------------- the search
 
 
+#: a run's outcomes that are a failure of what ran: a finding, or the release raising inside its own code
+FAILED = ("found", "raised")
+
+
 @dataclass
 class InternalFailure:
     """slotscope's own bug: an exception inside slotscope (not a finding) on a valid draw."""
@@ -142,7 +146,7 @@ class FuzzResult:
     hashes: list[str]
     scenario: Optional[Scenario] = None           # the failing one, as drawn
     finding: Any = None
-    error: Optional[str] = None
+    error: Optional[str] = None                   # the release raised inside its own code (no finding): where
     shared: int = 0                               # failures the reference design showed too
     against: Optional[str] = None                 # the reference's name, if any
     internal: list = field(default_factory=list)  # an InternalFailure per draw slotscope failed on
@@ -194,8 +198,8 @@ class Fuzzer:
             self.hashes.append(sc.hash)
             if out is None:                  # slotscope failed on it: recorded, the search goes on
                 continue
-            if out.status == "found" and not self.shared_failure(sc):
-                return self._result("found", t0, sc, out.finding)
+            if out.status in FAILED and not self.shared_failure(sc):
+                return self._result("found", t0, sc, out.finding, out.error)
             new = features(sc, out.steps, out.radix) - self.seen
             if new:
                 self.seen |= new
@@ -224,7 +228,7 @@ class Fuzzer:
         if self.reference is None:
             return False
         out = self.guarded(self.reference.scenario(sc), self.reference.run, "against")
-        if out is None or out.status != "found":
+        if out is None or out.status not in FAILED:
             self.against_on_found = "internal error" if out is None else out.status
             return False
         self.shared += 1
