@@ -31,6 +31,10 @@ class SharingBehaviour:
     clear_freed_tokens_only: bool = False
     #: A2 (#25805): SWA-tail allocation leaves recycled full pages' old mappings on the non-tail ids.
     keep_stale_tail_mapping: bool = False
+    #: ``SchedulePolicy._touch_waiting_prefixes`` (FCFS, LRU eviction): on every this-many-th prefill pass with
+    #: requests waiting (the first included), the prefixes of up to 128 waiting requests are matched, the
+    #: queue's head last, so the tree keeps them warm (0: never). Not a bug: it orders the tree's eviction.
+    waiting_prefix_refresh_interval: int = 32
 
 
 SGLANG_0_5_23 = SharingBehaviour()

@@ -380,7 +380,18 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         L -= L % p
         prev, evicted = req.protected, s.swa_evicted
         if L <= prev:
-            return req.lock.node if req.lock is not None else self.root
+            node = req.lock.node if req.lock is not None else self.root
+            if L == prev and node is not self.root:
+                # nothing new, but the insert still walks its path and ends there (INSERT_END): the walked nodes
+                # stamped, root first, and the SWA window ending at the node most recent
+                path, cur = [], node
+                while cur is not self.root:
+                    path.append(cur)
+                    cur = cur.parent
+                for n in reversed(path):
+                    self._stamp(n)
+                self._refresh_swa(node)
+            return node
         if evicted % p:
             raise ValueError(f"request {req.rid}: swa_evicted {evicted} is not page-aligned")
         key, value = np.asarray(req.tokens[:L], np.int64), s.full[:L].copy()

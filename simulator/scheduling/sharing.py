@@ -45,6 +45,8 @@ from simulator.scheduling.scheduler import Request, Scheduler
 
 #: SGLANG_RETRACT_DECODE_STEPS (0.5.23's default): the decode steps per request a retraction makes room for
 RETRACT_DECODE_STEPS = 20
+#: ``WAITING_QUEUE_PREFIX_MATCH_MAX``: the waiting requests a prefix refresh matches at most
+WAITING_TOUCH_MAX = 128
 
 
 class SharingScheduler(CacheLog, Scheduler):
@@ -74,6 +76,7 @@ class SharingScheduler(CacheLog, Scheduler):
         self._creq: dict[int, CachedRequest] = {}
         self._cached_len: dict[int, int] = {}
         self._content = ContentTags()
+        self._waiting_touches = 0                                  # prefill passes with requests waiting
         self._tag_rows = self._content.rows                        # per rid: the tag of each position
         self._batch_rids: list[int] = []
         self._content_keys = self._content.keys
@@ -277,6 +280,8 @@ class SharingScheduler(CacheLog, Scheduler):
         (:class:`~simulator.scheduling.prefill_budget.PrefillPass`): the request prefilled in chunks goes on
         first, then the waiting queue's head is admitted while the pass's budget lasts."""
         budget = self._pass = PrefillPass.start(self, decoding)
+        if self.waiting and (chunked or len(self.running) < self.sc.engine.max_running_requests):
+            self._touch_waiting()           # calc_priority, before the pass admits
         prefill: list[tuple[Request, int]] = []
         for r in chunked:
             left = r.prefill_len - r.prefilled
@@ -290,6 +295,21 @@ class SharingScheduler(CacheLog, Scheduler):
                 break
             prefill.append((req, self._first_chunk))
         return prefill
+
+    def _touch_waiting(self) -> None:
+        """``_touch_waiting_prefixes``: every ``waiting_prefix_refresh_interval``-th pass (the first included) the
+        waiting requests' prefixes (prompt and decoded tokens), at most 128, the queue's head last, are matched:
+        the matched paths' recency refreshed, partial nodes split, nothing locked."""
+        every = self.cache.b.waiting_prefix_refresh_interval
+        if not every:
+            return
+        calls, self._waiting_touches = self._waiting_touches, self._waiting_touches + 1
+        if calls % every:
+            return
+        for item in reversed(list(self.waiting)[:WAITING_TOUCH_MAX]):
+            spec = item.spec if isinstance(item, Request) else item
+            n = item.prefill_len if isinstance(item, Request) else spec.prompt_len
+            self.cache.match_prefix(spec.tokens(0, n))
 
     def _checkpoint(self, r: Request) -> None:
         """``checkpoint_into_tree`` of an unfinished request: ``free_out_of_window_slots(req, key - 1)``
