@@ -175,6 +175,19 @@ def write_raised(res: FuzzResult, out_dir: Path, engine: EngineSpec, engine_patc
     return info
 
 
+def _found_raised(res: FuzzResult, out_dir: Path, engine: EngineSpec, engine_patches: tuple, ref,
+                  log: Callable[[str], None]) -> int:
+    """The command's end when the release raised on the failing draw: written unminimized, said in one line."""
+    if ref is not None:
+        ref.close()
+    write_raised(res, out_dir, engine, engine_patches)
+    log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {res.error}"
+        + (f"; {res.against} on it: {res.against_on_found}" if res.against else "")
+        + f"; wrote {out_dir}/found.toml, run/, fuzz.json (not minimized: no finding to keep)")
+    print((out_dir / "found.toml").read_text(), end="")
+    return EXIT_FOUND
+
+
 def write_internal(res: FuzzResult, out_dir: Path) -> dict:
     """Each recorded internal error's draw (``internal-errors/NNN.toml``, the design that raised as its design)
     and traceback (``NNN.txt``), the first MAX_INTERNAL_WRITTEN of them; fuzz.json's counts."""
@@ -276,14 +289,7 @@ def cmd_fuzz(args) -> int:
         return EXIT_INTERNAL
     f = res.finding
     if f is None:                     # the release raised inside its own code: its crash, written unminimized
-        if ref is not None:
-            ref.close()
-        info = write_raised(res, out_dir, engine, engine_patches)
-        log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {res.error}"
-            + (f"; {against} on it: {res.against_on_found}" if against else "")
-            + f"; wrote {out_dir}/found.toml, run/, fuzz.json (not minimized: no finding to keep)")
-        print((out_dir / "found.toml").read_text(), end="")
-        return EXIT_FOUND
+        return _found_raised(res, out_dir, engine, engine_patches, ref, log)
     log(f"fuzz: FOUND after {res.elapsed_s:.1f}s ({res.tried} scenarios): {f.cls} on {f.backend} at step {f.step}, "
         f"layer {f.layer} ({f.kind}); minimizing")
     from .minimize import InternalError

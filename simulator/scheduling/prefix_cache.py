@@ -368,6 +368,17 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         b = req.branching
         return b if b is not None and req.protected < b <= length else length
 
+    def _insert_nothing(self, req: CachedRequest, at_lock: bool) -> Node:
+        """An insert with nothing past the request's protected prefix. Ending at its lock (``at_lock``), it still
+        walks its path and ends there (INSERT_END): the walked nodes stamped, root first, and the SWA window
+        ending at the node most recent."""
+        node = req.lock.node if req.lock is not None else self.root
+        if at_lock and node is not self.root:
+            for n in self._path(node):
+                self._stamp(n)
+            self._refresh_swa(node)
+        return node
+
     def _insert(self, req: CachedRequest, length: int) -> Node:
         """``checkpoint_into_tree``: insert positions [0, length) page-aligned (up to the request's SWA
         branching point, :meth:`insert_length`, which the insert then clears), free the request's
@@ -380,18 +391,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         L -= L % p
         prev, evicted = req.protected, s.swa_evicted
         if L <= prev:
-            node = req.lock.node if req.lock is not None else self.root
-            if L == prev and node is not self.root:
-                # nothing new, but the insert still walks its path and ends there (INSERT_END): the walked nodes
-                # stamped, root first, and the SWA window ending at the node most recent
-                path, cur = [], node
-                while cur is not self.root:
-                    path.append(cur)
-                    cur = cur.parent
-                for n in reversed(path):
-                    self._stamp(n)
-                self._refresh_swa(node)
-            return node
+            return self._insert_nothing(req, L == prev)
         if evicted % p:
             raise ValueError(f"request {req.rid}: swa_evicted {evicted} is not page-aligned")
         key, value = np.asarray(req.tokens[:L], np.int64), s.full[:L].copy()
