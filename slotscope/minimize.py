@@ -420,14 +420,18 @@ def minimize(run_dir: Path, design_spec: Optional[str] = None,
     if rd.summary is None:
         print(f"slotscope: note: {run_dir} has no summary.json (the run did not finish): minimizing the first "
               f"finding streamed to findings.jsonl", file=sys.stderr)
-    log(f"minimize: keeping {target.describe()} under {design.name}")
-    m = Minimizer(sc, design, target, log)
+    return _search(Minimizer(sc, design, target, log), run_dir, log)
+
+
+def _search(m: Minimizer, run_dir: Path, log: Callable[[str], None]) -> tuple[Scenario, Target, Minimizer]:
+    """The search of ``m`` (a model design's or a release's), its result named and described."""
+    log(f"minimize: keeping {m.target.describe()} under {m.under if m.engine is not None else m.design.name}")
     out = m.run()
     name = out.name if out.name.endswith("-minimal") else minimal_name(out.name)
     out = replace(out, name=name,
-                  description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under design "
-                              f"{design.name} ({m.runs} candidate runs).")
-    return out, target, m
+                  description=f"Minimal scenario from {run_dir}: reproduces {m.target.describe()} under {m.under} "
+                              f"({m.runs} candidate runs).")
+    return out, m.target, m
 
 
 def _release_of(rd: RunDir, run_dir: Path):
@@ -474,14 +478,7 @@ def _minimize_release_run(rd: RunDir, run_dir: Path, design_spec: Optional[str],
     target = find_target(rd, sc)
     if spec.name == "sglang" and target.backend not in sc.backends:
         raise UsageError(f"the first finding is on backend {target.backend!r}, which the run's scenario does not list")
-    m = Minimizer(sc, None, target, log, engine=spec, scheduler=scheduler)
-    log(f"minimize: keeping {target.describe()} under {m.under}")
-    out = m.run()
-    name = out.name if out.name.endswith("-minimal") else minimal_name(out.name)
-    out = replace(out, name=name,
-                  description=f"Minimal scenario from {run_dir}: reproduces {target.describe()} under {m.under} "
-                              f"({m.runs} candidate runs).")
-    return out, target, m
+    return _search(Minimizer(sc, None, target, log, engine=spec, scheduler=scheduler), run_dir, log)
 
 
 def minimal_name(name: str) -> str:
