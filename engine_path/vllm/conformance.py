@@ -89,27 +89,27 @@ def conform(scenario, *, max_steps: Optional[int] = None) -> dict:
     first: Optional[dict] = None
     t_release = t_model = 0.0
     steps = 0
-    while (step := driver.next_step()) is not None:
-        t0 = time.perf_counter()
-        with kernels.interpreted():
+    with kernels.interpreted():      # once for the run: every step's release tables by its own kernels
+        while (step := driver.next_step()) is not None:
+            t0 = time.perf_counter()
             release.apply(step.new_rows, step.appended, step.gone)
             e_slots, e_tables = release.prepare(step.req_ids, step.starts, step.counts)
-        t1 = time.perf_counter()
-        model.apply(step.new_rows, step.appended, step.gone)
-        m_slots, m_tables = model.prepare(step.req_ids, step.starts, step.counts)
-        t_release, t_model = t_release + t1 - t0, t_model + time.perf_counter() - t1
-        real = int(step.counts.sum())
-        for g, kind in enumerate(kinds):
-            got = {"slot_mapping": _first_diff(m_slots[g, :real], e_slots[g, :real], "token"),
-                   "padding": _first_diff(m_slots[g, real:], e_slots[g, real:], "token", offset=real),
-                   "block_table": _table_diff(m_tables[g], e_tables[g], step.req_ids,
-                                               [len(model.rows[r][g]) for r in step.req_ids])}
-            for field, d in got.items():
-                rows[f"{field} [{kind}]"][1 if d else 0] += 1
-                if d and first is None:
-                    first = {"step": steps, "field": f"{field} [{kind}]", "detail": d}
-        driver.finish_step(step)
-        steps += 1
+            t1 = time.perf_counter()
+            model.apply(step.new_rows, step.appended, step.gone)
+            m_slots, m_tables = model.prepare(step.req_ids, step.starts, step.counts)
+            t_release, t_model = t_release + t1 - t0, t_model + time.perf_counter() - t1
+            real = int(step.counts.sum())
+            for g, kind in enumerate(kinds):
+                got = {"slot_mapping": _first_diff(m_slots[g, :real], e_slots[g, :real], "token"),
+                       "padding": _first_diff(m_slots[g, real:], e_slots[g, real:], "token", offset=real),
+                       "block_table": _table_diff(m_tables[g], e_tables[g], step.req_ids,
+                                                   [len(model.rows[r][g]) for r in step.req_ids])}
+                for field, d in got.items():
+                    rows[f"{field} [{kind}]"][1 if d else 0] += 1
+                    if d and first is None:
+                        first = {"step": steps, "field": f"{field} [{kind}]", "detail": d}
+            driver.finish_step(step)
+            steps += 1
     return {"steps_compared": steps, "fields": rows, "first": first, "groups": kinds,
             "release_s": round(t_release, 2), "model_s": round(t_model, 3),
             "did": driver.describe()["did"]}
