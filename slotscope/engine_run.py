@@ -94,7 +94,7 @@ def load_runtime(spec, *, quiet: bool = False, device: str = "cpu"):
     api = load(spec, device=device)
     rt = EngineRuntime(api, device=device, model=release_model_design(api.info.version))
     rt.import_s = time.perf_counter() - t0        # type: ignore[attr-defined]
-    _kept_out_of_collections()
+    _kept_out_of_collections(f"sglang {api.info.version} {api.info.path}")
     if not quiet:
         print(f"slotscope: engine sglang {api.info.version} from {api.info.path} ({rt.import_s:.1f} s"
               f"{', device ' + device if device != 'cpu' else ''})", file=sys.stderr, flush=True)
@@ -130,26 +130,32 @@ def load_vllm_runtime(scenario, spec, opts, device: str):
     info = activate(spec, device)
     rt = VllmRuntime(info, device=device)
     rt.import_s = time.perf_counter() - t0
-    _kept_out_of_collections()
+    _kept_out_of_collections(f"vllm {info.version} {info.path}")
     if not opts.quiet_engine:
         print(f"slotscope: engine vllm {info.version} from {info.path} ({rt.import_s:.1f} s)", file=sys.stderr,
               flush=True)
     return rt.scenario_as_run(scenario), rt
 
 
-def _kept_out_of_collections() -> None:
-    """The release's modules and its runtime live as long as the process (0.5.23: some 600 000 objects): frozen,
-    they are out of every scan of the cyclic collector, each of which took 0.3-0.4 s of a run on a CPU
-    (docs/BENCHMARKS.md). Unfrozen at exit, so the interpreter's teardown still frees them (triton's bindings
-    print leak reports otherwise)."""
-    global _FREEZE_UNDONE_AT_EXIT
+def _kept_out_of_collections(release: str) -> None:
+    """The release's modules live as long as the process (0.5.23: some 600 000 objects): frozen, they are out of
+    every scan of the cyclic collector, each of which took 0.3-0.4 s of a run on a CPU (docs/BENCHMARKS.md).
+
+    Once per release and process, after its import (the first run's runtime with it), the garbage of earlier runs
+    collected first: a freeze keeps whatever is alive then for ever, so freezing at every run's start
+    kept each earlier run's cyclic garbage (its pools, the release's block pool) and a long ``fuzz --engine vllm``
+    grew by some 45 MB a draw until the kernel killed it. Unfrozen at exit, so the interpreter's teardown still
+    frees them (triton's bindings print leak reports otherwise)."""
+    if release in _FROZEN:
+        return
+    gc.collect()
     gc.freeze()
-    if not _FREEZE_UNDONE_AT_EXIT:
+    _FROZEN.add(release)
+    if len(_FROZEN) == 1:
         atexit.register(gc.unfreeze)
-        _FREEZE_UNDONE_AT_EXIT = True
 
 
-_FREEZE_UNDONE_AT_EXIT = False
+_FROZEN: set = set()          # the releases whose import this process froze
 
 
 def release_model_design(version: str):
