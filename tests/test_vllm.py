@@ -33,6 +33,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "pad": (SER, "slot-pad-off-by-one.yaml", ("--max-steps", "60")),
     "leak": ("scenarios/vllm-graph-pad.toml", "swa-window-free-leaks.yaml", ()),
     "cover": ("scenarios/vllm-cover-paged.toml", None, ()),
+    "dp": ("scenarios/vllm-dp-decode.toml", None, ()),
 }
 
 
@@ -172,10 +173,27 @@ def test_compare_shows_where_sglang_and_vllm_write_differently(runs, tmp_path):
 
 
 @pytest.mark.vllm
+def test_dp_attention_runs_under_the_releases_dp_agreement(runs):
+    """scenarios/vllm-dp-decode.toml: decode batches replay a graph padded for the other rank's count (rows past the
+    real tokens -1, skipped), prefills and mixed batches run every rank eager and unpadded; clean."""
+    proc, summary, run, out = runs["dp"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert summary["findings_total"] == 0 and summary["steps"] == 43
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    graphs = [s for s in steps if s["graph"] == "decode_graph"]
+    assert len(graphs) == 20 and all(s["mode"] == "decode" for s in graphs)
+    # padded past the largest this rank alone needs: the other rank's count (a batch of 1 replays the graph of 8)
+    assert steps[1]["real_tokens"] == 1 and steps[1]["padded_tokens"] == 8
+    assert all(s["padded_tokens"] == s["real_tokens"] for s in steps if s["graph"] == "eager")
+    g = run["engine_pieces"]["scheduler"]["graphs"]
+    assert g["dp_size"] == 2 and g["decode_graph_requests"] == [1, 2, 4, 8] and g["cudagraph_mode"] == "FULL_DECODE_ONLY"
+
+
+@pytest.mark.vllm
 def test_what_vllm_cannot_run_yet_is_refused(vllm_release):
     proc = slotscope("run", "scenarios/smoke.toml", "--engine", "vllm==0.34.0", "--no-report", "-q")
     assert proc.returncode == 2
-    assert "DP attention (engine.dp_size > 1)" in proc.stderr
+    assert "engine.piecewise_cuda_graph" in proc.stderr
     proc = slotscope("run", SER, "--engine", "vllm", "--design", "sglang-0.5.23", "--no-report", "-q")
     assert proc.returncode == 2 and "--design sglang-0.5.23 with --engine" in proc.stderr
 
@@ -219,6 +237,67 @@ def test_the_releases_worker_tables_append_and_map_slots(vllm_release):
     # the window (32) reaches back past position 0: nothing of the SWA row is nulled in the gathered table
     assert got["rows"] == [[1, 2, 5, 9], [3, 4, 6, 10]]
     assert got["b"] == [[7], [8]]
+
+
+GRAPH_PROBE = """
+import dataclasses, json
+import numpy as np
+from engine_path.releases import EngineSpec
+from engine_path.vllm.release import activate
+from engine_path.vllm.graphs import ReleaseGraphs
+from engine_path.vllm.scheduler import VllmScheduler
+from simulator.scenario import load_scenario
+activate(EngineSpec("vllm", "0.34.0"))
+
+class Drawn:                                  # the other ranks' token counts, in order
+    def __init__(self, *n): self.n = list(n)
+    def sample(self, rng, k): return np.array([self.n.pop(0) for _ in range(k)])
+
+def graphs(dp, *drawn):
+    sc = load_scenario("scenarios/sched-evict-retract.toml")       # decode graphs of 1, 2 and 4 requests
+    sc = dataclasses.replace(sc, engine=dataclasses.replace(sc.engine, dp_size=dp, dp_other_tokens=Drawn(*drawn)))
+    return ReleaseGraphs(VllmScheduler(sc, [], lambda i: np.zeros(1, dtype=np.int64)), sc, np.random.default_rng(0))
+
+def go(g, starts, counts, prompts):
+    d = g.dispatch(np.array(starts), np.array(counts), np.array(prompts))
+    return [d.graph, d.tokens, list(d.ranks)]
+
+one = graphs(1)
+out = {"decode3": go(one, [9, 9, 9], [1, 1, 1], [5, 5, 5]),
+       "decode5": go(one, [9] * 5, [1] * 5, [5] * 5),
+       "last_prompt_token": go(one, [4, 9], [1, 1], [5, 5]),
+       "first_prompt_token": go(one, [0, 9], [1, 1], [5, 5]),
+       "extend": go(one, [0, 9], [7, 1], [7, 5]),
+       "describe": one.describe()["decode_graph_requests"]}
+two = graphs(2, 3, 0, 9, 2)
+out["dp_decode"] = go(two, [9], [1], [5])            # the other rank decodes 3: both pad to the graph of 4
+out["dp_idle_other"] = go(two, [9, 9, 9], [1, 1, 1], [5, 5, 5])     # idle rank (a dummy of 1): ours alone
+out["dp_extend"] = go(two, [0], [7], [7])            # this rank prefills: every rank eager, unpadded
+out["dp_other_capped"] = go(two, [9], [1], [5])      # drawn 2
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.vllm
+def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_release):
+    """The release's CudaGraphManager and dispatch_cg_and_sync_dp choose each forward's graph and padded rows: a
+    uniform decode (a prefill's last token over computed context included) takes the smallest FULL decode graph
+    that holds it, anything else runs eager unpadded; with DP every rank pads to the largest rank's graph, and a
+    rank that prefills makes every rank eager."""
+    proc = subprocess.run([sys.executable, "-c", GRAPH_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["describe"] == [1, 2, 4]
+    assert got["decode3"] == ["decode_graph", 4, []]
+    assert got["decode5"] == ["eager", 5, []]                # past the largest decode graph
+    assert got["last_prompt_token"] == ["decode_graph", 2, []]
+    assert got["first_prompt_token"] == ["eager", 2, []]      # a prompt's first token has no context: a prefill
+    assert got["extend"] == ["eager", 8, []]
+    assert got["dp_decode"] == ["decode_graph", 4, [1, 3]]
+    assert got["dp_idle_other"] == ["decode_graph", 4, [3, 1]]
+    assert got["dp_extend"] == ["eager", 7, [7, 9]]
+    assert got["dp_other_capped"] == ["decode_graph", 2, [1, 2]]
 
 
 def test_slots_through_a_block_table_row():

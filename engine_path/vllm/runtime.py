@@ -142,8 +142,12 @@ class VllmRuntime:
                                "Request objects and their block hashes",
                                "the worker's BlockTables (model runner V2): staged row writes, gather_block_tables "
                                "(SWA entries below the window nulled), compute_slot_mappings; " + self._kernels_ran(),
+                               "the CUDA graph of each forward and its padded rows, DP padding included: the model "
+                               "runner's uniform-decode rule, CudaGraphManager.dispatch (FULL decode graphs) and "
+                               "dispatch_cg_and_sync_dp (the DP ranks' agreement)",
                                "a CUDA graph's padded rows (what compute_slot_mappings leaves past the real tokens)"],
-             "model_pieces": ["CUDA-graph choice (capture sizes, bucket)",
+             "model_pieces": ["graph capture (none on a CPU: the manager's descriptors taken as captured)",
+                              "the other DP ranks' batches (drawn from engine.dp_other_tokens)",
                               "the store (reshape_and_cache_flash's rule: slot < 0 skipped) into slotscope's pools",
                               "attention arithmetic (none: the read check reads the tables)"]
                              + [f"the worker kernel {p}: {why}" for p, whose, why in kernels.VLLM.pieces()

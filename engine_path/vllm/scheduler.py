@@ -63,8 +63,6 @@ _MODEL_FIELDS = dict(uses_mrope=False, is_encoder_decoder=False, runner_type="ge
 
 #: a scenario's engine settings vLLM has no counterpart of here, each refused with its reason
 NOT_YET = (
-    (lambda sc: sc.engine.dp_size > 1, "DP attention (engine.dp_size > 1): vLLM's DP padding and dummy requests are "
-                                       "not driven yet"),
     (lambda sc: sc.engine.speculative.enabled, "speculative decoding: vLLM's EAGLE groups are not driven yet"),
     (lambda sc: sc.engine.pd_decode, "a PD decode node: vLLM's KV connectors are not driven"),
     (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),

@@ -24,8 +24,9 @@ time). Per forward, where each piece comes from:
   (out of the window).
 
 A request's tags are its tokens' *content* (simulator/scheduling/content_tags.py), so a prefix hit reads what its
-first writer wrote. Graph choice is the model's (simulator/scheduling/batch_making.py); a graph's padded rows take
-what the release's slot-mapping kernel left past the real tokens.
+first writer wrote. The graph and the DP padding are the release's choice (engine_path/vllm/graphs.py: its
+``CudaGraphManager`` and ``dispatch_cg_and_sync_dp``); a graph's padded rows take what the release's slot-mapping
+kernel left past the real tokens.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.workload import make_requests
 
 from ..errors import raised_in
+from .graphs import Dispatch, ReleaseGraphs
 from .scheduler import VllmScheduler
 from .worker import WorkerTables, slots_of
 
@@ -72,6 +74,9 @@ class VllmStepSource(BatchMaking):
         self.bs = self.driver.block_size
         self.window = scenario.model.window
         self.worker = WorkerTables(self.driver, device)
+        self.graphs = ReleaseGraphs(self.driver, scenario, rng)
+        self._prompt_lens = np.asarray([s.prompt_len for s in self.specs], dtype=np.int64)
+        self._dispatch = Dispatch("eager", 0)
         self._content_keys = self.content.keys
         self._freed_full: list[np.ndarray] = []
         self._freed_swa: list[np.ndarray] = []
@@ -108,6 +113,7 @@ class VllmStepSource(BatchMaking):
     def describe(self) -> dict:
         d = self.driver.describe()
         d["did"].update(self.counts, retractions=self.driver.preemptions)
+        d["graphs"] = self.graphs.describe()
         return d
 
     # ------------------------------------------------------------------ the steps
@@ -160,8 +166,11 @@ class VllmStepSource(BatchMaking):
                     self.counts["evicted_swa_slots"] += int(evicted.size)
 
     def _batch_of(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
+        prompts = self._prompt_lens[[int(r) for r in step.req_ids]]
+        d = self._dispatch = raised_in("vllm", f"vLLM {self.release_version}'s graph dispatch",
+                                       self.graphs.dispatch, step.starts, step.counts, prompts)
         slot_map, tables = raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)",
-                                     self.worker.prepare, step.req_ids, step.starts, step.counts)
+                                     self.worker.prepare, step.req_ids, step.starts, step.counts, d.tokens)
         tags, locs, swas, truth_full, rows = [], [], [], [], []
         seq, ext = [], []
         decoding = q = 0
@@ -190,7 +199,9 @@ class VllmStepSource(BatchMaking):
             self._held_full[f] = True
             self._full_of_swa[s] = f
         nreq = len(step.req_ids)
-        mode = "decode" if decoding == nreq else ("extend" if decoding == 0 else "mixed")
+        # a FULL decode graph runs a uniform decode, a prefill's last token over computed context included
+        mode = ("decode" if decoding == nreq or d.graph == "decode_graph"
+                else ("extend" if decoding == 0 else "mixed"))
         self.counts[mode] += 1
         self._requests = BatchRequests(rids=np.asarray([int(r) for r in step.req_ids], dtype=np.int64),
                                        seq_lens=np.asarray(seq, dtype=np.int64),
@@ -199,6 +210,15 @@ class VllmStepSource(BatchMaking):
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    def _dp_padding(self, mode: str, real: int, per_request: int, graph_kind) -> tuple[int, int, bool]:
+        """The rows the release agreed for this forward (engine_path/vllm/graphs.py), not the model's DP plan."""
+        return self._dispatch.tokens, self._dispatch.tokens, False
+
+    def _graph_of(self, mode: str, basis: int, prefill_graph: bool, num_requests: int, per_request: int,
+                  graph_kind, dp_len: int) -> tuple[str, int]:
+        """The release's graph (its ``CudaGraphManager.dispatch``), not the model's choice."""
+        return self._dispatch.graph, self._dispatch.tokens
 
     def _padded_by_release(self, batch: ForwardBatch, slot_map: np.ndarray, real: int) -> ForwardBatch:
         """A graph's padded rows as vLLM pads them: what ``compute_slot_mappings`` left past the real tokens (its

@@ -76,10 +76,12 @@ class WorkerTables:
             self.tables.append_block_ids(self.row_of[rid], tuple(blocks), overwrite=False)
         self.tables.apply_staged_writes()
 
-    def prepare(self, req_ids: list, starts: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    def prepare(self, req_ids: list, starts: np.ndarray, counts: np.ndarray,
+                num_tokens_padded: int | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
         """``prepare_attn`` of a step: per group each token's slot (``[groups, max_num_batched_tokens]``, int64: the
         real tokens', then what the kernel left in the rest, which a graph's padded rows take) and the forward's
-        block tables (per group ``[requests, width]``, int64), the release's kernels' output."""
+        block tables (per group ``[requests, width]``, int64), the release's kernels' output. ``num_tokens_padded``:
+        the rows the forward runs (the graph's, engine_path/vllm/graphs.py; default the token budget)."""
         dev = self.device
         rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32, device=dev)
         self.num_computed[rows.long()] = torch.from_numpy(starts.astype(np.int32)).to(dev)
@@ -90,7 +92,7 @@ class WorkerTables:
         tables = self.tables.gather_block_tables(rows, num_reqs_padded=len(req_ids),
                                                  num_computed_tokens=self.num_computed)
         slots = self.tables.compute_slot_mappings(rows, qsl.to(dev), positions.to(dev),
-                                                  num_tokens_padded=self.max_tokens)
+                                                  num_tokens_padded=num_tokens_padded or self.max_tokens)
         return slots.cpu().numpy().copy(), [t.cpu().numpy().astype(np.int64) for t in tables]
 
 
