@@ -64,6 +64,7 @@ def test_user_design_from_file(tmp_path):
 
 @pytest.mark.parametrize("design, needle", [
     ("nope", "unknown design 'nope'"),
+    ("vllm-skip-1", "design 'vllm-skip-1' is now 'sglang-skip-minus-1'"),
     ("missing.py:X", "does not exist"),
     ("examples/designs/my_fix.py:Nope", "has no class 'Nope'"),
 ])

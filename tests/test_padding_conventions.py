@@ -44,7 +44,7 @@ class Absorb(Design):
     padding = "slot0-absorb"
 
 
-CONVENTIONS = {"slot0": "sglang-post-29460", "slot0-absorb": Absorb, "skip-1": "vllm-skip-1",
+CONVENTIONS = {"slot0": "sglang-post-29460", "slot0-absorb": Absorb, "skip-1": "sglang-skip-minus-1",
                "dummy": "mini-sglang-dummy"}
 
 
@@ -118,7 +118,7 @@ def test_dummy_request_pads_the_batch_itself_to_the_capture_size():
 
 @pytest.mark.parametrize("buggy,expect", [
     ("sglang-pre-24743", "clobbered"),
-    ("vllm-skip-1-pre-24743", "clobbered"),
+    ("sglang-skip-minus-1-pre-24743", "clobbered"),
     ("mini-sglang-dummy-pre-24743", None),      # the padded rows are the dummy's, translated: nothing stale
 ])
 def test_b2_stale_tail_under_each_convention(buggy, expect):

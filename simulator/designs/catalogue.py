@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .base import Design
 from .corpus import (MiniSglangDummy, MiniSglangDummyPre24743, SGLangPR29858, SGLangPre17630, StrictKVWriteLoc,
-                     VllmSkip1, VllmSkip1Pre24743)
+                     SkipMinus1, SkipMinus1Pre24743)
 from .eagle_preplan import DotsEaglePreplan, DotsEaglePreplanRebuild
 from .radix import (PDDecodePost25805, PDDecodePost27779, PDDecodePre25805, PDDecodePre25805Post27779, Radix0523,
                     RadixA1, RadixA2, RadixFixed, RadixR2, RadixR3, RadixR7, RadixR8)
@@ -22,7 +22,7 @@ CATALOGUE: tuple[type[Design], ...] = (
     # SGLang's write-location states of the corpus's first fixes
     SGLangPost29460, SGLangPre29460, SGLangPre24743,
     # the corpus's other states: B3, B4, the strict KVWriteLoc, the other padding conventions
-    SGLangPre17630, SGLangPR29858, StrictKVWriteLoc, VllmSkip1, VllmSkip1Pre24743, MiniSglangDummy,
+    SGLangPre17630, SGLangPR29858, StrictKVWriteLoc, SkipMinus1, SkipMinus1Pre24743, MiniSglangDummy,
     MiniSglangDummyPre24743,
     # releases as a whole and the overlap scheduler's WAR-barrier states (the W-series)
     SGLang0523, SGLangPost33587, SGLangPre26380, SGLangPre31687, SGLangPre33587, SGLang0523WarBarrier,

@@ -59,15 +59,16 @@ class _StaleTail:
         buffer[: swa_loc.shape[0]].copy_(swa_loc)
 
 
-class VllmSkip1(Design):
-    name = "vllm-skip-1"
-    description = ("vLLM / nano-vllm padding: padded rows get location -1 and the store skips it; the graph's "
-                   "persistent slot-mapping buffer is filled with -1 past the real batch.")
+class SkipMinus1(Design):
+    name = "sglang-skip-minus-1"
+    description = ("SGLang's design under vLLM / nano-vllm's padding convention: padded rows get location -1 and the "
+                   "store skips it; the graph's persistent slot-mapping buffer is filled with -1 past the real batch "
+                   "(not a model of vLLM: --engine vllm runs vLLM itself).")
     padding = SKIP_MINUS_1     # its tail value -1 is what the base fill_graph_*_buffer writes past the batch
 
 
-class VllmSkip1Pre24743(_StaleTail, Design):
-    name = "vllm-skip-1-pre-24743"
+class SkipMinus1Pre24743(_StaleTail, Design):
+    name = "sglang-skip-minus-1-pre-24743"
     description = ("-1 padding with skip, but the graph's SWA-location buffer keeps the previous replay's entries "
                    "past the real batch (B2's stale tail): padded rows carry -1 in loc and stale live indices in "
                    "swa_loc, so SWA layers still clobber.")

@@ -14,6 +14,10 @@ from simulator.engine_model.padding_convention import PaddingConvention, padding
 from simulator.scenario import design_file_spec
 
 
+#: built-in designs renamed, old name -> new (the old name is refused naming the new one)
+RENAMED = {"vllm-skip-1": "sglang-skip-minus-1", "vllm-skip-1-pre-24743": "sglang-skip-minus-1-pre-24743"}
+
+
 def design_instance(design: Design) -> Design:
     """A fresh instance of a design for one (backend, model side): a deep copy of the given one."""
     try:
@@ -29,6 +33,9 @@ def load_design(spec: str) -> Design:
         raise DesignError(f"a design is a name or path/to/file.py:ClassName (a string), got {spec!r}")
     if spec in BUILTIN_DESIGNS:
         return BUILTIN_DESIGNS[spec]()
+    if spec in RENAMED:
+        raise DesignError(f"design {spec!r} is now {RENAMED[spec]!r}: it is SGLang's design under vLLM's -1 padding "
+                          f"convention, not a model of vLLM (vLLM itself runs as --engine vllm)")
     file_spec = design_file_spec(spec)
     if file_spec is None:
         raise DesignError(f"unknown design {spec!r}: use one of {', '.join(sorted(BUILTIN_DESIGNS))} "
