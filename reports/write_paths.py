@@ -45,7 +45,8 @@ def _padding(sources: dict) -> str:
         return "not recorded"
     value, skip = pad.get("pad_value"), pad.get("skip_index")
     said = "written (the reserved slot absorbs them)" if skip is None else f"index {skip} skipped by the store"
-    return f"{pad.get('convention', '?')}: padded rows hold {value}, {said}"
+    null = "; page 0 a null block nothing may write" if pad.get("null_block") else ""
+    return f"{pad.get('convention', '?')}: padded rows hold {value}, {said}{null}"
 
 
 def _eviction(run: RunData) -> str:

@@ -89,7 +89,7 @@ def _sources(scenario: Scenario, design: Design, alloc, backends: BackendSource,
     return {"allocator": alloc.source, "scheduler": own or "model", "backends": backends.name, "tree_cache": tree,
             "release": design.release.to_json(), "design": design.name, "executor": type(executor).__name__,
             "padding": {"convention": pad.convention.name, "pad_value": int(pad.pad_value),
-                        "skip_index": pad.skip_index},
+                        "skip_index": pad.skip_index, "null_block": pad.convention.null_block},
             "declared": {"layer_free_write_loc": bool(probe and probe.layer_free_write_loc()),
                          "pure_read_ids": declared(design.read_ids, "pure"),
                          "base_read_ids": declared(design.read_ids, "base_reads")}}

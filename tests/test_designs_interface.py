@@ -302,7 +302,8 @@ def test_translate_is_called_once_per_forward_per_backend(recorded):
 # ------------------------------------------------------------------------------ B2: padding conventions
 
 def test_padding_conventions_are_values_and_names_resolve():
-    assert [c.name for c in PADDING_CONVENTIONS.values()] == ["slot0", "slot0-absorb", "skip-1", "dummy"]
+    assert [c.name for c in PADDING_CONVENTIONS.values()] == ["slot0", "slot0-absorb", "skip-1", "skip-1-null-block",
+                                                                "dummy"]
     assert (SLOT0.pad_value, SLOT0.skip_index, SLOT0.dummy_request) == (0, 0, False)
     assert (SLOT0_ABSORB.pad_value, SLOT0_ABSORB.skip_index) == (0, None)
     assert (SKIP_MINUS_1.pad_value, SKIP_MINUS_1.skip_index, SKIP_MINUS_1.tail_value) == (-1, -1, -1)
@@ -318,7 +319,7 @@ def test_padding_conventions_are_values_and_names_resolve():
 def test_an_unknown_padding_name_in_a_user_design_is_a_clear_design_error(tmp_path):
     f = tmp_path / "bad.py"
     f.write_text("from simulator.designs import Design\nclass Bad(Design):\n    padding = 'slot1'\n")
-    with pytest.raises(DesignError, match=r"bad.py.*padding.*'slot1'.*allowed: slot0, slot0-absorb, skip-1, dummy"):
+    with pytest.raises(DesignError, match=r"bad.py.*padding.*'slot1'.*allowed: slot0, slot0-absorb, skip-1, skip-1-null-block, dummy"):
         load_design(f"{f}:Bad")
 
 

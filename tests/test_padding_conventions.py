@@ -44,8 +44,13 @@ class Absorb(Design):
     padding = "slot0-absorb"
 
 
+class NullBlock(Design):
+    name = "test-null-block"
+    padding = "skip-1-null-block"      # vLLM's: the reserved page compared like any other (nothing may write it)
+
+
 CONVENTIONS = {"slot0": "sglang-post-29460", "slot0-absorb": Absorb, "skip-1": "sglang-skip-minus-1",
-               "dummy": "mini-sglang-dummy"}
+               "skip-1-null-block": NullBlock, "dummy": "mini-sglang-dummy"}
 
 
 def run_keeping_pools(sc, design: Design):
@@ -97,7 +102,7 @@ def test_pad_values_in_out_cache_loc():
     for convention in CONVENTIONS:
         conv = design_of(convention).padding
         assert (conv.pad_value, conv.skip_index) == {"slot0": (0, 0), "slot0-absorb": (0, None), "skip-1": (-1, -1),
-                               "dummy": (None, None)}[convention]
+                               "skip-1-null-block": (-1, -1), "dummy": (None, None)}[convention]
     rng = np.random.default_rng(sc.seed)
     alloc = HybridAllocator(sc.pool.full_size, sc.pool.swa_size, 1)
     sched = Scheduler(sc, alloc, make_requests(sc.workload, rng), rng, pad_value=-1)

@@ -34,6 +34,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "leak": ("scenarios/vllm-graph-pad.toml", "swa-window-free-leaks.yaml", ()),
     "cover": ("scenarios/vllm-cover-paged.toml", None, ()),
     "dp": ("scenarios/vllm-dp-decode.toml", None, ()),
+    "dp_zero": ("scenarios/vllm-dp-decode.toml", "dp-dummy-slots-zero.yaml", ()),
 }
 
 
@@ -161,7 +162,8 @@ def test_compare_shows_where_sglang_and_vllm_write_differently(runs, tmp_path):
     assert rows["engine"] == ("model: sglang-0.5.23", "vllm 0.34.0")
     assert rows["batches made by"] == ("model", "vllm 0.34.0 Scheduler")
     assert rows["padded rows of loc"] == ("slot0: padded rows hold 0, index 0 skipped by the store",
-                                          "skip-1: padded rows hold -1, index -1 skipped by the store")
+                                          "skip-1-null-block: padded rows hold -1, index -1 skipped by the store; "
+                                          "page 0 a null block nothing may write")
     assert rows["forwards"] == ("441", "619")
     evicted = rows["SWA slots freed ahead of their full slots (tokens)"]
     assert evicted[0].endswith("first at step 5") and evicted[1].endswith("first at step 1")
@@ -175,18 +177,34 @@ def test_compare_shows_where_sglang_and_vllm_write_differently(runs, tmp_path):
 @pytest.mark.vllm
 def test_dp_attention_runs_under_the_releases_dp_agreement(runs):
     """scenarios/vllm-dp-decode.toml: decode batches replay a graph padded for the other rank's count (rows past the
-    real tokens -1, skipped), prefills and mixed batches run every rank eager and unpadded; clean."""
+    real tokens -1, skipped), prefills and mixed batches run every rank eager and unpadded, and while this rank holds
+    no request it runs the engine core's dummy forwards (all rows PAD_SLOT_ID); clean."""
     proc, summary, run, out = runs["dp"]
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert summary["findings_total"] == 0 and summary["steps"] == 43
+    assert summary["findings_total"] == 0 and summary["steps"] == 81
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     graphs = [s for s in steps if s["graph"] == "decode_graph"]
-    assert len(graphs) == 20 and all(s["mode"] == "decode" for s in graphs)
-    # padded past the largest this rank alone needs: the other rank's count (a batch of 1 replays the graph of 8)
-    assert steps[1]["real_tokens"] == 1 and steps[1]["padded_tokens"] == 8
+    assert len(graphs) == 67 and all(s["mode"] == "decode" for s in graphs)
+    # before the first arrival: four dummy forwards, padded to the graph of the other rank's decode
+    assert [(s["num_requests"], s["real_tokens"], s["padded_tokens"]) for s in steps[:4]] == \
+        [(0, 0, 8), (0, 0, 8), (0, 0, 4), (0, 0, 4)]
+    assert sum(s["padded_tokens"] > s["real_tokens"] for s in graphs if s["num_requests"]) > 40
     assert all(s["padded_tokens"] == s["real_tokens"] for s in steps if s["graph"] == "eager")
-    g = run["engine_pieces"]["scheduler"]["graphs"]
+    sched = run["engine_pieces"]["scheduler"]
+    g = sched["graphs"]
     assert g["dp_size"] == 2 and g["decode_graph_requests"] == [1, 2, 4, 8] and g["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert sched["did"]["dp_dummy_forwards"] == 4
+
+
+@pytest.mark.vllm
+def test_a_dummy_forward_that_writes_the_null_block_is_found(runs):
+    """tests/engine_patches/vllm/dp-dummy-slots-zero.yaml (the dummy slot mappings 0, #39444's shape): every layer of
+    each of the four dummy forwards writes slot 0 of the null block, which nothing may write."""
+    proc, summary, run, out = runs["dp_zero"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert _found(summary) == {"evicted_slot": 16}
+    first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["slot"], first["observed"]["label"]) == (0, 0, "padding")
 
 
 @pytest.mark.vllm

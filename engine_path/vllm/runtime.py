@@ -21,7 +21,7 @@ import torch
 from simulator.core.boundary import ModelBackends
 from simulator.designs.base import Design
 from simulator.engine_model.backends import BackendSpec
-from simulator.engine_model.padding_convention import SKIP_MINUS_1
+from simulator.engine_model.padding_convention import VLLM_NULL_BLOCK
 from simulator.memory.allocator import HybridAllocator
 
 from ..errors import AdapterLacks
@@ -38,8 +38,9 @@ class VllmDesign(Design):
 
     name = "vllm"
     description = ("vLLM's write path: each layer writes at its KV-cache group's slot mapping (block table row * "
-                   "block_size + offset); padded rows get PAD_SLOT_ID -1, which reshape_and_cache_flash skips.")
-    padding = SKIP_MINUS_1
+                   "block_size + offset); padded rows get PAD_SLOT_ID -1, which reshape_and_cache_flash skips; "
+                   "nothing writes the null block (block 0).")
+    padding = VLLM_NULL_BLOCK
     graph_swa_dtype = torch.int64
 
 

@@ -93,11 +93,18 @@ class Step:
     counts: np.ndarray                          # int64: tokens scheduled
     new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
     appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
+    dummy: bool = False                                 # a DP rank's dummy forward (no request of this rank)
 
     @property
     def gone(self) -> set:
         """Requests whose worker row goes before this forward: finished, or preempted by this schedule."""
+        if self.output is None:
+            return set()
         return set(self.output.finished_req_ids) | set(getattr(self.output, "preempted_req_ids", None) or ())
+
+
+#: with DP, the most dummy forwards one idle gap of this rank runs (the rest of a longer gap is jumped)
+DUMMY_GAP = 8
 
 
 class VllmScheduler:
@@ -132,6 +139,10 @@ class VllmScheduler:
         self.finished = 0
         self.preemptions = 0
         self.hit_tokens = 0                   # tokens a (re)admitted request found in the prefix cache
+        # with DP the other ranks are always working (graphs.py): an idle rank runs the engine core's dummy batches
+        self.dp = scenario.engine.dp_size > 1
+        self.dummies = 0
+        self._gap = 0                         # dummy forwards of the current idle gap
 
     # ------------------------------------------------------------------ set-up
 
@@ -223,7 +234,7 @@ class VllmScheduler:
                 "stand_ins": STAND_INS,
                 "startup_check": self.startup_check,
                 "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
-                        "prefix_hit_tokens": self.hit_tokens}}
+                        "prefix_hit_tokens": self.hit_tokens, "dp_dummy_forwards": self.dummies}}
 
     # ------------------------------------------------------------------ arrivals
 
@@ -269,12 +280,15 @@ class VllmScheduler:
         while True:
             if self.max_steps is not None and self.forwards >= self.max_steps:
                 return None
+            if self._idle_rank():
+                return self._dummy()
             self._arrivals()
             if self.done():
                 self._check_returned()
                 return None
             out = self._call("scheduler (schedule)", self.scheduler.schedule)
             if out.total_num_scheduled_tokens > 0:
+                self._gap = 0
                 break
             # nothing to run: let its bookkeeping settle (an empty step); the clock goes on (an idle engine core
             # still receives requests; _arrivals jumps it when no request is waiting)
@@ -286,6 +300,22 @@ class VllmScheduler:
                 raise SchedulerStalled(self._stalled(idle))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         return self._step_of(out)
+
+    def _idle_rank(self) -> bool:
+        """With DP: this rank holds no request and the next is due later, while the other ranks work: vLLM's DP
+        engine core then runs a dummy batch each step (``execute_dummy_batch``), at most :data:`DUMMY_GAP` a gap."""
+        if not self.dp or self._gap >= DUMMY_GAP or self.scheduler.has_unfinished_requests():
+            return False
+        due = [r[1].arrival_step for r in self.pending[:1]] + [r[0] for r in self._ready]
+        return bool(due) and min(due) > self.clock
+
+    def _dummy(self) -> Step:
+        self._gap += 1
+        self.clock += 1
+        self.forwards += 1
+        self.dummies += 1
+        empty = np.zeros(0, dtype=np.int64)
+        return Step(None, [], empty, empty, dummy=True)
 
     def _call(self, what: str, fn, *args):
         """A call into the release's scheduler: its own exception ends the run as ReleaseBroke, saying where."""

@@ -124,6 +124,10 @@ class VllmStepSource(BatchMaking):
             step = self.driver.next_step()
             if step is None:
                 return
+            if step.dummy:
+                yield self._dummy_batch(k)
+                k += 1
+                continue
             raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)", self.worker.apply,
                       step.new_rows, step.appended, step.gone)
             self._learn_frees(step)
@@ -210,6 +214,20 @@ class VllmStepSource(BatchMaking):
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    def _dummy_batch(self, k: int) -> tuple[ForwardBatch, BatchTruth]:
+        """A DP rank's dummy forward (``_dummy_run`` of one uniform decode token): its graph and rows agreed with
+        the other ranks like any forward's, its slot mappings ``get_dummy_slot_mappings``' (the release's: every
+        row ``PAD_SLOT_ID``, which the store skips); no request, nothing to read."""
+        one = np.ones(1, dtype=np.int64)
+        d = self._dispatch = raised_in("vllm", f"vLLM {self.release_version}'s graph dispatch",
+                                       self.graphs.dispatch, one, one, np.zeros(1, dtype=np.int64))
+        slot_map = raised_in("vllm", f"vLLM {self.release_version}'s worker (get_dummy_slot_mappings)",
+                             self.worker.dummy_slot_mappings, d.tokens)
+        empty = np.zeros(0, dtype=np.int64)
+        self._requests = BatchRequests(rids=empty, seq_lens=empty, extend_lens=empty, slots=(), tag_bases=empty)
+        batch, truth = self._make_batch(k, "decode", 0, [empty], [empty], [empty])
+        return self._padded_by_release(batch, slot_map, 0), truth
 
     def _dp_padding(self, mode: str, real: int, per_request: int, graph_kind) -> tuple[int, int, bool]:
         """The rows the release agreed for this forward (engine_path/vllm/graphs.py), not the model's DP plan."""

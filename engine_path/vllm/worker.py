@@ -96,6 +96,12 @@ class WorkerTables:
         return slots.cpu().numpy().copy(), [t.cpu().numpy().astype(np.int64) for t in tables]
 
 
+    def dummy_slot_mappings(self, num_tokens: int) -> np.ndarray:
+        """A dummy forward's slot mappings (``get_dummy_slot_mappings``: the release fills its whole persistent
+        buffer, as a capture or a DP rank's dummy run does), ``[groups, num_tokens]`` int64."""
+        return self.tables.get_dummy_slot_mappings(num_tokens).cpu().numpy().astype(np.int64)
+
+
 def slots_of(table_row: np.ndarray, block_size: int, lo: int, hi: int) -> np.ndarray:
     """The slots of positions ``[lo, hi)`` through one block-table row (as the attention kernels read it)."""
     pos = np.arange(lo, hi, dtype=np.int64)

@@ -84,7 +84,8 @@ class RunPadding:
 
 def run_padding(conv: PaddingConvention, alloc: HybridAllocator) -> RunPadding:
     page = alloc.page_size
-    reserved = np.arange(page, dtype=np.int64)
+    # a null block is compared like any slot (a write there is a finding); a sink page never is
+    reserved = np.arange(0 if conv.null_block else page, dtype=np.int64)
     if not conv.dummy_request:
         pad, swa_pad = conv.resolve(None, None)
         return RunPadding(conv, pad, swa_pad, conv.skip_index, reserved, (pad,))

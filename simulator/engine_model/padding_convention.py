@@ -28,6 +28,10 @@ class PaddingConvention:
     tail_value: Optional[int] = 0
     #: how a read finding names a slot of the reserved page
     reserved_words: str = "the sink / padding slot"
+    #: the reserved page is a null block that no write may reach (vLLM's block 0: never allocated, read through
+    #: masked table entries): its slots are compared like any other, so a write there is a finding; False: the
+    #: page is a sink whose contents are never compared
+    null_block: bool = False
 
     def resolve(self, dummy_full: Optional[int], dummy_swa: Optional[int]) -> tuple[int, int]:
         """(out_cache_loc pad value, static SWA buffer tail value) of a run, given its dummy request's slots."""
@@ -50,12 +54,17 @@ SLOT0_ABSORB = PaddingConvention(
 SKIP_MINUS_1 = PaddingConvention(
     "skip-1", "padded rows get location -1 and the store skips -1 (vLLM, nano-vllm)",
     pad_value=-1, skip_index=-1, tail_value=-1, reserved_words="in the reserved page 0 (vLLM's null block)")
+VLLM_NULL_BLOCK = PaddingConvention(
+    "skip-1-null-block", "padded rows get PAD_SLOT_ID -1 and the store skips it; block 0 is the null block, which "
+    "nothing may write (vLLM)", pad_value=-1, skip_index=-1, tail_value=-1,
+    reserved_words="in vLLM's null block (block 0)", null_block=True)
 DUMMY = PaddingConvention(
     "dummy", "padded rows get the slots of a dummy request allocated at start (mini-sglang)",
     pad_value=None, skip_index=None, dummy_request=True, tail_value=None)
 
 #: The conventions by name, in the order help texts list them.
-PADDING_CONVENTIONS: dict[str, PaddingConvention] = {c.name: c for c in (SLOT0, SLOT0_ABSORB, SKIP_MINUS_1, DUMMY)}
+PADDING_CONVENTIONS: dict[str, PaddingConvention] = {c.name: c for c in (SLOT0, SLOT0_ABSORB, SKIP_MINUS_1,
+                                                                         VLLM_NULL_BLOCK, DUMMY)}
 
 
 def padding_convention(value: "PaddingConvention | str") -> PaddingConvention:
