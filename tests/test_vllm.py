@@ -318,6 +318,34 @@ def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_relea
     assert got["dp_other_capped"] == ["decode_graph", 2, [1, 2]]
 
 
+@pytest.mark.parametrize("driver", ["none", "its_own"])
+def test_vllm_sees_exactly_one_active_triton_driver_while_it_imports(monkeypatch, driver):
+    """vLLM hands out Triton only where it finds exactly one active (non-cpu) driver, else a placeholder whose kernels
+    are plain functions ("'function' object is not subscriptable" at the first launch). A CPU machine has none, so
+    one is reported while vLLM imports; a GPU machine's own is active, and a second made every --device cpu vLLM run
+    there fail (the bugs --engine vllm corpus on the H100, 2026-12-07)."""
+    from types import SimpleNamespace
+
+    import triton.backends as tb
+
+    from engine_path.vllm.release import _triton_driver_reported
+
+    gpu = SimpleNamespace(driver=SimpleNamespace(is_active=lambda: True))
+    broken = SimpleNamespace(driver=SimpleNamespace(is_active=lambda: 1 / 0))     # a probe that fails: inactive
+    monkeypatch.setattr(tb, "backends", {"nvidia": gpu, "amd": broken} if driver == "its_own" else {"amd": broken})
+    with _triton_driver_reported():
+        active = [n for n, b in tb.backends.items() if n != "cpu" and b.driver and _probe(b.driver)]
+        assert active == (["nvidia"] if driver == "its_own" else ["slotscope-interpreter"])
+    assert "slotscope-interpreter" not in tb.backends
+
+
+def _probe(driver) -> bool:
+    try:
+        return bool(driver.is_active())
+    except ZeroDivisionError:
+        return False
+
+
 def test_slots_through_a_block_table_row():
     from engine_path.vllm.worker import slots_of
 

@@ -122,9 +122,15 @@ def _import(spec: EngineSpec, root: Path, cuda: bool):
 
 @contextmanager
 def _triton_driver_reported():
-    """While vLLM imports: Triton reports an active driver, so ``vllm.triton_utils`` hands out the real Triton (whose
-    interpreter runs the kernels here) instead of its placeholder (it finds no GPU driver on a CPU machine)."""
+    """While vLLM imports: Triton reports exactly one active driver, so ``vllm.triton_utils`` hands out the real
+    Triton (whose interpreter runs the kernels here) instead of its placeholder: on a CPU machine it finds none, and
+    one is reported; on a GPU machine (a ``--device cpu`` run there) the GPU's own is active already, and a second
+    would make vLLM count two and fall back to its placeholder, whose kernels are plain functions."""
     import triton.backends as tb
+
+    if sum(1 for name, b in tb.backends.items() if name != "cpu" and b.driver and _active(b.driver)) == 1:
+        yield
+        return
 
     class _Interpreter:
         @staticmethod
@@ -137,6 +143,13 @@ def _triton_driver_reported():
         yield
     finally:
         tb.backends.pop(key, None)
+
+
+def _active(driver) -> bool:
+    try:
+        return bool(driver.is_active())
+    except Exception:        # a driver whose probe fails (no toolkit) is not active, as vLLM's own check takes it
+        return False
 
 
 def _cuda_device_type() -> None:
