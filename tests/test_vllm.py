@@ -205,6 +205,7 @@ def test_a_dummy_forward_that_writes_the_null_block_is_found(runs):
     assert _found(summary) == {"evicted_slot": 16}
     first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
     assert (first["step"], first["slot"], first["observed"]["label"]) == (0, 0, "padding")
+    assert first["message"] == "write in vLLM's null block (block 0), which nothing may write"
 
 
 @pytest.mark.vllm

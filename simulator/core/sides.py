@@ -87,7 +87,13 @@ def build_target_side(scenario: Scenario, design: Design, alloc: HybridAllocator
         boundaries=side_boundaries(scenario, design, "target", device, alloc.page_size, swa_pad, backends),
         pools=backend_pools(scenario.backends, new_pool),
         reference=reference, checker=Checker(reference, owner_of, reserved,
-                                             reserved_words=design.padding.reserved_words), new_pool=new_pool)
+                                             reserved_words=design.padding.reserved_words,
+                                             null_block=null_block(design, alloc.page_size)), new_pool=new_pool)
+
+
+def null_block(design: Design, page: int) -> Optional[np.ndarray]:
+    """The slots of the design's null block (its padding convention's page 0 where that is one), else None."""
+    return np.arange(page, dtype=np.int64) if design.padding.null_block else None
 
 
 def draft_pool_sizes(design: Design, alloc: HybridAllocator, scenario: Scenario) -> tuple[int, int]:
@@ -131,7 +137,7 @@ def build_draft_side(scenario: Scenario, design: Design, alloc: HybridAllocator,
     # the oracle covers every index the target's allocator hands out, even past a too-small draft pool
     reference = ReferencePool(max(full_rows, alloc.full_rows), max(swa_rows, alloc.swa_rows), device)
     checker = Checker(reference, owner_of, reserved, pool_layers=pool_layers,
-                      reserved_words=design.padding.reserved_words)
+                      reserved_words=design.padding.reserved_words, null_block=null_block(design, page))
     return ModelSide(layers=draft_layers(target, draft),
                      boundaries=side_boundaries(scenario, design, "draft", device, page, swa_pad, backends),
                      pools=backend_pools(scenario.backends, new_pool),

@@ -113,8 +113,11 @@ class _Targets:
 class Checker:
     def __init__(self, reference: ReferencePool, owner_of: Callable[[int], Owner], reserved: np.ndarray,
                  max_detail: int = 100_000, pool_layers: Optional[dict[str, int]] = None,
-                 reserved_words: str = "the sink / padding slot"):
+                 reserved_words: str = "the sink / padding slot", null_block: Optional[np.ndarray] = None):
         self.reference = reference
+        # slots of a null block (vLLM's block 0): compared like any slot; a write there is named so
+        self.null_block = null_block if null_block is not None and null_block.size else None
+        self.reserved_words = reserved_words
         # layers per sub-pool of the pool under test, when it holds more than the layers written (a draft
         # model's pool laid out like the target's); None: every layer of a kind is written every step
         self.pool_layers = pool_layers
@@ -376,6 +379,8 @@ class Checker:
             facts = SlotFacts(live=bool(live[slot]), evicted=bool(evicted is not None and evicted[slot]),
                               expected=expected, went=went, slot=slot, pad_slots=pad_slots)
             cls, msg = classify_slot(facts)
+            if self.null_block is not None and not facts.live and bool(np.isin(slot, self.null_block)):
+                msg = f"write {self.reserved_words}, which nothing may write"
             expected_owner = self._owner(int(self.reference.expected[kind][slot])) if facts.live else None
             emit(Finding(step, backend, w.layer, kind, cls, slot, expected_owner, self._owner(obs), msg))
 
