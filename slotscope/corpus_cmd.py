@@ -33,7 +33,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--report", nargs="?", const="", metavar="OUT",
                    help="write the corpus as one self-contained HTML report (default: out/corpus/report.html)")
     p.add_argument("--out", metavar="DIR", help="also write each run's outputs to DIR/<case>-<buggy|fixed>/")
-    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"), help="pool under test (default cpu)")
+    p.add_argument("--device", default="cpu", choices=("auto", "cpu", "cuda"),
+                   help="pool under test (default cpu); with --engine vllm where vLLM's cases run (cuda: its worker "
+                        "kernels native); --engine sglang picks per case (a case of the release's scheduler on the "
+                        "CPU)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--engine", choices=("sglang", "vllm"), metavar="{sglang,vllm}",
                    help="run every case as release code where it can be: its buggy run on a release that had the "
@@ -90,6 +93,15 @@ def cmd_bugs(args) -> int:
     return EXIT_HOLDS if held == len(outcomes) else EXIT_FAILS
 
 
+def _vllm_device(asked: str) -> str:
+    """Where vLLM's cases run: the CPU (their verdicts there) unless --device asks for CUDA (or auto finds it)."""
+    if asked == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return asked
+
+
 def _bugs_engine(args, cases, out_dir, t0: float) -> int:
     """``bugs --engine sglang``: every case as release code where it can be (slotscope/corpus_engine.py)."""
     from simulator.scenario import BACKENDS
@@ -108,7 +120,7 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
             print(f"bugs --engine: {v.case.id:<10} {'real' if v.real else 'model':<6} "
                   f"{'holds' if v.holds else '-' if v.engine is None else 'FAILS'}", file=sys.stderr, flush=True)
 
-    verdicts = run_engine_corpus(cases, out_dir, BACKENDS, progress)
+    verdicts = run_engine_corpus(cases, out_dir, BACKENDS, progress, vllm_device=_vllm_device(args.device))
     print(format_engine_table(verdicts))
     real = sum(v.real for v in verdicts)
     ran = [v for v in verdicts if v.engine is not None]

@@ -140,8 +140,8 @@ def on_cpu_here(eng: EngineCase) -> bool:
     return eng.engine == "sglang" and SCHEDULER_PIECE in eng.mechanism and torch.cuda.is_available()
 
 
-def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
-    """One engine run of a case (a subprocess), its summary and engine pieces."""
+def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_device: str = "cpu") -> dict:
+    """One engine run of a case (a subprocess), its summary and engine pieces; a vLLM case on ``vllm_device``."""
     scenario = out.with_suffix(".toml")
     spec, patches = (eng.buggy, eng.buggy_patches) if role == "buggy" else (eng.fixed, eng.fixed_patches)
     scenario.write_text(engine_scenario(case, spec).to_toml())
@@ -151,7 +151,9 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends) -> dict:
         cmd += ["--backends", ",".join(backends)]
     for p in patches:
         cmd += ["--engine-patch", str(p)]
-    if on_cpu_here(eng) or eng.engine == "vllm":       # the vLLM cases run on the CPU (their verdicts there)
+    if eng.engine == "vllm":               # the CPU unless asked (bugs --engine vllm --device cuda)
+        cmd += ["--device", vllm_device]
+    elif on_cpu_here(eng):
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -236,7 +238,7 @@ def _outcome(seen: Case, eng: EngineCase, role: str, run: dict) -> tuple[Optiona
     return Outcome(seen, role, eng.spec(role), seen.load(), s, {}, run["wall_s"]), note
 
 
-def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
+def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu") -> EngineVerdict:
     eng = engine_of(case)
     if isinstance(eng, str):
         return EngineVerdict(case, None, eng[len(MODEL_ONLY):].strip(), {}, {})
@@ -245,7 +247,7 @@ def run_engine_case(case: Case, out_dir: Path, backends) -> EngineVerdict:
                                expect_fixed=eng.expect_fixed or case.expect_fixed,
                                also=case.also if eng.also is None else eng.also)
     with cf.ThreadPoolExecutor(2) as pool:
-        futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends)
+        futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends, vllm_device)
                 for role in ROLES}
         runs = {role: f.result() for role, f in futs.items()}
     outcomes, notes = {}, {}
@@ -289,11 +291,13 @@ def write_json(verdicts: list[EngineVerdict], path: Path) -> None:
     tmp.replace(path)
 
 
-def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, progress=None) -> list[EngineVerdict]:
+def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, progress=None,
+                      vllm_device: str = "cpu") -> list[EngineVerdict]:
+    """Every case as release code where it can be; vLLM's cases on ``vllm_device`` ("cpu" or "cuda")."""
     base = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="slotscope-bugs-engine-"))
     verdicts = []
     for case in cases:
-        v = run_engine_case(case, base / slug(case.id), backends)
+        v = run_engine_case(case, base / slug(case.id), backends, vllm_device)
         verdicts.append(v)
         if progress is not None:
             progress(v)

@@ -62,6 +62,20 @@ def test_vllm_cases_are_refused_without_or_with_the_other_engine(tmp_path):
     assert r.returncode == 2 and "case V1 runs on vllm, not sglang" in r.stderr
 
 
+@pytest.mark.parametrize("asked, device", [("cpu", "cpu"), ("cuda", "cuda")])
+def test_vllm_cases_run_where_device_asks(monkeypatch, tmp_path, asked, device):
+    """bugs --engine vllm runs its cases on the CPU unless --device asks for CUDA (gpu-check's vLLM stage)."""
+    import subprocess
+
+    from slotscope import corpus_cmd, corpus_engine
+
+    cmds = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or subprocess.CompletedProcess(cmd, 3, "", ""))
+    case = next(c for c in load_corpus(CORPUS_VLLM) if c.id == "V2")
+    corpus_engine.run_engine_corpus([case], tmp_path, (), vllm_device=corpus_cmd._vllm_device(asked))
+    assert len(cmds) == 2 and all(c[c.index("--device") + 1] == device for c in cmds)
+
+
 def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp_path):
     out = tmp_path / "v.json"
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
