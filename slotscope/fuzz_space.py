@@ -382,8 +382,7 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
 
 #: per engine, the knobs of a draw it does not drive (each refused by its adapter, e.g. engine_path/vllm/scheduler.py's
 #: NOT_YET): :func:`for_engine` clears them, so a search spends its draws on what the engine runs
-NOT_DRIVEN = {"vllm": {"engine": ("speculative", "pd_decode", "overlap", "war_barrier",
-                                  "platform", "piecewise_cuda_graph", "piecewise_max_tokens", "piecewise_shrink",
+NOT_DRIVEN = {"vllm": {"engine": ("speculative", "pd_decode", "overlap", "war_barrier", "platform", "piecewise_shrink",
                                   "attn_tp_size"),
                        "pool": ("unified",)}}
 

@@ -199,7 +199,8 @@ def test_a_draw_for_vllm_clears_what_vllm_is_not_driven_for():
                        "piecewise_cuda_graph": True, "radix_cache": True}}
     got = for_engine(data, "vllm")
     assert got["model"] == {"layers": "SFSF", "window": 8192} and got["pool"] == {"full_size": 112, "page_size": 16}
-    assert got["engine"] == {"dp_size": 2, "radix_cache": True}       # vLLM's own DP agreement pads DP batches
+    # vLLM's own DP agreement pads DP batches, its own graph manager picks piecewise graphs
+    assert got["engine"] == {"dp_size": 2, "piecewise_cuda_graph": True, "radix_cache": True}
     assert for_engine({"model": {"preset": "llama4"}, "engine": {"dp_size": 2}}, "sglang")["engine"] == {"dp_size": 2}
     gen, refused, drawn = Generator(3), [], 0
     for i in range(150):

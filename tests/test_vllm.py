@@ -35,6 +35,9 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "cover": ("scenarios/vllm-cover-paged.toml", None, ()),
     "dp": ("scenarios/vllm-dp-decode.toml", None, ()),
     "dp_zero": ("scenarios/vllm-dp-decode.toml", "dp-dummy-slots-zero.yaml", ()),
+    "smoke": ("scenarios/smoke.toml", None, ()),
+    "smoke_v1": ("scenarios/smoke.toml", ROOT / "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml",
+                 ()),
 }
 
 
@@ -209,10 +212,30 @@ def test_a_dummy_forward_that_writes_the_null_block_is_found(runs):
 
 
 @pytest.mark.vllm
+def test_piecewise_graphs_run_attention_over_the_padded_slot_mapping(runs):
+    """scenarios/smoke.toml (piecewise and decode graphs, DP 2, MIXED): the release's FULL_AND_PIECEWISE dispatch puts
+    prefills and MIXED batches on piecewise graphs of its token sizes, whose attention runs eagerly over the padded
+    slot mapping: clean as released; with #36580's revert the padded rows keep stale slots and the piecewise
+    batches write there too, not the decode graphs alone."""
+    proc, summary, run, out = runs["smoke"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    pw = [s for s in steps if s["graph"] == "piecewise"]
+    assert len(steps) == 34 and len(pw) == 10 and sum(s["padded_tokens"] > s["real_tokens"] for s in pw) == 5
+    g = run["engine_pieces"]["scheduler"]["graphs"]
+    assert g["cudagraph_mode"] == "FULL_AND_PIECEWISE" and g["piecewise_graph_tokens"][:3] == [4, 8, 12]
+    proc, summary, run, out = runs["smoke_v1"]
+    assert proc.returncode == 1 and _found(summary) == {"clobbered": 704}
+    by_step = {s["step"]: s["graph"] for s in steps}
+    graphs = {by_step[json.loads(line)["step"]] for line in (out / "findings.jsonl").read_text().splitlines()}
+    assert graphs == {"piecewise", "decode_graph"}
+
+
+@pytest.mark.vllm
 def test_what_vllm_cannot_run_yet_is_refused(vllm_release):
-    proc = slotscope("run", "scenarios/smoke.toml", "--engine", "vllm==0.34.0", "--no-report", "-q")
+    proc = slotscope("run", "scenarios/b3-draft-pool-size.toml", "--engine", "vllm==0.34.0", "--no-report", "-q")
     assert proc.returncode == 2
-    assert "engine.piecewise_cuda_graph" in proc.stderr
+    assert "speculative decoding: vLLM's EAGLE groups are not driven yet" in proc.stderr
     proc = slotscope("run", SER, "--engine", "vllm", "--design", "sglang-0.5.23", "--no-report", "-q")
     assert proc.returncode == 2 and "--design sglang-0.5.23 with --engine" in proc.stderr
 

@@ -8,9 +8,13 @@ and, with DP (``engine.dp_size > 1``), the ranks agree on it (``sync_cudagraph_a
 to the graph of the largest rank's tokens, and where any rank runs eager all run eager, unpadded. The padded count
 is what the worker's ``compute_slot_mappings`` pads to (its rows past the real tokens -1).
 
-The scenario maps onto the release's compilation config: ``engine.cuda_graph`` is ``FULL_DECODE_ONLY`` (decode
-batches replay FULL graphs; vLLM's piecewise graphs are refused by the scheduler adapter), ``engine.cuda_graph_bs``
-the decode graphs' request counts, at most ``max_num_seqs`` (``decode_cudagraph_capture_shapes`` caps them).
+The scenario maps onto the release's compilation config: ``engine.cuda_graph`` and ``engine.piecewise_cuda_graph``
+pick ``cudagraph_mode`` (both: ``FULL_AND_PIECEWISE``, vLLM's default; decode graphs only: ``FULL_DECODE_ONLY``;
+piecewise only: ``PIECEWISE``), ``engine.cuda_graph_bs`` the decode graphs' request counts (at most
+``max_num_seqs``: ``decode_cudagraph_capture_shapes`` caps them), ``engine.piecewise_capture_sizes`` within the token
+budget the piecewise graphs' token counts. A piecewise forward runs attention eagerly over the padded slot mapping
+(its rows past the real tokens what the kernel left there), so the batch keeps every padded row
+(``BackendSpec.piecewise_padded_rows``).
 
 What stands in (:data:`STAND_INS`): a CPU run captures no graph, so the manager's descriptors are taken as captured;
 one pipeline-parallel rank; the other DP ranks' batches are drawn from ``engine.dp_other_tokens`` (as slotscope's
@@ -46,7 +50,7 @@ def _mod(name: str):
 
 @dataclass(frozen=True)
 class Dispatch:
-    """The release's choice for one forward: the graph path (``decode_graph`` or ``eager``), the token rows the
+    """The release's choice for one forward: the graph path (``decode_graph``, ``piecewise`` or ``eager``), the rows the
     forward runs (padded) and, with DP, every rank's token count before padding (this rank first)."""
 
     graph: str
@@ -66,12 +70,17 @@ class ReleaseGraphs:
         vc = driver.vllm_config
         self.max_reqs = vc.scheduler_config.max_num_seqs
         cc = vc.compilation_config
-        mode = cfg.CUDAGraphMode.FULL_DECODE_ONLY if eng.cuda_graph else cfg.CUDAGraphMode.NONE
+        modes = {(True, True): "FULL_AND_PIECEWISE", (True, False): "FULL_DECODE_ONLY", (False, True): "PIECEWISE",
+                 (False, False): "NONE"}
+        mode = cfg.CUDAGraphMode[modes[bool(eng.cuda_graph), bool(eng.piecewise_cuda_graph)]]
+        budget = vc.scheduler_config.max_num_batched_tokens
         # what a CUDA platform's config resolution sets (a CPU platform resolves no graphs)
         cc.cudagraph_mode = mode
         cc.decode_cudagraph_capture_request_sizes = sorted(eng.cuda_graph_bs) if eng.cuda_graph else []
-        cc.prefill_cudagraph_capture_token_sizes = []
-        cc.max_cudagraph_capture_size = max(cc.decode_cudagraph_capture_request_sizes, default=0)
+        cc.prefill_cudagraph_capture_token_sizes = (sorted(s for s in eng.piecewise_capture_sizes if s <= budget)
+                                                    if eng.piecewise_cuda_graph else [])
+        cc.max_cudagraph_capture_size = max(cc.decode_cudagraph_capture_request_sizes
+                                            + cc.prefill_cudagraph_capture_token_sizes, default=0)
         self.mode = mode.name
         with self._single_rank():
             self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode, {1: self.max_reqs})
@@ -93,9 +102,12 @@ class ReleaseGraphs:
             cgu.get_pp_group, cgu.current_platform = saved
 
     def describe(self) -> dict:
-        return {"cudagraph_mode": self.mode, "decode_graph_requests": sorted(
-                    {d.num_reqs for d in self.manager._capture_descs.get(self.manager.cudagraph_mode.decode_mode(),
-                                                                         ())}),
+        m = self.manager
+        return {"cudagraph_mode": self.mode,
+                "decode_graph_requests": sorted({d.num_reqs for d in m._capture_descs.get(m.cudagraph_mode.decode_mode(),
+                                                                                         ())}),
+                "piecewise_graph_tokens": sorted({d.num_tokens for d in m._capture_descs.get(
+                    m.cudagraph_mode.mixed_mode(), ()) if d.uniform_token_count is None}),
                 "dp_size": self.dp_size, "stand_ins": STAND_INS}
 
     def dispatch(self, starts: np.ndarray, counts: np.ndarray, prompt_lens: np.ndarray) -> Dispatch:
@@ -113,7 +125,7 @@ class ReleaseGraphs:
             desc, _ = self._dpu.dispatch_cg_and_sync_dp(
                 self.manager, num_reqs, num_tokens, uniform, self.dp_size, 0,
                 max_query_len=max_q if eligible else None, uniform_decode=uniform == 1)
-        graph = "decode_graph" if desc.cg_mode.name == "FULL" else "eager"
+        graph = {"FULL": "decode_graph", "PIECEWISE": "piecewise"}.get(desc.cg_mode.name, "eager")
         ranks = () if votes is None else (num_tokens, *votes[0, 1:].tolist())
         return Dispatch(graph, int(desc.num_tokens), ranks)
 
@@ -128,8 +140,9 @@ class ReleaseGraphs:
                 desc = self.manager.dispatch(n, n, 1, 0, max_query_len=1)
                 t[:, r] = torch.tensor([n, desc.cg_mode.value, 1, 1, 0, n, 0], dtype=torch.int32)
             else:
-                n = max(1, n)
-                t[:, r] = torch.tensor([n, 0, 0, -1, 0, 1, 0], dtype=torch.int32)
+                n = max(1, n)                   # a prefill of n tokens: a piecewise graph where one holds it
+                desc = self.manager.dispatch(1, n, None, 0)
+                t[:, r] = torch.tensor([n, desc.cg_mode.value, 0, -1, 0, 1, 0], dtype=torch.int32)
         return t
 
     @contextlib.contextmanager

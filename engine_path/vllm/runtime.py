@@ -69,7 +69,7 @@ class VllmBackends(ModelBackends):
     name = "vllm (its attention backends write through reshape_and_cache_flash: one boundary)"
 
     def __init__(self):
-        super().__init__({BACKEND: BackendSpec(BACKEND, swa_ids="translate")})
+        super().__init__({BACKEND: BackendSpec(BACKEND, swa_ids="translate", piecewise_padded_rows=True)})
 
 
 class VllmRuntime:

@@ -67,9 +67,6 @@ NOT_YET = (
     (lambda sc: sc.engine.pd_decode, "a PD decode node: vLLM's KV connectors are not driven"),
     (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),
     (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
-    (lambda sc: sc.engine.piecewise_cuda_graph, "engine.piecewise_cuda_graph: slotscope models SGLang's piecewise "
-                                                "graphs (per-layer narrowing); vLLM's (torch.compile, padded tokens "
-                                                "at slot -1) are not driven yet"),
 )
 
 

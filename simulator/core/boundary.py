@@ -90,7 +90,10 @@ class BackendBoundary:
         swa = self._swa_ids(self._translated(batch, out_cache_loc), full_to_swa, ctx)
         window = batch.graph in self.spec.window_graphs
         if batch.graph == "piecewise":
-            if self.engine.piecewise_shrink:
+            if self.spec.piecewise_padded_rows:
+                # attention runs eagerly over the padded location as the batch carries it (vLLM)
+                loc = out_cache_loc
+            elif self.engine.piecewise_shrink:
                 # each attention layer narrows out_cache_loc (and Q/K/V) to the real token count
                 loc = out_cache_loc[:real]
             else:

@@ -45,6 +45,10 @@ class BackendSpec:
     #: requests' first columns, the wrong slots for every step but the first request's first (0.5.23's xpu: each
     #: child of its multi-step draft backend translates the ``out_cache_loc`` its metadata init sees, the window)
     draft_step_swa: str = "step"
+    #: under piecewise graphs, attention (and its store) runs eagerly over the whole padded location, as the batch
+    #: carries it (vLLM: the padded rows' slot mapping is what its kernel left there, -1 when right); False: each
+    #: attention layer narrows to the real rows, or runs on the piece's static buffer (SGLang, engine.piecewise_shrink)
+    piecewise_padded_rows: bool = False
 
     def with_window_graph(self, graph: str) -> "BackendSpec":
         return dataclasses.replace(self, window_graphs=self.window_graphs | {graph})
