@@ -316,6 +316,15 @@ out["dp_decode"] = go(two, [9], [1], [5])            # the other rank decodes 3:
 out["dp_idle_other"] = go(two, [9, 9, 9], [1, 1, 1], [5, 5, 5])     # idle rank (a dummy of 1): ours alone
 out["dp_extend"] = go(two, [0], [7], [7])            # this rank prefills: every rank eager, unpadded
 out["dp_other_capped"] = go(two, [9], [1], [5])      # drawn 2
+# the batch as the model runner lays it out (its sort_batch_req_ids): decodes first, then by token count
+from types import SimpleNamespace as NS
+d = VllmScheduler(load_scenario("scenarios/sched-evict-retract.toml"), [], lambda i: np.zeros(1, dtype=np.int64))
+fake = NS(scheduled_new_reqs=[NS(req_id="n", num_computed_tokens=0, block_ids=([1], [2]))],
+          scheduled_cached_reqs=NS(req_ids=["c7", "d1", "d2"], num_computed_tokens=[40, 30, 20],
+                                   new_block_ids=[None, None, None]),
+          num_scheduled_tokens={"n": 12, "c7": 7, "d1": 1, "d2": 1}, scheduled_spec_decode_tokens={})
+st = d._step_of(fake)
+out["order"] = [st.req_ids, st.starts.tolist(), st.counts.tolist()]
 print(json.dumps(out))
 """
 
@@ -325,7 +334,7 @@ def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_relea
     """The release's CudaGraphManager and dispatch_cg_and_sync_dp choose each forward's graph and padded rows: a
     uniform decode (a prefill's last token over computed context included) takes the smallest FULL decode graph
     that holds it, anything else runs eager unpadded; with DP every rank pads to the largest rank's graph, and a
-    rank that prefills makes every rank eager."""
+    rank that prefills makes every rank eager. The batch's rows are in the model runner's order."""
     proc = subprocess.run([sys.executable, "-c", GRAPH_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -340,6 +349,8 @@ def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_relea
     assert got["dp_idle_other"] == ["decode_graph", 4, [3, 1]]
     assert got["dp_extend"] == ["eager", 7, [7, 9]]
     assert got["dp_other_capped"] == ["decode_graph", 2, [1, 2]]
+    # scheduler output order n, c7, d1, d2 (new requests first); the runner's: decodes, then 7 tokens, then 12
+    assert got["order"] == [["d1", "d2", "c7", "n"], [30, 20, 40, 0], [1, 1, 7, 12]]
 
 
 @pytest.mark.parametrize("driver", ["none", "its_own"])

@@ -357,9 +357,20 @@ class VllmScheduler:
             starts.append(start)
             if blocks is not None:
                 appended[rid] = [list(b) for b in blocks]
+        # the batch as the model runner lays it out (its own sort_batch_req_ids: drafts and decodes first, then by
+        # token count), which fixes each request's rows in the slot mapping and the block tables
+        at = {r: i for i, r in enumerate(ids)}
+        order = [at[r] for r in self._batch_order(out)]
+        ids = [ids[i] for i in order]
+        starts = [starts[i] for i in order]
         counts = [out.num_scheduled_tokens[r] for r in ids]
         return Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
                     new_rows, appended)
+
+    def _batch_order(self, out) -> list[str]:
+        runner = _mod("vllm.v1.worker.gpu.model_runner")
+        return runner.sort_batch_req_ids(out.num_scheduled_tokens, out.scheduled_spec_decode_tokens or {},
+                                         self.vllm_config.uniform_decode_query_len)
 
     def manager_blocks(self, req_id: str) -> list[np.ndarray]:
         """Per group, the block ids the release's manager holds for a request (int64; null blocks as 0)."""
