@@ -325,6 +325,15 @@ fake = NS(scheduled_new_reqs=[NS(req_id="n", num_computed_tokens=0, block_ids=([
           num_scheduled_tokens={"n": 12, "c7": 7, "d1": 1, "d2": 1}, scheduled_spec_decode_tokens={})
 st = d._step_of(fake)
 out["order"] = [st.req_ids, st.starts.tolist(), st.counts.tolist()]
+# an empty schedule's finished requests: the model runner frees their rows without a forward; ours at the next one
+empty = NS(total_num_scheduled_tokens=0, finished_req_ids={"f"}, preempted_req_ids=set())
+fake.total_num_scheduled_tokens, fake.finished_req_ids, fake.preempted_req_ids = 21, {"g"}, set()
+outs = [empty, fake]
+d.done, d._arrivals, d.pending = (lambda: False), (lambda: None), [(0, None)]
+d.scheduler.schedule = lambda: outs.pop(0)
+d.scheduler.update_from_output = lambda *a: None
+st = d.next_step()
+out["gone"] = sorted(st.gone)
 print(json.dumps(out))
 """
 
@@ -351,6 +360,8 @@ def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_relea
     assert got["dp_other_capped"] == ["decode_graph", 2, [1, 2]]
     # scheduler output order n, c7, d1, d2 (new requests first); the runner's: decodes, then 7 tokens, then 12
     assert got["order"] == [["d1", "d2", "c7", "n"], [30, 20, 40, 0], [1, 1, 7, 12]]
+    # a request that finished before an empty (blocked) schedule leaves the worker at the next forward
+    assert got["gone"] == ["f", "g"]
 
 
 @pytest.mark.parametrize("driver", ["none", "its_own"])

@@ -91,13 +91,16 @@ class Step:
     new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
     appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
     dummy: bool = False                                 # a DP rank's dummy forward (no request of this rank)
+    carried: set = field(default_factory=set)           # gone in the empty schedules since the previous forward
 
     @property
     def gone(self) -> set:
-        """Requests whose worker row goes before this forward: finished, or preempted by this schedule."""
+        """Requests whose worker row goes before this forward: finished, or preempted by this schedule or by an
+        empty one since the previous forward (whose output the model runner applies without running a forward)."""
         if self.output is None:
-            return set()
-        return set(self.output.finished_req_ids) | set(getattr(self.output, "preempted_req_ids", None) or ())
+            return set(self.carried)
+        return (set(self.output.finished_req_ids) | set(getattr(self.output, "preempted_req_ids", None) or ())
+                | self.carried)
 
 
 #: with DP, the most dummy forwards one idle gap of this rank runs (the rest of a longer gap is jumped)
@@ -140,6 +143,7 @@ class VllmScheduler:
         self.dp = scenario.engine.dp_size > 1
         self.dummies = 0
         self._gap = 0                         # dummy forwards of the current idle gap
+        self._carried: set = set()            # requests gone in empty schedules, for the next forward's worker
 
     # ------------------------------------------------------------------ set-up
 
@@ -291,12 +295,18 @@ class VllmScheduler:
             # still receives requests; _arrivals jumps it when no request is waiting)
             self._call("scheduler (update_from_output)", self.scheduler.update_from_output, out,
                        _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
+            # the model runner applies an empty schedule's output (finished and preempted rows go) without a
+            # forward: the next forward's worker step frees them
+            self._carried |= Step(out, [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).gone
+            self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
             idle += 1
             self.clock += 1
             if not (self.pending or self._ready) and idle > 2:
                 raise SchedulerStalled(self._stalled(idle))
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
-        return self._step_of(out)
+        step = self._step_of(out)
+        step.carried, self._carried = self._carried, set()
+        return step
 
     def _idle_rank(self) -> bool:
         """With DP: this rank holds no request and the next is due later, while the other ranks work: vLLM's DP
@@ -312,7 +322,7 @@ class VllmScheduler:
         self.forwards += 1
         self.dummies += 1
         empty = np.zeros(0, dtype=np.int64)
-        return Step(None, [], empty, empty, dummy=True)
+        return Step(None, [], empty, empty, dummy=True)     # (rows gone meanwhile wait for the next real forward)
 
     def _call(self, what: str, fn, *args):
         """A call into the release's scheduler: its own exception ends the run as ReleaseBroke, saying where."""
