@@ -144,7 +144,7 @@ def _kept_out_of_collections(release: str) -> None:
     Once per release and process, after its import (the first run's runtime with it), the garbage of earlier runs
     collected first: a freeze keeps whatever is alive then for ever, so freezing at every run's start
     kept each earlier run's cyclic garbage (its pools, the release's block pool) and a long ``fuzz --engine vllm``
-    grew by some 45 MB a draw until the kernel killed it. Unfrozen at exit, so the interpreter's teardown still
+    grew by some 30 MB a draw until the kernel killed it. Unfrozen at exit, so the interpreter's teardown still
     frees them (triton's bindings print leak reports otherwise)."""
     if release in _FROZEN:
         return

@@ -85,30 +85,20 @@ class ReleaseGraphs:
         with self._single_rank():
             self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode, {1: self.max_reqs})
         self.manager._graphs_captured = True        # STAND_INS: the descriptors as captured
-        self.largest = max((d.num_reqs or 0 for d in self.manager._capture_descs.get(mode.decode_mode(), ())),
-                           default=0)
-        self._votes: Optional[torch.Tensor] = None
+        descs = self.manager._capture_descs
+        self.decode_requests = sorted({d.num_reqs for d in descs.get(mode.decode_mode(), ())})
+        self.piecewise_tokens = sorted({d.num_tokens for d in descs.get(mode.mixed_mode(), ())
+                                        if d.uniform_token_count is None})
+        self.largest = max(self.decode_requests, default=0)
 
-    @contextlib.contextmanager
     def _single_rank(self):
-        """The manager's constructor asks the pipeline-parallel group and the platform's graph pool."""
-        cgu = self._cgu
-        saved = cgu.get_pp_group, cgu.current_platform
-        cgu.get_pp_group = lambda: SimpleNamespace(is_first_rank=True, is_last_rank=True)
-        cgu.current_platform = SimpleNamespace(get_global_graph_pool=lambda: None)
-        try:
-            yield
-        finally:
-            cgu.get_pp_group, cgu.current_platform = saved
+        """The manager's constructor asks the pipeline-parallel group and the platform's graph pool: one rank, none."""
+        return _module_attrs(self._cgu, get_pp_group=lambda: SimpleNamespace(is_first_rank=True, is_last_rank=True),
+                             current_platform=SimpleNamespace(get_global_graph_pool=lambda: None))
 
     def describe(self) -> dict:
-        m = self.manager
-        return {"cudagraph_mode": self.mode,
-                "decode_graph_requests": sorted({d.num_reqs for d in m._capture_descs.get(m.cudagraph_mode.decode_mode(),
-                                                                                         ())}),
-                "piecewise_graph_tokens": sorted({d.num_tokens for d in m._capture_descs.get(
-                    m.cudagraph_mode.mixed_mode(), ()) if d.uniform_token_count is None}),
-                "dp_size": self.dp_size, "stand_ins": STAND_INS}
+        return {"cudagraph_mode": self.mode, "decode_graph_requests": self.decode_requests,
+                "piecewise_graph_tokens": self.piecewise_tokens, "dp_size": self.dp_size, "stand_ins": STAND_INS}
 
     def dispatch(self, starts: np.ndarray, counts: np.ndarray, prompt_lens: np.ndarray) -> Dispatch:
         """The graph and padded rows of a forward of ``counts`` tokens per request from ``starts``."""
@@ -145,20 +135,26 @@ class ReleaseGraphs:
                 t[:, r] = torch.tensor([n, desc.cg_mode.value, 0, -1, 0, 1, 0], dtype=torch.int32)
         return t
 
-    @contextlib.contextmanager
     def _dp_group(self, votes: Optional[torch.Tensor]):
         """The DP group's all-reduce: this rank's column is the release's own; the others' are ``votes``'."""
         if votes is None:
-            yield
-            return
+            return contextlib.nullcontext()
 
         def all_reduce(tensor: torch.Tensor) -> None:
             tensor[:, 1:] += votes[:, 1:]
 
-        dpu = self._dpu
-        saved = dpu.get_dp_group
-        dpu.get_dp_group = lambda: SimpleNamespace(cpu_all_reduce_=all_reduce, dead_dp_ranks=())
-        try:
-            yield
-        finally:
-            dpu.get_dp_group = saved
+        group = SimpleNamespace(cpu_all_reduce_=all_reduce, dead_dp_ranks=())
+        return _module_attrs(self._dpu, get_dp_group=lambda: group)
+
+
+@contextlib.contextmanager
+def _module_attrs(module, **values):
+    """Within the block, ``module``'s globals ``values`` (the release's own functions see them); put back after."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)

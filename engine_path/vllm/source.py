@@ -170,9 +170,7 @@ class VllmStepSource(BatchMaking):
                     self.counts["evicted_swa_slots"] += int(evicted.size)
 
     def _batch_of(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
-        prompts = self._prompt_lens[[int(r) for r in step.req_ids]]
-        d = self._dispatch = raised_in("vllm", f"vLLM {self.release_version}'s graph dispatch",
-                                       self.graphs.dispatch, step.starts, step.counts, prompts)
+        d = self._dispatched(step.starts, step.counts, self._prompt_lens[[int(r) for r in step.req_ids]])
         slot_map, tables = raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)",
                                      self.worker.prepare, step.req_ids, step.starts, step.counts, d.tokens)
         tags, locs, swas, truth_full, rows = [], [], [], [], []
@@ -220,14 +218,19 @@ class VllmStepSource(BatchMaking):
         the other ranks like any forward's, its slot mappings ``get_dummy_slot_mappings``' (the release's: every
         row ``PAD_SLOT_ID``, which the store skips); no request, nothing to read."""
         one = np.ones(1, dtype=np.int64)
-        d = self._dispatch = raised_in("vllm", f"vLLM {self.release_version}'s graph dispatch",
-                                       self.graphs.dispatch, one, one, np.zeros(1, dtype=np.int64))
+        d = self._dispatched(one, one, np.zeros(1, dtype=np.int64))
         slot_map = raised_in("vllm", f"vLLM {self.release_version}'s worker (get_dummy_slot_mappings)",
                              self.worker.dummy_slot_mappings, d.tokens)
         empty = np.zeros(0, dtype=np.int64)
         self._requests = BatchRequests(rids=empty, seq_lens=empty, extend_lens=empty, slots=(), tag_bases=empty)
         batch, truth = self._make_batch(k, "decode", 0, [empty], [empty], [empty])
         return self._padded_by_release(batch, slot_map, 0), truth
+
+    def _dispatched(self, starts: np.ndarray, counts: np.ndarray, prompts: np.ndarray):
+        """The release's graph and rows for a forward (engine_path/vllm/graphs.py), kept for the batch making."""
+        self._dispatch = raised_in("vllm", f"vLLM {self.release_version}'s graph dispatch", self.graphs.dispatch,
+                                   starts, counts, prompts)
+        return self._dispatch
 
     def _dp_padding(self, mode: str, real: int, per_request: int, graph_kind) -> tuple[int, int, bool]:
         """The rows the release agreed for this forward (engine_path/vllm/graphs.py), not the model's DP plan."""

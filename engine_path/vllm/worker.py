@@ -95,7 +95,6 @@ class WorkerTables:
                                                   num_tokens_padded=num_tokens_padded or self.max_tokens)
         return slots.cpu().numpy().copy(), [t.cpu().numpy().astype(np.int64) for t in tables]
 
-
     def dummy_slot_mappings(self, num_tokens: int) -> np.ndarray:
         """A dummy forward's slot mappings (``get_dummy_slot_mappings``: the release fills its whole persistent
         buffer, as a capture or a DP rank's dummy run does), ``[groups, num_tokens]`` int64."""
