@@ -65,10 +65,22 @@ def make_scheduler(scenario: Scenario, alloc, release: Release, rng: np.random.G
     if kind == "radix":
         # the radix cache between the scheduler and the allocator (opt-in)
         return SharingScheduler(scenario, alloc, requests, rng, sharing=release.sharing, **kw)
+    if kind == "base" and release.behaviour.disabled_tree and _tree_runs(scenario, alloc):
+        # 0.5.23: the radix cache off is its tree disabled under the same scheduler (PrefillAdder, retraction)
+        return SharingScheduler(scenario, alloc, requests, rng, sharing=release.sharing, tree_disabled=True, **kw)
     if kind == "pd_decode":
         # a PD decode node: SWA-tail pre-allocation, the transferred KV, the chunk cache's frees
         return PDDecodeScheduler(scenario, alloc, requests, rng, sharing=release.sharing, **kw)
     return Scheduler(scenario, alloc, requests, rng, **kw)
+
+
+def _tree_runs(scenario: Scenario, alloc) -> bool:
+    """Whether the scheduler over a disabled tree models this scenario: page 1 (where ``conform --scheduler``
+    proved it against 0.5.23), not with speculative decoding, the overlap scheduler or the unified pool yet;
+    those keep the plain scheduler."""
+    eng = scenario.engine
+    return (alloc.page_size == 1 and not eng.speculative.enabled and not eng.overlap and not scenario.pool.unified
+            and (isinstance(alloc, HybridAllocator) or bool(getattr(alloc, "release_frees", False))))
 
 
 def model_allocator(scenario: Scenario, release: Release):

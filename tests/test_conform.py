@@ -24,7 +24,9 @@ A2 = "scenarios/a2-pd-decode-swa-tail.toml"
 
 RUNS = {
     "b1": (B1, "--page-size", "1"),
-    "paged": (PAGED, "--page-size", "16"),
+    # torch_native left out: the release's own SDPA raises there from step 7 (an SWA gather at full-pool ids past
+    # the SWA pool's rows; tests/test_engine_backends.py NATIVE_CRASHES)
+    "paged": (PAGED, "--page-size", "16", "--backends", "flashinfer,triton,flashattention,trtllm_mha,aiter,xpu,musa"),
     "lifo": (B1, "--design", LIFO),
     "radix": (R3, "--page-size", "1", "--max-steps", "60"),
     # the release's torch_native cannot verify (its forward_extend reads the extend lengths a TARGET_VERIFY batch has
@@ -63,7 +65,7 @@ def _json(proc) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.engine
-@pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 60)])
+@pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 51)])
 def test_model_conforms(conform_runs, key, steps):
     proc = conform_runs[key]
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -75,7 +77,7 @@ def test_model_conforms(conform_runs, key, steps):
     assert {"swa_ids", "schedule", "out_cache_loc", "mapping", "evicted_swa", "freed_full", "freed_swa",
             "swa_loc [plan]", "swa_loc [translate]", "write_loc [plan]", "write_loc [translate]"} <= set(res["fields"])
     assert res["groups"] == {"plan": ["flashinfer", "triton", "flashattention", "trtllm_mha", "musa"],
-                             "translate": ["aiter", "xpu", "torch_native"]}
+                             "translate": ["aiter", "xpu"] + (["torch_native"] if key == "b1" else [])}
     assert "every step conforms" in proc.stdout
 
 
@@ -93,12 +95,12 @@ def test_lifo_model_diverges_at_first_reuse(conform_runs):
     proc = conform_runs["lifo"]
     assert proc.returncode == 1, proc.stdout + proc.stderr
     first = _json(proc)["first"]
-    # B1 step 3: out_cache_loc still agrees; the SWA slot of the token at full slot 1082 does not: the
+    # B1 step 1: out_cache_loc still agrees; the SWA slot of the token at full slot 1025 does not: the
     # model hands out an SWA slot freed by eviction (LIFO), the release the next one of its FIFO list
-    assert (first["step"], first["field"]) == (3, "mapping")
+    assert (first["step"], first["field"]) == (1, "mapping")
     assert first["where"] == MAPPING_WHERE
     assert first["detail"] == LIFO_DETAIL
-    assert f"first divergence: step 3, mapping ({MAPPING_WHERE}): {LIFO_DETAIL}" in proc.stdout
+    assert f"first divergence: step 1, mapping ({MAPPING_WHERE}): {LIFO_DETAIL}" in proc.stdout
     fields = _json(proc)["fields"]
     assert fields["mapping"][1] > 0 and fields["swa_ids"] == [8, 0]
 
@@ -157,9 +159,9 @@ def test_not_compared_lists_what_the_trace_does_not_run():
         == "engine.overlap"
 
 
-MAPPING_WHERE = "full_to_swa[1082]"
-LIFO_DETAIL = ("entries first differs at index 294: model [..., 0, 0, 0, 166, 167, 168, 169, ...] (len 300), "
-               "engine [..., 0, 0, 0, 1082, 1083, 1084, 1085, ...] (len 300)")
+MAPPING_WHERE = "full_to_swa[1025]"
+LIFO_DETAIL = ("entries first differs at index 103: model [..., 0, 0, 0, 794, 795, 796, 797, ...] (len 154), "
+               "engine [..., 0, 0, 0, 1025, 1026, 1027, 1028, ...] (len 154)")
 
 
 @pytest.mark.engine

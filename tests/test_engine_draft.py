@@ -71,13 +71,13 @@ def runs(tmp_path_factory, engine_releases):
 
 
 #: (draft extends after a prefill, draft decodes, draft extends after a verify, target verifies) per scenario
-FORWARDS = {"paths-spec": (11, 68, 34, 34), "b3-draft-pool-size": (23, 24, 12, 12)}
+FORWARDS = {"paths-spec": (11, 46, 23, 23), "b3-draft-pool-size": (23, 24, 12, 12)}
 #: verifies replaying the target's decode runner in TARGET_VERIFY mode, and those DP-padded past their own capture
 #: size (run eagerly), per scenario
-VERIFY_GRAPH = {"paths-spec": (16, 13), "b3-draft-pool-size": (12, 0)}
+VERIFY_GRAPH = {"paths-spec": (6, 12), "b3-draft-pool-size": (12, 0)}
 #: draft extends after a verify replaying the release's draft-extend graph runner, and those DP-padded past their own
 #: capture size (run eagerly: the runner's DP gather is not driven), per scenario
-DRAFT_EXTEND_GRAPH = {"paths-spec": (14, 15), "b3-draft-pool-size": (12, 0)}
+DRAFT_EXTEND_GRAPH = {"paths-spec": (9, 9), "b3-draft-pool-size": (12, 0)}
 #: draft backends without a multi-step draft backend of the release, and why (the draft's decode steps are the
 #: model's there): torch_native has none (DraftBackendFactory maps none); flashinfer's and trtllm_mha's assert one
 #: wrapper per child, which a draft with an SWA layer (paths-spec's "FS") has not got
@@ -125,19 +125,19 @@ def test_every_forward_of_an_eagle_round_is_the_releases_on_every_backend(runs, 
     # verify and draft extend of a request longer than the window (docs/ENGINE.md, "flashinfer's EAGLE SWA tables");
     # aiter: 0.5.23's draft steps over a hybrid draft pool read the committed keys only (F2: paths-spec's "FS" draft;
     # b3's draft of full layers keeps a plain pool and aiter's ragged kernel, whose ids carry the step's keys)
-    want = {"paths-spec": {("torch_native", "design_error", "target"): 40,
-                           ("torch_native", "design_error", "draft"): 35,
-                           ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39,
-                           ("xpu", "evicted_slot", "draft"): 33,
-                           ("flashinfer", "stale_read", "target"): 2160, ("flashinfer", "stale_read", "draft"): 792,
-                           ("aiter", "stale_read", "draft"): 570},
+    want = {"paths-spec": {("torch_native", "design_error", "target"): 28,
+                           ("torch_native", "design_error", "draft"): 27,
+                           ("xpu", "missed", "draft"): 99, ("xpu", "clobbered", "draft"): 28,
+                           ("xpu", "evicted_slot", "draft"): 40,
+                           ("flashinfer", "stale_read", "target"): 2016, ("flashinfer", "stale_read", "draft"): 684,
+                           ("aiter", "stale_read", "draft"): 534},
             "b3-draft-pool-size": {("torch_native", "design_error", "target"): 19,
                                    ("flashinfer", "stale_read", "target"): 1332}}[name]
     assert got == want and rc == 1
     raised = collections.Counter((f["message"].split(" raised ")[1].split(":")[0], f["message"].split("mode ")[1]
                                   .split(",")[0]) for f in findings if f["class"] == "design_error")
-    assert raised == {"paths-spec": {("IndexError", "extend"): 6, ("AttributeError", "target_verify"): 34,
-                                     ("IndexError", "draft_extend"): 35},
+    assert raised == {"paths-spec": {("IndexError", "extend"): 5, ("AttributeError", "target_verify"): 23,
+                                     ("IndexError", "draft_extend"): 27},
                       "b3-draft-pool-size": {("IndexError", "extend"): 7, ("AttributeError", "target_verify"): 12}
                       }[name]
 
@@ -151,16 +151,16 @@ def test_a_bug_in_a_backends_draft_pool_resolution_is_found_on_that_draft_only(t
     assert [x["applied_by"] for x in rec] == ["slotscope"] and "static or class method" in rec[0]["why"]
     got = _by_side(findings, "paths-spec")
     # the draft's flashinfer never translates: its SWA layer hands the pool no swa_loc (the hybrid pool asserts one)
-    # at every one of its extends (11 after a prefill, 34 after a verify), and its SWA table reads the SWA pool at
-    # full-pool ids (96 of the stale reads: the extends after a prefill; the rest its draft extends after a verify,
+    # at every one of its extends (11 after a prefill, 23 after a verify), and its SWA table reads the SWA pool at
+    # full-pool ids (stale reads at the extends after a prefill; the rest its draft extends after a verify,
     # which read from position 0 unpatched too); the target's verifies as unpatched
     assert {k: n for k, n in got.items() if k[0] == "flashinfer"} == {
-        ("flashinfer", "stale_read", "draft"): 1534, ("flashinfer", "design_error", "draft"): 45,
-        ("flashinfer", "stale_read", "target"): 2160}
+        ("flashinfer", "stale_read", "draft"): 1420, ("flashinfer", "design_error", "draft"): 34,
+        ("flashinfer", "stale_read", "target"): 2016}
     assert {k: n for k, n in got.items() if k[0] != "flashinfer"} == {
-        ("torch_native", "design_error", "target"): 40, ("torch_native", "design_error", "draft"): 35,
-        ("xpu", "missed", "draft"): 96, ("xpu", "clobbered", "draft"): 39, ("xpu", "evicted_slot", "draft"): 33,
-        ("aiter", "stale_read", "draft"): 570}
+        ("torch_native", "design_error", "target"): 28, ("torch_native", "design_error", "draft"): 27,
+        ("xpu", "missed", "draft"): 99, ("xpu", "clobbered", "draft"): 28, ("xpu", "evicted_slot", "draft"): 40,
+        ("aiter", "stale_read", "draft"): 534}
 
 
 @pytest.mark.slow

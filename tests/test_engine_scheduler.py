@@ -1,7 +1,8 @@
 """`slotscope conform --scheduler`: the model's scheduler against SGLang 0.5.23's own ``Scheduler`` (no model).
 
-Three CLI runs against the cached 0.5.23, two at a time: B2 under the design ``sglang-0.5.23`` conforms on every
-forward (61: mode, requests, new tokens, lengths, write slots, free slots); a model with LIFO free lists
+Three CLI runs against the cached 0.5.23, two at a time: sched-evict-retract (the radix cache off: 0.5.23's
+scheduler over its disabled tree, retractions, decode-time SWA eviction) under the design ``sglang-0.5.23`` conforms
+on every forward (536: mode, requests, new tokens, lengths, write slots, free slots); a model with LIFO free lists
 (tests/conform_designs.py) diverges at the first reuse of a freed slot, forward 7, on out_cache_loc; a scenario the
 release's scheduler cannot run here yet (DP attention) is refused with the reason. The comparison itself is tested
 on hand-made decisions without the engine.
@@ -20,7 +21,7 @@ from helpers import slotscope_cli
 ROOT = Path(__file__).resolve().parent.parent
 B2 = "scenarios/b2-decode-stale-tail.toml"
 RUNS = {
-    "b2": (B2,),
+    "ser": ("scenarios/sched-evict-retract.toml",),
     "lifo": (B2, "--design", "tests/conform_designs.py:LifoAtPage1"),
     "dp": ("scenarios/smoke.toml",),
 }
@@ -45,12 +46,12 @@ def _result(proc) -> dict:
 
 
 @pytest.mark.engine
-def test_b2_schedules_as_the_release_does(runs):
-    proc = runs["b2"]
+def test_a_scheduler_under_pressure_with_the_radix_cache_off_schedules_as_the_release_does(runs):
+    proc = runs["ser"]
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = _result(proc)
     assert res["conforms"] is True and res["first_difference"] is None
-    assert res["forwards"] == {"model": 61, "engine": 61}
+    assert res["forwards"] == {"model": 536, "engine": 536}
     assert res["engine_scheduler"].startswith("sglang 0.5.23 Scheduler")
     assert res["tree_cache"] == "UnifiedRadixCache"
     assert "init_tp_model_worker" in res["stand_ins"] and "every forward conforms" in proc.stdout

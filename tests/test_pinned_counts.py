@@ -102,11 +102,11 @@ P6_F1_P16 = (142, {"missed": 32, "clobbered": 15, "evicted_slot": 32}, (14, 5, "
 #          four pages are the sink floor): 28 forwards x 6 = 168 writes, then the bind of virtual page 615 is the
 #          device-side assert: one out_of_range per backend. Fixed: 66 x 6 = 396.
 #  U2      gpt-oss-20b, 4 layers, 180 forwards: 720 writes; flashattention and musa translate each request's whole
-#          row into their SWA page table: under U2 a tombstoned page is -1 in 81 (forward, request) pairs, from
-#          step 51; the other backends translate the window only.
+#          row into their SWA page table: under U2 a tombstoned page is -1 in 89 (forward, request) pairs, from
+#          step 49; the other backends translate the window only.
 #  U1/p16  pages of 16: the SWA table has 39 entries (38 pages), the full side 194 pages (ids from 5); 31 forwards
 #          x 6 = 186, then the bind of virtual page 39 (token 624). Fixed: 73 x 6 = 438.
-#  U2/p16  pages of 16: 197 forwards x 4 = 788; the same 81 (forward, request) pairs meet a tombstoned page.
+#  U2/p16  pages of 16: 197 forwards x 4 = 788; 104 (forward, request) pairs meet a tombstoned page, from step 49.
 #  R2, R7 2 layers (SF), 31 forwards: 62 writes. R2: request 0 (A) reads its prefix's full slots [53, 70), freed by
 #          B's locked recovery in the result group after step 0, at its full layer in each of its 30 decodes:
 #          17 x 30 = 510 stale_read from step 1. R7: B (request 1) reads the node's window through the mapping the
@@ -240,8 +240,8 @@ PINNED_CORPUS = {
         every=(396, {}, None)),
     ("U2", "buggy"): pinned("sglang-unified-pre-35933", steps=180,
         every=(720, {}, None),
-        flashattention=(720, {"out_of_range": 81}, (51, -1, "out_of_range")),
-        musa=(720, {"out_of_range": 81}, (51, -1, "out_of_range"))),
+        flashattention=(720, {"out_of_range": 89}, (49, -1, "out_of_range")),
+        musa=(720, {"out_of_range": 89}, (49, -1, "out_of_range"))),
     ("U2", "fixed"): pinned("sglang-0.5.23-unified", steps=180,
         every=(720, {}, None)),
     ("U1/p16", "buggy"): pinned("sglang-unified-pre-37560", steps=31,
@@ -250,8 +250,8 @@ PINNED_CORPUS = {
         every=(438, {}, None)),
     ("U2/p16", "buggy"): pinned("sglang-unified-pre-35933", steps=197,
         every=(788, {}, None),
-        flashattention=(788, {"out_of_range": 81}, (51, -1, "out_of_range")),
-        musa=(788, {"out_of_range": 81}, (51, -1, "out_of_range"))),
+        flashattention=(788, {"out_of_range": 104}, (49, -1, "out_of_range")),
+        musa=(788, {"out_of_range": 104}, (49, -1, "out_of_range"))),
     ("U2/p16", "fixed"): pinned("sglang-0.5.23-unified", steps=197,
         every=(788, {}, None)),
 }

@@ -3,7 +3,6 @@ and the ``sglang-0.5.23`` design on every shipped scenario (docs/RELEASE_MODEL.m
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,7 +160,11 @@ cuda_graph = false
 """
 
 
-def evictions(page: int, prompt: int, output: int, release: ReleaseBehaviour = SGLANG_0_5_23):
+#: 0.5.23's rule with the overlap scheduler's guards (the scenario itself runs without the overlap loop)
+OVERLAPPED_0523 = dataclasses.replace(SGLANG_0_5_23, eviction=Sglang0523Eviction(overlap=True))
+
+
+def evictions(page: int, prompt: int, output: int, release: ReleaseBehaviour = OVERLAPPED_0523):
     """(step, first evicted position, end, SWA slots freed) for every step whose forming evicted."""
     sc = tiny(CADENCE.format(page=page, prompt=prompt, output=output))
     rng = np.random.default_rng(0)
@@ -188,6 +191,13 @@ def test_decode_cadence_0523_page1_by_hand():
     assert [(s, a, b) for s, a, b, _ in got] == [(2 + 8 * j, 8 * j, 8 * j + 8) for j in range(13)]
     # a fresh FIFO SWA pool gave position p the slot p + 1
     assert got[0][3] == list(range(1, 9)) and got[-1][3] == list(range(97, 105))
+
+
+def test_decode_cadence_0523_without_the_overlap_scheduler_by_hand():
+    # the run's own setting (no overlap loop): seqlen - 1 = 40 + k, the tokens with K/V; k = 1: 9 >= 8 -> [0, 9)
+    # at step 2; then 8 + k >= 9 + 8 every 8 decodes: [9 + 8j, 17 + 8j) at step 2 + 8j (k = 97 the last)
+    got = evictions(1, 40, 100, SGLANG_0_5_23)
+    assert [(s, a, b) for s, a, b, _ in got] == [(2, 0, 9)] + [(2 + 8 * j, 1 + 8 * j, 9 + 8 * j) for j in range(1, 13)]
 
 
 def test_decode_cadence_0523_page16_by_hand():

@@ -340,18 +340,18 @@ def test_unified_scenario_fields_are_validated():
 
 
 def test_unified_run_compacts_and_is_clean_and_u2_escapes_on_page_table_backends():
-    """scenarios/u2-unified-tombstone-escape.toml, 70 steps: the pool compacts (479 page moves, none of the
+    """scenarios/u2-unified-tombstone-escape.toml, 70 steps: the pool compacts (377 page moves, none of the
     in-flight window); 0.5.23 is clean; with U2 the tombstoned -1 reaches flashattention's whole-row SWA page
-    table (first at step 51), never triton's window indices."""
+    table (first at step 49), never triton's window indices."""
     fixed = _run_unified("u2-unified-tombstone-escape", "sglang-0.5.23-unified", ("triton", "flashattention"), 70)
     assert len(fixed.steps) == 70
     assert _summary(fixed) == {"triton": (280, {}, None), "flashattention": (280, {}, None)}
     u = fixed.info.extra["unified"]
-    assert (u["moves"], u["pinned_moves"], u["read_door_findings"], u["died"]) == (479, 0, 0, None)
+    assert (u["moves"], u["pinned_moves"], u["read_door_findings"], u["died"]) == (377, 0, 0, None)
     assert (u["num_virtual_ids"], u["swa_table"]) == (1538, 1539)
     bug = _run_unified("u2-unified-tombstone-escape", "sglang-unified-pre-35933", ("triton", "flashattention"), 70)
     assert _summary(bug) == {"triton": (280, {}, None),
-                             "flashattention": (280, {"out_of_range": 20}, (51, "out_of_range"))}
+                             "flashattention": (280, {"out_of_range": 22}, (49, "out_of_range"))}
     f = next(f for f in bug.findings if f.backend == "flashattention")
     assert (f.kind, f.slot) == ("swa", -1) and "read_table of the whole row" in f.message
 
@@ -373,7 +373,7 @@ def test_a_broken_compaction_copy_is_caught(monkeypatch):
                 p.store = st
     monkeypatch.setattr(ur.UnifiedPlan, "_move", move_oracle_only)
     r = _run_unified("u2-unified-tombstone-escape", "sglang-0.5.23-unified", ("triton",), 70)
-    assert _summary(r) == {"triton": (280, {"stale_read": 479}, (24, "stale_read"))}
+    assert _summary(r) == {"triton": (280, {"stale_read": 377}, (24, "stale_read"))}
 
 
 def test_u1_run_dies_at_the_first_virtual_page_past_the_swa_table():

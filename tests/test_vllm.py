@@ -167,9 +167,9 @@ def test_compare_shows_where_sglang_and_vllm_write_differently(runs, tmp_path):
     assert rows["padded rows of loc"] == ("slot0: padded rows hold 0, index 0 skipped by the store",
                                           "skip-1-null-block: padded rows hold -1, index -1 skipped by the store; "
                                           "page 0 a null block nothing may write")
-    assert rows["forwards"] == ("441", "619")
+    assert rows["forwards"] == ("536", "619")
     evicted = rows["SWA slots freed ahead of their full slots (tokens)"]
-    assert evicted[0].endswith("first at step 5") and evicted[1].endswith("first at step 1")
+    assert evicted[0].endswith("first at step 3") and evicted[1].endswith("first at step 1")
     assert rows["what the release's scheduler did"][1] == ("15 retractions / preemptions, 220 SWA slots evicted, "
                                                           "0 prefix-hit tokens")
     out = tmp_path / "cmp.html"

@@ -171,7 +171,8 @@ class Run:
         return RunResult(info=self.info, backends=self.stats, findings=self.findings, steps=self.steps,
                          findings_truncated=any(m.checker.truncated for m in self.sides), crossings=self.crossings,
                          wall_s=time.perf_counter() - self._wall0,
-                         radix=self.scheduler.summary(self.findings) if hasattr(self.scheduler, "cache") else None,
+                         radix=(self.scheduler.summary(self.findings) if hasattr(self.scheduler, "cache")
+                                and not getattr(self.scheduler.cache, "disabled", False) else None),
                          sources=self.sources,
                          physical_pools={role: len({id(p) for p in side.pools.values()})
                                          for role, side in (("target", self.target), ("draft", self.draft))

@@ -150,28 +150,32 @@ class Sglang0523Eviction:
     interval does not apply there.
     """
 
-    overlap: bool = True
+    #: the overlap scheduler's guards on or off; None: the run's (``EvictionContext.overlap``)
+    overlap: Optional[bool] = None
     name = "0.5.23"
     batched = True
 
     def retain_window(self, ctx: EvictionContext) -> int:
         return max(ctx.window, ctx.draft_window)
 
-    def _seqlen_minus_1(self, length: int) -> int:
-        return length - 1 if self.overlap else length
+    def _overlapped(self, ctx: EvictionContext) -> bool:
+        return ctx.overlap if self.overlap is None else self.overlap
+
+    def _seqlen_minus_1(self, ctx: EvictionContext, length: int) -> int:
+        return length - 1 if self._overlapped(ctx) else length
 
     def decode_point(self, ctx: EvictionContext, *, length: int, evicted: int, decoded: int,
                      decode_batches: int) -> Optional[int]:
         if decode_batches < 1:
             return None
-        pre = self._seqlen_minus_1(length)
+        pre = self._seqlen_minus_1(ctx, length)
         if pre - self.retain_window(ctx) < evicted + max(1, ctx.interval):
             return None
         return pre
 
     def extend_point(self, ctx: EvictionContext, *, prefix_len: int, evicted: int, chunk: int) -> Optional[int]:
         pre = prefix_len
-        if self.overlap:
+        if self._overlapped(ctx):
             if chunk < 2:
                 return None
             if ctx.chunked_prefill_size > 0:
@@ -189,7 +193,7 @@ class Sglang0523Eviction:
         # decode: below the trigger a request holds < W + interval (+ the overlap lag, the token being
         # written, a partial page); prefill: two chunks past the window under overlap (one without)
         w, p = self.retain_window(ctx), ctx.page_size
-        chunks = 2 * ctx.chunked_prefill_size if self.overlap else ctx.chunked_prefill_size
+        chunks = 2 * ctx.chunked_prefill_size if self._overlapped(ctx) else ctx.chunked_prefill_size
         return w + max(chunks, max(1, ctx.interval) + 2) + 2 * p + 2 * ctx.extra + 2
 
 
@@ -310,6 +314,10 @@ class ReleaseBehaviour:
     #: ``release_kv_cache`` -> ``free_kv_row_segments``: whole pages); False: the token ``free()`` of
     #: mid-2026's chunk cache, whose free paths carry the A1 / A2 switches (simulator/scheduling/pd_decode.py)
     pd_row_free: bool = False
+    #: with the radix cache off the scheduler is the one the radix cache runs, over its tree disabled (0.5.23's
+    #: ``UnifiedRadixCache(disable=True)``: PrefillAdder's budget admits, ``check_decode_mem`` and its retraction
+    #: before a decode, out-of-window SWA freed at extend); False: the plain scheduler's reservations (mid-2026)
+    disabled_tree: bool = False
 
     def war_barrier(self, platform: str) -> str:
         table = dict(self.war_barriers)
@@ -331,7 +339,7 @@ MID_2026 = ReleaseBehaviour("mid-2026")
 SGLANG_0_5_23 = ReleaseBehaviour(
     "sglang-0.5.23",
     free_lists=FreeLists(token="fifo", paged="head", grouped=True),
-    eviction=Sglang0523Eviction(overlap=True),
+    eviction=Sglang0523Eviction(),
     dp_padding=DpPaddingModes(),
     draft_columns=True,
     eager_extend_narrowing=True,
@@ -340,6 +348,7 @@ SGLANG_0_5_23 = ReleaseBehaviour(
     draft_step_reads_committed=frozenset({"aiter"}),
     plan_swa_backends=PLAN_SWA_BACKENDS_0523,
     pd_row_free=True,
+    disabled_tree=True,
 )
 
 

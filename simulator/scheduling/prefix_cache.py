@@ -118,10 +118,14 @@ def _common(a: np.ndarray, b: np.ndarray, p: int) -> int:
 class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
     """The tree over an allocator. Operations mirror the 0.5.23 call sites (docs/SHARING.md)."""
 
-    def __init__(self, alloc: HybridAllocator, window: int, behaviour: SharingBehaviour = SGLANG_0_5_23):
+    def __init__(self, alloc: HybridAllocator, window: int, behaviour: SharingBehaviour = SGLANG_0_5_23,
+                 disabled: bool = False):
         if window < 1:
             raise ValueError("the sliding window must be >= 1")
         self.alloc, self.window, self.b = alloc, window, behaviour
+        #: the radix cache off in a release whose scheduler keeps its tree, disabled (0.5.23's ``disable``): no
+        #: match, no insert; a finished request's KV is freed whole (``cleanup_after_caching_req``)
+        self.disabled = disabled
         self.p = alloc.page_size
         self._ids = itertools.count(1)
         self._tags = itertools.count(1)
@@ -222,7 +226,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
         path is valid while no tombstone has been seen, or once the live SWA since the last tombstone
         covers the window (SWAComponent.create_match_validator). Partial node matches split the node."""
         key = np.asarray(tokens, np.int64)[:limit]
-        n = key.size - key.size % self.p
+        n = 0 if self.disabled else key.size - key.size % self.p
         node, off, run, full_hit = self.root, 0, math.inf, 0
         best, best_len, live_from, best_live_from = self.root, 0, 0, 0
         while off < n:
@@ -441,11 +445,14 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
 
     def cache_unfinished(self, req: CachedRequest, length: Optional[int] = None) -> Node:
         """An unfinished (chunked) request's checkpoint: its KV so far joins the tree; it keeps running."""
+        if self.disabled:
+            return self.root
         return self._insert(req, req.slots.length if length is None else length)
 
     def cache_finished(self, req: CachedRequest, kv_len: Optional[int] = None) -> None:
         """A finished request: insert its KV (``kv_len`` tokens, default all it holds), then release."""
-        self._insert(req, req.slots.length if kv_len is None else kv_len)
+        if not self.disabled:
+            self._insert(req, req.slots.length if kv_len is None else kv_len)
         self.release(req)
 
     def release(self, req: CachedRequest) -> None:

@@ -1,4 +1,6 @@
-"""The scheduler with the radix cache on (``engine.radix_cache = true``; docs/SHARING.md, issue 12 point 1).
+"""The scheduler with the radix cache on (``engine.radix_cache = true``; docs/SHARING.md, issue 12 point 1), and
+0.5.23's scheduler with it off: the same code over a disabled tree (``ReleaseBehaviour.disabled_tree``: nothing
+matched or inserted, a finished request's KV freed whole, out-of-window SWA freed at extend).
 
 :class:`SharingScheduler` is the plain :class:`~simulator.scheduling.scheduler.Scheduler` with a
 :class:`~simulator.scheduling.prefix_cache.PrefixCache` between it and the allocator:
@@ -52,7 +54,8 @@ WAITING_TOUCH_MAX = 128
 class SharingScheduler(CacheLog, Scheduler):
     def __init__(self, scenario: Scenario, allocator: HybridAllocator, requests: list[RequestSpec],
                  rng: np.random.Generator, pad_value: int = 0, pad_to_capture: bool = False,
-                 release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None):
+                 release: Optional[ReleaseBehaviour] = None, sharing: Optional[SharingBehaviour] = None,
+                 tree_disabled: bool = False):
         eng = scenario.engine
         if eng.speculative.enabled or eng.overlap:
             raise ScenarioError(f"{scenario.source}: engine.radix_cache is not modelled with speculative "
@@ -71,7 +74,7 @@ class SharingScheduler(CacheLog, Scheduler):
         if eng.cache_linker and not self.sharing.linker_frees_tombstones:
             # #38519's trigger: an external cache linker frees evicted leaves' SWA side, tombstones included
             self.sharing = replace(self.sharing, name=f"{self.sharing.name}+cache-linker", linker_frees_tombstones=True)
-        self._open_log(PrefixCache(allocator, self.window, self.sharing))
+        self._open_log(PrefixCache(allocator, self.window, self.sharing, disabled=tree_disabled))
         self._ready: list[tuple[int, int, RequestSpec]] = []      # (step, order, spec): a turn that may arrive
         self._creq: dict[int, CachedRequest] = {}
         self._cached_len: dict[int, int] = {}
@@ -167,7 +170,12 @@ class SharingScheduler(CacheLog, Scheduler):
         creq = CachedRequest(rid, slots, spec.tokens(0, spec.total_len))
         matched = self.cache.admit(creq, max(prefill_len - 1, 0)).length
         max_new = spec.output_len + 1 if retracted is None else spec.output_len - retracted.decoded
-        first = self._pass.admit(self, matched, prefill_len - matched, max_new)
+        if self.cache.disabled:         # add_one_req_ignore_eos; its charge is the whole max_new_tokens
+            first = self._pass.admit_ignore_eos(self, prefill_len, max_new)
+            charged_new = spec.output_len + 1
+        else:
+            first = self._pass.admit(self, matched, prefill_len - matched, max_new)
+            charged_new = max_new
         if first:
             need = (total if self.reserve_whole else prefill_len) - matched
             fit = matched, self._pages(need) * self.page, self._swa_need(need)
@@ -180,7 +188,7 @@ class SharingScheduler(CacheLog, Scheduler):
                 return None
             first = min(prefill_len - fit[0], self._pass.chunk)
         matched, full_need, swa_need = fit
-        self._pass.charge(first, max_new if matched + first >= prefill_len else 0)
+        self._pass.charge(first, charged_new if matched + first >= prefill_len else 0)
         self._first_chunk = first
         self._full_reserved += full_need
         self._swa_reserved += swa_need
@@ -317,6 +325,9 @@ class SharingScheduler(CacheLog, Scheduler):
         request's SWA branching point frees again after the insert, up to the forward's whole key
         (SWAComponent.cleanup_after_caching_req), the branch now the tree's."""
         creq, L = self._creq[r.rid], r.slots.length
+        if self.cache.disabled:             # checkpoint_into_tree returns at once: nothing freed, nothing inserted
+            self._cached_len[r.rid] = r.prefilled
+            return
         margin = -(-max(self.window, self.page) // self.page) * self.page     # ceil_align(max(window, page))
         key = self.cache.insert_length(creq, L)
         branched = creq.branching is not None and key == creq.branching
@@ -329,9 +340,15 @@ class SharingScheduler(CacheLog, Scheduler):
 
     def _evict_extend(self, req: Request) -> None:
         """0.5.23 frees no out-of-window SWA at extend when the cache shares prefixes (prepare_for_extend's
-        ``not supports_prefix_sharing()`` gate): the checkpoint does (:meth:`_checkpoint`)."""
+        ``not supports_prefix_sharing()`` gate): the checkpoint does (:meth:`_checkpoint`); over a disabled
+        tree the extend does, as the plain scheduler's."""
+        if self.cache.disabled:
+            super()._evict_extend(req)
 
     def _lazy_evict(self, req: Request, prefix_len: int) -> None:
+        if self.cache.disabled:             # no tree: the plain scheduler's (an engine allocator's rule included)
+            super()._lazy_evict(req, prefix_len)
+            return
         end = eviction_end(prefix_len, self.window, self.page)
         self.cache.free_out_of_window(self._creq[req.rid], end)
 
