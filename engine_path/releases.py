@@ -255,6 +255,10 @@ def activate(spec: EngineSpec | str, *, fetch_missing: bool = True, device: str 
     except Exception as e:  # an import error of any kind is the user's to see, not a traceback
         _forget(spec)
         raise EngineError(f"importing {where} failed: {type(e).__name__}: {e}{stub_note(rep)}") from None
+    if rep.triton_interpret:
+        from . import interpreter_fit
+
+        interpreter_fit.fit()           # a Triton <= 3.6 interpreter under NumPy 2.4
     pkg = Path(mod.__file__).parent
     info = EngineInfo("sglang", _installed_version(pkg), str(pkg))
     if spec.version is not None and info.version != spec.version:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 
+from .. import interpreter_fit
 from ..errors import EngineError
 from ..releases import EngineInfo, EngineSpec, fetch, is_cached
 
@@ -108,6 +109,8 @@ def _import(spec: EngineSpec, root: Path, cuda: bool):
             else:
                 _host_uva(buffers)
             importlib.import_module("vllm.v1.worker.gpu.block_table")
+            if not cuda:
+                interpreter_fit.fit()   # a Triton <= 3.6 interpreter under NumPy 2.4 (engine_path/interpreter_fit.py)
             return mod
     except ModuleNotFoundError as e:
         _forget(root)
