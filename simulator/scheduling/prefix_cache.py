@@ -124,7 +124,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             raise ValueError("the sliding window must be >= 1")
         self.alloc, self.window, self.b = alloc, window, behaviour
         #: the radix cache off in a release whose scheduler keeps its tree, disabled (0.5.23's ``disable``): no
-        #: match, no insert; a finished request's KV is freed whole (``cleanup_after_caching_req``)
+        #: match, no insert; a finished request's KV is freed whole (``release_kv_cache``'s row free)
         self.disabled = disabled
         self.p = alloc.page_size
         self._ids = itertools.count(1)
