@@ -75,11 +75,10 @@ def make_scheduler(scenario: Scenario, alloc, release: Release, rng: np.random.G
 
 
 def _tree_runs(scenario: Scenario, alloc) -> bool:
-    """Whether the scheduler over a disabled tree models this scenario: page 1 (where ``conform --scheduler``
-    proved it against 0.5.23), not with speculative decoding, the overlap scheduler or the unified pool yet;
-    those keep the plain scheduler."""
+    """Whether the scheduler over a disabled tree models this scenario: not with speculative decoding, the overlap
+    scheduler or the unified pool yet (those keep the plain scheduler)."""
     eng = scenario.engine
-    return (alloc.page_size == 1 and not eng.speculative.enabled and not eng.overlap and not scenario.pool.unified
+    return (not eng.speculative.enabled and not eng.overlap and not scenario.pool.unified
             and (isinstance(alloc, HybridAllocator) or bool(getattr(alloc, "release_frees", False))))
 
 

@@ -65,7 +65,7 @@ def _json(proc) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.engine
-@pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 51)])
+@pytest.mark.parametrize("key,steps", [("b1", 9), ("paged", 40)])
 def test_model_conforms(conform_runs, key, steps):
     proc = conform_runs[key]
     assert proc.returncode == 0, proc.stdout + proc.stderr

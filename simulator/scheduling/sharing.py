@@ -211,6 +211,13 @@ class SharingScheduler(CacheLog, Scheduler):
 
     def _release(self, req: Request, kind: str = "free") -> None:
         creq = self._creq.pop(req.rid)
+        if self.cache.disabled:
+            # release_kv_cache over a disabled tree: the request's whole row in one free (free_kv_row_segments),
+            # the plain scheduler's
+            super()._release(req, kind)
+            if kind == "free":
+                self._turn_finished(req.spec)
+            return
         if kind == "free":
             kv_len = min(req.slots.length, req.spec.prompt_len + req.spec.output_len)
             self.cache.cache_finished(creq, kv_len)
