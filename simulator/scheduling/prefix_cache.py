@@ -124,7 +124,7 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
             raise ValueError("the sliding window must be >= 1")
         self.alloc, self.window, self.b = alloc, window, behaviour
         #: the radix cache off in a release whose scheduler keeps its tree, disabled (0.5.23's ``disable``): no
-        #: match, no insert; a finished request's KV is freed whole (``release_kv_cache``'s row free)
+        #: match; the scheduler inserts nothing into it and frees a request's row whole (SharingScheduler)
         self.disabled = disabled
         self.p = alloc.page_size
         self._ids = itertools.count(1)
@@ -445,14 +445,11 @@ class PrefixCache(FreePaths, TreeEviction, InvariantChecks):
 
     def cache_unfinished(self, req: CachedRequest, length: Optional[int] = None) -> Node:
         """An unfinished (chunked) request's checkpoint: its KV so far joins the tree; it keeps running."""
-        if self.disabled:
-            return self.root
         return self._insert(req, req.slots.length if length is None else length)
 
     def cache_finished(self, req: CachedRequest, kv_len: Optional[int] = None) -> None:
         """A finished request: insert its KV (``kv_len`` tokens, default all it holds), then release."""
-        if not self.disabled:
-            self._insert(req, req.slots.length if kv_len is None else kv_len)
+        self._insert(req, req.slots.length if kv_len is None else kv_len)
         self.release(req)
 
     def release(self, req: CachedRequest) -> None:
