@@ -111,6 +111,14 @@ def pytest_unconfigure(config):
 
 
 @pytest.fixture(scope="session")
+def warm_vllm(vllm_release):
+    """A warm server of vLLM 0.34.0 (tests/warm_engine.py): its modules imported once this session, each request a
+    fork whose run activates the release, ``--engine-patch`` files included (the CPU only); ``.cli(*argv)`` as
+    ``python -m slotscope *argv``, ``.call(target, *args)`` as ``engine_path.isolate.call``."""
+    return _servers().get("vllm==0.34.0")
+
+
+@pytest.fixture(scope="session")
 def warm(engine_releases):
     """``warm(spec)``: a server that imported release ``spec`` once this session and forks a child per request
     (tests/warm_engine.py): ``.call(target, *args)`` as ``engine_path.isolate.call(spec, target, *args)``,

@@ -9,9 +9,6 @@ The worker side's block tables (ours: engine_path/vllm/worker.py) are checked on
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,7 +42,9 @@ slotscope = slotscope_cli
 
 
 @pytest.fixture(scope="module")
-def runs(vllm_release, tmp_path_factory):
+def runs(warm_vllm, tmp_path_factory):
+    """The runs of RUNS, each forked from one import of the release (tests/warm_engine.py: the child activates it,
+    applying the run's patch, as a fresh process would); the tests below that run fresh processes cover that path."""
     base = tmp_path_factory.mktemp("vllm")
 
     def one(key):
@@ -54,7 +53,7 @@ def runs(vllm_release, tmp_path_factory):
         cmd = ["run", scenario, "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q", *extra]
         if patch:
             cmd += ["--engine-patch", str(PATCHES / patch)]
-        proc = slotscope(*cmd)
+        proc = warm_vllm.cli(*cmd)
         summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
         run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else None
         return key, (proc, summary, run, out)
@@ -265,12 +264,18 @@ print(json.dumps(out))
 """
 
 
+def _warm_probe(warm_vllm, tmp_path, source: str):
+    """``source`` run as a script forked from the warm import of the release (the repository first on its path)."""
+    path = tmp_path / "probe.py"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + source)
+    return warm_vllm.script(str(path), cwd=str(ROOT), timeout=600)
+
+
 @pytest.mark.vllm
-def test_the_releases_worker_tables_append_and_map_slots(vllm_release):
+def test_the_releases_worker_tables_append_and_map_slots(warm_vllm, tmp_path):
     """The release's BlockTables under Triton's interpreter: rows grow by appended ids, slot = block * size + offset
     (block size 1 here); a finished request's row goes back and the next request's row is written whole."""
-    proc = subprocess.run([sys.executable, "-c", WORKER_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ))
+    proc = _warm_probe(warm_vllm, tmp_path, WORKER_PROBE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["swa"] == 0               # vLLM orders the groups by the first layer: gpt-oss's is a window layer
@@ -339,13 +344,12 @@ print(json.dumps(out))
 
 
 @pytest.mark.vllm
-def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(vllm_release):
+def test_the_releases_graph_manager_and_dp_agreement_pad_each_forward(warm_vllm, tmp_path):
     """The release's CudaGraphManager and dispatch_cg_and_sync_dp choose each forward's graph and padded rows: a
     uniform decode (a prefill's last token over computed context included) takes the smallest FULL decode graph
     that holds it, anything else runs eager unpadded; with DP every rank pads to the largest rank's graph, and a
     rank that prefills makes every rank eager. The batch's rows are in the model runner's order."""
-    proc = subprocess.run([sys.executable, "-c", GRAPH_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ))
+    proc = _warm_probe(warm_vllm, tmp_path, GRAPH_PROBE)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["describe"] == [1, 2, 4]
@@ -424,7 +428,7 @@ def test_on_cuda_the_releases_kernels_run_natively_and_find_what_the_cpu_finds(v
 
 
 @pytest.mark.vllm
-def test_a_stall_on_a_pool_below_vllms_startup_minimum_says_so(vllm_release, tmp_path):
+def test_a_stall_on_a_pool_below_vllms_startup_minimum_says_so(warm_vllm, tmp_path):
     """vllm-long-prompt on 24 blocks: its 384-token prompt can never be admitted (24 full blocks and up to 7 SWA ones; max_model_len 392: 384 + 6 outputs + 2), and
     vLLM's own startup check (check_enough_kv_cache_memory) would not have started a server on that pool: the stall
     names it, so it is not taken for the release's bug (as V2's stall, on a pool that passes the check, is)."""
@@ -432,7 +436,7 @@ def test_a_stall_on_a_pool_below_vllms_startup_minimum_says_so(vllm_release, tmp
     sc.write_text((ROOT / "scenarios" / "vllm-long-prompt.toml").read_text().replace("full_size = 512",
                                                                                       "full_size = 384"))
     out = tmp_path / "out"
-    proc = slotscope("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q")
+    proc = warm_vllm.cli("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q")
     assert proc.returncode == 2
     assert ("SchedulerStalled" in json.loads((out / "summary.json").read_text())["incomplete"]["message"])
     assert ("24 of 24 blocks of 16 tokens free; the head of its queue, request 0, has 384 prompt tokens (vLLM would "

@@ -14,8 +14,8 @@ GRAPH_PAD = "scenarios/vllm-graph-pad.toml"
 
 
 @pytest.mark.vllm
-def test_the_worker_model_conforms_on_every_step(vllm_release):
-    r = slotscope_cli("conform", GRAPH_PAD, "--engine", "vllm==0.34.0", "--json")
+def test_the_worker_model_conforms_on_every_step(warm_vllm):
+    r = warm_vllm.cli("conform", GRAPH_PAD, "--engine", "vllm==0.34.0", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "every step conforms (37 steps)" in r.stdout
     res = json.loads(r.stdout.strip().splitlines()[-1])
@@ -24,8 +24,8 @@ def test_the_worker_model_conforms_on_every_step(vllm_release):
 
 
 @pytest.mark.vllm
-def test_a_release_that_pads_from_the_padded_count_diverges(vllm_release):
-    r = slotscope_cli("conform", GRAPH_PAD, "--engine", "vllm==0.34.0", "--engine-patch",
+def test_a_release_that_pads_from_the_padded_count_diverges(warm_vllm):
+    r = warm_vllm.cli("conform", GRAPH_PAD, "--engine", "vllm==0.34.0", "--engine-patch",
                       "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "first divergence: step 1, padding [swa]: token 7: model -1, engine 23 (57 tokens differ)" in r.stdout

@@ -105,13 +105,13 @@ def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_
     assert "the buggy run should stop with 'scheduled nothing'; it finished" in r.stdout
 
 
-def test_fuzz_on_a_patched_vllm_finds_its_bug_against_vllm_as_released(vllm_release, tmp_path):
+def test_fuzz_on_a_patched_vllm_finds_its_bug_against_vllm_as_released(warm_vllm, tmp_path):
     """`slotscope fuzz --engine vllm==0.34.0 --engine-patch P`: every draw on the patched release (draws vLLM does not
     run yet are rejected), a failure counted only where vLLM as released (a worker process) runs clean. V1's revert
     (a graph's padded rows keep earlier slots) is found on the first draw vLLM runs with seed 1, and minimized
     through the patched release."""
     out = tmp_path / "fz"
-    r = slotscope_cli("fuzz", "--design", "sglang-0.5.23", "--engine", "vllm==0.34.0", "--engine-patch",
+    r = warm_vllm.cli("fuzz", "--design", "sglang-0.5.23", "--engine", "vllm==0.34.0", "--engine-patch",
                       "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml", "--budget", "4m",
                       "--seed", "1", "--out", str(out), "-q")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -127,29 +127,29 @@ def test_fuzz_on_a_patched_vllm_finds_its_bug_against_vllm_as_released(vllm_rele
 
 
 @pytest.mark.vllm
-def test_minimize_shrinks_a_vllm_run_through_the_release_and_its_patch(vllm_release, tmp_path):
+def test_minimize_shrinks_a_vllm_run_through_the_release_and_its_patch(warm_vllm, tmp_path):
     """`slotscope minimize DIR` of an engine run reruns each candidate through the release and the patches run.json
     names (each still the file that ran); the minimal scenario reproduces with the patch and is clean without it.
     A patch changed since the run is refused, naming it."""
     run = tmp_path / "v1"
     patch = "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml"
-    r = slotscope_cli("run", "scenarios/vllm-graph-pad.toml", "--engine", "vllm==0.34.0", "--engine-patch", patch,
+    r = warm_vllm.cli("run", "scenarios/vllm-graph-pad.toml", "--engine", "vllm==0.34.0", "--engine-patch", patch,
                       "--out", str(run), "-q", "--no-report", "--trace-level", "off")
     assert r.returncode == 1, r.stderr
-    r = slotscope_cli("minimize", str(run))
+    r = warm_vllm.cli("minimize", str(run))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "keeping clobbered at a swa layer on vllm under vllm==0.34.0 + revert-36580" in r.stderr
     minimal = (run / "minimal.toml").read_text()
     assert minimal.count("[[workload.request]]") == 1
     # (the search's last kept candidate was a run with the patch that clobbered); as released it is clean
-    r = slotscope_cli("run", str(run / "minimal.toml"), "--out", str(tmp_path / "again"), "-q", "--no-report",
+    r = warm_vllm.cli("run", str(run / "minimal.toml"), "--out", str(tmp_path / "again"), "-q", "--no-report",
                       "--trace-level", "off")
     assert r.returncode == 0 and "findings_total\": 0" in (tmp_path / "again" / "summary.json").read_text(), \
         r.stderr[-2000:]
     meta = json.loads((run / "run.json").read_text())
     meta["engine"]["patches"][0]["sha256"] = "0" * 64
     (run / "run.json").write_text(json.dumps(meta))
-    r = slotscope_cli("minimize", str(run))
+    r = warm_vllm.cli("minimize", str(run))
     assert r.returncode == 2 and "engine.patches[0]" in r.stderr and "changed since the run" in r.stderr
 
 

@@ -11,8 +11,10 @@ state (a fresh copy of the process as the import left it: what one request chang
 * ``main``: ``python -m slotscope ARGV`` (or ``python SCRIPT ARGV``) as ``runpy`` runs it (cwd, ``sys.path[0]``
   and environment as a fresh process would have them, stdout and stderr to files, the exit status as the
   interpreter makes it, atexit handlers run), for :meth:`Warm.cli` and :meth:`Warm.script`, which return a
-  ``subprocess.CompletedProcess``. Not for a run with an ``--engine-patch``: the release's import applies
-  it (``engine_path.releases.activate``), so such runs stay subprocesses of their own (refused here).
+  ``subprocess.CompletedProcess``. Not for a run of an SGLang release with an ``--engine-patch``: the
+  release's activation applies it (``engine_path.releases.activate``), which the server did already, so such
+  runs stay subprocesses of their own (refused here). A vLLM server (``vllm==V``, the CPU only) imports the
+  release's modules but leaves it unactivated: each child's run activates it, applying its own patches.
 
 ``SPEC`` ``none`` imports no release (``--engine`` left out: a warm ``python -m slotscope`` of the model alone).
 A request's ``route`` names other servers' sockets (``{spec: socket}``): the child then sends its own
@@ -23,6 +25,7 @@ The session's servers: tests/conftest.py's ``warm`` fixture (started once, stopp
 """
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
@@ -148,6 +151,34 @@ def _child(spec: str, req: dict, conn: socket.socket, added: dict) -> None:
         os._exit(0)
 
 
+def is_vllm(spec: str) -> bool:
+    return spec.split("==")[0] == "vllm"
+
+
+def _sglang_release(spec: str) -> str:
+    from engine_path.api import load
+
+    return load(spec).info.version
+
+
+def _vllm_modules(spec: str) -> str:
+    """vLLM's modules imported (the slow part of a vLLM run's start), the release left unactivated: a child's own
+    ``activate`` then finds them imported and applies its ``--engine-patch`` files on them, right after, as a fresh
+    process would (engine_path/vllm/release.py). The CPU only: the worker's kernels interpreted."""
+    import slotscope.cli  # noqa: F401
+    from engine_path import patches
+    from engine_path.releases import parse_spec
+    from engine_path.vllm import release
+
+    if os.environ.get(patches.ENV):
+        raise RuntimeError(f"the warm server of {spec} was started with engine patches in its environment")
+    info = release.activate(parse_spec(spec), device="cpu")
+    for mod in ("scheduler", "worker", "graphs", "kernels", "runtime"):
+        importlib.import_module(f"engine_path.vllm.{mod}")
+    release._ACTIVE = None           # activated again (with the child's patches) by the child's run
+    return info.version
+
+
 def serve(spec: str, path: str) -> int:
     import signal
 
@@ -162,10 +193,7 @@ def serve(spec: str, path: str) -> int:
         from engine_path.errors import EngineError
 
         try:
-            from engine_path.api import load
-
-            api = load(spec)
-            loaded["version"] = api.info.version
+            loaded["version"] = _vllm_modules(spec) if is_vllm(spec) else _sglang_release(spec)
         except EngineError as e:     # every call answers it, as a fresh child would
             loaded = {"ok": False, "kind": "EngineError", "message": str(e)}
     else:
@@ -213,6 +241,8 @@ class Warm:
 
     def __init__(self, path: str, spec: str):
         self.path, self.spec = path, spec
+        # an SGLang server imported its release already (patches apply at activation); a vLLM one left it unactivated
+        self.fresh_for_patches = spec != "none" and not is_vllm(spec)
 
     def _request(self, req: dict, timeout: float) -> tuple[dict, str, str]:
         """Send one request; its answer and the child's stdout and stderr."""
@@ -221,7 +251,7 @@ class Warm:
         from engine_path.patches import ENV
 
         env = dict(os.environ, **(req.get("env") or {}))
-        if self.spec != "none" and env.get(ENV):
+        if self.fresh_for_patches and env.get(ENV):
             raise ValueError(PATCHED)
         tmp = tempfile.mkdtemp(prefix="warm-")
         req = dict(req, tmp=tmp, env=env, cwd=req.get("cwd") or os.getcwd())
@@ -285,7 +315,7 @@ class Warm:
         return self._main(("path", str(path)), argv, env, cwd, timeout, route)
 
     def _main(self, main, argv, env, cwd, timeout, route) -> subprocess.CompletedProcess:
-        if self.spec != "none" and "--engine-patch" in argv:
+        if self.fresh_for_patches and "--engine-patch" in argv:
             raise ValueError(PATCHED)
         reply, stdout, stderr = self._request({"kind": "main", "main": list(main), "argv": list(argv), "env": env,
                                                "cwd": str(cwd or ROOT), "route": route}, timeout)
