@@ -43,6 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 READY = "@@warm-engine-ready@@"
 #: an engine patch is applied by the release's import (engine_path.releases.activate), which a warm server did already
 PATCHED = "a run with an engine patch needs a fresh import of the release: run it in a subprocess of its own"
+#: a vLLM server imported the release for the CPU (its kernels interpreted): a CUDA run imports it afresh
+CPU_ONLY = "a vLLM server's import is the CPU's (Triton's interpreter): run --device cuda in a subprocess of its own"
 
 
 # --------------------------------------------------------------------------- the wire: one JSON value each way
@@ -317,6 +319,8 @@ class Warm:
     def _main(self, main, argv, env, cwd, timeout, route) -> subprocess.CompletedProcess:
         if self.fresh_for_patches and "--engine-patch" in argv:
             raise ValueError(PATCHED)
+        if is_vllm(self.spec) and any(a == "cuda" or a == "--device=cuda" for a in argv):
+            raise ValueError(CPU_ONLY)
         reply, stdout, stderr = self._request({"kind": "main", "main": list(main), "argv": list(argv), "env": env,
                                                "cwd": str(cwd or ROOT), "route": route}, timeout)
         self._loaded_error(reply)
