@@ -1,8 +1,10 @@
 """`slotscope conform --scheduler`: the model's scheduler against SGLang 0.5.23's own ``Scheduler`` (no model).
 
-Three CLI runs against the cached 0.5.23, two at a time: sched-evict-retract (the radix cache off: 0.5.23's
-scheduler over its disabled tree, retractions, decode-time SWA eviction) under the design ``sglang-0.5.23`` conforms
-on every forward (536: mode, requests, new tokens, lengths, write slots, free slots); a model with LIFO free lists
+Four CLI runs against the cached 0.5.23, two at a time (the release's side forked from the session's warm import,
+one fresh): sched-evict-retract (the radix cache off: 0.5.23's scheduler over its disabled tree, retractions,
+decode-time SWA eviction) under the design ``sglang-0.5.23`` conforms on every forward (536: mode, requests, new
+tokens, lengths, write slots, free slots), and so does its copy at page 16 (581: a finished or retracted request's
+row freed in one call, page by page); a model with LIFO free lists
 (tests/conform_designs.py) diverges at the first reuse of a freed slot, forward 7, on out_cache_loc; a scenario the
 release's scheduler cannot run here yet (DP attention) is refused with the reason. The comparison itself is tested
 on hand-made decisions without the engine.
@@ -30,13 +32,24 @@ RUNS = {
 slotscope = slotscope_cli
 
 
+#: the run that goes through a fresh process (the others' release side forks from the warm import)
+FRESH = "ser"
+
+
 @pytest.fixture(scope="module")
-def runs(engine_releases):
+def runs(warm, tmp_path_factory):
+    paged = tmp_path_factory.mktemp("sched") / "sched-evict-retract-p16.toml"
+    text = (ROOT / RUNS["ser"][0]).read_text()
+    paged.write_text(text.replace("full_size = 256\n", "full_size = 256\npage_size = 16\n"))
+    route = {"sglang==0.5.23": warm.socket("sglang==0.5.23")}
+
     def one(key):
-        return key, slotscope("conform", *RUNS[key], "--engine", "sglang==0.5.23", "--scheduler", "--json")
+        args = (str(paged),) if key == "ser16" else RUNS[key]
+        argv = ("conform", *args, "--engine", "sglang==0.5.23", "--scheduler", "--json")
+        return key, slotscope(*argv) if key == FRESH else warm("none").cli(*argv, route=route, timeout=900)
 
     with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(one, RUNS))
+        return dict(pool.map(one, [*RUNS, "ser16"]))
 
 
 def _result(proc) -> dict:
@@ -55,6 +68,15 @@ def test_a_scheduler_under_pressure_with_the_radix_cache_off_schedules_as_the_re
     assert res["engine_scheduler"].startswith("sglang 0.5.23 Scheduler")
     assert res["tree_cache"] == "UnifiedRadixCache"
     assert "init_tp_model_worker" in res["stand_ins"] and "every forward conforms" in proc.stdout
+
+
+@pytest.mark.engine
+def test_the_same_at_page_16_schedules_as_the_release_does(runs):
+    proc = runs["ser16"]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    res = _result(proc)
+    assert res["conforms"] is True and res["first_difference"] is None and res["first_tree_difference"] is None
+    assert res["forwards"] == {"model": 581, "engine": 581}
 
 
 @pytest.mark.engine
