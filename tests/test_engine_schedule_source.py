@@ -46,7 +46,9 @@ slotscope = slotscope_cli
 
 
 @pytest.fixture(scope="module")
-def runs(engine_releases, tmp_path_factory):
+def runs(warm, tmp_path_factory):
+    """The runs of RUNS, two at a time: a patched one in a fresh process (the patch applies at the release's
+    activation), the others forked from the session's warm import of the release."""
     base = tmp_path_factory.mktemp("schedule-source")
 
     def one(key):
@@ -56,7 +58,7 @@ def runs(engine_releases, tmp_path_factory):
                "triton,flashinfer", "--out", str(out), "--no-report", "-q"]
         if patch:
             cmd += ["--engine-patch", str(PATCHES / patch)]     # (an absolute path stays itself)
-        proc = slotscope(*cmd)
+        proc = slotscope(*cmd) if patch else warm("sglang==0.5.23").cli(*cmd, timeout=900)
         got = {"proc": proc}
         if (out / "summary.json").exists():
             got["summary"] = json.loads((out / "summary.json").read_text())
