@@ -114,7 +114,14 @@ def pytest_unconfigure(config):
 def warm_vllm(vllm_release):
     """A warm server of vLLM 0.34.0 (tests/warm_engine.py): its modules imported once this session, each request a
     fork whose run activates the release, ``--engine-patch`` files included (the CPU only); ``.cli(*argv)`` as
-    ``python -m slotscope *argv``, ``.call(target, *args)`` as ``engine_path.isolate.call``."""
+    ``python -m slotscope *argv``, ``.call(target, *args)`` as ``engine_path.isolate.call``. On a machine with CUDA
+    (where a run's ``--device auto`` means the GPU) every run is a fresh process instead (``cli`` and ``script``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        from warm_engine import Fresh
+
+        return Fresh("vllm==0.34.0")
     return _servers().get("vllm==0.34.0")
 
 

@@ -319,13 +319,39 @@ class Warm:
     def _main(self, main, argv, env, cwd, timeout, route) -> subprocess.CompletedProcess:
         if self.fresh_for_patches and "--engine-patch" in argv:
             raise ValueError(PATCHED)
-        if is_vllm(self.spec) and any(a == "cuda" or a == "--device=cuda" for a in argv):
+        if is_vllm(self.spec) and _asks_cuda(argv):
             raise ValueError(CPU_ONLY)
         reply, stdout, stderr = self._request({"kind": "main", "main": list(main), "argv": list(argv), "env": env,
                                                "cwd": str(cwd or ROOT), "route": route}, timeout)
         self._loaded_error(reply)
         args = [sys.executable, *(["-m", main[1]] if main[0] == "module" else [main[1]]), *argv]
         return subprocess.CompletedProcess(args, reply["rc"], stdout, stderr)
+
+
+def _asks_cuda(argv) -> bool:
+    argv = list(argv)
+    return "--device=cuda" in argv or any(a == "--device" and b == "cuda" for a, b in zip(argv, argv[1:]))
+
+
+class Fresh:
+    """:class:`Warm`'s ``cli`` and ``script``, each in a fresh process: where a warm import would not be the run's (a
+    vLLM server's is the CPU's, and on a GPU machine a run's ``--device auto`` is CUDA)."""
+
+    def __init__(self, spec: str):
+        self.spec = spec
+
+    def cli(self, *argv: str, env: Optional[dict] = None, cwd: Optional[str] = None, timeout: float = 900,
+            route: Optional[dict] = None) -> subprocess.CompletedProcess:
+        return self._run(["-m", "slotscope", *argv], env, cwd, timeout)
+
+    def script(self, path: str, *argv: str, env: Optional[dict] = None, cwd: Optional[str] = None,
+               timeout: float = 900, route: Optional[dict] = None) -> subprocess.CompletedProcess:
+        return self._run([str(path), *argv], env, cwd, timeout)
+
+    @staticmethod
+    def _run(args, env, cwd, timeout) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *args], cwd=cwd or ROOT, capture_output=True, text=True,
+                              timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
 class Servers:
