@@ -121,7 +121,7 @@ def warm_vllm(vllm_release):
     if torch.cuda.is_available():
         from warm_engine import Fresh
 
-        return Fresh("vllm==0.34.0")
+        return Fresh()
     return _servers().get("vllm==0.34.0")
 
 

@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = "@@warm-engine-ready@@"
-#: an engine patch is applied by the release's import (engine_path.releases.activate), which a warm server did already
+#: an SGLang patch is applied at the release's activation (engine_path.releases.activate), which its server did already
 PATCHED = "a run with an engine patch needs a fresh import of the release: run it in a subprocess of its own"
 #: a vLLM server imported the release for the CPU (its kernels interpreted): a CUDA run imports it afresh
 CPU_ONLY = "a vLLM server's import is the CPU's (Triton's interpreter): run --device cuda in a subprocess of its own"
@@ -336,9 +336,6 @@ def _asks_cuda(argv) -> bool:
 class Fresh:
     """:class:`Warm`'s ``cli`` and ``script``, each in a fresh process: where a warm import would not be the run's (a
     vLLM server's is the CPU's, and on a GPU machine a run's ``--device auto`` is CUDA)."""
-
-    def __init__(self, spec: str):
-        self.spec = spec
 
     def cli(self, *argv: str, env: Optional[dict] = None, cwd: Optional[str] = None, timeout: float = 900,
             route: Optional[dict] = None) -> subprocess.CompletedProcess:
