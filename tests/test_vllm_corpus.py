@@ -4,7 +4,9 @@ Each V-case runs twice as vLLM's own code (its scheduler, KV-cache manager and w
 fix reverted by a shipped patch (examples/engine-patches/vllm/), and on 0.34.0 as released. V1 (#36580: a graph's
 padded rows keep earlier slots) writes over live slots; V2 (#39734: the admission gate budgets the SWA group for the
 whole sequence) never admits a prompt that fits, so the run stops; V3 (#17398: EAGLE's hit one block short of the
-window) reads the null block inside the window. The corpus file's validation runs without vLLM.
+window) reads the null block inside the window; V4 (#35219, fixed by #44490: the block ids recorded for zeroing taken
+only where blocks are zeroed) ends the run with the managers' list undrained. The corpus file's validation runs
+without vLLM.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
@@ -81,11 +83,14 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {"V1": (True, True), "V2": (True, True),
-                                                                      "V3": (True, True)}
+    assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in ("V1", "V2", "V3", "V4")}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["fixed"] == "vllm==0.34.0 + eagle-hit-rule.yaml"
     assert "SchedulerStalled" in got["V2"]["why"] and "384 prompt tokens" in got["V2"]["why"]
+    # V4: one id per full-attention block the run allocated (195, counted apart by wrapping the full manager's
+    # allocate_new_blocks), all left in the list, which grew at every schedule that allocated
+    assert ("195 in the full group's manager; the list grew at 14 of the run's 15 schedules and shrank at 0"
+            in got["V4"]["why"])
 
     def findings(case, role):
         s = json.loads((tmp_path / "runs" / case / f"{case}-{role}" / "summary.json").read_text())
@@ -93,7 +98,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
 
     assert findings("V1", "buggy") == {"clobbered": 4}
     assert findings("V3", "buggy") == {"stale_read": 75}
-    assert all(findings(c, "fixed") == {} for c in ("V1", "V2", "V3"))
+    assert all(findings(c, "fixed") == {} for c in ("V1", "V2", "V3", "V4"))
 
 
 def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_path):

@@ -144,6 +144,8 @@ class VllmScheduler:
         self.dummies = 0
         self._gap = 0                         # dummy forwards of the current idle gap
         self._carried: set = set()            # requests gone in empty schedules, for the next forward's worker
+        #: the managers' block ids recorded for zeroing and left after each schedule: (schedules, grew, shrank, last)
+        self.undrained = [0, 0, 0, 0]
 
     # ------------------------------------------------------------------ set-up
 
@@ -288,6 +290,7 @@ class VllmScheduler:
                 self._check_returned()
                 return None
             out = self._call("scheduler (schedule)", self.scheduler.schedule)
+            self._note_undrained()
             if out.total_num_scheduled_tokens > 0:
                 self._gap = 0
                 break
@@ -340,6 +343,30 @@ class VllmScheduler:
                                f"blocks free, {len(held)} still referenced ({shown or 'none'}), managers holding "
                                f"blocks for {len(rows)} requests{' (' + ', '.join(rows[:8]) + ')' if rows else ''}: "
                                f"blocks leaked")
+        self._check_drained()
+
+    def _note_undrained(self) -> None:
+        """After a schedule: how many block ids recorded for zeroing no schedule has taken (0 in a release that
+        drains them every step), and whether that grew or shrank."""
+        n = sum(len(getattr(m, "new_block_ids", ())) for m in self.managers)
+        u = self.undrained
+        u[0] += 1
+        u[1] += n > u[3]
+        u[2] += n < u[3]
+        u[3] = n
+
+    def _check_drained(self) -> None:
+        """Every request finished: the block ids the managers record for the worker's zeroing of new blocks
+        (``new_block_ids``) must have been taken by the schedules that allocated them. An id left over is one the
+        scheduler never takes: the list grows by one id per allocated block for as long as a server runs."""
+        left = {i: len(m.new_block_ids) for i, m in enumerate(self.managers) if getattr(m, "new_block_ids", None)}
+        if left:
+            groups = ", ".join(f"{n} in the {self.groups[i]} group's manager" for i, n in left.items())
+            schedules, grew, shrank, _ = self.undrained
+            raise ReleaseBroke(f"vLLM's KV-cache managers after every request finished still hold block ids recorded "
+                               f"for zeroing that no schedule took ({groups}; the list grew at {grew} of the run's "
+                               f"{schedules} schedules and shrank at {shrank}): it is never drained, a host-memory "
+                               f"leak that grows with every allocated block")
 
     def _stalled(self, idle: int) -> str:
         """Why the run stops: the release's scheduler admits nothing and runs nothing (a hang in a server)."""
