@@ -77,6 +77,8 @@ NOT_YET = (
     (lambda sc: sc.engine.speculative.enabled, "engine.speculative: no draft worker yet"),
     (lambda sc: sc.engine.dp_size > 1, "engine.dp_size > 1: DP attention's batch sync is not driven yet"),
     (lambda sc: sc.engine.pd_decode, "engine.pd_decode: the PD decode node's loop is not driven yet"),
+    (lambda sc: sc.engine.kv_offload, "engine.kv_offload: an offload tier is driven as vLLM's KV connector only "
+                                      "(--engine vllm)"),
     (lambda sc: sc.pool.unified, "pool.unified: the unified pool's allocator is not built here yet"),
 )
 

@@ -59,6 +59,9 @@ def make_scheduler(scenario: Scenario, alloc, release: Release, rng: np.random.G
     """The scenario's own scheduler over ``alloc`` (the run's choice; engine_path's conformance trace makes the
     same one), with the release's behaviour and free paths. ``kind``: force one (:func:`scheduler_kind`'s
     names), e.g. the base scheduler where a side cannot run the scenario's."""
+    if scenario.engine.kv_offload:
+        raise ScenarioError(f"{scenario.source}: engine.kv_offload: slotscope has no model of an offload tier; it "
+                            f"is driven as vLLM's KV connector (run with --engine vllm)")
     kind = kind or scheduler_kind(scenario)
     requests = make_requests(scenario.workload, rng)
     kw = dict(pad_value=pad_value, pad_to_capture=pad_to_capture, release=release.behaviour)

@@ -4,9 +4,10 @@ Each V-case runs twice as vLLM's own code (its scheduler, KV-cache manager and w
 fix reverted by a shipped patch (examples/engine-patches/vllm/), and on 0.34.0 as released. V1 (#36580: a graph's
 padded rows keep earlier slots) writes over live slots; V2 (#39734: the admission gate budgets the SWA group for the
 whole sequence) never admits a prompt that fits, so the run stops; V3 (#17398: EAGLE's hit one block short of the
-window) reads the null block inside the window; V4 (#35219, fixed by #44490: the block ids recorded for zeroing taken
-only where blocks are zeroed) ends the run with the managers' list undrained. The corpus file's validation runs
-without vLLM.
+window) reads the null block inside the window; V4 (#35219, fixed by #44490: the block ids recorded for zeroing
+taken only where blocks are zeroed) ends the run with the managers' list undrained; V5 (#33775, fixed by #44409: the
+groups' blocks for a KV connector's tokens taken before every group's hit is touched) reads a system prompt the
+offload tier's load overwrote. The corpus file's validation runs without vLLM.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
@@ -83,7 +84,8 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in ("V1", "V2", "V3", "V4")}
+    cases = ("V1", "V2", "V3", "V4", "V5")
+    assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in cases}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["fixed"] == "vllm==0.34.0 + eagle-hit-rule.yaml"
     assert "SchedulerStalled" in got["V2"]["why"] and "384 prompt tokens" in got["V2"]["why"]
@@ -98,7 +100,8 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
 
     assert findings("V1", "buggy") == {"clobbered": 4}
     assert findings("V3", "buggy") == {"stale_read": 75}
-    assert all(findings(c, "fixed") == {} for c in ("V1", "V2", "V3", "V4"))
+    assert findings("V5", "buggy") == {"stale_read": 32}
+    assert all(findings(c, "fixed") == {} for c in cases)
 
 
 def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_path):

@@ -26,7 +26,7 @@ from simulator.memory.allocator import HybridAllocator
 
 from ..errors import AdapterLacks
 from ..releases import EngineInfo
-from . import kernels
+from . import connector, kernels
 from .release import DEFAULT_VERSION
 
 #: the run's one backend boundary
@@ -153,6 +153,8 @@ class VllmRuntime:
                               "attention arithmetic (none: the read check reads the tables)"]
                              + [f"the worker kernel {p}: {why}" for p, whose, why in kernels.VLLM.pieces()
                                 if whose == "model" and self.device != "cuda"]}
+        if self.schedule_source is not None and self.schedule_source.driver.tier is not None:
+            d["model_pieces"].append(connector.STAND_IN)
         if self.schedule_source is not None:
             d["scheduler"] = self.schedule_source.describe()
             d["scheduler"]["release"] = f"vllm {v}"

@@ -33,6 +33,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import AdapterLacks, EngineError, ReleaseBroke, SchedulerStalled, raised_in
+from . import connector
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -64,7 +65,8 @@ _MODEL_FIELDS = dict(uses_mrope=False, is_encoder_decoder=False, runner_type="ge
 #: a scenario's engine settings vLLM has no counterpart of here, each refused with its reason
 NOT_YET = (
     (lambda sc: sc.engine.speculative.enabled, "speculative decoding: vLLM's EAGLE groups are not driven yet"),
-    (lambda sc: sc.engine.pd_decode, "a PD decode node: vLLM's KV connectors are not driven"),
+    (lambda sc: sc.engine.pd_decode, "a PD decode node: a KV connector's asynchronous loads from a prefill node are "
+                                     "not driven (engine.kv_offload's tier is)"),
     (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),
     (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
 )
@@ -160,7 +162,10 @@ class VllmScheduler:
                                     enable_chunked_prefill=True, async_scheduling=False)
         cache = cfg.CacheConfig(block_size=self.block_size, enable_prefix_caching=bool(self.sc.engine.radix_cache))
         cache.num_gpu_blocks = self.num_blocks
-        vc = cfg.VllmConfig(scheduler_config=sched, cache_config=cache, device_config=cfg.DeviceConfig(device="cpu"))
+        # engine.kv_offload: slotscope's offload tier as the scheduler's KV connector (engine_path/vllm/connector.py)
+        extra = {"kv_transfer_config": connector.transfer_config()} if self.sc.engine.kv_offload else {}
+        vc = cfg.VllmConfig(scheduler_config=sched, cache_config=cache, device_config=cfg.DeviceConfig(device="cpu"),
+                            **extra)
         # the platform: a CPU platform has no hybrid KV-cache manager; a GPU deployment's has (STAND_INS)
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         # no HF model here: the fields the scheduler reads (STAND_INS)
@@ -234,10 +239,17 @@ class VllmScheduler:
                            for k, g in zip(self.groups, self.kv_groups)],
                 "num_blocks": self.num_blocks, "block_size": self.block_size,
                 "prefix_caching": bool(self.vllm_config.cache_config.enable_prefix_caching),
-                "stand_ins": STAND_INS,
+                "stand_ins": {**STAND_INS, **({"the KV connector": connector.STAND_IN} if self.tier else {})},
                 "startup_check": self.startup_check,
                 "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
-                        "prefix_hit_tokens": self.hit_tokens, "dp_dummy_forwards": self.dummies}}
+                        "prefix_hit_tokens": self.hit_tokens, "dp_dummy_forwards": self.dummies,
+                        **({"offload_saved_blocks": self.tier.saved_blocks,
+                            "offload_loaded_tokens": self.tier.loaded_tokens} if self.tier else {})}}
+
+    @property
+    def tier(self):
+        """The offload tier (engine.kv_offload: the scheduler's KV connector), or None."""
+        return self.scheduler.connector if self.sc.engine.kv_offload else None
 
     # ------------------------------------------------------------------ arrivals
 

@@ -37,7 +37,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from simulator.records import Owner
-from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch
+from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch, Transfer
 from simulator.scheduling.batch_making import BatchMaking
 from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.workload import make_requests
@@ -89,6 +89,8 @@ class VllmStepSource(BatchMaking):
         self._requests: Optional[BatchRequests] = None
         self.counts = {"extend": 0, "decode": 0, "mixed": 0, "freed_full_slots": 0, "freed_swa_slots": 0,
                        "evicted_swa_slots": 0}
+        if scenario.engine.kv_offload:
+            self.counts["offload_loaded_slots"] = 0
 
     @property
     def source(self) -> str:
@@ -211,7 +213,53 @@ class VllmStepSource(BatchMaking):
                                        tag_bases=np.zeros(nreq, dtype=np.int64))
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
-        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full), transferred=self._loaded(step))
+
+    def _loaded(self, step) -> Optional[Transfer]:
+        """The offload tier's loads of this schedule (engine.kv_offload), as the forward's transfer: each loaded
+        token's tag into the block the release's manager gave its position, in each group (an SWA position whose
+        block is the null block is not loaded). vLLM's groups share memory (each KV tensor serves one layer of
+        each group), so a load into a block the other group holds at the same time lands in that group's view
+        too: a block with two owners shows at the other owner's reads."""
+        tier = self.driver.tier
+        loads = tier.take_loads() if tier is not None else {}
+        if not loads:
+            return None
+        at = {rid: i for i, rid in enumerate(step.req_ids)}
+        slots = {self.g_full: [], self.g_swa: []}
+        tags = {self.g_full: [], self.g_swa: []}
+        full_of = []                                   # per SWA slot loaded, its token's full slot
+        for rid, load in loads.items():
+            end = int(step.starts[at[rid]])
+            pos = np.arange(end - load.count, end, dtype=np.int64)
+            row_tags = self._tag_row(int(rid))[pos]
+            per_group = self.driver.manager_blocks(rid)
+            full_slots = per_group[self.g_full][pos // self.bs] * self.bs + pos % self.bs
+            for g, blocks in enumerate(per_group):
+                b = blocks[pos // self.bs]
+                real = b > 0
+                slots[g].append(b[real] * self.bs + pos[real] % self.bs)
+                tags[g].append(row_tags[real])
+                if g == self.g_swa:
+                    full_of.append(full_slots[real])
+        loaded = {g: (np.concatenate(slots[g]), np.concatenate(tags[g])) for g in slots}
+        held = {g: np.fromiter({b.block_id for row in m.req_to_blocks.values() for b in row} - {0}, dtype=np.int64)
+                for g, m in enumerate(self.driver.managers)}
+        view = dict(loaded)
+        for g, other in ((self.g_full, self.g_swa), (self.g_swa, self.g_full)):
+            s_, t_ = loaded[g]
+            shared = np.isin(s_ // self.bs, held[other])
+            if shared.any():
+                view[other] = (np.concatenate([view[other][0], s_[shared]]),
+                               np.concatenate([view[other][1], t_[shared]]))
+        (f, ft), (w, wt) = view[self.g_full], view[self.g_swa]
+        lf, lw = loaded[self.g_full][0], loaded[self.g_swa][0]
+        self._block_group[lf // self.bs] = self.g_full
+        self._block_group[lw // self.bs] = self.g_swa
+        self._held_full[lf] = True
+        self._full_of_swa[lw] = np.concatenate(full_of)
+        self.counts["offload_loaded_slots"] += int(lf.size)
+        return Transfer(f, ft, w, wt)
 
     def _dummy_batch(self, k: int) -> tuple[ForwardBatch, BatchTruth]:
         """A DP rank's dummy forward (``_dummy_run`` of one uniform decode token): its graph and rows agreed with

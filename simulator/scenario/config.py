@@ -259,6 +259,10 @@ class EngineConfig:
     #: SWA-tail allocation (the release's ``_uses_swa_tail_prealloc`` needs page_size > 1): both pools are
     #: allocated for the whole prompt, the transfer fills the window's SWA rows, eviction frees the rest
     pd_decode: bool = False
+    #: an offload tier behind the prefix cache: a finished request's computed blocks are saved off the device, and
+    #: a later request whose prefix the device's cache lost but the tier holds loads it (synchronously, before its
+    #: forward). Driven as vLLM's KV connector only (--engine vllm: engine_path/vllm/connector.py); no model has it
+    kv_offload: bool = False
     #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
     #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
     #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
@@ -447,7 +451,8 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     bs_sizes = speculative_decode_capture_sizes if e.speculative.enabled else default_decode_capture_sizes
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
-    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "pd_decode", "overlap",
+    for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "pd_decode", "kv_offload",
+                "overlap",
                 "war_barrier",
                 "platform", "reserve", "read_check"):
         _put(d, key, getattr(e, key), getattr(base, key), False)

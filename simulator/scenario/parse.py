@@ -269,6 +269,7 @@ def _engine(t: TomlTable, pool: PoolConfig) -> EngineConfig:
         radix_cache=t.get("radix_cache", bool, d.radix_cache),
         cache_linker=t.get("cache_linker", bool, d.cache_linker),
         pd_decode=t.get("pd_decode", bool, d.pd_decode),
+        kv_offload=t.get("kv_offload", bool, d.kv_offload),
         overlap=t.get("overlap", bool, d.overlap),
         war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
         platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
@@ -285,6 +286,9 @@ def _engine(t: TomlTable, pool: PoolConfig) -> EngineConfig:
                                     "prefill off under speculative decoding)")
     if pool.unified:
         _unified_combos(t, cfg)
+    if cfg.kv_offload and cfg.pd_decode:
+        raise t.fail("kv_offload", "cannot be true with engine.pd_decode = true (a decode node's KV comes by its "
+                                   "transfer, not from an offload tier)")
     if cfg.pd_decode:
         _pd_decode_combos(t, cfg, pool)
     t.done()

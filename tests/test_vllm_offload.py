@@ -1,0 +1,99 @@
+"""An offload tier behind vLLM's prefix cache (``engine.kv_offload``, engine_path/vllm/connector.py).
+
+The tier is slotscope's KV connector on vLLM's scheduler side: it saves a finished request's computed blocks by the
+release's block hashes and answers ``get_num_new_matched_tokens`` from them; the release's scheduler and KV-cache
+manager take its hits (``allocate_new_computed_blocks``), and the step source turns each schedule's loads into the
+forward's transfer. scenarios/vllm-offload-turns.toml is V5's scenario: clean on 0.34.0, its reads of the system
+prompt overwritten with #44409's two-phase allocation reverted. No model has a tier: other runs refuse the field.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import slotscope_cli
+from simulator.scenario import ScenarioError, load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = "scenarios/vllm-offload-turns.toml"
+REVERT = ROOT / "examples/engine-patches/vllm/revert-44409-two-phase-external-alloc.yaml"
+
+
+def _run(warm_vllm, out: Path, *extra: str):
+    proc = warm_vllm.cli("run", SCENARIO, "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q", *extra)
+    summary = json.loads((out / "summary.json").read_text())
+    return proc, summary, json.loads((out / "run.json").read_text())
+
+
+def _found(summary) -> dict:
+    return {k: v for k, v in summary["backends"]["vllm"]["findings"].items() if v}
+
+
+@pytest.mark.vllm
+def test_the_tiers_loads_run_clean_through_the_releases_allocation(warm_vllm, tmp_path):
+    proc, summary, run = _run(warm_vllm, tmp_path / "fixed")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _found(summary) == {}
+    did = run["engine_pieces"]["scheduler"]["did"]
+    # 18 blocks saved by the 7 requests' finishes; 288 tokens loaded, each into one full slot
+    assert (did["offload_saved_blocks"], did["offload_loaded_tokens"], did["offload_loaded_slots"]) == (18, 288, 288)
+    assert did["prefix_hit_tokens"] == 608 and did["forwards"] == 31
+    assert "the KV connector" in run["engine_pieces"]["scheduler"]["stand_ins"]
+    assert any(r["piece"].startswith("an offload tier") and r["whose"] == "slotscope"
+               for r in run["engine_pieces"]["rows"])
+
+
+@pytest.mark.vllm
+def test_two_owners_of_one_block_show_as_stale_reads_of_the_hit(warm_vllm, tmp_path):
+    """#44409 reverted: the window group's blocks for the tier's tokens are popped where the full group's hit waits
+    untouched; the load into the shared block overwrites the system prompt's KV the full layer reads."""
+    proc, summary, _ = _run(warm_vllm, tmp_path / "buggy", "--engine-patch", str(REVERT))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert _found(summary) == {"stale_read": 32}
+    first = json.loads((tmp_path / "buggy" / "findings.jsonl").read_text().splitlines()[0])
+    assert (first["step"], first["kind"], first["observed"]["label"]) == (30, "full", "req 2 pos 112")
+    assert first["expected"]["label"] == "req 0 pos 16"
+
+
+NO_TRANSFER_PROBE = """
+import json
+from pathlib import Path
+from engine_path.releases import EngineSpec
+from engine_path.vllm.release import activate
+from engine_path.vllm import source
+from slotscope.pipeline import RunOptions, run_scenario
+spec = EngineSpec("vllm", "0.34.0")
+activate(spec)
+def dropped(self, step):
+    self.driver.tier.take_loads()
+source.VllmStepSource._loaded = dropped
+out = run_scenario(Path("scenarios/vllm-offload-turns.toml"), None, RunOptions(engine=spec, device="cpu",
+                   report=False, trace_level="off", quiet_engine=True, scheduler="auto"))
+print(json.dumps(out.result.total_findings))
+"""
+
+
+@pytest.mark.vllm
+def test_the_oracle_takes_the_loads_as_writes(warm_vllm, tmp_path):
+    """Without the transfer the tokens the tier loaded were never written: every read of them is stale, so the
+    clean run above is the oracle checking the loads, not ignoring them."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n" + NO_TRANSFER_PROBE)
+    proc = warm_vllm.script(str(probe), cwd=str(ROOT), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == 3038
+
+
+def test_no_model_and_no_sglang_run_takes_an_offload_tier(tmp_path):
+    proc = slotscope_cli("run", SCENARIO, "--out", str(tmp_path / "m"), "--no-report", "-q")
+    assert proc.returncode == 2 and "engine.kv_offload" in proc.stderr and "--engine vllm" in proc.stderr
+
+
+def test_an_offload_tier_on_a_pd_decode_node_is_refused_naming_the_field(tmp_path):
+    text = (ROOT / SCENARIO).read_text().replace("kv_offload = true", "kv_offload = true\npd_decode = true")
+    path = tmp_path / "pd.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=r"engine\.kv_offload"):
+        load_scenario(path)
