@@ -152,7 +152,10 @@ def _install_plugins(run: Run, scenario: Scenario, release: Release, faults: Opt
     if scenario.pool.unified:
         # the per-forward plan between virtual and physical ids (simulator/plugins/unified.py)
         run.install(UnifiedPlan(run))
-    overlap = overlap_driver(run, scenario, release.behaviour)
+    # engine.overlap is SGLang's overlap scheduler, on its timeline, unless the scheduler source drives its engine's
+    # own (vLLM's async scheduling: engine_path/vllm/scheduler.py), which says so with ``owns_overlap``
+    own = getattr(run.scheduler, "owns_overlap", False)
+    overlap = None if own else overlap_driver(run, scenario, release.behaviour)
     if overlap is not None:
         # the timeline driver (simulator/plugins/overlap.py; it gives the run a mapping of its own)
         run.install(overlap)

@@ -382,7 +382,7 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
 
 #: per engine, the knobs of a draw it does not drive (each refused by its adapter, e.g. engine_path/vllm/scheduler.py's
 #: NOT_YET): :func:`for_engine` clears them, so a search spends its draws on what the engine runs
-NOT_DRIVEN = {"vllm": {"engine": ("speculative", "pd_decode", "overlap", "war_barrier", "platform", "piecewise_shrink",
+NOT_DRIVEN = {"vllm": {"engine": ("speculative", "pd_decode", "war_barrier", "platform", "piecewise_shrink",
                                   "attn_tp_size"),
                        "pool": ("unified",)}}
 
@@ -397,6 +397,8 @@ def for_engine(data: dict[str, Any], engine: str) -> dict[str, Any]:
     for table, keys in drop.items():
         for k in keys:
             data.get(table, {}).pop(k, None)
+    if engine == "vllm" and data.get("engine", {}).get("dp_size", 1) > 1:
+        data["engine"].pop("overlap", None)       # async scheduling is driven on one DP rank's own loop only
     m = data["model"]
     layers = m.get("layers") or ""
     if layers.count("S") != layers.count("F") or not layers:

@@ -202,6 +202,10 @@ def test_a_draw_for_vllm_clears_what_vllm_is_not_driven_for():
     # vLLM's own DP agreement pads DP batches, its own graph manager picks piecewise graphs
     assert got["engine"] == {"dp_size": 2, "piecewise_cuda_graph": True, "radix_cache": True}
     assert for_engine({"model": {"preset": "llama4"}, "engine": {"dp_size": 2}}, "sglang")["engine"] == {"dp_size": 2}
+    # async scheduling (engine.overlap) is driven on one rank: kept there, cleared with DP above
+    one = for_engine({"model": {"layers": "SF"}, "pool": {"full_size": 64, "page_size": 16},
+                      "engine": {"overlap": True}}, "vllm")
+    assert one["engine"] == {"overlap": True}
     gen, refused, drawn = Generator(3), [], 0
     for i in range(150):
         sc = draw_scenario(for_engine(fix_up(gen.fresh(3, i), 3), "vllm"), "sglang-0.5.23")

@@ -13,6 +13,7 @@ from simulator.memory.allocator import HybridAllocator, RequestSlots
 from simulator.engine_model.release_model import (MID_2026, SGLANG_0_5_23, DpPaddingModes, EvictionContext,
                                                   FreeLists, MaxPadding, ReleaseBehaviour, Sglang0523Eviction,
                                                   release_of)
+from simulator.scenario import load_scenario
 from simulator.scheduling.scheduler import Scheduler
 from simulator.scheduling.workload import make_requests
 
@@ -380,10 +381,12 @@ class _ReleaseScheduler(Scheduler):
         super().__init__(*args, release=release if release is not None else self.release_for_test, **kwargs)
 
 
-#: every shipped scenario a model runs (not the scale scenario, for time; not those with an offload tier, which is
-#: vLLM's KV connector only and refused by the model: tests/test_vllm_offload.py)
+#: every shipped scenario a model runs: not the scale scenario (time), nor those made for vLLM alone (their
+#: ``engine_release`` a vLLM release: an offload tier, tests/test_vllm_offload.py; async scheduling with the radix
+#: cache, tests/test_vllm.py)
 SHIPPED = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml")
-                 if p.stem != "scale" and not p.stem.startswith("corpus") and "kv_offload = true" not in p.read_text())
+                 if p.stem != "scale" and not p.stem.startswith("corpus")
+                 and not (load_scenario(p).engine_release or "").startswith("vllm"))
 #: scenarios that show the fix's gap (a swa_loc shorter than loc: piecewise graphs without per-layer
 #: narrowing), which 0.5.23's KVWriteLoc still has (ENGINE_IN_LOOP.md: the real 0.5.23 code raises there too).
 #: paths-noshrink is not among them under 0.5.23: with DP attention a prefill graph only runs at the ranks'

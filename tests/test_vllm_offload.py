@@ -86,8 +86,11 @@ def test_the_oracle_takes_the_loads_as_writes(warm_vllm, tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == 3038
 
 
-def test_no_model_and_no_sglang_run_takes_an_offload_tier(tmp_path):
-    proc = slotscope_cli("run", SCENARIO, "--out", str(tmp_path / "m"), "--no-report", "-q")
+def test_no_model_runs_an_offload_tier(tmp_path):
+    """The scenario names vLLM as its engine_release; without it, the model's run is refused naming the field."""
+    path = tmp_path / "model.toml"
+    path.write_text((ROOT / SCENARIO).read_text().replace('engine_release = "vllm==0.34.0"', ""))
+    proc = slotscope_cli("run", str(path), "--out", str(tmp_path / "m"), "--no-report", "-q")
     assert proc.returncode == 2 and "engine.kv_offload" in proc.stderr and "--engine vllm" in proc.stderr
 
 

@@ -11,9 +11,10 @@ is :data:`STAND_INS` (run.json says it).
 The scenario maps onto vLLM as follows: the pool's ``full_size`` slots are ``full_size / page_size`` blocks of
 ``page_size`` tokens, plus the null block (block 0), shared by every group (the scenario's ``swa_size`` has no
 counterpart: vLLM has one pool); ``chunked_prefill_size`` is the token budget of a step (``max_num_batched_tokens``);
-``max_running_requests`` is ``max_num_seqs`` (at most the token budget, as vLLM asks); the engine core steps
-synchronously (``async_scheduling`` off: one batch in flight, which also sizes the sliding-window group's admission
-cap; ``engine.overlap`` is refused); the radix cache is vLLM's
+``max_running_requests`` is ``max_num_seqs`` (at most the token budget, as vLLM asks); ``engine.overlap`` is the
+engine core's async scheduling (its ``AsyncScheduler`` and batch queue of two: each schedule runs before the output
+of the forward before it is processed; off, the engine core steps synchronously, one batch in flight, which also
+sizes the sliding-window group's admission cap); the radix cache is vLLM's
 prefix caching; the model's window ``W`` is each sliding-window layer's
 ``sliding_window``. A request asks for ``output_len + 1`` tokens with ``ignore_eos``: its prefill samples the first,
 each of its ``output_len`` decodes writes the token before it (the scenario's count of decode forwards). Token ids are
@@ -50,9 +51,6 @@ STAND_INS = {
     "UvaBuffer": "on a CPU the host tensor itself (a device view of pinned host memory needs CUDA); on CUDA the "
                  "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used), "
                  "on the platform vLLM resolves without its compiled extensions, its device type set to cuda",
-    "async scheduling": "off: the engine core steps synchronously, one batch in flight (0.34's default is on, which "
-                        "also doubles a sliding-window group's admission cap; engine.overlap, which would drive it, "
-                        "is refused)",
     "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
                                        "Triton, run by Triton's interpreter on a CPU (on CUDA the driver is real)",
 }
@@ -67,7 +65,9 @@ NOT_YET = (
     (lambda sc: sc.engine.speculative.enabled, "speculative decoding: vLLM's EAGLE groups are not driven yet"),
     (lambda sc: sc.engine.pd_decode, "a PD decode node: a KV connector's asynchronous loads from a prefill node are "
                                      "not driven (engine.kv_offload's tier is)"),
-    (lambda sc: sc.engine.overlap, "engine.overlap: vLLM's async scheduling is not driven yet"),
+    (lambda sc: sc.engine.overlap and sc.engine.dp_size > 1, "engine.overlap with engine.dp_size > 1: an idle DP "
+                                                             "rank's dummy forwards under async scheduling are not "
+                                                             "driven yet"),
     (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
 )
 
@@ -93,6 +93,7 @@ class Step:
     new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
     appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
     dummy: bool = False                                 # a DP rank's dummy forward (no request of this rank)
+    samples: list = field(default_factory=list)         # per request: the forward samples its next token
     carried: set = field(default_factory=set)           # gone in the empty schedules since the previous forward
 
     @property
@@ -126,6 +127,10 @@ class VllmScheduler:
         self.block_size = page
         self.num_blocks = scenario.pool.full_size // page + 1       # + the null block, block 0
         self.max_steps = max_steps
+        #: engine.overlap: the engine core's async scheduling (a batch queue of two: schedules run one ahead)
+        self.async_ = bool(scenario.engine.overlap)
+        self._queue: list = []                # async: scheduled outputs not yet processed, newest first
+        self.ahead = 0                        # async: schedules made before the output of a forward run
         self.groups = self._groups()
         self.scheduler = self._build()
         self.pool = self.scheduler.kv_cache_manager.block_pool
@@ -159,7 +164,7 @@ class VllmScheduler:
         seqs = max(1, min(self.sc.engine.max_running_requests, budget))
         sched = cfg.SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                     max_model_len=longest + 2, is_encoder_decoder=False,
-                                    enable_chunked_prefill=True, async_scheduling=False)
+                                    enable_chunked_prefill=True, async_scheduling=self.async_)
         cache = cfg.CacheConfig(block_size=self.block_size, enable_prefix_caching=bool(self.sc.engine.radix_cache))
         cache.num_gpu_blocks = self.num_blocks
         # engine.kv_offload: slotscope's offload tier as the scheduler's KV connector (engine_path/vllm/connector.py)
@@ -218,14 +223,14 @@ class VllmScheduler:
         kci = _mod("vllm.v1.kv_cache_interface")
         kcu = _mod("vllm.v1.core.kv_cache_utils")
         hashing = _mod("vllm.utils.hashing")
-        sched_mod = _mod("vllm.v1.core.sched.scheduler")
         so_mod = _mod("vllm.v1.structured_output")
         kc = kci.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=self.kv_groups)
         hash_fn = hashing.get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
         kcu.init_none_hash(hash_fn)
         self._hasher = kcu.get_request_block_hasher(self.block_size, hash_fn)
         try:
-            return sched_mod.Scheduler(vllm_config=self.vllm_config, kv_cache_config=kc,
+            cls = self.vllm_config.scheduler_config.get_scheduler_cls()
+            return cls(vllm_config=self.vllm_config, kv_cache_config=kc,
                                        structured_output_manager=so_mod.StructuredOutputManager(self.vllm_config),
                                        block_size=self.block_size, log_stats=False)
         except AttributeError as e:
@@ -243,6 +248,7 @@ class VllmScheduler:
                 "startup_check": self.startup_check,
                 "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
                         "prefix_hit_tokens": self.hit_tokens, "dp_dummy_forwards": self.dummies,
+                        **({"schedules_ahead_of_output": self.ahead} if self.async_ else {}),
                         **({"offload_saved_blocks": self.tier.saved_blocks,
                             "offload_loaded_tokens": self.tier.loaded_tokens} if self.tier else {})}}
 
@@ -291,6 +297,9 @@ class VllmScheduler:
 
     def next_step(self) -> Optional[Step]:
         """The release's next forward (None: the workload is done or ``max_steps`` reached)."""
+        return self._next_async() if self.async_ else self._next_sync()
+
+    def _next_sync(self) -> Optional[Step]:
         idle = 0
         while True:
             if self.max_steps is not None and self.forwards >= self.max_steps:
@@ -308,20 +317,66 @@ class VllmScheduler:
                 break
             # nothing to run: let its bookkeeping settle (an empty step); the clock goes on (an idle engine core
             # still receives requests; _arrivals jumps it when no request is waiting)
-            self._call("scheduler (update_from_output)", self.scheduler.update_from_output, out,
-                       _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=[]))
-            # the model runner applies an empty schedule's output (finished and preempted rows go) without a
-            # forward: the next forward's worker step frees them
-            self._carried |= Step(out, [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).gone
-            self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
+            self._empty(out)
+            self._process(out)
             idle += 1
-            self.clock += 1
             if not (self.pending or self._ready) and idle > 2:
                 raise SchedulerStalled(self._stalled(idle))
+        return self._forward(out)
+
+    def _next_async(self) -> Optional[Step]:
+        """The engine core's loop under async scheduling (``step_with_batch_queue``, a queue of two): schedule the
+        next batch, and once the queue is full process its oldest output, so the scheduler runs one schedule ahead
+        of the outputs it has seen (its requests' computed counts optimistic, their next tokens placeholders). A
+        forward's output is processed after the next schedule; the forward itself runs before the next one, on
+        one stream, as the source executes it."""
+        idle = 0
+        while True:
+            if self.max_steps is not None and self.forwards >= self.max_steps:
+                return None
+            self._arrivals()
+            if not self._queue and self.done():
+                self._check_returned()
+                return None
+            step = None
+            if self.scheduler.has_requests():
+                self.ahead += any(isinstance(q, Step) for q in self._queue)
+                out = self._call("scheduler (schedule)", self.scheduler.schedule)
+                self._note_undrained()
+                if out.total_num_scheduled_tokens > 0:
+                    step, idle = self._forward(out), 0
+                    self._queue.insert(0, step)
+                else:
+                    self._empty(out)
+                    self._queue.insert(0, out)
+                    idle += not any(isinstance(q, Step) for q in self._queue)
+                    if not (self.pending or self._ready) and idle > 2:
+                        raise SchedulerStalled(self._stalled(idle))
+                if len(self._queue) < 2 and (step is not None or self.scheduler.has_requests()):
+                    if step is not None:
+                        return step
+                    continue
+            elif not self._queue:
+                if not (self.pending or self._ready):
+                    raise SchedulerStalled(self._stalled(idle))
+                continue
+            self._process(self._queue.pop())
+            if step is not None:
+                return step
+
+    def _forward(self, out) -> Step:
+        self._gap = 0
         self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
         step = self._step_of(out)
         step.carried, self._carried = self._carried, set()
         return step
+
+    def _empty(self, out) -> None:
+        """An empty schedule: the model runner applies its output (finished and preempted rows go) without a
+        forward, so the next forward's worker step frees them; the clock goes on."""
+        self._carried |= Step(out, [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).gone
+        self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
+        self.clock += 1
 
     def _idle_rank(self) -> bool:
         """With DP: this rank holds no request and the next is due later, while the other ranks work: vLLM's DP
@@ -413,8 +468,9 @@ class VllmScheduler:
         ids = [ids[i] for i in order]
         starts = [starts[i] for i in order]
         counts = [out.num_scheduled_tokens[r] for r in ids]
+        reqs = self.scheduler.requests
         return Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
-                    new_rows, appended)
+                    new_rows, appended, samples=[r not in reqs or not reqs[r].is_prefill_chunk for r in ids])
 
     def _batch_order(self, out) -> list[str]:
         runner = _mod("vllm.v1.worker.gpu.model_runner")
@@ -427,17 +483,25 @@ class VllmScheduler:
                 for m in self.managers]
 
     def finish_step(self, step: Step) -> None:
-        """The model's output of ``step``: the next token of each request that has computed all it knows."""
-        reqs = self.scheduler.requests
+        """``step``'s forward has run. Its output reaches the scheduler now, or under async scheduling after the
+        next schedule (:meth:`_next_async`)."""
+        if not self.async_:
+            self._process(step)
+
+    def _process(self, entry) -> None:
+        """``update_from_output`` of a scheduled output: an empty one's, or a forward's with the next token of
+        each request whose chunk reached its end (the token at the position after it: the workload's content)."""
+        outputs = _mod("vllm.v1.outputs")
+        if not isinstance(entry, Step):
+            self._call("scheduler (update_from_output)", self.scheduler.update_from_output, entry,
+                       outputs.ModelRunnerOutput(req_ids=[]))
+            return
+        step, reqs = entry, self.scheduler.requests
         sampled = []
-        for rid in step.req_ids:
-            r = reqs[rid]
-            if r.num_computed_tokens >= r.num_tokens:
-                row, p = self.tokens(int(rid)), r.num_tokens
-                sampled.append([int(row[p]) if p < row.shape[0] else 0])
-            else:
-                sampled.append([])
-        out = _mod("vllm.v1.outputs").ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled)
+        for rid, start, count, samples in zip(step.req_ids, step.starts.tolist(), step.counts.tolist(), step.samples):
+            row, p = self.tokens(int(rid)), start + count
+            sampled.append([int(row[p]) if p < row.shape[0] else 0] if samples else [])
+        out = outputs.ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled)
         self._call("scheduler (update_from_output)", self.scheduler.update_from_output, step.output, out)
         self.forwards += 1
         self.clock += 1

@@ -59,6 +59,8 @@ class VllmStepSource(BatchMaking):
     """vLLM's scheduler behind the run's scheduler interface (``steps``, ``owner_of``, counts)."""
 
     journal = None
+    #: engine.overlap is vLLM's async scheduling, driven by the release's scheduler here (not SGLang's timeline)
+    owns_overlap = True
 
     def __init__(self, scenario, alloc, release, rng: np.random.Generator, version: str, pad_value: int = -1,
                  device: str = "cpu"):
