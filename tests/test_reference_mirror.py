@@ -80,3 +80,20 @@ def test_cpu_reference_without_mirror_shares_the_host_array():
     ref.apply(_truth([2], [3], [4]))
     assert ref._pending_n == 0
     assert ref.expected_on["full"].data_ptr() == torch.from_numpy(ref.expected["full"]).data_ptr()
+
+
+def test_a_transfers_written_rows_change_what_a_live_slot_holds_not_who_owns_it():
+    """An engine whose groups share memory (vLLM) writes a load's block in every group's view: owned rows are adopted
+    (live, their tags), the other view's rows only change what the slot holds; a live slot so written reads as
+    another token (its live tag), a free one stays free, and the device mirror follows."""
+    ref = ReferencePool(16, 16, mirror=True)
+    ref.apply(_truth([1, 2], [4, 5], [7, 8]))                 # swa 4 and 5 live, owned by tags 7 and 8
+    owned = np.asarray([4, 5], dtype=np.int64)
+    tr = Transfer(owned, np.asarray([30, 31]), E, E,
+                  written=(owned, np.asarray([30, 31]), np.asarray([5, 6]), np.asarray([30, 31])))
+    ref.apply(_truth(E, E, E, tr))
+    assert ref.live["full"][[4, 5]].tolist() == [True, True] and ref.live_tag["full"][[4, 5]].tolist() == [30, 31]
+    # swa 5 is live (tag 8) but now holds tag 30; swa 6 was free and stays free
+    assert ref.live_tag["swa"][[4, 5, 6]].tolist() == [7, 30, 0] and not ref.live["swa"][6]
+    assert ref.expected["swa"][[5, 6]].tolist() == [30, 31]
+    _same(ref)

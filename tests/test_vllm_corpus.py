@@ -7,7 +7,9 @@ whole sequence) never admits a prompt that fits, so the run stops; V3 (#17398: E
 window) reads the null block inside the window; V4 (#35219, fixed by #44490: the block ids recorded for zeroing
 taken only where blocks are zeroed) ends the run with the managers' list undrained; V5 (#33775, fixed by #44409: the
 groups' blocks for a KV connector's tokens taken before every group's hit is touched) reads a system prompt the
-offload tier's load overwrote. The corpus file's validation runs without vLLM.
+offload tier's load overwrote; V6 (#47282, fixed by #47728: sliding-window frees on the optimistic count under async
+scheduling) reads a block an async load was given while the forward still read it. The corpus file's validation
+runs without vLLM.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
@@ -84,7 +86,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    cases = ("V1", "V2", "V3", "V4", "V5")
+    cases = ("V1", "V2", "V3", "V4", "V5", "V6")
     assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in cases}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["fixed"] == "vllm==0.34.0 + eagle-hit-rule.yaml"
@@ -101,6 +103,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     assert findings("V1", "buggy") == {"clobbered": 4}
     assert findings("V3", "buggy") == {"stale_read": 75}
     assert findings("V5", "buggy") == {"stale_read": 32}
+    assert findings("V6", "buggy") == {"stale_read": 10}
     assert all(findings(c, "fixed") == {} for c in cases)
 
 

@@ -4,7 +4,9 @@ The tier is slotscope's KV connector on vLLM's scheduler side: it saves a finish
 release's block hashes and answers ``get_num_new_matched_tokens`` from them; the release's scheduler and KV-cache
 manager take its hits (``allocate_new_computed_blocks``), and the step source turns each schedule's loads into the
 forward's transfer. scenarios/vllm-offload-turns.toml is V5's scenario: clean on 0.34.0, its reads of the system
-prompt overwritten with #44409's two-phase allocation reverted. No model has a tier: other runs refuse the field.
+prompt overwritten with #44409's two-phase allocation reverted; scenarios/vllm-async-offload.toml is V6's (async
+scheduling and async loads: a block freed on the optimistic count while read, #47728 reverted). No model has a tier:
+other runs refuse the field.
 """
 from __future__ import annotations
 
@@ -86,6 +88,50 @@ def test_the_oracle_takes_the_loads_as_writes(warm_vllm, tmp_path):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == 3038
 
 
+@pytest.mark.vllm
+def test_async_loads_under_async_scheduling_run_clean(warm_vllm, tmp_path):
+    """kv_offload_load = "async" with engine.overlap: each load waits in WAITING_FOR_REMOTE_KVS until the output of
+    the schedule that issued it reports it, and lands beside the forward in flight then; clean as released."""
+    path = tmp_path / "async.toml"
+    path.write_text((ROOT / SCENARIO).read_text().replace("kv_offload = true",
+                                                          'kv_offload = true\nkv_offload_load = "async"\noverlap = true'))
+    out = tmp_path / "async"
+    proc = warm_vllm.cli("run", str(path), "--engine", "vllm==0.34.0", "--out", str(out), "--no-report", "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _found(json.loads((out / "summary.json").read_text())) == {}
+    did = json.loads((out / "run.json").read_text())["engine_pieces"]["scheduler"]["did"]
+    assert (did["offload_saved_blocks"], did["offload_loaded_tokens"], did["forwards"]) == (18, 288, 38)
+
+
+RACE = "scenarios/vllm-async-offload.toml"
+REVERT_47728 = ROOT / "examples/engine-patches/vllm/revert-47728-processed-basis-frees.yaml"
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("variant, found", [
+    ("as shipped", {"stale_read": 10}),              # async scheduling and async loads: the race
+    ("sync loads", {}),                              # a load on the forwards' stream waits for the one in flight
+    ("no async scheduling", {}),                     # no schedule is made while a forward runs
+])
+def test_frees_on_the_optimistic_count_race_only_an_async_load(warm_vllm, tmp_path, variant, found):
+    """#47728 reverted (V6): the schedule made while a forward runs frees a block that forward still reads; only a
+    load that runs beside that forward (async scheduling and an async load both) can land in it while it is read."""
+    text = (ROOT / RACE).read_text()
+    text = {"sync loads": text.replace('kv_offload_load = "async"', ""),
+            "no async scheduling": text.replace("overlap = true", "")}.get(variant, text)
+    path = tmp_path / "race.toml"
+    path.write_text(text)
+    out = tmp_path / "race"
+    proc = warm_vllm.cli("run", str(path), "--engine", "vllm==0.34.0", "--engine-patch", str(REVERT_47728),
+                         "--out", str(out), "--no-report", "-q")
+    assert proc.returncode == (1 if found else 0), proc.stderr[-2000:]
+    assert _found(json.loads((out / "summary.json").read_text())) == found
+    if found:
+        first = json.loads((out / "findings.jsonl").read_text().splitlines()[0])
+        assert (first["step"], first["kind"], first["slot"]) == (5, "swa", 150)
+        assert "reassigned to another token" in first["message"]
+
+
 def test_no_model_runs_an_offload_tier(tmp_path):
     """The scenario names vLLM as its engine_release; without it, the model's run is refused naming the field."""
     path = tmp_path / "model.toml"
@@ -94,9 +140,12 @@ def test_no_model_runs_an_offload_tier(tmp_path):
     assert proc.returncode == 2 and "engine.kv_offload" in proc.stderr and "--engine vllm" in proc.stderr
 
 
-def test_an_offload_tier_on_a_pd_decode_node_is_refused_naming_the_field(tmp_path):
-    text = (ROOT / SCENARIO).read_text().replace("kv_offload = true", "kv_offload = true\npd_decode = true")
-    path = tmp_path / "pd.toml"
-    path.write_text(text)
-    with pytest.raises(ScenarioError, match=r"engine\.kv_offload"):
+@pytest.mark.parametrize("change, field", [
+    ('kv_offload_load = "async"', r"engine\.kv_offload_load: needs engine\.kv_offload = true"),   # loads, no tier
+    ("kv_offload = true\npd_decode = true", r"engine\.kv_offload"),                              # a PD decode node
+])
+def test_what_an_offload_tier_cannot_run_with_is_refused_naming_the_field(tmp_path, change, field):
+    path = tmp_path / "bad.toml"
+    path.write_text((ROOT / SCENARIO).read_text().replace("kv_offload = true", change))
+    with pytest.raises(ScenarioError, match=field):
         load_scenario(path)

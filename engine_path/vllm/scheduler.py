@@ -27,14 +27,14 @@ the turn before finished.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
 
-from ..errors import AdapterLacks, EngineError, ReleaseBroke, SchedulerStalled, raised_in
+from ..errors import AdapterLacks, EngineError, ReleaseBroke, raised_in
 from . import connector
+from .engine_core import EngineCoreLoop, Step
 
 #: what stands in for the parts of vLLM a scheduler-only run has not, and why (run.json's engine_pieces)
 STAND_INS = {
@@ -81,36 +81,11 @@ def _mod(name: str):
     return importlib.import_module(name)
 
 
-@dataclass
-class Step:
-    """One forward as the release scheduled it: per request (batch order) its id, first position and new tokens,
-    and the blocks the scheduler's output handed the worker."""
-
-    output: object                              # the release's SchedulerOutput
-    req_ids: list[str]
-    starts: np.ndarray                          # int64: num_computed_tokens before the forward
-    counts: np.ndarray                          # int64: tokens scheduled
-    new_rows: dict = field(default_factory=dict)        # req_id -> per group block ids (a new or resumed request)
-    appended: dict = field(default_factory=dict)        # req_id -> per group block ids appended
-    dummy: bool = False                                 # a DP rank's dummy forward (no request of this rank)
-    samples: list = field(default_factory=list)         # per request: the forward samples its next token
-    carried: set = field(default_factory=set)           # gone in the empty schedules since the previous forward
-
-    @property
-    def gone(self) -> set:
-        """Requests whose worker row goes before this forward: finished, or preempted by this schedule or by an
-        empty one since the previous forward (whose output the model runner applies without running a forward)."""
-        if self.output is None:
-            return set(self.carried)
-        return (set(self.output.finished_req_ids) | set(getattr(self.output, "preempted_req_ids", None) or ())
-                | self.carried)
-
-
 #: with DP, the most dummy forwards one idle gap of this rank runs (the rest of a longer gap is jumped)
 DUMMY_GAP = 8
 
 
-class VllmScheduler:
+class VllmScheduler(EngineCoreLoop):
     """The release's ``Scheduler`` over a scenario's workload, one forward per :meth:`next_step`."""
 
     def __init__(self, scenario, requests, tokens, *, max_steps: Optional[int] = None):
@@ -130,6 +105,7 @@ class VllmScheduler:
         #: engine.overlap: the engine core's async scheduling (a batch queue of two: schedules run one ahead)
         self.async_ = bool(scenario.engine.overlap)
         self._queue: list = []                # async: scheduled outputs not yet processed, newest first
+        self._made = None                     # async: the schedule made ahead (schedule_ahead), not yet taken
         self.ahead = 0                        # async: schedules made before the output of a forward run
         self.groups = self._groups()
         self.scheduler = self._build()
@@ -168,7 +144,8 @@ class VllmScheduler:
         cache = cfg.CacheConfig(block_size=self.block_size, enable_prefix_caching=bool(self.sc.engine.radix_cache))
         cache.num_gpu_blocks = self.num_blocks
         # engine.kv_offload: slotscope's offload tier as the scheduler's KV connector (engine_path/vllm/connector.py)
-        extra = {"kv_transfer_config": connector.transfer_config()} if self.sc.engine.kv_offload else {}
+        extra = ({"kv_transfer_config": connector.transfer_config(self.sc.engine.kv_offload_load)}
+                 if self.sc.engine.kv_offload else {})
         vc = cfg.VllmConfig(scheduler_config=sched, cache_config=cache, device_config=cfg.DeviceConfig(device="cpu"),
                             **extra)
         # the platform: a CPU platform has no hybrid KV-cache manager; a GPU deployment's has (STAND_INS)
@@ -295,89 +272,6 @@ class VllmScheduler:
 
     # ------------------------------------------------------------------ one forward
 
-    def next_step(self) -> Optional[Step]:
-        """The release's next forward (None: the workload is done or ``max_steps`` reached)."""
-        return self._next_async() if self.async_ else self._next_sync()
-
-    def _next_sync(self) -> Optional[Step]:
-        idle = 0
-        while True:
-            if self.max_steps is not None and self.forwards >= self.max_steps:
-                return None
-            if self._idle_rank():
-                return self._dummy()
-            self._arrivals()
-            if self.done():
-                self._check_returned()
-                return None
-            out = self._call("scheduler (schedule)", self.scheduler.schedule)
-            self._note_undrained()
-            if out.total_num_scheduled_tokens > 0:
-                self._gap = 0
-                break
-            # nothing to run: let its bookkeeping settle (an empty step); the clock goes on (an idle engine core
-            # still receives requests; _arrivals jumps it when no request is waiting)
-            self._empty(out)
-            self._process(out)
-            idle += 1
-            if not (self.pending or self._ready) and idle > 2:
-                raise SchedulerStalled(self._stalled(idle))
-        return self._forward(out)
-
-    def _next_async(self) -> Optional[Step]:
-        """The engine core's loop under async scheduling (``step_with_batch_queue``, a queue of two): schedule the
-        next batch, and once the queue is full process its oldest output, so the scheduler runs one schedule ahead
-        of the outputs it has seen (its requests' computed counts optimistic, their next tokens placeholders). A
-        forward's output is processed after the next schedule; the forward itself runs before the next one, on
-        one stream, as the source executes it."""
-        idle = 0
-        while True:
-            if self.max_steps is not None and self.forwards >= self.max_steps:
-                return None
-            self._arrivals()
-            if not self._queue and self.done():
-                self._check_returned()
-                return None
-            step = None
-            if self.scheduler.has_requests():
-                self.ahead += any(isinstance(q, Step) for q in self._queue)
-                out = self._call("scheduler (schedule)", self.scheduler.schedule)
-                self._note_undrained()
-                if out.total_num_scheduled_tokens > 0:
-                    step, idle = self._forward(out), 0
-                    self._queue.insert(0, step)
-                else:
-                    self._empty(out)
-                    self._queue.insert(0, out)
-                    idle += not any(isinstance(q, Step) for q in self._queue)
-                    if not (self.pending or self._ready) and idle > 2:
-                        raise SchedulerStalled(self._stalled(idle))
-                if len(self._queue) < 2 and (step is not None or self.scheduler.has_requests()):
-                    if step is not None:
-                        return step
-                    continue
-            elif not self._queue:
-                if not (self.pending or self._ready):
-                    raise SchedulerStalled(self._stalled(idle))
-                continue
-            self._process(self._queue.pop())
-            if step is not None:
-                return step
-
-    def _forward(self, out) -> Step:
-        self._gap = 0
-        self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
-        step = self._step_of(out)
-        step.carried, self._carried = self._carried, set()
-        return step
-
-    def _empty(self, out) -> None:
-        """An empty schedule: the model runner applies its output (finished and preempted rows go) without a
-        forward, so the next forward's worker step frees them; the clock goes on."""
-        self._carried |= Step(out, [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)).gone
-        self.preemptions += len(getattr(out, "preempted_req_ids", None) or ())
-        self.clock += 1
-
     def _idle_rank(self) -> bool:
         """With DP: this rank holds no request and the next is due later, while the other ranks work: vLLM's DP
         engine core then runs a dummy batch each step (``execute_dummy_batch``), at most :data:`DUMMY_GAP` a gap."""
@@ -481,31 +375,3 @@ class VllmScheduler:
         """Per group, the block ids the release's manager holds for a request (int64; null blocks as 0)."""
         return [np.fromiter((b.block_id for b in m.req_to_blocks.get(req_id, ())), dtype=np.int64)
                 for m in self.managers]
-
-    def finish_step(self, step: Step) -> None:
-        """``step``'s forward has run. Its output reaches the scheduler now, or under async scheduling after the
-        next schedule (:meth:`_next_async`)."""
-        if not self.async_:
-            self._process(step)
-
-    def _process(self, entry) -> None:
-        """``update_from_output`` of a scheduled output: an empty one's, or a forward's with the next token of
-        each request whose chunk reached its end (the token at the position after it: the workload's content)."""
-        outputs = _mod("vllm.v1.outputs")
-        if not isinstance(entry, Step):
-            self._call("scheduler (update_from_output)", self.scheduler.update_from_output, entry,
-                       outputs.ModelRunnerOutput(req_ids=[]))
-            return
-        step, reqs = entry, self.scheduler.requests
-        sampled = []
-        for rid, start, count, samples in zip(step.req_ids, step.starts.tolist(), step.counts.tolist(), step.samples):
-            row, p = self.tokens(int(rid)), start + count
-            sampled.append([int(row[p]) if p < row.shape[0] else 0] if samples else [])
-        out = outputs.ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled)
-        self._call("scheduler (update_from_output)", self.scheduler.update_from_output, step.output, out)
-        self.forwards += 1
-        self.clock += 1
-        for rid in step.req_ids:
-            if reqs.get(rid) is None or reqs[rid].is_finished():
-                self.finished += 1
-                self._finish_turn(rid)

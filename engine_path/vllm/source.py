@@ -135,7 +135,14 @@ class VllmStepSource(BatchMaking):
             raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)", self.worker.apply,
                       step.new_rows, step.appended, step.gone)
             self._learn_frees(step)
-            yield self._batch_of(k, step)
+            batch, truth = self._batch_of(k, step)
+            loads = self._take_loads(step)
+            # async scheduling: the next schedule is made while this forward runs; the offload tier's async loads
+            # it issues land beside this forward (unordered with its reads), its sync loads before the next one
+            self.driver.schedule_ahead()
+            loads += self._take_loads(None)
+            tr = self._loaded(loads)
+            yield batch, (truth if tr is None else dataclasses.replace(truth, transferred=tr))
             self.driver.finish_step(step)
             k += 1
 
@@ -215,53 +222,61 @@ class VllmStepSource(BatchMaking):
                                        tag_bases=np.zeros(nreq, dtype=np.int64))
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
-        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full), transferred=self._loaded(step))
+        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
 
-    def _loaded(self, step) -> Optional[Transfer]:
-        """The offload tier's loads of this schedule (engine.kv_offload), as the forward's transfer: each loaded
-        token's tag into the block the release's manager gave its position, in each group (an SWA position whose
-        block is the null block is not loaded). vLLM's groups share memory (each KV tensor serves one layer of
-        each group), so a load into a block the other group holds at the same time lands in that group's view
-        too: a block with two owners shows at the other owner's reads."""
+    def _take_loads(self, step) -> list:
+        """The offload tier's loads that land by ``step``'s forward (engine.kv_offload): the sync loads of its own
+        requests and every async load issued so far (``step`` None: the async loads alone), each with the blocks
+        the release's manager gave the request in the schedule that issued it (the driver takes them then)."""
         tier = self.driver.tier
-        loads = tier.take_loads() if tier is not None else {}
+        if tier is None or not tier.loads:
+            return []
+        mine = set(step.req_ids) if step is not None else set()
+        out = []
+        for rid in list(tier.loads):
+            load = tier.loads[rid]
+            if load.async_ or rid in mine:
+                del tier.loads[rid]
+                out.append(load)
+        return out
+
+    def _loaded(self, loads: list) -> Optional[Transfer]:
+        """The loads (:meth:`_take_loads`, in the order they were issued) as the forward's transfer: each loaded
+        token's tag into the block its position has in each group (an SWA position whose block is the null block
+        is not loaded), owned there. An async load lands beside the forward in flight when it was issued
+        (unordered with its reads), or the next one. vLLM's groups share memory (each KV tensor serves one layer
+        of each group), so a load into a block writes that block's rows in the other group's view too (not owned
+        there): a block the release freed while a forward still reads it, or gave two groups, shows at the reads
+        of its other owner. A later load into the same slot wins."""
         if not loads:
             return None
-        at = {rid: i for i, rid in enumerate(step.req_ids)}
-        slots = {self.g_full: [], self.g_swa: []}
-        tags = {self.g_full: [], self.g_swa: []}
+        own = {self.g_full: ([], []), self.g_swa: ([], [])}
+        written = {self.g_full: ([], []), self.g_swa: ([], [])}
         full_of = []                                   # per SWA slot loaded, its token's full slot
-        for rid, load in loads.items():
-            end = int(step.starts[at[rid]])
-            pos = np.arange(end - load.count, end, dtype=np.int64)
-            row_tags = self._tag_row(int(rid))[pos]
-            per_group = self.driver.manager_blocks(rid)
-            full_slots = per_group[self.g_full][pos // self.bs] * self.bs + pos % self.bs
-            for g, blocks in enumerate(per_group):
+        for load in loads:
+            pos = np.arange(load.first, load.first + load.count, dtype=np.int64)
+            row_tags = self._tag_row(int(load.req_id))[pos]
+            full_slots = load.blocks[self.g_full][pos // self.bs] * self.bs + pos % self.bs
+            for g, blocks in enumerate(load.blocks):
                 b = blocks[pos // self.bs]
                 real = b > 0
-                slots[g].append(b[real] * self.bs + pos[real] % self.bs)
-                tags[g].append(row_tags[real])
+                slots, tags = b[real] * self.bs + pos[real] % self.bs, row_tags[real]
+                own[g][0].append(slots)
+                own[g][1].append(tags)
+                for view in (self.g_full, self.g_swa):      # the block's rows in every group's view
+                    written[view][0].append(slots)
+                    written[view][1].append(tags)
                 if g == self.g_swa:
                     full_of.append(full_slots[real])
-        loaded = {g: (np.concatenate(slots[g]), np.concatenate(tags[g])) for g in slots}
-        held = {g: np.fromiter({b.block_id for row in m.req_to_blocks.values() for b in row} - {0}, dtype=np.int64)
-                for g, m in enumerate(self.driver.managers)}
-        view = dict(loaded)
-        for g, other in ((self.g_full, self.g_swa), (self.g_swa, self.g_full)):
-            s_, t_ = loaded[g]
-            shared = np.isin(s_ // self.bs, held[other])
-            if shared.any():
-                view[other] = (np.concatenate([view[other][0], s_[shared]]),
-                               np.concatenate([view[other][1], t_[shared]]))
-        (f, ft), (w, wt) = view[self.g_full], view[self.g_swa]
-        lf, lw = loaded[self.g_full][0], loaded[self.g_swa][0]
-        self._block_group[lf // self.bs] = self.g_full
-        self._block_group[lw // self.bs] = self.g_swa
-        self._held_full[lf] = True
-        self._full_of_swa[lw] = np.concatenate(full_of)
-        self.counts["offload_loaded_slots"] += int(lf.size)
-        return Transfer(f, ft, w, wt)
+        (f, ft), (w, wt) = (_last_wins(*own[g]) for g in (self.g_full, self.g_swa))
+        rows = tuple(x for g in (self.g_full, self.g_swa) for x in _last_wins(*written[g]))
+        self._block_group[f // self.bs] = self.g_full
+        self._block_group[w // self.bs] = self.g_swa
+        self._held_full[f] = True
+        all_swa = np.concatenate([np.concatenate(own[self.g_swa][0])])
+        self._full_of_swa[all_swa] = np.concatenate(full_of)
+        self.counts["offload_loaded_slots"] += int(np.concatenate(own[self.g_full][0]).size)
+        return Transfer(f, ft, w, wt, written=rows)
 
     def _dummy_batch(self, k: int) -> tuple[ForwardBatch, BatchTruth]:
         """A DP rank's dummy forward (``_dummy_run`` of one uniform decode token): its graph and rows agreed with
@@ -319,3 +334,11 @@ class VllmStepSource(BatchMaking):
 
     def _tag_row(self, index: int) -> np.ndarray:
         return self.content.row(index, self.specs)
+
+
+def _last_wins(slots: list, tags: list) -> tuple[np.ndarray, np.ndarray]:
+    """Rows written in order (lists of arrays) as one write: each slot once, with the tag written last."""
+    s, t = np.concatenate(slots), np.concatenate(tags)
+    _, first_of_reversed = np.unique(s[::-1], return_index=True)
+    keep = np.sort(s.size - 1 - first_of_reversed)
+    return s[keep], t[keep]

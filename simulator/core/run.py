@@ -194,16 +194,16 @@ class Run:
                 torch.from_numpy(rq.extend_lens).to(dev))
 
     def write_transfer(self, tr) -> None:
-        """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/scheduling/pd_decode.py),
-        written into every pool of every side outside the backends, as the transfer engine writes them: each
+        """A KV transfer's rows (``BatchTruth.transferred``: a PD decode node's, simulator/scheduling/pd_decode.py;
+        its ``written`` rows where it has them), written into every pool of every side outside the backends, as the transfer engine writes them: each
         distinct pool once (backends of one pool class share it), every layer of a kind; no write is counted or
         checked. A pool smaller than the slots (a draft pool sized below the target's, B3's mistake) takes the
         rows it holds: the transfer is not a backend's write, so what lies past a pool is left to the forwards'
         own writes, which are checked (and it must not reach the store's out-of-range count the checker reads)."""
         seen: set[int] = set()
+        fs, ft, ss, st = tr.written or (tr.full_slots, tr.full_tags, tr.swa_slots, tr.swa_tags)
         parts = [(kind, torch.from_numpy(slots).to(self.device), torch.from_numpy(tags).to(self.device))
-                 for kind, slots, tags in (("full", tr.full_slots, tr.full_tags), ("swa", tr.swa_slots, tr.swa_tags))
-                 if slots.size]
+                 for kind, slots, tags in (("full", fs, ft), ("swa", ss, st)) if slots.size]
         for m in self.sides:
             for pool in m.pools.values():
                 if id(pool) in seen:

@@ -110,7 +110,9 @@ class ReferencePool:
 
     def _adopt(self, tr) -> None:
         """A KV transfer's slots (``batch.Transfer``): live with their tokens' tags, from every side (target
-        and draft share the allocator; the transfer carries both models' KV)."""
+        and draft share the allocator; the transfer carries both models' KV). Its ``written`` rows, where it has
+        them, are then what the slots hold (the last write of each), owned or not: a row written over a live
+        slot another token owns is what that owner's reads find."""
         for kind, slots, tags in (("full", tr.full_slots, tr.full_tags), ("swa", tr.swa_slots, tr.swa_tags)):
             self.expected[kind][slots] = tags
             self.live[kind][slots] = True
@@ -118,6 +120,13 @@ class ReferencePool:
             self.live_tag[kind][self._reserved[kind]] = 0
             self._defer(kind, slots, tags)
         self.evicted[tr.swa_slots] = False
+        if tr.written is not None:
+            fs, ft, ss, st = tr.written
+            for kind, slots, tags in (("full", fs, ft), ("swa", ss, st)):
+                self.expected[kind][slots] = tags
+                self.live_tag[kind][slots] = np.where(self.live[kind][slots], tags, 0)
+                self.live_tag[kind][self._reserved[kind]] = 0
+                self._defer(kind, slots, tags)
 
     def apply_writes(self, truth: BatchTruth) -> None:
         """The step's tokens, in the slots the allocator gave them (only the model that runs the step)."""

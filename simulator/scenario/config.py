@@ -263,6 +263,9 @@ class EngineConfig:
     #: a later request whose prefix the device's cache lost but the tier holds loads it (synchronously, before its
     #: forward). Driven as vLLM's KV connector only (--engine vllm: engine_path/vllm/connector.py); no model has it
     kv_offload: bool = False
+    #: how the offload tier loads: "sync" (before the forward that follows the schedule, on its stream) or "async"
+    #: (the request waits for its load; the load runs beside the forwards, unordered with the one in flight)
+    kv_offload_load: str = "sync"
     #: the overlap scheduler (docs/OVERLAP.md): forward k runs while the scheduler makes iteration k+1's
     #: writes (and k's result processing), each landing where the WAR barrier allows, chosen by the seed.
     #: SGLang's default is on; slotscope's stays off so existing scenarios keep their results
@@ -452,7 +455,7 @@ def _engine_data(e: EngineConfig, defaults: bool) -> dict[str, Any]:
     _sizes_data(d, "cuda_graph_bs", "cuda_graph_max_bs", e.cuda_graph_bs, bs_sizes, 1, bs_sizes(), defaults)
     # release-model knobs: written only when set, so files of scenarios that leave them stay as they were
     for key in ("attn_tp_size", "swa_eviction_interval", "radix_cache", "cache_linker", "pd_decode", "kv_offload",
-                "overlap",
+                "kv_offload_load", "overlap",
                 "war_barrier",
                 "platform", "reserve", "read_check"):
         _put(d, key, getattr(e, key), getattr(base, key), False)

@@ -270,6 +270,7 @@ def _engine(t: TomlTable, pool: PoolConfig) -> EngineConfig:
         cache_linker=t.get("cache_linker", bool, d.cache_linker),
         pd_decode=t.get("pd_decode", bool, d.pd_decode),
         kv_offload=t.get("kv_offload", bool, d.kv_offload),
+        kv_offload_load=t.get("kv_offload_load", str, d.kv_offload_load, allowed=("sync", "async")),
         overlap=t.get("overlap", bool, d.overlap),
         war_barrier=t.get("war_barrier", str, d.war_barrier, allowed=WAR_BARRIERS),
         platform=t.get("platform", str, d.platform, allowed=PLATFORMS),
@@ -286,6 +287,8 @@ def _engine(t: TomlTable, pool: PoolConfig) -> EngineConfig:
                                     "prefill off under speculative decoding)")
     if pool.unified:
         _unified_combos(t, cfg)
+    if cfg.kv_offload_load != "sync" and not cfg.kv_offload:
+        raise t.fail("kv_offload_load", "needs engine.kv_offload = true (it says how the offload tier loads)")
     if cfg.kv_offload and cfg.pd_decode:
         raise t.fail("kv_offload", "cannot be true with engine.pd_decode = true (a decode node's KV comes by its "
                                    "transfer, not from an offload tier)")

@@ -88,6 +88,10 @@ class Transfer:
     full_tags: np.ndarray
     swa_slots: np.ndarray
     swa_tags: np.ndarray
+    #: the rows written into the pools when they differ from the slots owned (full slots, tags, SWA slots, tags):
+    #: an engine whose groups share memory (vLLM) writes a block's rows in every group's view, while only the
+    #: group that holds it owns them. None: the owned rows
+    written: Optional[tuple] = None
 
 
 @dataclass(frozen=True, slots=True)
