@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -140,13 +141,22 @@ def on_cpu_here(eng: EngineCase) -> bool:
     return eng.engine == "sglang" and SCHEDULER_PIECE in eng.mechanism and torch.cuda.is_available()
 
 
-def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_device: str = "cpu") -> dict:
-    """One engine run of a case (a subprocess), its summary and engine pieces; a vLLM case on ``vllm_device``."""
+def _launch(argv: list[str], warm=None) -> subprocess.CompletedProcess:
+    """``python -m slotscope *argv``: forked from ``warm``'s import of the release (slotscope/forkserver.py) where
+    given, else a process of its own."""
+    if warm is not None:
+        return warm.cli(*argv, cwd=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "slotscope", *argv], cwd=ROOT, capture_output=True, text=True)
+
+
+def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_device: str = "cpu",
+         servers=None) -> dict:
+    """One engine run of a case (a subprocess, or a child of ``servers``' warm import of a vLLM release on the CPU),
+    its summary and engine pieces; a vLLM case on ``vllm_device``."""
     scenario = out.with_suffix(".toml")
     spec, patches = (eng.buggy, eng.buggy_patches) if role == "buggy" else (eng.fixed, eng.fixed_patches)
     scenario.write_text(engine_scenario(case, spec).to_toml())
-    cmd = [sys.executable, "-m", "slotscope", "run", str(scenario), "--engine", spec, "--out", str(out),
-           "--no-report", "--trace-level", "off", "-q"]
+    cmd = ["run", str(scenario), "--engine", spec, "--out", str(out), "--no-report", "--trace-level", "off", "-q"]
     if eng.engine == "sglang":             # a vLLM run has one boundary of its own
         cmd += ["--backends", ",".join(backends)]
     for p in patches:
@@ -156,7 +166,7 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_devic
     elif on_cpu_here(eng):
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = _launch(cmd, _warm(servers, spec) if eng.engine == "vllm" and vllm_device == "cpu" else None)
     got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:]}
     try:
         got["summary"] = json.loads((out / "summary.json").read_text())
@@ -164,6 +174,17 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_devic
     except (OSError, ValueError):
         got["summary"], got["pieces"] = None, {}
     return got
+
+
+def _warm(servers, spec: str):
+    """``servers``' warm import of ``spec`` (None: no servers, or it would not start: the run goes to a process of
+    its own)."""
+    if servers is None:
+        return None
+    try:
+        return servers.get(spec, timeout=300)
+    except (RuntimeError, TimeoutError, OSError):
+        return None
 
 
 def engine_pieces(pieces: dict) -> list[str]:
@@ -238,7 +259,7 @@ def _outcome(seen: Case, eng: EngineCase, role: str, run: dict) -> tuple[Optiona
     return Outcome(seen, role, eng.spec(role), seen.load(), s, {}, run["wall_s"]), note
 
 
-def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu") -> EngineVerdict:
+def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu", servers=None) -> EngineVerdict:
     eng = engine_of(case)
     if isinstance(eng, str):
         return EngineVerdict(case, None, eng[len(MODEL_ONLY):].strip(), {}, {})
@@ -247,7 +268,8 @@ def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu
                                expect_fixed=eng.expect_fixed or case.expect_fixed,
                                also=case.also if eng.also is None else eng.also)
     with cf.ThreadPoolExecutor(2) as pool:
-        futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends, vllm_device)
+        futs = {role: pool.submit(_run, case, eng, role, out_dir / f"{slug(case.id)}-{role}", backends, vllm_device,
+                                  servers)
                 for role in ROLES}
         runs = {role: f.result() for role, f in futs.items()}
     outcomes, notes = {}, {}
@@ -293,14 +315,27 @@ def write_json(verdicts: list[EngineVerdict], path: Path) -> None:
 
 def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, progress=None,
                       vllm_device: str = "cpu") -> list[EngineVerdict]:
-    """Every case as release code where it can be; vLLM's cases on ``vllm_device`` ("cpu" or "cuda")."""
+    """Every case as release code where it can be; vLLM's cases on ``vllm_device`` ("cpu" or "cuda"). On the CPU a
+    vLLM case's runs fork from one import of the release (slotscope/forkserver.py: each child activates it and
+    applies its run's patches, as a fresh process does); ``SLOTSCOPE_FORK_SERVER=0`` runs each in a process of its
+    own, as SGLang's are (their patches apply at the release's activation, which a warm import has done)."""
     base = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="slotscope-bugs-engine-"))
     verdicts = []
-    for case in cases:
-        v = run_engine_case(case, base / slug(case.id), backends, vllm_device)
-        verdicts.append(v)
-        if progress is not None:
-            progress(v)
+    servers = None
+    if vllm_device == "cpu" and os.environ.get("SLOTSCOPE_FORK_SERVER", "1") != "0" \
+            and any(isinstance(e := engine_of(c), EngineCase) and e.engine == "vllm" for c in cases):
+        from slotscope.forkserver import Servers
+
+        servers = Servers()
+    try:
+        for case in cases:
+            v = run_engine_case(case, base / slug(case.id), backends, vllm_device, servers)
+            verdicts.append(v)
+            if progress is not None:
+                progress(v)
+    finally:
+        if servers is not None:
+            servers.stop()
     return verdicts
 
 

@@ -14,6 +14,7 @@ runs without vLLM.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,18 +68,35 @@ def test_vllm_cases_are_refused_without_or_with_the_other_engine(tmp_path):
     assert r.returncode == 2 and "case V1 runs on vllm, not sglang" in r.stderr
 
 
-@pytest.mark.parametrize("asked, device", [("cpu", "cpu"), ("cuda", "cuda")])
-def test_vllm_cases_run_where_device_asks(monkeypatch, tmp_path, asked, device):
-    """bugs --engine vllm runs its cases on the CPU unless --device asks for CUDA (gpu-check's vLLM stage)."""
-    import subprocess
-
+@pytest.mark.parametrize("asked, device, warm", [("cpu", "cpu", True), ("cuda", "cuda", False)])
+def test_vllm_cases_run_where_device_asks(monkeypatch, tmp_path, asked, device, warm):
+    """bugs --engine vllm runs its cases on the CPU unless --device asks for CUDA (gpu-check's vLLM stage); on the CPU
+    each run forks from one warm import of the release (slotscope/forkserver.py), on CUDA it is a process of its
+    own; SLOTSCOPE_FORK_SERVER=0 makes the CPU's runs processes of their own too."""
     from slotscope import corpus_cmd, corpus_engine
 
-    cmds = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or subprocess.CompletedProcess(cmd, 3, "", ""))
+    class Servers:                               # stands in for slotscope.forkserver.Servers: no release started
+        stopped = False
+
+        def get(self, spec, timeout):
+            return ("warm", spec)
+
+        def stop(self):
+            Servers.stopped = True
+
+    monkeypatch.setattr("slotscope.forkserver.Servers", Servers)
+    launched = []
+    monkeypatch.setattr(corpus_engine, "_launch", lambda argv, w=None: launched.append((argv, w))
+                        or subprocess.CompletedProcess(argv, 3, "", ""))
     case = next(c for c in load_corpus(CORPUS_VLLM) if c.id == "V2")
     corpus_engine.run_engine_corpus([case], tmp_path, (), vllm_device=corpus_cmd._vllm_device(asked))
-    assert len(cmds) == 2 and all(c[c.index("--device") + 1] == device for c in cmds)
+    assert len(launched) == 2 and all(a[a.index("--device") + 1] == device for a, _ in launched)
+    assert all(w == (("warm", "vllm==0.34.0") if warm else None) for _, w in launched)
+    assert Servers.stopped == warm
+    monkeypatch.setenv("SLOTSCOPE_FORK_SERVER", "0")
+    launched.clear()
+    corpus_engine.run_engine_corpus([case], tmp_path, (), vllm_device="cpu")
+    assert [w for _, w in launched] == [None, None]
 
 
 def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp_path):
