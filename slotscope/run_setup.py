@@ -150,8 +150,9 @@ def check_design_file(scenario: Scenario, given: Optional[str], allowed: bool, *
                      f"give the design yourself (--design {scenario.design})")
 
 
-def check_faults(scenario: Scenario, inject: Sequence[str]):
-    """--inject, read and checked before the run (a FaultInjector, or None): UsageError naming the flag."""
+def check_faults(scenario: Scenario, inject: Sequence[str], engine: str = ""):
+    """--inject, read and checked before the run (a FaultInjector, or None): UsageError naming the flag. ``engine``:
+    the run's engine spec (a vLLM run's engine.overlap is its own async scheduling, not SGLang's timeline)."""
     if not inject:
         return None
     from simulator.plugins.faults import FaultInjector, parse_inject
@@ -160,7 +161,7 @@ def check_faults(scenario: Scenario, inject: Sequence[str]):
         kinds = parse_inject(inject)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if scenario.engine.overlap:
+    if scenario.engine.overlap and not engine.startswith("vllm"):
         raise UsageError(f"--inject: not modelled on an overlap timeline ({scenario.source}: engine.overlap = true; "
                          f"its landings are the timeline driver's)")
     return FaultInjector(kinds, scenario.seed)
@@ -232,7 +233,7 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
         scenario_or_path = load_scenario(scenario_or_path)
         check_design_file(scenario_or_path, opts.design, opts.allow_design_files)
     scenario = scenario_as_run(scenario_or_path, opts)
-    faults = check_faults(scenario, opts.inject)
+    faults = check_faults(scenario, opts.inject, str(opts.engine or scenario.engine_release or ""))
     runtime = None
     given = scenario
     if scenario.engine_release is not None:

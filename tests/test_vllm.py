@@ -32,6 +32,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "cover": ("scenarios/vllm-cover-paged.toml", None, ()),
     "async": ("scenarios/vllm-async.toml", None, ()),
     "async_pad": ("scenarios/vllm-async.toml", "slot-pad-off-by-one.yaml", ()),
+    "async_inject": ("scenarios/vllm-async.toml", None, ("--inject", "drop_write")),
     "dp": ("scenarios/vllm-dp-decode.toml", None, ()),
     "dp_zero": ("scenarios/vllm-dp-decode.toml", "dp-dummy-slots-zero.yaml", ()),
     "smoke": ("scenarios/smoke.toml", None, ()),
@@ -154,6 +155,10 @@ def test_async_scheduling_runs_the_releases_async_scheduler_one_schedule_ahead(r
     # a plausible bug of the slot kernel is found under async scheduling too
     proc, summary, _, _ = runs["async_pad"]
     assert proc.returncode == 1 and _found(summary) == {"clobbered": 260, "evicted_slot": 88}
+    # --inject runs there too (no SGLang overlap timeline to refuse it for): a dropped write is found
+    proc, summary, _, _ = runs["async_inject"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert _found(summary) == {"clobbered": 21, "stale_read": 21}
 
 
 @pytest.mark.vllm
