@@ -36,6 +36,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from simulator.oracle.reference import last_writes
 from simulator.records import Owner
 from simulator.scheduling.batch import BatchRequests, BatchTruth, ForwardBatch, Transfer
 from simulator.scheduling.batch_making import BatchMaking
@@ -268,13 +269,12 @@ class VllmStepSource(BatchMaking):
                     written[view][1].append(tags)
                 if g == self.g_swa:
                     full_of.append(full_slots[real])
-        (f, ft), (w, wt) = (_last_wins(*own[g]) for g in (self.g_full, self.g_swa))
-        rows = tuple(x for g in (self.g_full, self.g_swa) for x in _last_wins(*written[g]))
+        (f, ft), (w, wt) = (last_writes(*own[g]) for g in (self.g_full, self.g_swa))
+        rows = tuple(x for g in (self.g_full, self.g_swa) for x in last_writes(*written[g]))
         self._block_group[f // self.bs] = self.g_full
         self._block_group[w // self.bs] = self.g_swa
         self._held_full[f] = True
-        all_swa = np.concatenate([np.concatenate(own[self.g_swa][0])])
-        self._full_of_swa[all_swa] = np.concatenate(full_of)
+        self._full_of_swa[np.concatenate(own[self.g_swa][0])] = np.concatenate(full_of)
         self.counts["offload_loaded_slots"] += int(np.concatenate(own[self.g_full][0]).size)
         return Transfer(f, ft, w, wt, written=rows)
 
@@ -335,10 +335,3 @@ class VllmStepSource(BatchMaking):
     def _tag_row(self, index: int) -> np.ndarray:
         return self.content.row(index, self.specs)
 
-
-def _last_wins(slots: list, tags: list) -> tuple[np.ndarray, np.ndarray]:
-    """Rows written in order (lists of arrays) as one write: each slot once, with the tag written last."""
-    s, t = np.concatenate(slots), np.concatenate(tags)
-    _, first_of_reversed = np.unique(s[::-1], return_index=True)
-    keep = np.sort(s.size - 1 - first_of_reversed)
-    return s[keep], t[keep]

@@ -25,6 +25,15 @@ def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
 MIRROR_PENDING_MAX = 1 << 22
 
 
+def last_writes(slots: list, tags: list) -> tuple[np.ndarray, np.ndarray]:
+    """Writes made in order (lists of slot and tag arrays) as one: each slot once, with the tag written to it last
+    (what applying them in order leaves), in slot order."""
+    s = np.concatenate(slots).astype(np.int64, copy=False)
+    t = np.concatenate(tags).astype(np.int64, copy=False)
+    last = s.shape[0] - 1 - np.unique(s[::-1], return_index=True)[1]
+    return s[last], t[last]
+
+
 class ReferencePool:
     """Expected owner tag and liveness per slot; ``expected_on`` mirrors the tags on the pool's device
     so that the checker compares there (on the CPU the mirror shares memory with the host array).
@@ -82,11 +91,8 @@ class ReferencePool:
         for kind, writes in self._pending.items():
             if not writes:
                 continue
-            slots = np.concatenate([w[0] for w in writes]).astype(np.int64, copy=False)
-            tags = np.concatenate([w[1] for w in writes]).astype(np.int64, copy=False)
-            # the last write of each slot wins, as applying the writes in order leaves it
-            last = slots.shape[0] - 1 - np.unique(slots[::-1], return_index=True)[1]
-            self._expected_on[kind][_on(slots[last], self.device)] = _on(tags[last], self.device)
+            slots, tags = last_writes([w[0] for w in writes], [w[1] for w in writes])
+            self._expected_on[kind][_on(slots, self.device)] = _on(tags, self.device)
             writes.clear()
         self._pending_n = 0
 
