@@ -68,8 +68,8 @@ from engine_path.vllm import source
 from slotscope.pipeline import RunOptions, run_scenario
 spec = EngineSpec("vllm", "0.34.0")
 activate(spec)
-def dropped(self, step):
-    self.driver.tier.take_loads()
+def dropped(self, loads):                 # the loads taken, none of them made a transfer
+    return None
 source.VllmStepSource._loaded = dropped
 out = run_scenario(Path("scenarios/vllm-offload-turns.toml"), None, RunOptions(engine=spec, device="cpu",
                    report=False, trace_level="off", quiet_engine=True, scheduler="auto"))

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 NAME = "SlotscopeOffloadTier"
 #: what stands in, and why (run.json's engine_pieces)
 STAND_IN = ("an offload tier (slotscope's KV connector, scheduler side: saves each finished request's computed "
-            "blocks by vLLM's block hashes, answers get_num_new_matched_tokens from them, loads synchronously; "
-            "the worker's copy is the oracle's transfer)")
+            "blocks by vLLM's block hashes, answers get_num_new_matched_tokens from them, loads synchronously or, "
+            "with engine.kv_offload_load = \"async\", asynchronously; the worker's copy is the oracle's transfer)")
 
 
 @dataclass
@@ -118,9 +118,14 @@ class _Tier:
     def build_connector_meta(self, scheduler_output):
         return _base().KVConnectorMetadata()
 
-    def take_loads(self) -> dict[str, Load]:
-        out, self.loads = self.loads, {}
-        return out
+    def take_loads(self, req_ids) -> list[Load]:
+        """The loads that land by a forward of ``req_ids``, in the order they were issued: the sync loads of those
+        requests and every async load issued so far (the rest wait for their own requests' forward)."""
+        mine = set(req_ids)
+        taken = [load for rid, load in self.loads.items() if load.async_ or rid in mine]
+        for load in taken:
+            del self.loads[load.req_id]
+        return taken
 
     def request_finished_all_groups(self, request, block_ids):
         computed = request.num_computed_tokens // self.block_size

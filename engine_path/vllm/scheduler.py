@@ -208,8 +208,8 @@ class VllmScheduler(EngineCoreLoop):
         try:
             cls = self.vllm_config.scheduler_config.get_scheduler_cls()
             return cls(vllm_config=self.vllm_config, kv_cache_config=kc,
-                                       structured_output_manager=so_mod.StructuredOutputManager(self.vllm_config),
-                                       block_size=self.block_size, log_stats=False)
+                       structured_output_manager=so_mod.StructuredOutputManager(self.vllm_config),
+                       block_size=self.block_size, log_stats=False)
         except AttributeError as e:
             raise EngineError(f"vLLM's Scheduler read a field slotscope's ModelConfig stand-in lacks: {e}") from None
 

@@ -226,20 +226,11 @@ class VllmStepSource(BatchMaking):
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
 
     def _take_loads(self, step) -> list:
-        """The offload tier's loads that land by ``step``'s forward (engine.kv_offload): the sync loads of its own
-        requests and every async load issued so far (``step`` None: the async loads alone), each with the blocks
-        the release's manager gave the request in the schedule that issued it (the driver takes them then)."""
+        """The offload tier's loads that land by ``step``'s forward (engine.kv_offload; ``step`` None: the async
+        loads alone), each with the blocks the release's manager gave the request in the schedule that issued it
+        (the driver takes them then)."""
         tier = self.driver.tier
-        if tier is None or not tier.loads:
-            return []
-        mine = set(step.req_ids) if step is not None else set()
-        out = []
-        for rid in list(tier.loads):
-            load = tier.loads[rid]
-            if load.async_ or rid in mine:
-                del tier.loads[rid]
-                out.append(load)
-        return out
+        return tier.take_loads(step.req_ids if step is not None else ()) if tier is not None else []
 
     def _loaded(self, loads: list) -> Optional[Transfer]:
         """The loads (:meth:`_take_loads`, in the order they were issued) as the forward's transfer: each loaded
