@@ -35,6 +35,7 @@ from simulator.records import FINDING_CLASSES
 from simulator.scenario import ScenarioError
 
 from .corpus import ROLES, Case, Outcome, expect_table, slug
+from .forkserver import DEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ONLY = "model-only:"
@@ -166,7 +167,7 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_devic
     elif on_cpu_here(eng):
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
-    proc = _launch(cmd, _warm(servers, spec) if eng.engine == "vllm" and vllm_device == "cpu" else None)
+    proc = _launch(cmd, _warm(servers, _server_spec(eng, spec, cmd, vllm_device)))
     got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:]}
     try:
         got["summary"] = json.loads((out / "summary.json").read_text())
@@ -176,10 +177,28 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_devic
     return got
 
 
-def _warm(servers, spec: str):
-    """``servers``' warm import of ``spec`` (None: no servers, or it would not start: the run goes to a process of
-    its own)."""
-    if servers is None:
+def _server_spec(eng: EngineCase, spec: str, cmd: list[str], vllm_device: str) -> Optional[str]:
+    """The warm server a run of ``spec`` forks from (slotscope/forkserver.py), or None (a process of its own): a vLLM
+    run on the CPU from the release's import, an SGLang run on the CPU from its release's dependency server (the
+    child imports the release and applies the run's patches); a CUDA run never."""
+    if eng.engine == "vllm":
+        return spec if vllm_device == "cpu" else None
+    return DEPS + spec if _sglang_on_cpu(cmd) else None
+
+
+def _sglang_on_cpu(cmd: list[str]) -> bool:
+    """Whether an SGLang run goes to the CPU (its --device cpu, or no CUDA here)."""
+    if "--device" in cmd:
+        return cmd[cmd.index("--device") + 1] == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _warm(servers, spec: Optional[str]):
+    """``servers``' warm server of ``spec`` (None: no servers or no spec, or it would not start: the run goes to a
+    process of its own)."""
+    if servers is None or spec is None:
         return None
     try:
         return servers.get(spec, timeout=300)
@@ -315,15 +334,16 @@ def write_json(verdicts: list[EngineVerdict], path: Path) -> None:
 
 def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, progress=None,
                       vllm_device: str = "cpu") -> list[EngineVerdict]:
-    """Every case as release code where it can be; vLLM's cases on ``vllm_device`` ("cpu" or "cuda"). On the CPU a
-    vLLM case's runs fork from one import of the release (slotscope/forkserver.py: each child activates it and
-    applies its run's patches, as a fresh process does); ``SLOTSCOPE_FORK_SERVER=0`` runs each in a process of its
-    own, as SGLang's are (their patches apply at the release's activation, which a warm import has done)."""
+    """Every case as release code where it can be; vLLM's cases on ``vllm_device`` ("cpu" or "cuda"). On the CPU the
+    runs fork from warm servers (slotscope/forkserver.py), each child activating the release and applying its run's
+    patches as a fresh process does: a vLLM case's from one import of the release, an SGLang case's from one import
+    of its release's dependencies (the release itself is imported by each child); ``SLOTSCOPE_FORK_SERVER=0`` runs
+    each in a process of its own."""
     base = out_dir if out_dir is not None else Path(tempfile.mkdtemp(prefix="slotscope-bugs-engine-"))
     verdicts = []
     servers = None
-    if vllm_device == "cpu" and os.environ.get("SLOTSCOPE_FORK_SERVER", "1") != "0" \
-            and any(isinstance(e := engine_of(c), EngineCase) and e.engine == "vllm" for c in cases):
+    if os.environ.get("SLOTSCOPE_FORK_SERVER", "1") != "0" \
+            and any(isinstance(engine_of(c), EngineCase) for c in cases):
         from slotscope.forkserver import Servers
 
         servers = Servers()

@@ -14,8 +14,14 @@ when it forks (never a fork of a caller that runs threads):
   interpreter makes it, atexit handlers run), for :meth:`Warm.cli` and :meth:`Warm.script`, which return a
   ``subprocess.CompletedProcess``. Not for a run of an SGLang release with an ``--engine-patch``: the
   release's activation applies it (``engine_path.releases.activate``), which the server did already, so such
-  runs stay subprocesses of their own (refused here). A vLLM server (``vllm==V``, the CPU only) imports the
-  release's modules but leaves it unactivated: each child's run activates it, applying its own patches.
+  runs go to the release's dependency server instead (below). A vLLM server (``vllm==V``, the CPU only) imports
+  the release's modules but leaves it unactivated: each child's run activates it, applying its own patches.
+
+``SPEC`` ``deps:sglang==V`` (the CPU only) is an SGLang release's dependency server: it imports what the release
+imports from outside itself (torch, transformers, triton, ...: ~90% of an SGLang import's time), listed by a child
+that imported the release once, and never the release: each child's run activates the release as a fresh process
+does, its ``--engine-patch`` files applied right after the import. :meth:`Warm.cli` of an SGLang server sends a
+patched run there by itself (from :class:`Servers`; a patched CUDA run to a process of its own).
 
 ``SPEC`` ``none`` imports no release (``--engine`` left out: a warm ``python -m slotscope`` of the model alone).
 A request's ``route`` names other servers' sockets (``{spec: socket}``): the child then sends its own
@@ -44,8 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent     # the repository: a run's defa
 READY = "@@warm-engine-ready@@"
 #: an SGLang patch is applied at the release's activation (engine_path.releases.activate), which its server did already
 PATCHED = "a run with an engine patch needs a fresh import of the release: run it in a subprocess of its own"
-#: a vLLM server imported the release for the CPU (its kernels interpreted): a CUDA run imports it afresh
-CPU_ONLY = "a vLLM server's import is the CPU's (Triton's interpreter): run --device cuda in a subprocess of its own"
+#: a dependency server's spec prefix: the release's dependencies imported, the release itself not
+DEPS = "deps:"
+#: this repository's packages (a dependency server imports none but slotscope.cli: some import the release)
+OURS = ("slotscope", "simulator", "engine_path", "tracing", "cuda_path", "reports")
+#: a vLLM or dependency server imported for the CPU (the kernels interpreted): a CUDA run imports afresh
+CPU_ONLY = ("a vLLM or dependency server's import is the CPU's (Triton's interpreter): run --device cuda in a "
+            "subprocess of its own")
 
 
 # --------------------------------------------------------------------------- the wire: one JSON value each way
@@ -113,7 +124,7 @@ def _child(spec: str, req: dict, conn: socket.socket, added: dict) -> None:
     _redirect(1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     _redirect(2, err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
-        rc = _serve_request(spec, req)
+        rc = _serve_request(spec[len(DEPS):] if spec.startswith(DEPS) else spec, req)
     except BaseException:
         import traceback
 
@@ -168,6 +179,91 @@ def _sglang_release(spec: str) -> str:
     return load(spec).info.version
 
 
+def _release_deps(spec: str) -> list[str]:
+    """The modules from outside release ``spec`` (and outside this repository's packages) that importing it for a
+    run on the CPU imports, in the order they were imported: listed by a forked child that imports it (this process
+    stays clean), once per release and Python (kept beside the cached releases: a list that has gone stale only
+    leaves more for each child to import)."""
+    from engine_path.releases import engines_dir
+
+    kept = engines_dir() / ".deps" / f"{spec.replace('==', '-')}-py{sys.version_info[0]}{sys.version_info[1]}.json"
+    try:
+        return json.loads(kept.read_text())
+    except (OSError, ValueError):
+        pass
+    names = _probe_deps(spec)
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_suffix(f".{os.getpid()}.part")
+        part.write_text(json.dumps(names))
+        os.replace(part, kept)
+    except OSError:
+        pass
+    return names
+
+
+def _probe_deps(spec: str) -> list[str]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            from engine_path.api import load
+
+            root = Path(load(spec, device="cpu").info.path).resolve().parent
+            ours = tuple(str(ROOT / n) for n in OURS)
+            names = [n for n, m in list(sys.modules.items())
+                     if _outside(getattr(m, "__file__", None), (root, *map(Path, ours)))
+                     and n.split(".")[0] not in OURS]
+            data = json.dumps({"ok": True, "modules": names})
+        except BaseException as e:                      # the server reports it (as a fresh child would)
+            data = json.dumps({"ok": False, "message": f"{type(e).__name__}: {e}"})
+        with os.fdopen(w, "w") as f:
+            f.write(data)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        got = json.loads(f.read() or '{"ok": false, "message": "the probe died"}')
+    os.waitpid(pid, 0)
+    if not got["ok"]:
+        from engine_path.errors import EngineError
+
+        raise EngineError(got["message"])
+    return got["modules"]
+
+
+def _outside(path: Optional[str], roots) -> bool:
+    """Whether a module's file is a real one outside every root (a stub or namespace package has none)."""
+    if not path:
+        return False
+    p = Path(path).resolve()
+    return not any(p.is_relative_to(r) for r in roots)
+
+
+def _sglang_deps(spec: str) -> str:
+    """A dependency server's start (``deps:sglang==V``): slotscope's shims as the release's activation installs
+    them (Triton's interpreter), then every module of :func:`_release_deps`, the release itself left to each child
+    (its activation then imports it and applies the run's patches, as a fresh process). One that fails to import here
+    is left to the child."""
+    import slotscope.cli  # noqa: F401
+    from engine_path import patches, shims
+    from engine_path.releases import parse_spec
+
+    if os.environ.get(patches.ENV):
+        raise RuntimeError(f"the warm server of {spec} was started with engine patches in its environment")
+    release = parse_spec(spec)
+    shims.install(triton_interpret=True)
+    for name in _release_deps(spec):
+        if name not in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
+    if any(n == "sglang" or n.startswith("sglang.") for n in sys.modules):
+        raise RuntimeError(f"importing the dependencies of {spec} imported sglang itself")
+    return str(release.version)
+
+
 def _vllm_modules(spec: str) -> str:
     """vLLM's modules imported (the slow part of a vLLM run's start), the release left unactivated: a child's own
     ``activate`` then finds them imported and applies its ``--engine-patch`` files on them, right after, as a fresh
@@ -200,7 +296,8 @@ def serve(spec: str, path: str) -> int:
         from engine_path.errors import EngineError
 
         try:
-            loaded["version"] = _vllm_modules(spec) if is_vllm(spec) else _sglang_release(spec)
+            loaded["version"] = (_sglang_deps(spec[len(DEPS):]) if spec.startswith(DEPS) else
+                                 _vllm_modules(spec) if is_vllm(spec) else _sglang_release(spec))
         except EngineError as e:     # every call answers it, as a fresh child would
             loaded = {"ok": False, "kind": "EngineError", "message": str(e)}
     else:
@@ -246,10 +343,21 @@ def serve(spec: str, path: str) -> int:
 class Warm:
     """A client of one server: ``call`` as ``engine_path.isolate.call``, ``cli`` as ``python -m slotscope``."""
 
-    def __init__(self, path: str, spec: str):
-        self.path, self.spec = path, spec
-        # an SGLang server imported its release already (patches apply at activation); a vLLM one left it unactivated
-        self.fresh_for_patches = spec != "none" and not is_vllm(spec)
+    def __init__(self, path: str, spec: str, servers: Optional["Servers"] = None):
+        self.path, self.spec, self.servers = path, spec, servers
+        # an SGLang server imported its release already (patches apply at activation); a vLLM one left it unactivated,
+        # and a dependency server never imports it
+        self.fresh_for_patches = spec != "none" and not is_vllm(spec) and not spec.startswith(DEPS)
+
+    def _patched(self, main, argv, env, cwd, timeout, route) -> subprocess.CompletedProcess:
+        """A patched run of an SGLang server's release: forked from its dependency server (from the servers that
+        started this one) where it runs on the CPU, else (a CUDA run, a client without servers) a process of its
+        own."""
+        if self.servers is not None and _on_cpu(argv):
+            return self.servers.get(DEPS + self.spec)._main(main, argv, env, cwd, timeout, route)
+        args = [sys.executable, *(["-m", main[1]] if main[0] == "module" else [main[1]]), *argv]
+        return subprocess.run(args, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, **(env or {})))
 
     def _request(self, req: dict, timeout: float) -> tuple[dict, str, str]:
         """Send one request; its answer and the child's stdout and stderr."""
@@ -323,8 +431,8 @@ class Warm:
 
     def _main(self, main, argv, env, cwd, timeout, route) -> subprocess.CompletedProcess:
         if self.fresh_for_patches and "--engine-patch" in argv:
-            raise ValueError(PATCHED)
-        if is_vllm(self.spec) and _asks_cuda(argv):
+            return self._patched(main, argv, env, cwd, timeout, route)
+        if (is_vllm(self.spec) or self.spec.startswith(DEPS)) and _asks_cuda(argv):
             raise ValueError(CPU_ONLY)
         reply, stdout, stderr = self._request({"kind": "main", "main": list(main), "argv": list(argv), "env": env,
                                                "cwd": str(cwd or ROOT), "route": route}, timeout)
@@ -346,6 +454,18 @@ def _server_env() -> dict:
 def _asks_cuda(argv) -> bool:
     argv = list(argv)
     return "--device=cuda" in argv or any(a == "--device" and b == "cuda" for a, b in zip(argv, argv[1:]))
+
+
+def _on_cpu(argv) -> bool:
+    """Whether a run of ``argv`` goes to the CPU: its --device cpu, or no --device and no CUDA here."""
+    argv = list(argv)
+    if "--device=cpu" in argv or any(a == "--device" and b == "cpu" for a, b in zip(argv, argv[1:])):
+        return True
+    if _asks_cuda(argv) or any(a.startswith("--device") for a in argv):
+        return False
+    import torch
+
+    return not torch.cuda.is_available()
 
 
 class Servers:
@@ -395,7 +515,7 @@ class Servers:
             log = Path(self.dir) / f"{list(self.procs).index(spec)}.log"
             raise RuntimeError(f"the warm server of {spec} exited ({rc}) after {time.monotonic() - t0:.0f} s:\n"
                                f"{log.read_text()[-4000:]}")
-        return Warm(self.paths[spec], spec)
+        return Warm(self.paths[spec], spec, self)
 
     __call__ = get
 

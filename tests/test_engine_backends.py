@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -265,14 +264,13 @@ PATCHED = ("flashinfer-decode-wrong-request-row.yaml", "fa-swa-page-table-one-pa
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_a_bug_in_one_backends_own_metadata_is_found_on_that_backend_only(tmp_path, engine_releases):
+def test_a_bug_in_one_backends_own_metadata_is_found_on_that_backend_only(tmp_path, warm):
     scenario = _eager(ROOT / "scenarios" / "paths-paged.toml", tmp_path / "paged-eager.toml")
     out = tmp_path / "patched"
-    cmd = [sys.executable, "-m", "slotscope", "run", str(scenario), "--engine", "sglang==0.5.23", "--out", str(out),
-           "--no-report", "-q"]
+    cmd = ["run", str(scenario), "--engine", "sglang==0.5.23", "--out", str(out), "--no-report", "-q"]
     for p in PATCHED:
         cmd += ["--engine-patch", str(PATCHES / p)]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = warm("sglang==0.5.23").cli(*cmd)      # forked from the release's dependency server (tests/warm_engine.py)
     summary = json.loads((out / "summary.json").read_text())
     found = {b: {c: n for c, n in s["findings"].items() if n} for b, s in summary["backends"].items()}
     assert p.returncode == 1, p.stderr[-2000:]

@@ -22,12 +22,23 @@ PATCHES = Path(__file__).resolve().parent / "engine_patches"
 BACKENDS = ("flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa")
 
 
+#: ``warm("sglang==0.5.23")`` of the session (tests/warm_engine.py), set by :func:`_warm_release`
+_WARM = []
+
+
+@pytest.fixture(autouse=True)
+def _warm_release(warm):
+    _WARM[:] = [warm("sglang==0.5.23")]
+
+
 def _run(scenario: str, out: Path, *patches: str) -> tuple[int, dict, dict, list[dict]]:
-    cmd = [sys.executable, "-m", "slotscope", "run", str(ROOT / "scenarios" / f"{scenario}.toml"),
-           "--engine", "sglang==0.5.23", "--out", str(out), "--no-report", "-q"]
+    """A run forked from the session's warm servers: from the release's import, or (patched) from its dependencies'
+    (the child imports the release and applies the patches, as a fresh process does)."""
+    cmd = ["run", str(ROOT / "scenarios" / f"{scenario}.toml"), "--engine", "sglang==0.5.23", "--out", str(out),
+           "--no-report", "-q"]
     for p in patches:
         cmd += ["--engine-patch", str(PATCHES / p)]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    p = _WARM[0].cli(*cmd)
     findings = [json.loads(x) for x in (out / "findings.jsonl").read_text().splitlines() if x]
     return (p.returncode, json.loads((out / "summary.json").read_text()), json.loads((out / "run.json").read_text()),
             findings)

@@ -71,12 +71,21 @@ def _run(tmp_path, name: str) -> tuple[int, dict, dict, list]:
     return (rc, *_outputs(out))
 
 
+#: ``warm(SPEC)`` of the session (tests/warm_engine.py), set by :func:`_warm_release`
+_WARM = []
+
+
+@pytest.fixture(autouse=True)
+def _warm_release(warm):
+    _WARM[:] = [warm(SPEC)]
+
+
 def _patched(tmp_path, name: str, patch: str) -> tuple[int, dict, dict, list]:
-    """A run with an engine patch, in a process of its own (a release is patched as it is imported)."""
+    """A run with an engine patch, forked from the release's dependency server (its child imports the release and
+    applies the patch, as a fresh process does; tests/warm_engine.py)."""
     out = tmp_path / "patched"
-    p = subprocess.run([sys.executable, "-m", "slotscope", "run", str(_scenario(tmp_path, name)), "--engine", SPEC,
-                        "--backends", BACKENDS, "--out", str(out), "--no-report", "-q",
-                        "--engine-patch", str(PATCHES / patch)], cwd=ROOT, capture_output=True, text=True)
+    p = _WARM[0].cli("run", str(_scenario(tmp_path, name)), "--engine", SPEC, "--backends", BACKENDS, "--out",
+                     str(out), "--no-report", "-q", "--engine-patch", str(PATCHES / patch))
     return (p.returncode, *_outputs(out))
 
 

@@ -4,8 +4,8 @@
 * the parser and our patcher (engine_path/patches.py) on a toy module written to a temporary directory: no
   sglang needed; match + replacement / prepend / append, and each way a patch can fail (no match,
   ambiguous match, unknown target) is an EngineError naming the target and the edit;
-* through the CLI (five 0.5.23 runs, two at a time; the two without a patch forked from the session's one import
-  of the release, tests/warm_engine.py): B1 with the revert of #29460's slice gives exactly
+* through the CLI (five 0.5.23 runs, two at a time, forked from the session's warm servers, tests/warm_engine.py:
+  a patched one from the release's dependency server, whose child imports the release and applies the patch): B1 with the revert of #29460's slice gives exactly
   0.5.14's pinned counts (length_mismatch 18 on every backend: none slices swa_loc itself in a release;
   tests/test_engine_cli.py's PINNED), B1 without it is clean; the gap scenario is clean with the fix and
   fails without it; summary.json and run.json name the patches with their sha256 and who applied them
@@ -284,9 +284,9 @@ def _bad_patch(base: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def patched_runs(warm, tmp_path_factory):
-    """The five runs, two at a time: those with a patch are subprocesses of their own (the release's import
-    applies the patch); the two without one run in a child forked from the session's one import of 0.5.23
-    (tests/warm_engine.py)."""
+    """The five runs, two at a time, each forked from a warm server of the session (tests/warm_engine.py): the two
+    without a patch from its one import of 0.5.23, those with one from its import of the release's dependencies
+    (the child imports the release and applies the patch, as a fresh process does)."""
     base = tmp_path_factory.mktemp("patched")
     bad = _bad_patch(base)
 
@@ -296,7 +296,7 @@ def patched_runs(warm, tmp_path_factory):
         args = [scenario, "--engine", "sglang==0.5.23", "-q", "--no-report", "--trace-level", "off", "--out", str(out)]
         for p in pats:
             args += ["--engine-patch", str(bad if p == "bad.yaml" else p)]
-        proc = slotscope("run", *args, env=env) if pats else warm("sglang==0.5.23").cli("run", *args, env=env)
+        proc = warm("sglang==0.5.23").cli("run", *args, env=env)
         return key, proc, out
 
     with ThreadPoolExecutor(max_workers=2) as ex:

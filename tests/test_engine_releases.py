@@ -314,3 +314,25 @@ def test_an_earlier_runs_garbage_is_collected_not_frozen(monkeypatch):
         assert later() is None, "a later run's garbage was frozen"
     finally:
         gc.unfreeze()
+
+
+def test_a_dependency_server_holds_the_releases_dependencies_and_never_the_release(warm, tmp_path):
+    """``deps:sglang==V`` (slotscope/forkserver.py): the server imported what the release imports from outside itself
+    (torch, transformers, triton), never the release, so each child imports it afresh and applies its run's
+    patches; a patched run of an SGLang server goes there by itself, and the release's patcher applied the patch."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'sglang'), "
+                     "all(m in sys.modules for m in ('torch', 'transformers', 'triton')))\n")
+    got = warm("deps:sglang==0.5.23").script(str(probe))
+    assert got.returncode == 0 and got.stdout.strip() == "[] True", got.stdout + got.stderr
+    out = tmp_path / "b1"
+    proc = warm("sglang==0.5.23").cli("run", "scenarios/b1-pcg-dp-padding.toml", "--engine", "sglang==0.5.23",
+                                      "--backends", "triton", "--engine-patch",
+                                      "examples/engine-patches/revert-29460-slice.yaml", "--out", str(out),
+                                      "--no-report", "-q", "--device", "cpu")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert {c: n for c, n in summary["backends"]["triton"]["findings"].items() if n} == {"length_mismatch": 18}
+    assert [p["applied_by"] for p in summary["engine"]["patches"]] == ["sglang"]

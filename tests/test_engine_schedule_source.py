@@ -47,8 +47,9 @@ slotscope = slotscope_cli
 
 @pytest.fixture(scope="module")
 def runs(warm, tmp_path_factory):
-    """The runs of RUNS, two at a time: a patched one in a fresh process (the patch applies at the release's
-    activation), the others forked from the session's warm import of the release."""
+    """The runs of RUNS, two at a time, each forked from a warm server of the session (slotscope/forkserver.py): an
+    unpatched one from the release's import, a patched one from the release's dependencies (the child imports the
+    release and applies the patch, as a fresh process)."""
     base = tmp_path_factory.mktemp("schedule-source")
 
     def one(key):
@@ -58,7 +59,7 @@ def runs(warm, tmp_path_factory):
                "triton,flashinfer", "--out", str(out), "--no-report", "-q"]
         if patch:
             cmd += ["--engine-patch", str(PATCHES / patch)]     # (an absolute path stays itself)
-        proc = slotscope(*cmd) if patch else warm("sglang==0.5.23").cli(*cmd, timeout=900)
+        proc = warm("sglang==0.5.23").cli(*cmd, timeout=900)
         got = {"proc": proc}
         if (out / "summary.json").exists():
             got["summary"] = json.loads((out / "summary.json").read_text())

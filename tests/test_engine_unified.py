@@ -15,8 +15,6 @@ One child of the session's one import of the release (engine_path.isolate's, tes
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -183,7 +181,7 @@ def test_slotscope_run_engine_on_a_unified_scenario(warm, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_release_bind_past_its_own_swa_table_ends_the_run_as_the_device_assert(engine_releases, tmp_path):
+def test_the_release_bind_past_its_own_swa_table_ends_the_run_as_the_device_assert(warm, tmp_path):
     """U1 in the release's own code: 0.5.23 with #37560 reverted (examples/engine-patches/revert-37560-swa-v2p-size.yaml)
     sizes the SWA page table by the SWA side's own page count (615 at page 1), and the release's bind indexes past it
     at the first virtual page the full side mints beyond. torch's IndexError there is, on a GPU, the device-side
@@ -193,9 +191,8 @@ def test_the_release_bind_past_its_own_swa_table_ends_the_run_as_the_device_asse
 
     out = tmp_path / "u1"
     patch = ROOT / "examples" / "engine-patches" / "revert-37560-swa-v2p-size.yaml"
-    proc = subprocess.run([sys.executable, "-m", "slotscope", "run", str(U1), "--engine", "sglang==0.5.23",
-                           "--engine-patch", str(patch), "--backends", "triton,flashattention", "--out", str(out),
-                           "--no-report", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = warm("sglang==0.5.23").cli("run", str(U1), "--engine", "sglang==0.5.23", "--engine-patch", str(patch),
+                                      "--backends", "triton,flashattention", "--out", str(out), "--no-report", "-q")
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     s = json.loads((out / "summary.json").read_text())
