@@ -186,6 +186,16 @@ def _server_spec(eng: EngineCase, spec: str, cmd: list[str], vllm_device: str) -
     return DEPS + spec if _sglang_on_cpu(cmd) else None
 
 
+def _forks(eng: EngineCase, vllm_device: str) -> bool:
+    """Whether a case's runs may fork from a warm server (:func:`_server_spec`): a vLLM case's on the CPU, an
+    SGLang case's where they go to the CPU."""
+    if eng.engine == "vllm":
+        return vllm_device == "cpu"
+    import torch
+
+    return on_cpu_here(eng) or not torch.cuda.is_available()
+
+
 def _sglang_on_cpu(cmd: list[str]) -> bool:
     """Whether an SGLang run goes to the CPU (its --device cpu, or no CUDA here)."""
     if "--device" in cmd:
@@ -343,7 +353,7 @@ def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, prog
     verdicts = []
     servers = None
     if os.environ.get("SLOTSCOPE_FORK_SERVER", "1") != "0" \
-            and any(isinstance(engine_of(c), EngineCase) for c in cases):
+            and any(isinstance(e := engine_of(c), EngineCase) and _forks(e, vllm_device) for c in cases):
         from slotscope.forkserver import Servers
 
         servers = Servers()

@@ -189,3 +189,40 @@ def test_a_case_whose_mechanism_is_the_releases_scheduler_runs_on_the_cpu_on_a_g
     assert on_cpu_here(r2) and not on_cpu_here(b2)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not on_cpu_here(r2)
+
+
+def test_sglang_cases_fork_their_cpu_runs_from_the_releases_dependency_server(monkeypatch, tmp_path):
+    """bugs --engine sglang: on the CPU each run (patched or not) forks from its release's dependency server
+    (slotscope/forkserver.py's ``deps:sglang==V``: the child imports the release and applies the run's patches); a
+    run on CUDA is a process of its own, and so is every run with SLOTSCOPE_FORK_SERVER=0."""
+    import subprocess
+
+    import torch
+
+    from slotscope import corpus_engine
+
+    class Servers:                               # stands in for slotscope.forkserver.Servers: no release started
+        def get(self, spec, timeout):
+            return ("warm", spec)
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr("slotscope.forkserver.Servers", Servers)
+    launched = []
+    monkeypatch.setattr(corpus_engine, "_launch", lambda argv, w=None: launched.append((argv, w))
+                        or subprocess.CompletedProcess(argv, 3, "", ""))
+    case = next(c for c in load_corpus(CORPUS) if c.id == "B2")       # 0.5.23 + a revert, and 0.5.23
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
+    assert [w for _, w in launched] == [("warm", "deps:sglang==0.5.23")] * 2
+    assert "--engine-patch" in launched[0][0] and "--engine-patch" not in launched[1][0]
+    launched.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # B2 runs on the device there
+    corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
+    assert [w for _, w in launched] == [None, None]
+    launched.clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SLOTSCOPE_FORK_SERVER", "0")
+    corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
+    assert [w for _, w in launched] == [None, None]
