@@ -8,6 +8,7 @@ The worker side's block tables (ours: engine_path/vllm/worker.py) are checked on
 """
 from __future__ import annotations
 
+import collections
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,6 +36,8 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "async_inject": ("scenarios/vllm-async.toml", None, ("--inject", "drop_write")),
     "dp": ("scenarios/vllm-dp-decode.toml", None, ()),
     "dp_zero": ("scenarios/vllm-dp-decode.toml", "dp-dummy-slots-zero.yaml", ()),
+    "eagle": ("scenarios/vllm-eagle.toml", None, ()),
+    "eagle_rollback": ("scenarios/vllm-eagle.toml", "spec-rejection-not-rolled-back.yaml", ()),
     "smoke": ("scenarios/smoke.toml", None, ()),
     "smoke_v1": ("scenarios/smoke.toml", ROOT / "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml",
                  ()),
@@ -259,7 +262,7 @@ def test_piecewise_graphs_run_attention_over_the_padded_slot_mapping(runs):
 def test_what_vllm_cannot_run_yet_is_refused(vllm_release):
     proc = slotscope("run", "scenarios/b3-draft-pool-size.toml", "--engine", "vllm==0.34.0", "--no-report", "-q")
     assert proc.returncode == 2
-    assert "speculative decoding: vLLM's EAGLE groups are not driven yet" in proc.stderr
+    assert "draft_full_size / draft_swa_ratio size SGLang's draft pools" in proc.stderr
     proc = slotscope("run", SER, "--engine", "vllm", "--design", "sglang-0.5.23", "--no-report", "-q")
     assert proc.returncode == 2 and "--design sglang-0.5.23 with --engine" in proc.stderr
 
@@ -484,3 +487,26 @@ def test_an_exception_in_the_releases_own_code_ends_the_run_in_one_line_naming_w
             "<patched vllm.v1.core.block_pool.BlockPool.get_new_blocks>:")
     assert proc.returncode == 3 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert said in json.loads((out / "summary.json").read_text())["incomplete"]["message"]
+
+
+@pytest.mark.vllm
+def test_eagle_runs_clean_with_the_drafter_in_the_targets_group_and_a_rollback_bug_shows(runs):
+    """engine.speculative on vLLM: the release's SpeculativeConfig puts an EAGLE-3 drafter layer into the target's
+    full-attention group; every verify (4 tokens a request) is followed by the drafter's prefill over the same slots
+    and two decode steps past the accepted tokens, their slots the release's compute_slot_mappings. Clean as
+    released; a verify's rejected drafts not rolled back (update_from_output) gives stale reads on the target's
+    layers and the drafter's."""
+    proc, summary, run, out = runs["eagle"]
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    sched = run["engine_pieces"]["scheduler"]
+    assert sched["speculative"]["drafter_layers"] == {"swa": [], "full": ["draft.layers.0"]}
+    assert sched["speculative"]["num_speculative_tokens"] == 3 and sched["speculative"]["lookahead_block_hashes"] == 1
+    assert sched["did"]["preemptions"] > 0 and sched["did"]["prefix_hit_tokens"] > 0
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    modes = collections.Counter(s["mode"] for s in steps)
+    target = modes["extend"] + modes["decode"] + modes["mixed"]
+    assert modes["draft_extend"] == target == sched["did"]["forwards"] and modes["draft_decode"] > target
+    proc, summary, run, out = runs["eagle_rollback"]
+    assert proc.returncode == 1 and set(_found(summary)) == {"stale_read"}
+    layers = {json.loads(line)["layer"] >= 8 for line in (out / "findings.jsonl").read_text().splitlines()}
+    assert layers == {True, False}         # the target's layers (0-7) and the drafter's (8)

@@ -37,6 +37,17 @@ class Step:
     samples: list = field(default_factory=list)         # per request: the forward samples its next token
     recving: set = field(default_factory=set)           # the offload tier's async loads this schedule issued
     carried: set = field(default_factory=set)           # gone in the empty schedules since the previous forward
+    drafts: Optional[np.ndarray] = None                 # EAGLE: per request the draft tokens scheduled (verified)
+    accepted: Optional[np.ndarray] = None               # EAGLE: per request the leading drafts the target accepts
+
+    def sample_at(self) -> np.ndarray:
+        """Per request, the position of the first token its forward samples: after its last input, or after a
+        verify's input token (its drafts are checked, not taken as input)."""
+        return self.starts + self.counts - (0 if self.drafts is None else self.drafts)
+
+    def kept(self) -> np.ndarray:
+        """Per request, the drafts the target accepts (0 without EAGLE)."""
+        return np.zeros(len(self.req_ids), dtype=np.int64) if self.accepted is None else self.accepted
 
     @property
     def gone(self) -> set:
@@ -54,6 +65,11 @@ class Idle:
 
     output: object
     recving: set = field(default_factory=set)
+
+
+def _content(row: np.ndarray, first: int, n: int) -> list[int]:
+    """``n`` tokens of a request's content from position ``first`` (0 past its end: a token never sampled)."""
+    return [int(row[p]) if p < row.shape[0] else 0 for p in range(first, first + n)]
 
 
 class EngineCoreLoop:
@@ -191,9 +207,9 @@ class EngineCoreLoop:
             return
         step, reqs = entry, self.scheduler.requests
         sampled = []
-        for rid, start, count, samples in zip(step.req_ids, step.starts.tolist(), step.counts.tolist(), step.samples):
-            row, p = self.tokens(int(rid)), start + count
-            sampled.append([int(row[p]) if p < row.shape[0] else 0] if samples else [])
+        for rid, base, samples, a in zip(step.req_ids, step.sample_at().tolist(), step.samples, step.kept().tolist()):
+            # the token after the request's last input (after a verify: its accepted drafts, then the bonus token)
+            sampled.append(_content(self.tokens(int(rid)), base, 1 + a) if samples else [])
         out = outputs.ModelRunnerOutput(req_ids=list(step.req_ids), sampled_token_ids=sampled, kv_connector_output=kv)
         self._call("scheduler (update_from_output)", self.scheduler.update_from_output, step.output, out)
         self.forwards += 1
@@ -202,3 +218,19 @@ class EngineCoreLoop:
             if reqs.get(rid) is None or reqs[rid].is_finished():
                 self.finished += 1
                 self._finish_turn(rid)
+        if step.drafts is not None:
+            self._propose(step)
+
+    def _propose(self, step: Step) -> None:
+        """EAGLE: the drafter's proposals after the forward (``update_draft_token_ids``, as the engine core hands
+        them over): for each request that sampled, the ``num_speculative_tokens`` tokens after its new last token,
+        the workload's content (the target accepts a leading run of them: :meth:`Step.kept`)."""
+        k, reqs = self.vllm_config.num_speculative_tokens, self.scheduler.requests
+        ids, drafts = [], []
+        for rid, base, samples, a in zip(step.req_ids, step.sample_at().tolist(), step.samples, step.kept().tolist()):
+            if samples and reqs.get(rid) is not None and not reqs[rid].is_finished():
+                ids.append(rid)
+                drafts.append(_content(self.tokens(int(rid)), base + a + 1, k))
+        if ids:
+            self._call("scheduler (update_draft_token_ids)", self.scheduler.update_draft_token_ids,
+                       _mod("vllm.v1.outputs").DraftTokenIds(req_ids=ids, draft_token_ids=drafts))

@@ -51,6 +51,14 @@ STAND_INS = {
     "UvaBuffer": "on a CPU the host tensor itself (a device view of pinned host memory needs CUDA); on CUDA the "
                  "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used), "
                  "on the platform vLLM resolves without its compiled extensions, its device type set to cuda",
+    "SpeculativeConfig": "engine.speculative: the release's own class for an EAGLE-3 drafter, its checkpoint-reading "
+                         "__post_init__ left out (no draft model is loaded); the drafter's layers join the KV-cache "
+                         "groups by the release's own get_global_kv_cache_groups",
+    "the drafter's forwards": "its prefill writes at the target forward's own slot mappings; its decode steps at "
+                              "the position after the last accepted token and on, clamped to max_model_len - 1 (as "
+                              "the speculator's input kernels set them), their slots the release's "
+                              "compute_slot_mappings; drafts are the workload's next tokens, the target accepting "
+                              "each with engine.speculative.accept_rate until the first it rejects; eager",
     "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
                                        "Triton, run by Triton's interpreter on a CPU (on CUDA the driver is real)",
 }
@@ -62,12 +70,21 @@ _MODEL_FIELDS = dict(uses_mrope=False, is_encoder_decoder=False, runner_type="ge
 
 #: a scenario's engine settings vLLM has no counterpart of here, each refused with its reason
 NOT_YET = (
-    (lambda sc: sc.engine.speculative.enabled, "speculative decoding: vLLM's EAGLE groups are not driven yet"),
+    (lambda sc: sc.engine.speculative.enabled and sc.engine.overlap,
+     "speculative decoding under async scheduling: the worker keeps the drafts and its own computed counts there, "
+     "which are not driven yet (EAGLE runs synchronously)"),
     (lambda sc: sc.engine.pd_decode, "a PD decode node: a KV connector's asynchronous loads from a prefill node are "
                                      "not driven (engine.kv_offload's tier is)"),
     (lambda sc: sc.engine.overlap and sc.engine.dp_size > 1, "engine.overlap with engine.dp_size > 1: an idle DP "
                                                              "rank's dummy forwards under async scheduling are not "
                                                              "driven yet"),
+    (lambda sc: sc.engine.speculative.enabled and (sc.engine.speculative.draft_full_size is not None
+                                                   or sc.engine.speculative.draft_swa_ratio is not None),
+     "engine.speculative.draft_full_size / draft_swa_ratio size SGLang's draft pools: vLLM's drafter layers are in "
+     "the target's KV-cache groups, on its one block pool"),
+    (lambda sc: sc.engine.speculative.enabled and sc.engine.kv_offload,
+     "speculative decoding beside engine.kv_offload: a verify's rejected drafts and a tier's loads landing before "
+     "one forward are not merged yet"),
     (lambda sc: sc.pool.unified, "pool.unified is SGLang's unified pool: vLLM's block pool is always one pool"),
 )
 
@@ -102,6 +119,9 @@ class VllmScheduler(EngineCoreLoop):
         self.block_size = page
         self.num_blocks = scenario.pool.full_size // page + 1       # + the null block, block 0
         self.max_steps = max_steps
+        #: engine.speculative: EAGLE (the release's speculative config, a drafter's layers in the KV-cache groups)
+        self.drafting = bool(scenario.engine.speculative.enabled)
+        self.accept_rng = np.random.default_rng([scenario.seed, 0xEA61E])
         #: engine.overlap: the engine core's async scheduling (a batch queue of two: schedules run one ahead)
         self.async_ = bool(scenario.engine.overlap)
         self._queue: list = []                # async: scheduled outputs not yet processed, newest first
@@ -138,6 +158,7 @@ class VllmScheduler(EngineCoreLoop):
         budget = max(self.sc.engine.chunked_prefill_size or max(longest, 8192), 1)
         # vLLM asks max_num_seqs <= max_num_batched_tokens (every running request may decode in one step)
         seqs = max(1, min(self.sc.engine.max_running_requests, budget))
+        longest += self.sc.engine.speculative.num_steps if self.sc.engine.speculative.enabled else 0
         sched = cfg.SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=budget,
                                     max_model_len=longest + 2, is_encoder_decoder=False,
                                     enable_chunked_prefill=True, async_scheduling=self.async_)
@@ -152,7 +173,27 @@ class VllmScheduler(EngineCoreLoop):
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False
         # no HF model here: the fields the scheduler reads (STAND_INS)
         object.__setattr__(vc, "model_config", SimpleNamespace(max_model_len=longest + 2, **_MODEL_FIELDS))
+        if self.sc.engine.speculative.enabled:
+            self._speculative(vc)
         return vc
+
+    def _speculative(self, vc) -> None:
+        """engine.speculative: the release's own ``SpeculativeConfig`` of an EAGLE-3 drafter with ``num_steps``
+        speculative tokens (its checkpoint-reading ``__post_init__`` left out: STAND_INS), and what ``VllmConfig``
+        resolves from it (the lookahead block hashes, on by default: a block's hash covers the next token, which the
+        drafter's KV of its last position depends on)."""
+        spec_mod = _mod("vllm.config.speculative")
+        spec = object.__new__(spec_mod.SpeculativeConfig)
+        fields = dict(method="eagle3", custom_method=None, num_speculative_tokens=self.sc.engine.speculative.num_steps,
+                      num_speculative_tokens_per_batch_size=None, disable_eagle_block_drop=False,
+                      disable_lookahead_block_hashes=False,
+                      draft_model_config=SimpleNamespace(speculator_config_class=None, model="slotscope-eagle3",
+                                                         hf_config=SimpleNamespace(eagle_config={})))
+        for k, v in fields.items():
+            object.__setattr__(spec, k, v)
+        object.__setattr__(vc, "speculative_config", spec)
+        object.__setattr__(vc.model_config, "supports_kv_cache_grouping", False)
+        object.__setattr__(vc, "num_hash_lookahead_tokens", vc._resolve_num_hash_lookahead_tokens())
 
     def _groups(self):
         """The scenario's layers as vLLM groups them (its own ``get_kv_cache_groups``): [(kind, layer names)]."""
@@ -162,14 +203,22 @@ class VllmScheduler(EngineCoreLoop):
         planning = _mod("vllm.v1.core.kv_cache_planning")
         self.vllm_config = self._config()
         spec = {}
+        kw = dict(block_size=self.block_size, num_kv_heads=1, head_size=16, dtype=torch.float16)
+
+        def layer_spec(kind: str, **extra):
+            return (kci.SlidingWindowSpec(sliding_window=self.sc.model.window, **kw, **extra) if kind == "swa"
+                    else kci.FullAttentionSpec(**kw, **extra))
         for layer in self.sc.model.layers():
-            kw = dict(block_size=self.block_size, num_kv_heads=1, head_size=16, dtype=torch.float16)
-            spec[f"layers.{layer.layer}"] = (kci.SlidingWindowSpec(sliding_window=self.sc.model.window, **kw)
-                                             if layer.kind == "swa" else kci.FullAttentionSpec(**kw))
+            spec[f"layers.{layer.layer}"] = layer_spec(layer.kind)
+        drafting = self.sc.engine.speculative.enabled
+        if drafting:      # the drafter's layers (is_draft: the speculator marks them), the target's K/V geometry
+            for i, kind in enumerate(self.sc.engine.speculative.draft_layers):
+                spec[f"draft.layers.{i}"] = layer_spec(kind, is_draft=True)
         # the engine core resolves one layout from what the workers' backends support (STAND_INS: flash attention's)
         _mod("vllm.v1.attention.backends.utils").resolve_kv_cache_layout(self.vllm_config, [["LBNHC"]],
                                                                          spec.values())
-        groups = planning.get_kv_cache_groups(self.vllm_config, spec)
+        groups = (planning.get_global_kv_cache_groups(self.vllm_config, [spec]) if drafting
+                  else planning.get_kv_cache_groups(self.vllm_config, spec))
         kinds = ["swa" if isinstance(g.kv_cache_spec, kci.SlidingWindowSpec) else "full" for g in groups]
         if sorted(kinds) != ["full", "swa"]:
             raise AdapterLacks(f"vLLM groups this model's {len(spec)} layers into {len(groups)} KV-cache groups "
@@ -204,7 +253,8 @@ class VllmScheduler(EngineCoreLoop):
         kc = kci.KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=self.kv_groups)
         hash_fn = hashing.get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
         kcu.init_none_hash(hash_fn)
-        self._hasher = kcu.get_request_block_hasher(self.block_size, hash_fn)
+        self._hasher = kcu.get_request_block_hasher(self.block_size, hash_fn,
+                                                    getattr(self.vllm_config, "num_hash_lookahead_tokens", 0))
         try:
             cls = self.vllm_config.scheduler_config.get_scheduler_cls()
             return cls(vllm_config=self.vllm_config, kv_cache_config=kc,
@@ -223,11 +273,21 @@ class VllmScheduler(EngineCoreLoop):
                 "prefix_caching": bool(self.vllm_config.cache_config.enable_prefix_caching),
                 "stand_ins": {**STAND_INS, **({"the KV connector": connector.STAND_IN} if self.tier else {})},
                 "startup_check": self.startup_check,
+                **({"speculative": self._describe_drafting()} if self.drafting else {}),
                 "did": {"forwards": self.forwards, "finished": self.finished, "preemptions": self.preemptions,
                         "prefix_hit_tokens": self.hit_tokens, "dp_dummy_forwards": self.dummies,
                         **({"schedules_ahead_of_output": self.ahead} if self.async_ else {}),
                         **({"offload_saved_blocks": self.tier.saved_blocks,
                             "offload_loaded_tokens": self.tier.loaded_tokens} if self.tier else {})}}
+
+    def _describe_drafting(self) -> dict:
+        vc = self.vllm_config
+        return {"method": vc.speculative_config.method, "num_speculative_tokens": vc.num_speculative_tokens,
+                "lookahead_block_hashes": vc.num_hash_lookahead_tokens,
+                "eagle_block_drop": bool(self.scheduler.use_eagle_block_drop),
+                "drafter_layers": {k: [n for n in g.layer_names if n.startswith("draft.")]
+                                   for k, g in zip(self.groups, self.kv_groups)},
+                "accept_rate": self.sc.engine.speculative.accept_rate}
 
     @property
     def tier(self):
@@ -363,8 +423,21 @@ class VllmScheduler(EngineCoreLoop):
         starts = [starts[i] for i in order]
         counts = [out.num_scheduled_tokens[r] for r in ids]
         reqs = self.scheduler.requests
-        return Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
+        step = Step(out, ids, np.asarray(starts, dtype=np.int64), np.asarray(counts, dtype=np.int64),
                     new_rows, appended, samples=[r not in reqs or not reqs[r].is_prefill_chunk for r in ids])
+        if self.drafting:
+            spec = out.scheduled_spec_decode_tokens or {}
+            step.drafts = np.asarray([len(spec.get(r, ())) for r in ids], dtype=np.int64)
+            step.accepted = self._accepted(step.drafts)
+        return step
+
+    def _accepted(self, drafts: np.ndarray) -> np.ndarray:
+        """Per request of a verify, the drafts the target accepts: each with chance ``accept_rate``, the run
+        stopping at the first rejected one (the rejection sampler's chain)."""
+        rate = self.sc.engine.speculative.accept_rate
+        ok = self.accept_rng.random((drafts.shape[0], int(drafts.max(initial=0)))) < rate
+        ok &= np.arange(ok.shape[1])[None, :] < drafts[:, None]
+        return np.cumprod(ok, axis=1).sum(axis=1).astype(np.int64)
 
     def _batch_order(self, out) -> list[str]:
         runner = _mod("vllm.v1.worker.gpu.model_runner")

@@ -71,7 +71,10 @@ class VllmStepSource(BatchMaking):
         self.pad_value, self.pad_to_capture = pad_value, True
         self.specs = make_requests(scenario.workload, rng)
         self.total_requests = len(self.specs)
-        self.content = ContentTags()
+        spec = scenario.engine.speculative
+        # EAGLE's verifies and drafter steps write ahead of a request's last token: a verify's drafts (num_steps past
+        # it; the scheduler does not cap them at max_tokens), then drafter steps past the accepted ones
+        self.content = ContentTags(room=2 * spec.num_steps + 2 if spec.enabled else 0)
         self.driver = VllmScheduler(scenario, self.specs, self._tag_row, max_steps=scenario.max_steps)
         self.g_full, self.g_swa = self.driver.groups.index("full"), self.driver.groups.index("swa")
         self.bs = self.driver.block_size
@@ -90,6 +93,7 @@ class VllmStepSource(BatchMaking):
         self._full_of_swa = np.zeros(n * self.bs, dtype=np.int64)
         self._held_full = np.zeros(n * self.bs, dtype=bool)
         self._requests: Optional[BatchRequests] = None
+        self._rejected: list = []           # EAGLE: the last verify's rejected drafts (request, positions)
         self.counts = {"extend": 0, "decode": 0, "mixed": 0, "freed_full_slots": 0, "freed_swa_slots": 0,
                        "evicted_swa_slots": 0}
         if scenario.engine.kv_offload:
@@ -142,10 +146,15 @@ class VllmStepSource(BatchMaking):
             # it issues land beside this forward (unordered with its reads), its sync loads before the next one
             self.driver.schedule_ahead()
             loads += self._take_loads(None)
-            tr = self._loaded(loads)
+            tr = self._loaded(loads) if loads else self._rejected_drafts(step)
             yield batch, (truth if tr is None else dataclasses.replace(truth, transferred=tr))
-            self.driver.finish_step(step)
             k += 1
+            if step.drafts is not None:           # EAGLE: the drafter's forwards, before the output is processed
+                for draft in self._draft_forwards(k, step):
+                    yield draft
+                    k += 1
+                self._rejected = self._rejected_of(step)
+            self.driver.finish_step(step)
 
     def _learn_frees(self, step) -> None:
         """Blocks the oracle holds that the release's pool has back (unreferenced, uncached) or gave the other
@@ -188,6 +197,7 @@ class VllmStepSource(BatchMaking):
         tags, locs, swas, truth_full, rows = [], [], [], [], []
         seq, ext = [], []
         decoding = q = 0
+        verified = step.drafts if step.drafts is not None else np.zeros(len(step.req_ids), dtype=np.int64)
         for i, (rid, c, n) in enumerate(zip(step.req_ids, step.starts.tolist(), step.counts.tolist())):
             index = int(rid)
             end = c + n
@@ -206,7 +216,7 @@ class VllmStepSource(BatchMaking):
             rows.append(_Row(full_row))
             seq.append(end)
             ext.append(n)
-            decoding += n == 1 and c >= self.specs[index].prompt_len
+            decoding += n == 1 + int(verified[i]) and c >= self.specs[index].prompt_len
         for f, s in zip(truth_full, swas):
             self._block_group[f // self.bs] = self.g_full
             self._block_group[s // self.bs] = self.g_swa
@@ -223,6 +233,87 @@ class VllmStepSource(BatchMaking):
                                        tag_bases=np.zeros(nreq, dtype=np.int64))
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
+        self._written = (tags, locs, swas, truth_full, tables)
+        return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    # ------------------------------------------------------------------ EAGLE's drafter
+
+    def _draft_forwards(self, k: int, step) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
+        """The drafter's forwards after a target forward (its layers are in the target's KV-cache groups, each
+        writing its group's slots; eager): its prefill over every token the target's forward took (the target's own
+        slot mappings, a verify's rejected drafts included), then ``num_speculative_tokens - 1`` decode steps, step
+        ``j`` writing position ``last accepted + j`` of each request that sampled (clamped to ``max_model_len - 1``, as
+        the speculator clamps it), through its persistent block-table row (``compute_slot_mappings``, as its decode
+        steps call it). Past a request's last token the tags are its own (the content rows' room)."""
+        tags, locs, swas, truth_full, tables = self._written
+        self._dispatch = Dispatch("eager", int(sum(x.shape[0] for x in locs)))
+        batch, truth = self._make_batch(k, "draft_extend", len(step.req_ids), tags, locs, swas)
+        yield batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+        last = step.sample_at() + step.kept() - 1                 # per request: its last position with valid KV
+        limit = self.driver.vllm_config.model_config.max_model_len - 1
+        for j in range(1, self.driver.vllm_config.num_speculative_tokens):
+            pos = np.minimum(last + j, limit)
+            live = [i for i in range(len(step.req_ids)) if step.samples[i]]
+            if not live:
+                return
+            yield self._draft_step(k + j, [step.req_ids[i] for i in live], pos[live], [tables[g] for g in
+                                   (self.g_full, self.g_swa)], live)
+
+    def _rejected_of(self, step) -> list:
+        """A verify's rejected drafts: per request, the positions whose K/V it wrote for drafts the target
+        rejected."""
+        return [(rid, np.arange(base + a, base + d, dtype=np.int64))
+                for rid, base, d, a in zip(step.req_ids, step.sample_at().tolist(), step.drafts.tolist(),
+                                           step.kept().tolist()) if d > a]
+
+    def _rejected_drafts(self, step) -> Optional[Transfer]:
+        """What the last verify wrote for the drafts the target rejected: not the content those positions will
+        hold. Landed in the target's pools with the next forward (its drafter rewrote its own layer there), as rows
+        of tags of their own, owned by the request, in the blocks it still holds (a request this step's schedule
+        preempted or finished has none): a read of such a position before a forward writes it again (a computed
+        count not rolled back) is stale."""
+        pending, self._rejected = self._rejected, []
+        full, ftags, swa, stags = [], [], [], []
+        for rid, pos in pending:
+            if rid in step.gone:
+                continue
+            held = self.driver.manager_blocks(rid)
+            tags = self.content.fresh(int(rid), pos)
+            for g, slots_out, tags_out in ((self.g_full, full, ftags), (self.g_swa, swa, stags)):
+                idx = pos // self.bs
+                ok = idx < held[g].shape[0]
+                b = held[g][idx[ok]]
+                real = b > 0
+                slots_out.append(b[real] * self.bs + pos[ok][real] % self.bs)
+                tags_out.append(tags[ok][real])
+        if not full:
+            return None
+        return Transfer(*(np.concatenate(x) for x in (full, ftags, swa, stags)), target_only=True)
+
+    def _draft_step(self, k: int, rids: list, pos: np.ndarray, tables: list, rows: list):
+        """One draft decode step: one token per request at ``pos``, its slots the release's; it reads its prefix
+        through the forward's gathered tables."""
+        slot_map = raised_in("vllm", f"vLLM {self.release_version}'s worker (compute_slot_mappings, draft step)",
+                             self.worker.draft_slots, rids, pos)
+        tags, locs, swas, truth_full, req_rows = [], [], [], [], []
+        for n, (rid, p, i) in enumerate(zip(rids, pos.tolist(), rows)):
+            loc, swa_w = slot_map[self.g_full, n:n + 1], slot_map[self.g_swa, n:n + 1]
+            lo = max(0, p - self.window + 1)
+            full_row = slots_of(tables[0][i], self.bs, 0, p + 1)
+            self._map(np.concatenate([full_row[lo:p], loc]),
+                      np.concatenate([slots_of(tables[1][i], self.bs, lo, p), swa_w]))
+            held = self.driver.manager_blocks(rid)
+            truth_full.append(slots_of(held[self.g_full], self.bs, p, p + 1))
+            tags.append(self._tag_row(int(rid))[p:p + 1])
+            locs.append(loc)
+            swas.append(slots_of(held[self.g_swa], self.bs, p, p + 1))
+            req_rows.append(_Row(full_row))
+        n = len(rids)
+        self._requests = BatchRequests(rids=np.asarray([int(r) for r in rids], dtype=np.int64),
+                                       seq_lens=pos + 1, extend_lens=np.ones(n, dtype=np.int64),
+                                       slots=tuple(req_rows), tag_bases=np.zeros(n, dtype=np.int64))
+        self._dispatch = Dispatch("eager", n)
+        batch, truth = self._make_batch(k, "draft_decode", n, tags, locs, swas)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
 
     def _take_loads(self, step) -> list:

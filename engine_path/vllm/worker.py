@@ -95,6 +95,16 @@ class WorkerTables:
                                                   num_tokens_padded=num_tokens_padded or self.max_tokens)
         return slots.cpu().numpy().copy(), [t.cpu().numpy().astype(np.int64) for t in tables]
 
+    def draft_slots(self, req_ids: list, positions: np.ndarray) -> np.ndarray:
+        """An EAGLE draft step's slot mappings (``[groups, requests]`` int64): one token per request at ``positions``,
+        through the requests' persistent rows, as the speculator's decode steps call ``compute_slot_mappings``."""
+        dev, n = self.device, len(req_ids)
+        rows = torch.tensor([self.row_of[r] for r in req_ids], dtype=torch.int32, device=dev)
+        qsl = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        pos = torch.from_numpy(positions.astype(np.int64)).to(dev)
+        slots = self.tables.compute_slot_mappings(rows, qsl, pos, num_tokens_padded=n)
+        return slots[:, :n].cpu().numpy().astype(np.int64)
+
     def dummy_slot_mappings(self, num_tokens: int) -> np.ndarray:
         """A dummy forward's slot mappings (``get_dummy_slot_mappings``: the release fills its whole persistent
         buffer, as a capture or a DP rank's dummy run does), ``[groups, num_tokens]`` int64."""

@@ -205,6 +205,8 @@ class Run:
         parts = [(kind, torch.from_numpy(slots).to(self.device), torch.from_numpy(tags).to(self.device))
                  for kind, slots, tags in (("full", fs, ft), ("swa", ss, st)) if slots.size]
         for m in self.sides:
+            if tr.target_only and m is not self.target:
+                continue
             for pool in m.pools.values():
                 if id(pool) in seen:
                     continue

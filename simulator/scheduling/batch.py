@@ -92,6 +92,9 @@ class Transfer:
     #: an engine whose groups share memory (vLLM) writes a block's rows in every group's view, while only the
     #: group that holds it owns them. None: the owned rows
     written: Optional[tuple] = None
+    #: the rows land in the target's pools only (what the target's own forward left there, e.g. a verify's K/V of
+    #: drafts the target rejected), not in a draft model's
+    target_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

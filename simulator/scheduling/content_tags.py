@@ -18,7 +18,10 @@ from simulator.scheduling.batch import BatchRequests
 class ContentTags:
     """Interned content tags, a tag row per request id (``rows[rid][p]``: the tag of request rid's position p)."""
 
-    def __init__(self) -> None:
+    def __init__(self, room: int = 0) -> None:
+        #: positions past each request's content a row also has (tags of its own): where an engine writes ahead of
+        #: the tokens a request will have (EAGLE's drafts past its last one)
+        self.room = room
         self.rows: list[np.ndarray] = []
         self._intern: dict[int, int] = {}
         self._owner: list[tuple[int, int]] = [(-1, -1)]        # tag -> (first rid, position); tag 0 is no one's
@@ -41,6 +44,13 @@ class ContentTags:
             owners.append((rid, p))
         return out
 
+    def fresh(self, rid: int, positions: np.ndarray) -> np.ndarray:
+        """Tags of their own, one per position of request ``rid``, for content no workload token has (the K/V of a
+        draft token the target rejected): a read that expects the position's content and meets one is stale."""
+        first = len(self._owner)
+        self._owner.extend((rid, int(p)) for p in positions)
+        return np.arange(first, len(self._owner), dtype=np.int64)
+
     def row(self, index: int, specs) -> np.ndarray:
         """Workload request ``index``'s tag row, rows interned in workload order up to it: a content's tag is the
         same whoever writes it, and :meth:`owner_of` names the first request in that order that has it (a later
@@ -48,7 +58,7 @@ class ContentTags:
         rows = self.rows
         while len(rows) <= index:
             spec = specs[len(rows)]
-            rows.append(self.tags_of(len(rows), spec, max(spec.total_len, 1)))
+            rows.append(self.tags_of(len(rows), spec, max(spec.total_len, 1) + self.room))
         return rows[index]
 
     def owner_of(self, tag: int) -> Owner:
