@@ -510,3 +510,18 @@ def test_eagle_runs_clean_with_the_drafter_in_the_targets_group_and_a_rollback_b
     assert proc.returncode == 1 and set(_found(summary)) == {"stale_read"}
     layers = {json.loads(line)["layer"] >= 8 for line in (out / "findings.jsonl").read_text().splitlines()}
     assert layers == {True, False}         # the target's layers (0-7) and the drafter's (8)
+
+
+@pytest.mark.vllm
+def test_dp_with_piecewise_graphs_only_runs(warm_vllm, tmp_path):
+    """DP 2 with piecewise graphs and no FULL decode graph: the release's decode mode is PIECEWISE, whose
+    descriptors have no request count, so the other ranks' decodes are bounded by this rank's (a fuzz draw once
+    ended in a TypeError of slotscope's own graphs.py, reported as the release's)."""
+    text = (ROOT / "scenarios" / "vllm-dp-decode.toml").read_text()
+    sc = tmp_path / "dp-piecewise.toml"
+    sc.write_text(text.replace("[engine]\n", "[engine]\ncuda_graph = false\npiecewise_cuda_graph = true\n", 1))
+    proc = warm_vllm.cli("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(tmp_path / "out"), "--no-report",
+                         "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert {s["graph"] for s in steps} <= {"piecewise", "eager"} and any(s["graph"] == "piecewise" for s in steps)

@@ -86,7 +86,8 @@ class ReleaseGraphs:
             self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode, {1: self.max_reqs})
         self.manager._graphs_captured = True        # STAND_INS: the descriptors as captured
         descs = self.manager._capture_descs
-        self.decode_requests = sorted({d.num_reqs for d in descs.get(mode.decode_mode(), ())})
+        # (a PIECEWISE decode mode's descriptors have no request count: no FULL decode graph holds requests)
+        self.decode_requests = sorted({d.num_reqs for d in descs.get(mode.decode_mode(), ()) if d.num_reqs is not None})
         self.piecewise_tokens = sorted({d.num_tokens for d in descs.get(mode.mixed_mode(), ())
                                         if d.uniform_token_count is None})
         self.largest = max(self.decode_requests, default=0)
