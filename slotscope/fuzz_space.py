@@ -382,27 +382,39 @@ def fix_up(data: dict[str, Any], level: int) -> dict[str, Any]:
 
 #: per engine, the knobs of a draw it does not drive (each refused by its adapter, e.g. engine_path/vllm/scheduler.py's
 #: NOT_YET): :func:`for_engine` clears them, so a search spends its draws on what the engine runs
-NOT_DRIVEN = {"vllm": {"engine": ("speculative", "pd_decode", "war_barrier", "platform", "piecewise_shrink",
-                                  "attn_tp_size"),
+NOT_DRIVEN = {"vllm": {"engine": ("pd_decode", "war_barrier", "platform", "piecewise_shrink", "attn_tp_size"),
                        "pool": ("unified",)}}
 
 
 def for_engine(data: dict[str, Any], engine: str) -> dict[str, Any]:
     """A draw as ``engine`` runs it: the knobs it does not drive cleared (:data:`NOT_DRIVEN`). For vLLM also a model
     of equal full and sliding-window layer counts, alternating (slotscope drives one group of each: vLLM groups
-    a 3:1 or 5:1 pattern into several), the drawn window kept, and a pool of whole blocks."""
+    a 3:1 or 5:1 pattern into several), enough of them that EAGLE's drafter layers join them, the drawn window
+    kept, and a pool of whole blocks; EAGLE without async scheduling, an offload tier or SGLang's draft-pool
+    sizes."""
     drop = NOT_DRIVEN.get(engine)
     if drop is None:
         return data
     for table, keys in drop.items():
         for k in keys:
             data.get(table, {}).pop(k, None)
-    if engine == "vllm" and data.get("engine", {}).get("dp_size", 1) > 1:
-        data["engine"].pop("overlap", None)       # async scheduling is driven on one DP rank's own loop only
+    e = data.get("engine", {})
+    if engine == "vllm" and e.get("dp_size", 1) > 1:
+        e.pop("overlap", None)                    # async scheduling is driven on one DP rank's own loop only
+    spec = e.get("speculative")
+    if spec is not None:                          # EAGLE: synchronous steps, its drafter on the target's block pool
+        for k in ("overlap", "kv_offload", "kv_offload_load"):
+            e.pop(k, None)
+        spec.pop("draft_full_size", None)
+        spec.pop("draft_swa_ratio", None)
     m = data["model"]
     layers = m.get("layers") or ""
-    if layers.count("S") != layers.count("F") or not layers:
-        n = len(layers) or m.get("num_layers", 2)
+    # enough layers of each kind that the drafter's join the target's groups (vLLM splits a kind whose count
+    # reaches 1.5 times the other's)
+    drafter = spec.get("draft_layers", "F") if spec is not None else ""
+    pairs = 2 * max(drafter.count("F"), drafter.count("S")) + 1 if drafter else 1
+    if layers.count("S") != layers.count("F") or not layers or len(layers) < 2 * pairs:
+        n = max(len(layers) or m.get("num_layers", 2), 2 * pairs)
         data["model"] = {"layers": "SF" * max(1, n // 2), "window": window_of(m),
                          **({"kv_dtype": m["kv_dtype"]} if "kv_dtype" in m else {})}
     pool = data["pool"]

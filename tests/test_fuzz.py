@@ -198,20 +198,28 @@ def test_a_draw_for_vllm_clears_what_vllm_is_not_driven_for():
             "engine": {"dp_size": 2, "overlap": True, "speculative": {"num_draft_tokens": 2},
                        "piecewise_cuda_graph": True, "radix_cache": True}}
     got = for_engine(data, "vllm")
-    assert got["model"] == {"layers": "SFSF", "window": 8192} and got["pool"] == {"full_size": 112, "page_size": 16}
+    # EAGLE is driven (synchronously): enough layers of each kind that its drafter layer joins the target's group
+    assert got["model"] == {"layers": "SFSFSF", "window": 8192} and got["pool"] == {"full_size": 112, "page_size": 16}
     # vLLM's own DP agreement pads DP batches, its own graph manager picks piecewise graphs
-    assert got["engine"] == {"dp_size": 2, "piecewise_cuda_graph": True, "radix_cache": True}
+    assert got["engine"] == {"dp_size": 2, "speculative": {"num_draft_tokens": 2}, "piecewise_cuda_graph": True,
+                             "radix_cache": True}
+    two = for_engine({"model": {"layers": "SF", "window": 8}, "pool": {"full_size": 64, "page_size": 16},
+                      "engine": {"overlap": True, "kv_offload": True,
+                                 "speculative": {"draft_layers": "FF", "draft_full_size": 32, "draft_swa_ratio": 0.5}}},
+                     "vllm")
+    assert two["engine"] == {"speculative": {"draft_layers": "FF"}} and two["model"]["layers"] == "SF" * 5
     assert for_engine({"model": {"preset": "llama4"}, "engine": {"dp_size": 2}}, "sglang")["engine"] == {"dp_size": 2}
     # async scheduling (engine.overlap) is driven on one rank: kept there, cleared with DP above
     one = for_engine({"model": {"layers": "SF"}, "pool": {"full_size": 64, "page_size": 16},
                       "engine": {"overlap": True}}, "vllm")
     assert one["engine"] == {"overlap": True}
-    gen, refused, drawn = Generator(3), [], 0
+    gen, refused, drawn, spec = Generator(3), [], 0, 0
     for i in range(150):
         sc = draw_scenario(for_engine(fix_up(gen.fresh(3, i), 3), "vllm"), "sglang-0.5.23")
         if sc is not None:
             drawn += 1
+            spec += sc.engine.speculative.enabled
             kinds = sc.model.layer_kinds
             if unsupported(sc) or kinds.count("S") != kinds.count("F") or sc.pool.full_size % sc.pool.page_size:
                 refused.append(sc.name)
-    assert drawn > 100 and refused == []
+    assert drawn > 100 and spec > 10 and refused == []
