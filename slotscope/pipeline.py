@@ -43,7 +43,7 @@ from .partial import (REFUSALS, ProgressTracker, RunStopped, as_output_error, cu
 from .pools import make_draft_pool_factory, make_pool_factory
 from .resources import check_resources, pools_shared
 from .rundir import OutputError, RunDir, UsageError, check_out, write_atomic, write_json_atomic  # noqa: F401
-from .run_setup import RunOptions, Setup, setup
+from .run_setup import RunOptions, Setup, engine_of, overlap_timeline, setup
 
 
 @dataclass
@@ -132,7 +132,8 @@ def run_scenario(scenario_or_path: Scenario | str | Path, out_dir: Optional[str 
             check_out(out_dir)            # a bad --out before anything is loaded (touches nothing)
         su = setup(scenario_or_path, opts)
         shared = pools_shared(su.scenario, su.device, cuda_graphs=_uses_graph_executor(su),
-                              plugins=su.faults is not None or su.opts.forward_observer is not None)
+                              plugins=su.faults is not None or su.opts.forward_observer is not None,
+                              timeline=overlap_timeline(su.scenario, engine_of(su.scenario, su.opts)))
         check_resources(su.scenario, su.design, su.device, su.geometry, shared=shared)   # will it fit? (exit 2)
         rd = None if out_dir is None else RunDir.open(out_dir)            # checked and locked, not yet cleared
     except (KeyboardInterrupt, RunStopped) as exc:

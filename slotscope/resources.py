@@ -72,15 +72,18 @@ def _pools_what(model: Model, full_rows: int, swa_rows: int, geometry: str, pool
 
 
 def pools_shared(scenario: Scenario, device: torch.device | str, *, cuda_graphs: bool = False,
-                 plugins: bool = False) -> bool:
+                 plugins: bool = False, timeline: Optional[bool] = None) -> bool:
     """Whether the run's backends start on one shared pool per side (simulator/memory/pool.py's
     ``PoolClasses``): a whole-step executor takes its steps (the CPU's shared step; on CUDA the graph
     executor's step runner, ``cuda_graphs``) and no plug-in that acts per backend is installed: the unified
     pool's plan, the overlap timeline, ``plugins`` (--inject, a forward observer). This mirrors
     ``StepPipeline.settle_pools``; a run whose writes diverge copies the pool then (a copy that cannot fit
-    stops the run with ``PoolSplitError`` naming the step)."""
+    stops the run with ``PoolSplitError`` naming the step). ``timeline``: whether the run goes on SGLang's overlap
+    timeline (slotscope/run_setup.py's ``overlap_timeline``; None: whenever engine.overlap is on)."""
     gpu = torch.device(device).type == "cuda"
-    if plugins or scenario.pool.unified or scenario.engine.overlap:
+    if timeline is None:
+        timeline = bool(scenario.engine.overlap)
+    if plugins or scenario.pool.unified or timeline:
         return False
     return cuda_graphs if gpu else True
 

@@ -150,9 +150,21 @@ def check_design_file(scenario: Scenario, given: Optional[str], allowed: bool, *
                      f"give the design yourself (--design {scenario.design})")
 
 
+def overlap_timeline(scenario: Scenario, engine: str = "") -> bool:
+    """Whether the run goes on SGLang's overlap timeline (simulator/plugins/overlap.py): ``engine.overlap`` on a run
+    whose engine (its spec, "" for the model) does not drive its own (a vLLM run's engine.overlap is its async
+    scheduling, driven by the release's scheduler: the step source says so with ``owns_overlap``)."""
+    return bool(scenario.engine.overlap) and not engine.startswith("vllm")
+
+
+def engine_of(scenario: Scenario, opts) -> str:
+    """The run's engine spec ("" for the model): ``--engine``, else the scenario's ``engine_release``."""
+    return str(opts.engine or scenario.engine_release or "")
+
+
 def check_faults(scenario: Scenario, inject: Sequence[str], engine: str = ""):
     """--inject, read and checked before the run (a FaultInjector, or None): UsageError naming the flag. ``engine``:
-    the run's engine spec (a vLLM run's engine.overlap is its own async scheduling, not SGLang's timeline)."""
+    the run's engine spec (:func:`overlap_timeline`)."""
     if not inject:
         return None
     from simulator.plugins.faults import FaultInjector, parse_inject
@@ -161,7 +173,7 @@ def check_faults(scenario: Scenario, inject: Sequence[str], engine: str = ""):
         kinds = parse_inject(inject)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if scenario.engine.overlap and not engine.startswith("vllm"):
+    if overlap_timeline(scenario, engine):
         raise UsageError(f"--inject: not modelled on an overlap timeline ({scenario.source}: engine.overlap = true; "
                          f"its landings are the timeline driver's)")
     return FaultInjector(kinds, scenario.seed)
@@ -233,7 +245,7 @@ def setup(scenario_or_path: Scenario | str | Path, opts: RunOptions) -> Setup:
         scenario_or_path = load_scenario(scenario_or_path)
         check_design_file(scenario_or_path, opts.design, opts.allow_design_files)
     scenario = scenario_as_run(scenario_or_path, opts)
-    faults = check_faults(scenario, opts.inject, str(opts.engine or scenario.engine_release or ""))
+    faults = check_faults(scenario, opts.inject, engine_of(scenario, opts))
     runtime = None
     given = scenario
     if scenario.engine_release is not None:
