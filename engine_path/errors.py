@@ -1,6 +1,9 @@
 """The one error the engine adapter raises for anything a user can fix or must know about."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 
 class EngineError(RuntimeError):
     """An engine could not be used: a bad spec, an unknown version, an unreachable registry, a failed
@@ -43,20 +46,28 @@ def raised_in(package: str, what: str, fn, *args, **kwargs):
     except (EngineError, ReleaseBroke):
         raise
     except Exception as e:
+        where = _where(e, package)
+        if where is None:            # no frame of the release's: slotscope's own error, its traceback kept
+            raise
         text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        raise ReleaseBroke(f"{what} raised {text} {_where(e, package)}") from e
+        raise ReleaseBroke(f"{what} raised {text} {where}") from e
 
 
-def _where(exc: BaseException, package: str) -> str:
-    """ "(raised at PATH:LINE in FUNCTION)" of the innermost frame inside ``package`` (PATH from the package root)."""
+#: this repository's engine adapters (engine_path/vllm/ is slotscope's, not vLLM's)
+_OURS = str(Path(__file__).resolve().parent).replace("\\", "/") + "/"
+
+
+def _where(exc: BaseException, package: str) -> Optional[str]:
+    """ "(raised at PATH:LINE in FUNCTION)" of the innermost frame inside ``package`` (PATH from the package root),
+    or None where no frame is the release's (slotscope's own modules, engine_path/ included, are not)."""
     tb, at = exc.__traceback__, None
     while tb is not None:
         name = tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if f"/{package}/" in name or name.startswith("<patched "):
+        if (f"/{package}/" in name and not name.startswith(_OURS)) or name.startswith("<patched "):
             at = tb
         tb = tb.tb_next
     if at is None:
-        return "(raised outside its package)"
+        return None
     code = at.tb_frame.f_code
     name = code.co_filename.replace("\\", "/")
     path = name.rsplit(f"/{package}/", 1)[-1] if f"/{package}/" in name else name

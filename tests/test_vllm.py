@@ -525,3 +525,22 @@ def test_dp_with_piecewise_graphs_only_runs(warm_vllm, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
     assert {s["graph"] for s in steps} <= {"piecewise", "eager"} and any(s["graph"] == "piecewise" for s in steps)
+
+
+def test_only_the_releases_own_frames_make_an_exception_the_releases():
+    """engine_path.errors.raised_in: an exception with a frame in the release's package ends the run as ReleaseBroke
+    naming that frame; one raised in slotscope's own adapter (engine_path/vllm/, whose path also holds "/vllm/")
+    stays slotscope's, its traceback kept."""
+    from engine_path import errors
+
+    def compiled(path: str):
+        ns: dict = {}
+        exec(compile("def f(x):\n    return x['missing']\n", path, "exec"), ns)
+        return ns["f"]
+
+    release = compiled("/cache/engines/vllm-0.34.0/vllm/v1/core/thing.py")
+    with pytest.raises(errors.ReleaseBroke, match=r"raised KeyError: 'missing' \(raised at v1/core/thing.py:2 in f\)"):
+        errors.raised_in("vllm", "vLLM's thing", release, {})
+    ours = compiled(str(ROOT / "engine_path" / "vllm" / "graphs.py"))
+    with pytest.raises(KeyError):
+        errors.raised_in("vllm", "vLLM's thing", ours, {})
