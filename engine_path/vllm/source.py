@@ -146,7 +146,8 @@ class VllmStepSource(BatchMaking):
             # it issues land beside this forward (unordered with its reads), its sync loads before the next one
             self.driver.schedule_ahead()
             loads += self._take_loads(None)
-            tr = self._loaded(loads) if loads else self._rejected_drafts(step)
+            rejected = self._rejected_drafts(step)      # (EAGLE beside an offload tier is refused: never both)
+            tr = self._loaded(loads) if loads else rejected
             yield batch, (truth if tr is None else dataclasses.replace(truth, transferred=tr))
             k += 1
             if step.drafts is not None:           # EAGLE: the drafter's forwards, before the output is processed
@@ -251,13 +252,12 @@ class VllmStepSource(BatchMaking):
         yield batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
         last = step.sample_at() + step.kept() - 1                 # per request: its last position with valid KV
         limit = self.driver.vllm_config.model_config.max_model_len - 1
+        live = [i for i in range(len(step.req_ids)) if step.samples[i]]
+        if not live:
+            return
+        rids, views = [step.req_ids[i] for i in live], [tables[self.g_full], tables[self.g_swa]]
         for j in range(1, self.driver.vllm_config.num_speculative_tokens):
-            pos = np.minimum(last + j, limit)
-            live = [i for i in range(len(step.req_ids)) if step.samples[i]]
-            if not live:
-                return
-            yield self._draft_step(k + j, [step.req_ids[i] for i in live], pos[live], [tables[g] for g in
-                                   (self.g_full, self.g_swa)], live)
+            yield self._draft_step(k + j, rids, np.minimum(last + j, limit)[live], views, live)
 
     def _rejected_of(self, step) -> list:
         """A verify's rejected drafts: per request, the positions whose K/V it wrote for drafts the target
