@@ -54,11 +54,12 @@ STAND_INS = {
     "SpeculativeConfig": "engine.speculative: the release's own class for an EAGLE-3 drafter, its checkpoint-reading "
                          "__post_init__ left out (no draft model is loaded); the drafter's layers join the KV-cache "
                          "groups by the release's own get_global_kv_cache_groups",
-    "the drafter's forwards": "its prefill writes at the target forward's own slot mappings; its decode steps at "
-                              "the position after the last accepted token and on, clamped to max_model_len - 1 (as "
-                              "the speculator's input kernels set them), their slots the release's "
-                              "compute_slot_mappings; drafts are the workload's next tokens, the target accepting "
-                              "each with engine.speculative.accept_rate until the first it rejects; eager",
+    "the drafter's forwards": "its prefill writes at the target forward's own slot mappings; its decode steps, over "
+                              "every request of the batch, at the position after its last valid token and on, "
+                              "clamped to max_model_len - 1 (as the speculator's input kernels set them), their "
+                              "slots the release's compute_slot_mappings; drafts are the workload's next tokens, the "
+                              "target accepting each with engine.speculative.accept_rate until the first it "
+                              "rejects; eager",
     "vllm.triton_utils' driver check": "Triton reports an active driver while vLLM imports, so its kernels are real "
                                        "Triton, run by Triton's interpreter on a CPU (on CUDA the driver is real)",
 }

@@ -242,22 +242,22 @@ class VllmStepSource(BatchMaking):
     def _draft_forwards(self, k: int, step) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The drafter's forwards after a target forward (its layers are in the target's KV-cache groups, each
         writing its group's slots; eager): its prefill over every token the target's forward took (the target's own
-        slot mappings, a verify's rejected drafts included), then ``num_speculative_tokens - 1`` decode steps, step
-        ``j`` writing position ``last accepted + j`` of each request that sampled (clamped to ``max_model_len - 1``, as
-        the speculator clamps it), through its persistent block-table row (``compute_slot_mappings``, as its decode
-        steps call it). Past a request's last token the tags are its own (the content rows' room)."""
+        slot mappings, a verify's rejected drafts included), then ``num_speculative_tokens - 1`` decode steps over
+        every request of the batch (as the speculator runs them), step ``j`` writing position ``last valid + j``
+        (after a verify its last accepted token, after a prefill chunk its last token; clamped to
+        ``max_model_len - 1``, as the speculator's input kernels set them: ``_prepare_decode_inputs``, then
+        ``update_draft_inputs`` one on per step), through its persistent block-table row (``compute_slot_mappings``,
+        as its decode steps call it). Past a request's last token the tags are its own (the content rows' room)."""
         tags, locs, swas, truth_full, tables = self._written
         self._dispatch = Dispatch("eager", int(sum(x.shape[0] for x in locs)))
         batch, truth = self._make_batch(k, "draft_extend", len(step.req_ids), tags, locs, swas)
         yield batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
         last = step.sample_at() + step.kept() - 1                 # per request: its last position with valid KV
         limit = self.driver.vllm_config.model_config.max_model_len - 1
-        live = [i for i in range(len(step.req_ids)) if step.samples[i]]
-        if not live:
-            return
-        rids, views = [step.req_ids[i] for i in live], [tables[self.g_full], tables[self.g_swa]]
+        rows = list(range(len(step.req_ids)))      # every request of the batch, a prefill chunk's too (its drafts
+        views = [tables[self.g_full], tables[self.g_swa]]  # are dropped by the scheduler; its K/V lands in lookahead)
         for j in range(1, self.driver.vllm_config.num_speculative_tokens):
-            yield self._draft_step(k + j, rids, np.minimum(last + j, limit)[live], views, live)
+            yield self._draft_step(k + j, list(step.req_ids), np.minimum(last + j, limit), views, rows)
 
     def _rejected_of(self, step) -> list:
         """A verify's rejected drafts: per request, the positions whose K/V it wrote for drafts the target
