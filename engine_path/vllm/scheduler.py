@@ -182,12 +182,13 @@ class VllmScheduler(EngineCoreLoop):
         """engine.speculative: the release's own ``SpeculativeConfig`` of an EAGLE-3 drafter with ``num_steps``
         speculative tokens (its checkpoint-reading ``__post_init__`` left out: STAND_INS), and what ``VllmConfig``
         resolves from it (the lookahead block hashes, on by default: a block's hash covers the next token, which the
-        drafter's KV of its last position depends on)."""
+        drafter's KV of its last position depends on; ``engine.speculative.lookahead_block_hashes = false`` turns
+        them off, and a hit then drops its last block: EAGLE's block drop)."""
         spec_mod = _mod("vllm.config.speculative")
         spec = object.__new__(spec_mod.SpeculativeConfig)
         fields = dict(method="eagle3", custom_method=None, num_speculative_tokens=self.sc.engine.speculative.num_steps,
                       num_speculative_tokens_per_batch_size=None, disable_eagle_block_drop=False,
-                      disable_lookahead_block_hashes=False,
+                      disable_lookahead_block_hashes=not self.sc.engine.speculative.lookahead_block_hashes,
                       draft_model_config=SimpleNamespace(speculator_config_class=None, model="slotscope-eagle3",
                                                          hf_config=SimpleNamespace(eagle_config={})))
         for k, v in fields.items():

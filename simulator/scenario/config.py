@@ -204,6 +204,10 @@ class SpeculativeConfig:
     draft_layers: tuple[str, ...] = ("full",)
     draft_full_size: Optional[int] = None     # None: the target's pool.full_size
     draft_swa_ratio: Optional[float] = None   # None: the target's pool.swa_ratio
+    #: vLLM only (its speculative config's disable_lookahead_block_hashes, negated): a block's prefix-cache hash also
+    #: covers the next token, on which the drafter's K/V of its last position depends (0.34's default); off, a hit
+    #: drops its last block instead (EAGLE's block drop)
+    lookahead_block_hashes: bool = True
 
     @property
     def num_steps(self) -> int:
@@ -476,4 +480,5 @@ def _speculative_data(s: SpeculativeConfig, defaults: bool) -> dict[str, Any]:
         d["draft_full_size"] = s.draft_full_size
     if s.draft_swa_ratio is not None:
         d["draft_swa_ratio"] = s.draft_swa_ratio
+    _put(d, "lookahead_block_hashes", s.lookahead_block_hashes, base.lookahead_block_hashes, defaults)
     return d

@@ -230,9 +230,10 @@ def _speculative(t: TomlTable, pool: PoolConfig) -> SpeculativeConfig:
     if draft_full is not None and draft_full % page:
         raise t.fail("draft_full_size", f"must be a multiple of pool.page_size {page}, got {draft_full}")
     ratio = t.get("draft_swa_ratio", float, None, minimum=0.0, maximum=1.0)
+    lookahead = t.get("lookahead_block_hashes", bool, True)
     cfg = SpeculativeConfig(enabled=enabled, algorithm=algorithm, num_draft_tokens=num_draft_tokens,
                             accept_rate=accept_rate, draft_layers=draft_layers, draft_full_size=draft_full,
-                            draft_swa_ratio=ratio)
+                            draft_swa_ratio=ratio, lookahead_block_hashes=lookahead)
     if "swa" in draft_layers and cfg.draft_pool(pool).swa_size < page:
         key = "draft_swa_ratio" if ratio is not None else "draft_full_size"
         raise t.fail(key, f"leaves the draft an SWA pool of {cfg.draft_pool(pool).swa_size} slots, smaller than "
