@@ -35,7 +35,7 @@ from simulator.records import FINDING_CLASSES
 from simulator.scenario import ScenarioError
 
 from .corpus import ROLES, Case, Outcome, expect_table, slug
-from .forkserver import DEPS
+from .forkserver import DEPS, on_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ONLY = "model-only:"
@@ -183,7 +183,7 @@ def _server_spec(eng: EngineCase, spec: str, cmd: list[str], vllm_device: str) -
     child imports the release and applies the run's patches); a CUDA run never."""
     if eng.engine == "vllm":
         return spec if vllm_device == "cpu" else None
-    return DEPS + spec if _sglang_on_cpu(cmd) else None
+    return DEPS + spec if on_cpu(cmd) else None
 
 
 def _forks(eng: EngineCase, vllm_device: str) -> bool:
@@ -194,15 +194,6 @@ def _forks(eng: EngineCase, vllm_device: str) -> bool:
     import torch
 
     return on_cpu_here(eng) or not torch.cuda.is_available()
-
-
-def _sglang_on_cpu(cmd: list[str]) -> bool:
-    """Whether an SGLang run goes to the CPU (its --device cpu, or no CUDA here)."""
-    if "--device" in cmd:
-        return cmd[cmd.index("--device") + 1] == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
 
 
 def _warm(servers, spec: Optional[str]):

@@ -353,7 +353,7 @@ class Warm:
         """A patched run of an SGLang server's release: forked from its dependency server (from the servers that
         started this one) where it runs on the CPU, else (a CUDA run, a client without servers) a process of its
         own."""
-        if self.servers is not None and _on_cpu(argv):
+        if self.servers is not None and on_cpu(argv):
             return self.servers.get(DEPS + self.spec)._main(main, argv, env, cwd, timeout, route)
         args = [sys.executable, *(["-m", main[1]] if main[0] == "module" else [main[1]]), *argv]
         return subprocess.run(args, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
@@ -456,7 +456,7 @@ def _asks_cuda(argv) -> bool:
     return "--device=cuda" in argv or any(a == "--device" and b == "cuda" for a, b in zip(argv, argv[1:]))
 
 
-def _on_cpu(argv) -> bool:
+def on_cpu(argv) -> bool:
     """Whether a run of ``argv`` goes to the CPU: its --device cpu, or no --device and no CUDA here."""
     argv = list(argv)
     if "--device=cpu" in argv or any(a == "--device" and b == "cpu" for a, b in zip(argv, argv[1:])):
