@@ -50,6 +50,20 @@ from .worker import WorkerTables, slots_of
 
 
 @dataclass
+class _Parts:
+    """A forward's per-request parts as :meth:`VllmStepSource._request_part` gathers them (in batch order)."""
+
+    tags: list = dataclasses.field(default_factory=list)
+    locs: list = dataclasses.field(default_factory=list)
+    swas: list = dataclasses.field(default_factory=list)
+    truth_full: list = dataclasses.field(default_factory=list)
+    rows: list = dataclasses.field(default_factory=list)
+
+    def __iter__(self):
+        return iter((self.tags, self.locs, self.swas, self.truth_full, self.rows))
+
+
+@dataclass
 class _Row:
     """A request's full row as the forward reads it (``RequestSlots``'s ``full``)."""
 
@@ -195,34 +209,17 @@ class VllmStepSource(BatchMaking):
         d = self._dispatched(step.starts, step.counts, self._prompt_lens[[int(r) for r in step.req_ids]])
         slot_map, tables = raised_in("vllm", f"vLLM {self.release_version}'s worker (BlockTables)",
                                      self.worker.prepare, step.req_ids, step.starts, step.counts, d.tokens)
-        tags, locs, swas, truth_full, rows = [], [], [], [], []
+        parts = _Parts()
         seq, ext = [], []
         decoding = q = 0
         verified = step.drafts if step.drafts is not None else np.zeros(len(step.req_ids), dtype=np.int64)
         for i, (rid, c, n) in enumerate(zip(step.req_ids, step.starts.tolist(), step.counts.tolist())):
-            index = int(rid)
-            end = c + n
-            full_row = slots_of(tables[self.g_full][i], self.bs, 0, end)
-            lo = max(0, c - self.window + 1)
-            loc, swa_w = slot_map[self.g_full, q:q + n], slot_map[self.g_swa, q:q + n]
+            self._request_part(parts, rid, tables, i, c, c + n, slot_map[:, q:q + n])
             q += n
-            # the SWA group's slots, read (its table) and written (its slot mapping) through the translation table
-            self._map(np.concatenate([full_row[lo:c], loc]),
-                      np.concatenate([slots_of(tables[self.g_swa][i], self.bs, lo, c), swa_w]))
-            locs.append(loc)
-            held = self.driver.manager_blocks(rid)
-            truth_full.append(slots_of(held[self.g_full], self.bs, c, end))
-            swas.append(slots_of(held[self.g_swa], self.bs, c, end))
-            tags.append(self._tag_row(index)[c:end])
-            rows.append(_Row(full_row))
-            seq.append(end)
+            seq.append(c + n)
             ext.append(n)
-            decoding += n == 1 + int(verified[i]) and c >= self.specs[index].prompt_len
-        for f, s in zip(truth_full, swas):
-            self._block_group[f // self.bs] = self.g_full
-            self._block_group[s // self.bs] = self.g_swa
-            self._held_full[f] = True
-            self._full_of_swa[s] = f
+            decoding += n == 1 + int(verified[i]) and c >= self.specs[int(rid)].prompt_len
+        tags, locs, swas, truth_full, rows = parts
         nreq = len(step.req_ids)
         # a FULL decode graph runs a uniform decode, a prefill's last token over computed context included
         mode = ("decode" if decoding == nreq or d.graph == "decode_graph"
@@ -236,6 +233,29 @@ class VllmStepSource(BatchMaking):
         batch = self._padded_by_release(batch, slot_map, q)
         self._written = (tags, locs, swas, truth_full, tables)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    def _request_part(self, parts: "_Parts", rid: str, tables: list, i: int, c: int, end: int,
+                      written: np.ndarray) -> None:
+        """One request's part of a forward that writes its positions ``[c, end)`` at ``written`` (the release's slot
+        mapping of those tokens, per group): the SWA group's slots, read (its table row ``i``) and written, set in
+        the translation table; the blocks the release's manager holds there, the oracle's truth (and held by it);
+        the tags; its full row as the forward reads it."""
+        full_row = slots_of(tables[self.g_full][i], self.bs, 0, end)
+        lo = max(0, c - self.window + 1)
+        loc = written[self.g_full]
+        self._map(np.concatenate([full_row[lo:c], loc]),
+                  np.concatenate([slots_of(tables[self.g_swa][i], self.bs, lo, c), written[self.g_swa]]))
+        held = self.driver.manager_blocks(rid)
+        f, s = slots_of(held[self.g_full], self.bs, c, end), slots_of(held[self.g_swa], self.bs, c, end)
+        self._block_group[f // self.bs] = self.g_full
+        self._block_group[s // self.bs] = self.g_swa
+        self._held_full[f] = True
+        self._full_of_swa[s] = f
+        parts.tags.append(self._tag_row(int(rid))[c:end])
+        parts.locs.append(loc)
+        parts.swas.append(s)
+        parts.truth_full.append(f)
+        parts.rows.append(_Row(full_row))
 
     # ------------------------------------------------------------------ EAGLE's drafter
 
@@ -254,10 +274,10 @@ class VllmStepSource(BatchMaking):
         yield batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
         last = step.sample_at() + step.kept() - 1                 # per request: its last position with valid KV
         limit = self.driver.vllm_config.model_config.max_model_len - 1
-        rows = list(range(len(step.req_ids)))      # every request of the batch, a prefill chunk's too (its drafts
-        views = [tables[self.g_full], tables[self.g_swa]]  # are dropped by the scheduler; its K/V lands in lookahead)
+        # every request of the batch, a prefill chunk's too (its drafts are dropped by the scheduler; its K/V lands
+        # in its lookahead blocks)
         for j in range(1, self.driver.vllm_config.num_speculative_tokens):
-            yield self._draft_step(k + j, list(step.req_ids), np.minimum(last + j, limit), views, rows)
+            yield self._draft_step(k + j, list(step.req_ids), np.minimum(last + j, limit), tables)
 
     def _rejected_of(self, step) -> list:
         """A verify's rejected drafts: per request, the positions whose K/V it wrote for drafts the target
@@ -280,34 +300,32 @@ class VllmStepSource(BatchMaking):
             held = self.driver.manager_blocks(rid)
             tags = self.content.fresh(int(rid), pos)
             for g, slots_out, tags_out in ((self.g_full, full, ftags), (self.g_swa, swa, stags)):
-                idx = pos // self.bs
-                ok = idx < held[g].shape[0]
-                b = held[g][idx[ok]]
-                real = b > 0
-                slots_out.append(b[real] * self.bs + pos[ok][real] % self.bs)
-                tags_out.append(tags[ok][real])
+                slots, real = self._slots_in(held[g], pos)
+                slots_out.append(slots)
+                tags_out.append(tags[real])
         if not full:
             return None
         return Transfer(*(np.concatenate(x) for x in (full, ftags, swa, stags)), target_only=True)
 
-    def _draft_step(self, k: int, rids: list, pos: np.ndarray, tables: list, rows: list):
-        """One draft decode step: one token per request at ``pos``, its slots the release's; it reads its prefix
-        through the forward's gathered tables."""
+    def _slots_in(self, blocks: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slots of positions ``pos`` in a group's blocks (a request's, in order), and which positions have
+        one: a block the group holds there, not the null block."""
+        idx = pos // self.bs
+        b = np.zeros(pos.shape[0], dtype=np.int64)
+        inside = idx < blocks.shape[0]
+        b[inside] = blocks[idx[inside]]
+        real = b > 0
+        return b[real] * self.bs + pos[real] % self.bs, real
+
+    def _draft_step(self, k: int, rids: list, pos: np.ndarray, tables: list):
+        """One draft decode step: one token per request (the forward's batch, in order) at ``pos``, its slots the
+        release's; it reads its prefix through the forward's gathered tables."""
         slot_map = raised_in("vllm", f"vLLM {self.release_version}'s worker (compute_slot_mappings, draft step)",
                              self.worker.draft_slots, rids, pos)
-        tags, locs, swas, truth_full, req_rows = [], [], [], [], []
-        for n, (rid, p, i) in enumerate(zip(rids, pos.tolist(), rows)):
-            loc, swa_w = slot_map[self.g_full, n:n + 1], slot_map[self.g_swa, n:n + 1]
-            lo = max(0, p - self.window + 1)
-            full_row = slots_of(tables[0][i], self.bs, 0, p + 1)
-            self._map(np.concatenate([full_row[lo:p], loc]),
-                      np.concatenate([slots_of(tables[1][i], self.bs, lo, p), swa_w]))
-            held = self.driver.manager_blocks(rid)
-            truth_full.append(slots_of(held[self.g_full], self.bs, p, p + 1))
-            tags.append(self._tag_row(int(rid))[p:p + 1])
-            locs.append(loc)
-            swas.append(slots_of(held[self.g_swa], self.bs, p, p + 1))
-            req_rows.append(_Row(full_row))
+        parts = _Parts()
+        for i, (rid, p) in enumerate(zip(rids, pos.tolist())):
+            self._request_part(parts, rid, tables, i, p, p + 1, slot_map[:, i:i + 1])
+        tags, locs, swas, truth_full, req_rows = parts
         n = len(rids)
         self._requests = BatchRequests(rids=np.asarray([int(r) for r in rids], dtype=np.int64),
                                        seq_lens=pos + 1, extend_lens=np.ones(n, dtype=np.int64),
@@ -341,9 +359,8 @@ class VllmStepSource(BatchMaking):
             row_tags = self._tag_row(int(load.req_id))[pos]
             full_slots = load.blocks[self.g_full][pos // self.bs] * self.bs + pos % self.bs
             for g, blocks in enumerate(load.blocks):
-                b = blocks[pos // self.bs]
-                real = b > 0
-                slots, tags = b[real] * self.bs + pos[real] % self.bs, row_tags[real]
+                slots, real = self._slots_in(blocks, pos)
+                tags = row_tags[real]
                 own[g][0].append(slots)
                 own[g][1].append(tags)
                 for view in (self.g_full, self.g_swa):      # the block's rows in every group's view
