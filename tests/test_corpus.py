@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import markupsafe
 import pytest
@@ -216,7 +217,9 @@ def test_sglang_cases_fork_their_cpu_runs_from_the_releases_dependency_server(mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
     assert [w for _, w in launched] == [("warm", "deps:sglang==0.5.23")] * 2
-    assert "--engine-patch" in launched[0][0] and "--engine-patch" not in launched[1][0]
+    # (the two runs go two at a time: in either order) the buggy run's patch, none on the fixed run
+    patched = {Path(argv[1]).stem: "--engine-patch" in argv for argv, _ in launched}
+    assert patched == {"B2-buggy": True, "B2-fixed": False}
     launched.clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # B2 runs on the device there
     corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
