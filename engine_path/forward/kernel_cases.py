@@ -180,9 +180,55 @@ def _trtllm_page_table_cases(g: torch.Generator):
                 yield f"page={page} swa={swa} short_grid={short_grid}", args, grid
 
 
+def _draft_common(g: torch.Generator, page: int, eps: int, translate: bool, bs: int, topk: int, steps: int):
+    """A draft launch's inputs: token-table rows (or page entries, ``eps`` > 1), lengths (a zero one), positions as
+    the branches' lengths, and a page table for ``translate``."""
+    rows, width, pool = 6, 64, 96
+    seq = torch.randint(0, 40, (bs,), generator=g, dtype=I64)
+    seq[1 % bs] = 0
+    table = torch.randint(-1 if translate else 0, pool // eps, (rows, width), generator=g, dtype=I32)
+    v2p = torch.randint(-1, pool // page + 1, (pool // page + 2,), generator=g, dtype=I64) if translate else None
+    branches = seq.repeat_interleave(topk)
+    npow = lambda n: 1 << max(0, (n - 1).bit_length())      # noqa: E731 (next_power_of_2)
+    return dict(req_pool_indices=torch.randint(0, rows, (bs,), generator=g, dtype=I64), req_to_token=table,
+                paged_kernel_lens=seq, positions=branches, row_stride=width, bs_upper=npow(bs),
+                iter_upper=npow(steps), num_tokens_upper=npow(bs * topk), page_size=page, ENTRY_PAGE_SIZE=eps,
+                v2p=v2p, TRANSLATE=translate)
+
+
+def _draft_kv_indices_cases(g: torch.Generator):
+    for page, eps, translate in ((1, 1, False), (4, 1, False), (4, 4, False), (4, 1, True)):
+        for topk in (1, 2):
+            for window, sink, split in ((0, 0, 0), (8, 2, 2)):        # (a window with sinks, a token-block split)
+                bs, steps = 4, 3
+                args = _draft_common(g, page, eps, translate, bs, topk, steps)
+                width = bs * topk * (64 + steps) + 8
+                args.update(kv_indices=torch.full((steps, width), -9, dtype=I64),
+                            kv_indptr=torch.full((steps, bs * topk + 1), -8, dtype=I32),
+                            kv_indices_stride=width, kv_indptr_stride=bs * topk + 1, window_size=window,
+                            sink_size=sink, NUM_STEPS=steps if split else 0)
+                grid = (steps * max(split, 1), bs, topk)
+                yield (f"page={page} eps={eps} translate={translate} topk={topk} window={window} "
+                       f"split={split}"), args, grid
+
+
+def _draft_window_kv_indices_cases(g: torch.Generator):
+    for page, eps, translate in ((1, 1, False), (4, 1, False), (4, 4, False), (4, 1, True)):
+        for topk, window in ((1, 5), (2, 24)):
+            bs, steps = 4, 3
+            args = _draft_common(g, page, eps, translate, bs, topk, steps)
+            width = bs * topk * window + 8
+            args.update(window_kv_indices=torch.full((steps, width), -9, dtype=I64),
+                        window_kv_indptr=torch.full((steps, bs * topk + 1), -8, dtype=I32),
+                        kv_indices_stride=width, kv_indptr_stride=bs * topk + 1, window=window)
+            yield f"page={page} eps={eps} translate={translate} topk={topk} window={window}", args, (steps, bs, topk)
+
+
 CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
          "_fused_decode_metadata_kernel": _decode_metadata_cases,
          "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases,
          "scatter_req_to_token_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=False),
          "scatter_ragged_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=True),
-         "create_trtllm_mha_kv_indices_triton": _trtllm_page_table_cases}
+         "create_trtllm_mha_kv_indices_triton": _trtllm_page_table_cases,
+         "generate_draft_decode_kv_indices": _draft_kv_indices_cases,
+         "generate_draft_decode_window_kv_indices": _draft_window_kv_indices_cases}

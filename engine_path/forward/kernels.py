@@ -10,7 +10,8 @@ A :class:`KernelModel` is what one kernel stores, as vectorised torch ops over t
 kernel is handed (``grid``, the bound arguments): :func:`kv_indices` (``create_flashinfer_kv_indices_triton``, a
 CSR gather of token-table rows) and :func:`decode_metadata` (``_fused_decode_metadata_kernel``, the lengths,
 their prefix sum and the full and SWA page tables of a decode batch), trtllm_mha's graph metadata, and the
-page-table scatters of aiter and trtllm_mha (:func:`_page_scatter`). :class:`StandIn` takes a kernel's
+page-table scatters of aiter and trtllm_mha (:func:`_page_scatter`), and the EAGLE draft's decode-step KV indices
+(engine_path/forward/draft_kernels.py). :class:`StandIn` takes a kernel's
 launches on CPU tensors; it hands a launch back to the kernel itself when an argument is on another device, the
 grid is not a tuple, or an access the kernel would make falls outside its tensor (the kernel's behaviour there
 is the memory's, not a value to model).
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at
+from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices
 
 I64 = torch.int64
 I32 = torch.int32
@@ -289,6 +291,10 @@ TRTLLM_GRAPH_METADATA_0_5_23 = "909dad236e6e3e49e611c3500d2f15fd144d4951da3af401
 AITER_REQ_PAGE_TABLE_0_5_23 = "d46574154c1f8fe6cfaac227b564aa55186dfd938f6eabea903c2170271d49e2"
 AITER_RAGGED_PAGE_TABLE_0_5_23 = "4b56cef723421b3385c63ab44102250aca23522d5680563d0cdf1f5c20645ffc"
 TRTLLM_PAGE_TABLE_0_5_23 = "01e4f22cca6037275028cf35c4ef27076ec7f6bf8d6ee2e48be65214d7dd695b"
+DRAFT_KV_INDICES_0_5_23 = "9bda5740b7b20edaa61223847d43b1280c2807c5a7e9f86d4f18a0aa74136e73"
+DRAFT_WINDOW_KV_INDICES_0_5_23 = "390834b595e8cfee428945c8b1251f7c875b2ad96084fa9cd56198af7a989979"
+DRAFT_MODULE = "sglang.kernels.ops.speculative.cache_locs"
+DRAFT_HELPERS = ("_load_token_ids", "_translate_token_ids")
 
 MODELS = (
     KernelModel("sglang.kernels.ops.attention.kv_indices", "create_flashinfer_kv_indices_triton", (),
@@ -307,6 +313,12 @@ MODELS = (
                 "aiter's unified page tables from ragged token ids"),
     KernelModel(TRTLLM_PAGE_TABLE_MODULE, "create_trtllm_mha_kv_indices_triton", (),
                 frozenset({TRTLLM_PAGE_TABLE_0_5_23}), trtllm_page_table, "trtllm_mha's eager page tables"),
+    KernelModel(DRAFT_MODULE, "generate_draft_decode_kv_indices", DRAFT_HELPERS,
+                frozenset({DRAFT_KV_INDICES_0_5_23}), draft_decode_kv_indices,
+                "the draft decode steps' KV indices and indptr"),
+    KernelModel(DRAFT_MODULE, "generate_draft_decode_window_kv_indices", DRAFT_HELPERS,
+                frozenset({DRAFT_WINDOW_KV_INDICES_0_5_23}), draft_decode_window_kv_indices,
+                "the draft decode steps' sliding-window KV indices (triton's window rail)"),
 )
 #: what engine_pieces says of the stand-ins
 WHY = ("vectorised torch over the same pointers and strides on CPU tensors (interpreted, a kernel costs "
