@@ -235,18 +235,20 @@ def test_the_kernel_stand_ins_equal_the_interpreted_kernels_of_the_source_they_w
     page-table scatters: 16 from the token table, with draft tokens, and 8 from ragged ids, SWA tables, grids
     shorter than the rows; trtllm_mha's eager page tables: 8, two 4096-token blocks, clamped SWA reads; the draft
     decode steps' KV indices: 16, page-granular entries, page tables, two branches, a draft window with sinks, a
-    token-block split; their sliding-window rail: 8), and the release's sources are the ones the models stand in
-    for (a differing source is interpreted)."""
+    token-block split; their sliding-window rail: 8; flashattention's in-graph draft-extend metadata: 12, with SWA
+    write locations, two column blocks, column-major tables), and the release's sources are the ones the models
+    stand in for (a differing source is interpreted)."""
     from engine_path import isolate
     from engine_path.forward import kernels
 
     got = isolate.call(SPEC, "engine_path.forward.kernels:self_check")
-    assert got["cases"] == 208 and got["differ"] == [] and got["stored"] > 0
+    assert got["cases"] == 220 and got["differ"] == [] and got["stored"] > 0
     assert {m.name: got["fingerprints"][m.name] in m.checked for m in kernels.MODELS} == {
         "create_flashinfer_kv_indices_triton": True, "_fused_decode_metadata_kernel": True,
         "update_trtllm_mha_graph_metadata_kernel": True, "scatter_req_to_token_to_page_table_kernel": True,
         "scatter_ragged_to_page_table_kernel": True, "create_trtllm_mha_kv_indices_triton": True,
-        "generate_draft_decode_kv_indices": True, "generate_draft_decode_window_kv_indices": True}
+        "generate_draft_decode_kv_indices": True, "generate_draft_decode_window_kv_indices": True,
+        "_draft_extend_metadata_kernel": True}
 
 
 def test_a_kernel_launch_out_of_its_tensors_goes_to_the_kernel_and_a_changed_source_is_not_stood_in():

@@ -1,5 +1,6 @@
-"""Models of the release's draft-decode read-table kernels (sglang/kernels/ops/speculative/cache_locs.py), for the
-stand-ins of engine_path/forward/kernels.py.
+"""Models of the release's EAGLE metadata kernels, for the stand-ins of engine_path/forward/kernels.py: the draft
+decode steps' read tables (sglang/kernels/ops/speculative/cache_locs.py) and flashattention's in-graph draft-extend
+metadata (sglang/kernels/ops/attention/metadata.py, :func:`draft_extend_metadata`).
 
 An EAGLE round's draft-decode metadata (flashinfer, triton, aiter; eager and graph) builds, for every draft step, each
 branch's KV indices: the committed prefix (for a draft window, its sink then its most recent tokens) and the draft
@@ -194,3 +195,58 @@ def draft_decode_window_kv_indices(store: Stores, grid: tuple, *, req_pool_indic
 
     zz = _indptr_slot(b, t, nb, topk)
     store(window_kv_indptr, it * int(kv_indptr_stride) + zz, base_at(zz))
+
+
+def draft_extend_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, extend_seq_lens,
+                          extend_seq_lens_stride_0, req_to_token, req_to_token_stride_0, req_to_token_stride_1,
+                          req_pool_indices, req_pool_indices_stride_0, cache_seqlens_int32,
+                          cache_seqlens_int32_stride_0, cu_seqlens_k, cu_seqlens_k_stride_0, cu_seqlens_q,
+                          cu_seqlens_q_stride_0, page_table, page_table_stride_0, page_table_stride_1,
+                          full_to_swa_index_mapping, swa_page_table, out_cache_loc, swa_out_cache_loc, B,
+                          max_seq_pages, tokens_per_req, PAGE_SIZE_ONE, SHIFT, BLOCK_COLS, HAS_SWA,
+                          OUT_BLOCK) -> None:
+    """``_draft_extend_metadata_kernel`` (flashattention's in-graph DRAFT_EXTEND_V2 metadata): the first ``B``
+    lengths as int32 and the exclusive prefix sums of them and of the extend lengths (totals last); per row its
+    extend tokens' SWA write locations (``full_to_swa[out_cache_loc]``) and its live pages (at most
+    ``max_seq_pages``, those of the grid's column blocks) of the token table, full and through the SWA mapping."""
+    if len(grid) != 2:
+        raise OutOfBounds
+    rows_n, col_blocks = int(grid[0]), int(grid[1])
+    if rows_n <= 0 or col_blocks <= 0:
+        return
+    n = int(B)
+    if n > 0:                                   # program (0, 0)
+        idx = torch.arange(n)
+        seq = load_at(seq_lens, idx * int(seq_lens_stride_0)).to(torch.int32)
+        ext = load_at(extend_seq_lens, idx * int(extend_seq_lens_stride_0)).to(torch.int32)
+        store(cache_seqlens_int32, idx * int(cache_seqlens_int32_stride_0), seq)
+        for out, lens, stride in ((cu_seqlens_k, seq, cu_seqlens_k_stride_0), (cu_seqlens_q, ext, cu_seqlens_q_stride_0)):
+            csum = torch.zeros(n + 1, dtype=torch.int32)
+            torch.cumsum(lens, 0, out=csum[1:])
+            store(out, torch.arange(n + 1) * int(stride), csum)
+    else:
+        store(cu_seqlens_k, torch.zeros(1, dtype=I64), torch.zeros(1, dtype=torch.int32))
+        store(cu_seqlens_q, torch.zeros(1, dtype=I64), torch.zeros(1, dtype=torch.int32))
+    rows = torch.arange(rows_n)
+    if HAS_SWA:
+        tpr = min(int(tokens_per_req), int(OUT_BLOCK))
+        if tpr > 0:
+            offs = (rows[:, None] * int(tokens_per_req) + torch.arange(tpr)[None, :]).reshape(-1)
+            full = load_at(out_cache_loc, offs).to(I64)
+            store(swa_out_cache_loc, offs, load_at(full_to_swa_index_mapping, full))
+    if int(max_seq_pages) == 0:
+        return
+    seq = load_at(seq_lens, rows * int(seq_lens_stride_0)).to(torch.int32).to(I64)
+    pages = seq if PAGE_SIZE_ONE else torch.bitwise_right_shift(seq + (1 << int(SHIFT)) - 1, int(SHIFT))
+    pages = pages.clamp(max=int(max_seq_pages)).clamp(min=0).clamp(max=col_blocks * int(BLOCK_COLS))
+    if not int(pages.sum()):
+        return
+    r, col = _runs(pages)
+    row_base = load_at(req_pool_indices, rows * int(req_pool_indices_stride_0)).to(I64)[r] * int(req_to_token_stride_0)
+    tok = col if PAGE_SIZE_ONE else torch.bitwise_left_shift(col, int(SHIFT))
+    page_index = load_at(req_to_token, row_base + tok * int(req_to_token_stride_1)).to(I64)
+    at = r * int(page_table_stride_0) + col * int(page_table_stride_1)
+    store(page_table, at, page_index if PAGE_SIZE_ONE else torch.bitwise_right_shift(page_index, int(SHIFT)))
+    if HAS_SWA:
+        swa = load_at(full_to_swa_index_mapping, page_index).to(I64)
+        store(swa_page_table, at, (swa if PAGE_SIZE_ONE else torch.bitwise_right_shift(swa, int(SHIFT))).to(torch.int32))

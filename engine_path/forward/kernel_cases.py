@@ -224,6 +224,44 @@ def _draft_window_kv_indices_cases(g: torch.Generator):
             yield f"page={page} eps={eps} translate={translate} topk={topk} window={window}", args, (steps, bs, topk)
 
 
+def _draft_extend_metadata_cases(g: torch.Generator):
+    """Page sizes 1 and 4, with and without the SWA mapping, a zero length, grids of one and two column blocks (a
+    table wider than one block) and column-major tables."""
+    rows, width, pool = 6, 48, 64
+    for page in (1, 4):
+        for swa in (False, True):
+            for block_cols, column_major in ((256, False), (4, False), (4, True)):
+                bs, tpr = 5, 3
+                max_pages = width // page - 2
+                seq = torch.randint(0, width - 1, (bs,), generator=g, dtype=I64)
+                seq[2] = 0
+                pt = torch.full((bs, max_pages), -5, dtype=I32)
+                spt = torch.full((bs, max_pages), -6, dtype=I32) if swa else None
+                if column_major:
+                    pt = pt.t().contiguous().t()
+                    spt = spt.t().contiguous().t() if swa else None
+                args = dict(
+                    seq_lens=seq, seq_lens_stride_0=1,
+                    extend_seq_lens=torch.randint(0, 4, (bs,), generator=g, dtype=I32), extend_seq_lens_stride_0=1,
+                    req_to_token=torch.randint(0, pool, (rows, width), generator=g, dtype=I32),
+                    req_to_token_stride_0=width, req_to_token_stride_1=1,
+                    req_pool_indices=torch.randint(0, rows, (bs,), generator=g, dtype=I64),
+                    req_pool_indices_stride_0=1, cache_seqlens_int32=torch.full((bs,), -3, dtype=I32),
+                    cache_seqlens_int32_stride_0=1, cu_seqlens_k=torch.full((bs + 1,), -4, dtype=I32),
+                    cu_seqlens_k_stride_0=1, cu_seqlens_q=torch.full((bs + 1,), -2, dtype=I32),
+                    cu_seqlens_q_stride_0=1, page_table=pt, page_table_stride_0=pt.stride(0),
+                    page_table_stride_1=pt.stride(1),
+                    full_to_swa_index_mapping=(torch.randint(0, pool // 2, (pool + 1,), generator=g, dtype=I64)
+                                               if swa else None),
+                    swa_page_table=spt, out_cache_loc=torch.randint(0, pool, (bs * tpr,), generator=g, dtype=I64)
+                    if swa else None, swa_out_cache_loc=torch.full((bs * tpr,), -7, dtype=I64) if swa else None,
+                    B=bs, max_seq_pages=max_pages, tokens_per_req=tpr if swa else 0, PAGE_SIZE_ONE=page == 1,
+                    SHIFT=page.bit_length() - 1 if page > 1 else 0, BLOCK_COLS=block_cols, HAS_SWA=swa,
+                    OUT_BLOCK=4 if swa else 1)
+                grid = (bs, max(1, -(-max_pages // block_cols)))
+                yield f"page={page} swa={swa} block_cols={block_cols} column_major={column_major}", args, grid
+
+
 CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
          "_fused_decode_metadata_kernel": _decode_metadata_cases,
          "update_trtllm_mha_graph_metadata_kernel": _trtllm_graph_metadata_cases,
@@ -231,4 +269,5 @@ CASES = {"create_flashinfer_kv_indices_triton": _kv_indices_cases,
          "scatter_ragged_to_page_table_kernel": lambda g: _page_scatter_cases(g, ragged=True),
          "create_trtllm_mha_kv_indices_triton": _trtllm_page_table_cases,
          "generate_draft_decode_kv_indices": _draft_kv_indices_cases,
-         "generate_draft_decode_window_kv_indices": _draft_window_kv_indices_cases}
+         "generate_draft_decode_window_kv_indices": _draft_window_kv_indices_cases,
+         "_draft_extend_metadata_kernel": _draft_extend_metadata_cases}

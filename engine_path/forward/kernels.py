@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at
-from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices
+from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices, draft_extend_metadata
 
 I64 = torch.int64
 I32 = torch.int32
@@ -293,6 +293,7 @@ AITER_RAGGED_PAGE_TABLE_0_5_23 = "4b56cef723421b3385c63ab44102250aca23522d568056
 TRTLLM_PAGE_TABLE_0_5_23 = "01e4f22cca6037275028cf35c4ef27076ec7f6bf8d6ee2e48be65214d7dd695b"
 DRAFT_KV_INDICES_0_5_23 = "9bda5740b7b20edaa61223847d43b1280c2807c5a7e9f86d4f18a0aa74136e73"
 DRAFT_WINDOW_KV_INDICES_0_5_23 = "390834b595e8cfee428945c8b1251f7c875b2ad96084fa9cd56198af7a989979"
+DRAFT_EXTEND_METADATA_0_5_23 = "84b5f2da24728fae08d45553c9c0335e819d1584d3b1ba3cec008389ea436848"
 DRAFT_MODULE = "sglang.kernels.ops.speculative.cache_locs"
 DRAFT_HELPERS = ("_load_token_ids", "_translate_token_ids")
 
@@ -319,6 +320,9 @@ MODELS = (
     KernelModel(DRAFT_MODULE, "generate_draft_decode_window_kv_indices", DRAFT_HELPERS,
                 frozenset({DRAFT_WINDOW_KV_INDICES_0_5_23}), draft_decode_window_kv_indices,
                 "the draft decode steps' sliding-window KV indices (triton's window rail)"),
+    KernelModel("sglang.kernels.ops.attention.metadata", "_draft_extend_metadata_kernel", (),
+                frozenset({DRAFT_EXTEND_METADATA_0_5_23}), draft_extend_metadata,
+                "flashattention's in-graph draft-extend metadata: lengths, page tables, SWA write locations"),
 )
 #: what engine_pieces says of the stand-ins
 WHY = ("vectorised torch over the same pointers and strides on CPU tensors (interpreted, a kernel costs "
