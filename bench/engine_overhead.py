@@ -4,8 +4,8 @@ Why: `slotscope run --engine sglang==X` swaps the modelled allocator, translatio
 for the release's own (engine_path/); the target (issue 26 point 7) is at most 10x the model run's time on a
 CPU and 3x on CUDA (``--device``), and the release's import at most 10 s warm: ``import_warm_s`` is a second
 import in a fresh process, after the first has left its byte code (the first, ``import_s``, is excluded from
-the ratios). Then, per scenario (``--scenarios``, default all three), model and engine runs
-alternate in this one process (same CPU state for both), best of ``--repeat``, each the whole
+the ratios). Then, per scenario (``--scenarios``, default B1, B2 and scale; B4 on request), model and engine
+runs alternate in this one process (same CPU state for both), best of ``--repeat``, each the whole
 in-memory ``run_scenario`` (no trace, no report) on the device. Two model runs per scenario: the scenario's
 own design (what ``slotscope run SCENARIO`` runs; B1's and B2's are buggy, so they also find and record
 their bugs) and the model of the engine's release (``sglang-<version>``: the same allocator behaviour and
@@ -28,7 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SCENARIOS = {"B1": "scenarios/b1-pcg-dp-padding.toml", "B2": "scenarios/b2-decode-stale-tail.toml",
-             "scale": "scenarios/scale.toml"}
+             "scale": "scenarios/scale.toml", "B4": "scenarios/b4-draft-extend-window.toml"}
+#: the issue's three (B4, EAGLE rounds through the release's draft metadata and draft-extend graphs, on request)
+DEFAULT = ("B1", "B2", "scale")
 #: engine / model run time at most, by device; the release's warm import at most IMPORT_TARGET_S
 TARGETS = {"cpu": 10.0, "cuda": 3.0}
 IMPORT_TARGET_S = 10.0
@@ -56,8 +58,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_option(ap, default=EngineSpec("sglang", "0.5.23"), help="the release (default sglang==0.5.23)")
     ap.add_argument("--repeat", type=int, default=3, help="runs of each kind per scenario, best taken (default 3)")
-    ap.add_argument("--scenarios", default=",".join(SCENARIOS),
-                    help=f"which, comma-separated (default {','.join(SCENARIOS)})")
+    ap.add_argument("--scenarios", default=",".join(DEFAULT),
+                    help=f"which, comma-separated, of {', '.join(SCENARIOS)} (default {','.join(DEFAULT)})")
     ap.add_argument("--device", choices=sorted(TARGETS), default="cpu", help="where the runs go (default cpu)")
     ap.add_argument("--scheduler", choices=("auto", "model", "release"), default="auto",
                     help="who makes the engine runs' batches (run --scheduler; default auto, as run does: the "

@@ -220,7 +220,8 @@ def draft_extend_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stri
         seq = load_at(seq_lens, idx * int(seq_lens_stride_0)).to(torch.int32)
         ext = load_at(extend_seq_lens, idx * int(extend_seq_lens_stride_0)).to(torch.int32)
         store(cache_seqlens_int32, idx * int(cache_seqlens_int32_stride_0), seq)
-        for out, lens, stride in ((cu_seqlens_k, seq, cu_seqlens_k_stride_0), (cu_seqlens_q, ext, cu_seqlens_q_stride_0)):
+        for out, lens, stride in ((cu_seqlens_k, seq, cu_seqlens_k_stride_0),
+                                  (cu_seqlens_q, ext, cu_seqlens_q_stride_0)):
             csum = torch.zeros(n + 1, dtype=torch.int32)
             torch.cumsum(lens, 0, out=csum[1:])
             store(out, torch.arange(n + 1) * int(stride), csum)
@@ -249,4 +250,5 @@ def draft_extend_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stri
     store(page_table, at, page_index if PAGE_SIZE_ONE else torch.bitwise_right_shift(page_index, int(SHIFT)))
     if HAS_SWA:
         swa = load_at(full_to_swa_index_mapping, page_index).to(I64)
-        store(swa_page_table, at, (swa if PAGE_SIZE_ONE else torch.bitwise_right_shift(swa, int(SHIFT))).to(torch.int32))
+        swa_pages = swa if PAGE_SIZE_ONE else torch.bitwise_right_shift(swa, int(SHIFT))
+        store(swa_page_table, at, swa_pages.to(torch.int32))
