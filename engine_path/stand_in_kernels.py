@@ -34,6 +34,11 @@ class OutOfBounds(Exception):
     """An access the kernel would make lies outside its tensor: the launch goes to the kernel itself."""
 
 
+def tdiv(a: torch.Tensor, b) -> torch.Tensor:
+    """Triton's integer ``//``: truncation toward zero (``sdiv``), not Python's floor."""
+    return torch.div(a, b, rounding_mode="trunc")
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """``t``'s storage from its first element to the storage's end, as a 1-D tensor (what a pointer reaches)."""
     n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()

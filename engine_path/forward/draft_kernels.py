@@ -14,14 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..stand_in_kernels import OutOfBounds, Stores, load_at
-
-I64 = torch.int64
-
-
-def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
-    """Triton's integer ``//`` (truncation toward zero)."""
-    return torch.div(a, b, rounding_mode="trunc")
+from ..stand_in_kernels import I64, OutOfBounds, Stores, load_at, tdiv
 
 
 def _token_ids(req_to_token, row_base: torch.Tensor, pos: torch.Tensor, v2p, page_size: int, eps: int,
@@ -32,12 +25,12 @@ def _token_ids(req_to_token, row_base: torch.Tensor, pos: torch.Tensor, v2p, pag
     if eps == 1:
         ids = load_at(req_to_token, row_base + pos)
     else:
-        ids = load_at(req_to_token, row_base + _tdiv(pos, eps)).to(I64) * eps + torch.fmod(pos, eps)
+        ids = load_at(req_to_token, row_base + tdiv(pos, eps)).to(I64) * eps + torch.fmod(pos, eps)
     if not translate:
         return ids
     ids = ids.to(I64)
     neg = ids < 0
-    phys = load_at(v2p, torch.where(neg, 0, _tdiv(ids, page_size)))
+    phys = load_at(v2p, torch.where(neg, 0, tdiv(ids, page_size)))
     return torch.where(neg, 0, (phys.to(I64) * page_size + torch.fmod(ids, page_size)).clamp(min=0))
 
 
@@ -60,8 +53,8 @@ def _chain_pos(seq: torch.Tensor, t: torch.Tensor, step: torch.Tensor, steps: in
     if page_size == 1 or topk == 1:
         return seq + t * steps + step
     last = torch.fmod(seq, page_size)
-    pages_each = _tdiv(last + steps + page_size - 1, page_size)
-    return _tdiv(seq, page_size) * page_size + t * pages_each * page_size + last + step
+    pages_each = tdiv(last + steps + page_size - 1, page_size)
+    return tdiv(seq, page_size) * page_size + t * pages_each * page_size + last + step
 
 
 def _runs(lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,17 +29,11 @@ from typing import Any
 
 import torch
 
-from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at
+from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at, tdiv
 from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices, draft_extend_metadata
 
 I64 = torch.int64
 I32 = torch.int32
-
-
-
-def _tdiv(a: torch.Tensor, b: int) -> torch.Tensor:
-    """Triton's integer ``//``: truncation toward zero (``sdiv``), not Python's floor."""
-    return torch.div(a, b, rounding_mode="trunc")
 
 
 # --------------------------------------------------------------------------- create_flashinfer_kv_indices_triton
@@ -64,7 +58,7 @@ def kv_indices(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices
     start = load_at(kv_start_idx, p).to(I64)[prog] if kv_start_idx is not None else 0
     pos = start + within
     eps = int(ENTRY_PAGE_SIZE)
-    col = pos if eps == 1 else _tdiv(pos, eps)
+    col = pos if eps == 1 else tdiv(pos, eps)
     rows = load_at(req_pool_indices_ptr, p).to(I64)[prog]
     data = load_at(req_to_token_ptr, rows * int(req_to_token_ptr_stride) + col)
     if eps != 1:
@@ -109,7 +103,7 @@ def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, 
     width = gc * int(BLOCK_COLS)
     b = torch.arange(gb, dtype=I64)
     seq_len = load_at(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
-    num_live = torch.clamp(_tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
+    num_live = torch.clamp(tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
     runs = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
     rb = b[runs]
     if not rb.numel():
@@ -136,7 +130,7 @@ def _pages(token: torch.Tensor, page: int, page_mapping, page_stride, token_mapp
     ``page_mapping``, at least 0)."""
     if token_mapping is not None:
         token = load_at(token_mapping, token.to(I64) * int(token_stride))
-    pages = _tdiv(token, page)
+    pages = tdiv(token, page)
     if page_mapping is not None:
         pages = load_at(page_mapping, pages.to(I64).clamp(min=0) * int(page_stride)).clamp(min=0)
     return pages
@@ -164,20 +158,20 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
         seqlen = (load_at(seq_lens_ptr, rows) + int(seqlen_offset)).to(I32)
         store(cache_seqlens_ptr, rows, seqlen)
         if not SKIP_PAGE_TABLE:
-            live = torch.clamp(_tdiv(seqlen.to(I64) + page - 1, page), max=int(max_seq_pages)).clamp(min=0)
+            live = torch.clamp(tdiv(seqlen.to(I64) + page - 1, page), max=int(max_seq_pages)).clamp(min=0)
             if int(live.sum()):
                 r = torch.repeat_interleave(rows, live)
                 col = torch.arange(int(live.sum()), dtype=I64) - torch.repeat_interleave(
                     torch.cumsum(live, 0) - live, live)
                 req = load_at(req_pool_indices_ptr, rows).to(I64)[r]
                 token = load_at(req_to_token_ptr, req * int(req_to_token_stride) + col * page)
-                store(page_table_ptr, r * int(page_table_stride) + col, _tdiv(token, page))
+                store(page_table_ptr, r * int(page_table_stride) + col, tdiv(token, page))
                 if HAS_SWA:
                     token64 = token.to(I64)
                     swa = torch.full(token64.shape, -1, dtype=swa_mapping_ptr.dtype)
                     ok = token64 >= 0
                     swa[ok] = load_at(swa_mapping_ptr, token64[ok])
-                    swa_page = torch.where(swa < 0, -1, _tdiv(swa, page)).to(I32)
+                    swa_page = torch.where(swa < 0, -1, tdiv(swa, page)).to(I32)
                     store(swa_page_table_ptr, r * int(swa_page_table_stride) + col, swa_page)
     if programs > n:
         i = torch.arange(n, dtype=I64)
@@ -214,7 +208,7 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
     if gp <= 0 or gb <= 0:
         return
     p = torch.arange(gp, dtype=I64)
-    num_blocks = _tdiv(kv_lens(p) + page - 1, page)
+    num_blocks = tdiv(kv_lens(p) + page - 1, page)
     live = torch.clamp(torch.minimum(num_blocks, torch.full_like(num_blocks, gb * block)), min=0)
     total = int(live.sum())
     if total == 0:
@@ -223,10 +217,10 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
     col = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(live, 0) - live, live)
     vals = gather(first(p)[prog], col * page)
     at = prog * int(dest_stride) + col
-    store(dest_ptr, at, _tdiv(vals, page))
+    store(dest_ptr, at, tdiv(vals, page))
     if HAS_SWA:
         idx = vals.to(I64) if swa_index is None else swa_index(vals.to(I64))
-        store(sw_page_table_ptr, at, _tdiv(load_at(swa_slot_mapping_ptr, idx), page))
+        store(sw_page_table_ptr, at, tdiv(load_at(swa_slot_mapping_ptr, idx), page))
 
 
 def req_to_token_page_table(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr,

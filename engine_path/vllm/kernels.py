@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..stand_in_kernels import I64, KernelModel, OutOfBounds, StandIn, StandInSet, Stores, load_at
+from ..stand_in_kernels import I64, KernelModel, OutOfBounds, StandIn, StandInSet, Stores, load_at, tdiv
 
 BLOCK_TABLE = "vllm.v1.worker.gpu.block_table"
 BUFFER_UTILS = "vllm.v1.worker.gpu.buffer_utils"
@@ -55,10 +55,6 @@ def _resolve(ptrs: torch.Tensor, i: int) -> torch.Tensor:
 
 def _dims(grid: tuple, n: int) -> list[int]:
     return [int(x) for x in grid] + [1] * (n - len(grid))
-
-
-def _tdiv(a: torch.Tensor, b) -> torch.Tensor:
-    return torch.div(a, b, rounding_mode="trunc")       # Triton's integer // (toward zero)
 
 
 # --------------------------------------------------------------------------- _apply_write_kernel
@@ -130,7 +126,7 @@ def gather_block_tables(store: Stores, grid: tuple, *, batch_idx_to_req_idx, src
             if reach > 0:
                 first = load_at(num_computed_tokens_ptr, req).to(I64)
                 size = int(load_at(block_sizes_ptr, torch.tensor([g]))[0])
-                null = _tdiv((first - reach).clamp(min=0), size)
+                null = tdiv((first - reach).clamp(min=0), size)
         total = int(nb.sum())
         if not total:
             continue
@@ -176,7 +172,7 @@ def slot_mappings(store: Stores, grid: tuple, *, max_num_tokens, idx_mapping, qu
         slots = torch.full(t.shape, int(PAD_ID), dtype=I64)
         if enabled and bool(real.any()):
             p = positions[real]
-            blocks = load_at(table, reqs[real] * stride + _tdiv(p, size)).to(I64) * size
+            blocks = load_at(table, reqs[real] * stride + tdiv(p, size)).to(I64) * size
             if blocks.numel() and (int(blocks.min()) < INT32[0] or int(blocks.max()) > INT32[1]):
                 raise OutOfBounds                # the kernel's int32 product would wrap
             slots[real] = blocks + torch.fmod(p, size)
