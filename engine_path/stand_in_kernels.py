@@ -39,6 +39,13 @@ def tdiv(a: torch.Tensor, b) -> torch.Tensor:
     return torch.div(a, b, rounding_mode="trunc")
 
 
+def runs(lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For runs of ``lens`` (at least 0) entries laid one after another: each entry's run and its index within it
+    (what a kernel's per-row loops over ``lens[i]`` entries visit, flattened)."""
+    run = torch.repeat_interleave(torch.arange(lens.numel()), lens)
+    return run, torch.arange(run.numel(), dtype=I64) - (torch.cumsum(lens, 0) - lens)[run]
+
+
 def _flat(t: torch.Tensor) -> torch.Tensor:
     """``t``'s storage from its first element to the storage's end, as a 1-D tensor (what a pointer reaches)."""
     n = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()

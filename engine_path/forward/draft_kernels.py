@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..stand_in_kernels import I64, OutOfBounds, Stores, load_at, tdiv
+from ..stand_in_kernels import I64, OutOfBounds, Stores, load_at, runs, tdiv
 
 
 def _token_ids(req_to_token, row_base: torch.Tensor, pos: torch.Tensor, v2p, page_size: int, eps: int,
@@ -57,12 +57,6 @@ def _chain_pos(seq: torch.Tensor, t: torch.Tensor, step: torch.Tensor, steps: in
     return tdiv(seq, page_size) * page_size + t * pages_each * page_size + last + step
 
 
-def _runs(lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For runs of ``lens`` entries one after another: each entry's run and its index within the run."""
-    run = torch.repeat_interleave(torch.arange(lens.numel()), lens)
-    return run, torch.arange(run.numel(), dtype=I64) - (torch.cumsum(lens, 0) - lens)[run]
-
-
 def _programs(steps: int, nb: int, topk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every program's (step, request, branch), step-major."""
     it, b, t = torch.meshgrid(torch.arange(steps), torch.arange(nb), torch.arange(topk), indexing="ij")
@@ -101,14 +95,14 @@ def draft_decode_kv_indices(store: Stores, grid: tuple, *, req_pool_indices, req
     # the prefix copy: the same entries for every step and branch of a request
     lens = seq_w.clamp(min=0)
     if int(lens.sum()):
-        req, c = _runs(lens)
+        req, c = runs(lens)
         src = torch.where(c < s_eff[req], c, recent[req] + c - s_eff[req])
         data = _token_ids(req_to_token, row_base[req], src, v2p, page, eps, bool(TRANSLATE))
-        prog, within = _runs(lens[b])                 # per program its request's run of entries
+        prog, within = runs(lens[b])                 # per program its request's run of entries
         store(kv_indices, kv_off[prog] + within, data[(torch.cumsum(lens, 0) - lens)[b[prog]] + within])
 
     # the chain: min(s + 1, iter_upper) entries after the prefix
-    prog, e = _runs(iters.clamp(max=int(iter_upper)))
+    prog, e = runs(iters.clamp(max=int(iter_upper)))
     pb = b[prog]
     data = _token_ids(req_to_token, row_base[pb], _chain_pos(seq[pb], t[prog], e, steps, page, topk), v2p, page,
                       eps, bool(TRANSLATE))
@@ -171,7 +165,7 @@ def draft_decode_window_kv_indices(store: Stores, grid: tuple, *, req_pool_indic
     prefix_start = torch.minimum(start, seq)
     prefix_len = (seq - prefix_start).clamp(min=0)
     if int(prefix_len.sum()):
-        prog, c = _runs(prefix_len)
+        prog, c = runs(prefix_len)
         data = _token_ids(req_to_token, row_all[b[prog]], prefix_start[prog] + c, v2p, page, eps, bool(TRANSLATE))
         store(window_kv_indices, out[prog] + c, data)
 
@@ -235,7 +229,7 @@ def draft_extend_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stri
     pages = pages.clamp(max=int(max_seq_pages)).clamp(min=0).clamp(max=col_blocks * int(BLOCK_COLS))
     if not int(pages.sum()):
         return
-    r, col = _runs(pages)
+    r, col = runs(pages)
     row_base = load_at(req_pool_indices, rows * int(req_pool_indices_stride_0)).to(I64)[r] * int(req_to_token_stride_0)
     tok = col if PAGE_SIZE_ONE else torch.bitwise_left_shift(col, int(SHIFT))
     page_index = load_at(req_to_token, row_base + tok * int(req_to_token_stride_1)).to(I64)

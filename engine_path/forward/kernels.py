@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at, tdiv
+from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at, runs, tdiv
 from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices, draft_extend_metadata
 
 I64 = torch.int64
@@ -53,8 +53,7 @@ def kv_indices(store: Stores, grid: tuple, *, req_to_token_ptr, req_pool_indices
     total = int(lens.sum())
     if total == 0:
         return
-    prog = torch.repeat_interleave(p, lens)
-    within = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    prog, within = runs(lens)
     start = load_at(kv_start_idx, p).to(I64)[prog] if kv_start_idx is not None else 0
     pos = start + within
     eps = int(ENTRY_PAGE_SIZE)
@@ -104,14 +103,13 @@ def decode_metadata(store: Stores, grid: tuple, *, seq_lens, seq_lens_stride_0, 
     b = torch.arange(gb, dtype=I64)
     seq_len = load_at(seq_lens, b * int(seq_lens_stride_0)).to(I32).to(I64)
     num_live = torch.clamp(tdiv(seq_len + delta + page - 1, page), max=int(max_seq_pages))
-    runs = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
-    rb = b[runs]
+    filled = torch.ones(gb, dtype=torch.bool) if ZERO_TAIL else num_live > 0
+    rb = b[filled]
     if not rb.numel():
         return
     row = load_at(req_pool_indices, rb * int(req_pool_indices_stride_0)).to(I64)
-    lens = num_live[runs].clamp(min=0, max=width)
-    at_row = torch.repeat_interleave(torch.arange(rb.numel(), dtype=I64), lens)
-    col = torch.arange(int(lens.sum()), dtype=I64) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens)
+    lens = num_live[filled].clamp(min=0, max=width)
+    at_row, col = runs(lens)
     token = load_at(req_to_token, row[at_row] * int(req_to_token_stride_0) + col * page * int(req_to_token_stride_1))
     tables = [(page_table, page_table_stride_0, page_table_stride_1, _pages(token, page, full_v2p, full_v2p_stride_0))]
     if swa_page_table is not None:
@@ -160,9 +158,8 @@ def trtllm_graph_metadata(store: Stores, grid: tuple, *, req_pool_indices_ptr, s
         if not SKIP_PAGE_TABLE:
             live = torch.clamp(tdiv(seqlen.to(I64) + page - 1, page), max=int(max_seq_pages)).clamp(min=0)
             if int(live.sum()):
-                r = torch.repeat_interleave(rows, live)
-                col = torch.arange(int(live.sum()), dtype=I64) - torch.repeat_interleave(
-                    torch.cumsum(live, 0) - live, live)
+                i, col = runs(live)
+                r = rows[i]
                 req = load_at(req_pool_indices_ptr, rows).to(I64)[r]
                 token = load_at(req_to_token_ptr, req * int(req_to_token_stride) + col * page)
                 store(page_table_ptr, r * int(page_table_stride) + col, tdiv(token, page))
@@ -213,8 +210,7 @@ def _page_scatter(store: Stores, grid: tuple, first, kv_lens, gather, dest_ptr, 
     total = int(live.sum())
     if total == 0:
         return
-    prog = torch.repeat_interleave(p, live)
-    col = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(live, 0) - live, live)
+    prog, col = runs(live)
     vals = gather(first(p)[prog], col * page)
     at = prog * int(dest_stride) + col
     store(dest_ptr, at, tdiv(vals, page))

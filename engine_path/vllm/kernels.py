@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..stand_in_kernels import I64, KernelModel, OutOfBounds, StandIn, StandInSet, Stores, load_at, tdiv
+from ..stand_in_kernels import I64, KernelModel, OutOfBounds, StandIn, StandInSet, Stores, load_at, runs, tdiv
 
 BLOCK_TABLE = "vllm.v1.worker.gpu.block_table"
 BUFFER_UTILS = "vllm.v1.worker.gpu.buffer_utils"
@@ -87,7 +87,7 @@ def apply_write(store: Stores, grid: tuple, *, output_ptr, output_stride, write_
         k = lens[mine]
         if not int(k.sum()):
             continue
-        within = torch.arange(int(k.sum()), dtype=I64) - torch.repeat_interleave(torch.cumsum(k, 0) - k, k)
+        _, within = runs(k)
         at = torch.repeat_interleave(rows[mine] * stride + starts[mine], k) + within
         if torch.unique(at).numel() != at.numel():
             raise OutOfBounds                    # an entry written twice: the programs' order decides
@@ -130,7 +130,7 @@ def gather_block_tables(store: Stores, grid: tuple, *, batch_idx_to_req_idx, src
         total = int(nb.sum())
         if not total:
             continue
-        within = torch.arange(total, dtype=I64) - torch.repeat_interleave(torch.cumsum(nb, 0) - nb, nb)
+        _, within = runs(nb)
         src_at = torch.repeat_interleave(req * stride, nb) + within
         keep = within >= torch.repeat_interleave(null, nb)
         vals = torch.zeros(total, dtype=srcs[g].dtype)
