@@ -106,7 +106,7 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
     """``bugs --engine sglang``: every case as release code where it can be (slotscope/corpus_engine.py)."""
     from simulator.scenario import BACKENDS
 
-    from .corpus_engine import engine_of, format_engine_table, run_engine_corpus, write_json
+    from .corpus_engine import engine_of, format_differences, format_engine_table, run_engine_corpus, write_json
 
     for c in cases:
         eng = engine_of(c, args.corpus)    # bad engine entries: exit 2 before any run
@@ -122,6 +122,9 @@ def _bugs_engine(args, cases, out_dir, t0: float) -> int:
 
     verdicts = run_engine_corpus(cases, out_dir, BACKENDS, progress, vllm_device=_vllm_device(args.device))
     print(format_engine_table(verdicts))
+    differs = format_differences(verdicts)
+    if differs:
+        print("\n" + differs)
     real = sum(v.real for v in verdicts)
     ran = [v for v in verdicts if v.engine is not None]
     held = sum(v.holds for v in ran)

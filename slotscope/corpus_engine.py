@@ -168,7 +168,7 @@ def _run(case: Case, eng: EngineCase, role: str, out: Path, backends, vllm_devic
         cmd += ["--device", "cpu"]
     t0 = time.perf_counter()
     proc = _launch(cmd, _warm(servers, _server_spec(eng, spec, cmd, vllm_device)))
-    got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:]}
+    got = {"rc": proc.returncode, "wall_s": time.perf_counter() - t0, "stderr": proc.stderr[-2000:], "out": str(out)}
     try:
         got["summary"] = json.loads((out / "summary.json").read_text())
         got["pieces"] = json.loads((out / "run.json").read_text()).get("engine_pieces") or {}
@@ -241,13 +241,29 @@ class EngineVerdict:
     def real(self) -> bool:
         return self.engine is not None and self.holds and not _missing(self.engine, self.runs)
 
+    def differences(self) -> dict[str, list[str]]:
+        """Per run that finished but whose verdict fails: one line per backend where it fails, with what the case
+        expects, what the run saw and how many of that backend's forwards went through the release's code."""
+        return {role: [f"{line}; {_forwards(self.runs[role], line.split(':', 1)[0])}" for line in o.differences()]
+                for role, o in self.outcomes.items() if o is not None and not o.holds}
+
     def to_json(self) -> dict:
         e = self.engine
         return {"case": self.case.id, "pr": self.case.issue, "real": self.real,
                 "buggy": None if e is None else e.spec("buggy"), "fixed": None if e is None else e.spec("fixed"),
                 "holds": self.holds, "why": self.why,
                 "mechanism": [] if e is None else list(e.mechanism),
-                "missing": [] if e is None else _missing(e, self.runs) if self.runs else []}
+                "missing": [] if e is None else _missing(e, self.runs) if self.runs else [],
+                "differs": self.differences()}
+
+
+def _forwards(run: dict, backend: str) -> str:
+    """A backend's forwards in a run's engine pieces: the release's and the model's, its sides summed."""
+    sides = [d for k, d in (run.get("pieces", {}).get("backends") or {}).items() if k.split("/")[0] == backend]
+    if not sides:
+        return "no engine pieces for it"
+    rel, mod = (sum(int(d.get(k) or 0) for d in sides) for k in ("release_forwards", "model_forwards"))
+    return f"{rel} forwards through the release's code, {mod} through the model's"
 
 
 def _failure(run: dict) -> str:
@@ -326,6 +342,18 @@ def format_engine_table(verdicts: list[EngineVerdict]) -> str:
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [head] + rows)
 
 
+def format_differences(verdicts: list[EngineVerdict]) -> str:
+    """For each verdict that fails on a finished run: the run, its spec and outputs, and each backend where it
+    fails."""
+    lines = []
+    for v in verdicts:
+        for role, diffs in v.differences().items():
+            lines.append(f"{v.case.id} {role} run ({v.engine.spec(role)}, outputs in {v.runs[role]['out']}): "
+                         f"the verdict fails")
+            lines += [f"  {d}" for d in diffs]
+    return "\n".join(lines)
+
+
 def write_json(verdicts: list[EngineVerdict], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -360,4 +388,5 @@ def run_engine_corpus(cases: list[Case], out_dir: Optional[Path], backends, prog
     return verdicts
 
 
-__all__ = ["EngineCase", "EngineVerdict", "engine_of", "engine_scenario", "format_engine_table", "run_engine_corpus", "write_json"]
+__all__ = ["EngineCase", "EngineVerdict", "engine_of", "engine_scenario", "format_differences", "format_engine_table",
+           "run_engine_corpus", "write_json"]

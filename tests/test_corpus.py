@@ -229,3 +229,36 @@ def test_sglang_cases_fork_their_cpu_runs_from_the_releases_dependency_server(mo
     monkeypatch.setenv("SLOTSCOPE_FORK_SERVER", "0")
     corpus_engine.run_engine_corpus([case], tmp_path, ("triton",))
     assert [w for _, w in launched] == [None, None]
+
+
+def test_a_failing_engine_verdict_says_per_backend_what_was_expected_and_seen():
+    """bugs --engine: a verdict that fails on a finished run names, per backend where it fails, the expected class,
+    the findings seen and how many of the backend's forwards went through the release's code (a piece that fell
+    back to the model shows there); --json carries the same lines under ``differs``."""
+    from slotscope.corpus_engine import EngineVerdict, engine_of, format_differences
+
+    case = next(c for c in load_corpus(CORPUS) if c.id == "B4")
+    eng = engine_of(case)
+    counts = dict.fromkeys(FINDING_CLASSES, 0)
+
+    def summary(**triton):
+        s = {"backends": {b: {"findings": dict(counts)} for b in ("triton", "xpu")}}
+        s["backends"]["triton"]["findings"].update(triton)
+        return s
+
+    fixed = Outcome(case, "fixed", eng.spec("fixed"), case.load(), summary(stale_read=384, design_error=5), {}, 0.0)
+    buggy = Outcome(case, "buggy", eng.spec("buggy"), case.load(), summary(out_of_range=2), {}, 0.0)
+    sides = {"triton/target": {"release_forwards": 70, "model_forwards": 36},
+             "triton/draft": {"release_forwards": 10, "model_forwards": 0}}
+    runs = {"buggy": {"out": "/o/B4-buggy", "pieces": {}},
+            "fixed": {"out": "/o/B4-fixed", "pieces": {"backends": sides}}}
+    v = EngineVerdict(case, eng, "", {"buggy": buggy, "fixed": fixed}, runs)
+    assert buggy.holds and not fixed.holds and not v.holds
+    line = ("triton: expected clean, saw 384 stale_read, 5 design_error; 80 forwards through the release's code, "
+            "36 through the model's")
+    assert v.differences() == {"fixed": [line]} and v.to_json()["differs"] == {"fixed": [line]}
+    text = format_differences([v])
+    assert text.splitlines() == [f"B4 fixed run ({eng.spec('fixed')}, outputs in /o/B4-fixed): the verdict fails",
+                                 f"  {line}"]
+    runs["fixed"]["pieces"] = {}
+    assert v.differences()["fixed"][0].endswith("; no engine pieces for it")
