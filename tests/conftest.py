@@ -81,12 +81,25 @@ _SERVERS = None
 
 
 def _servers():
+    """This process's warm servers: under pytest-xdist the controller's, shared by every worker (tests/warm_engine.py's
+    Broker), else its own."""
     global _SERVERS
     if _SERVERS is None:
-        from warm_engine import Servers
+        from warm_engine import SHARED_ENV, Servers, Shared
 
-        _SERVERS = Servers()
+        _SERVERS = Shared(os.environ[SHARED_ENV]) if os.environ.get(SHARED_ENV) else Servers()
     return _SERVERS
+
+
+def pytest_configure(config):
+    """The controller of a pytest-xdist session holds the warm servers its workers share (tests/warm_engine.py): its
+    directory goes to the workers, which it starts after this, in their environment."""
+    global _SERVERS
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from warm_engine import SHARED_ENV, Broker
+
+        _SERVERS = Broker()
+        os.environ[SHARED_ENV] = str(_SERVERS.dir)
 
 
 def pytest_collection_finish(session):
