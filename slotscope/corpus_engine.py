@@ -348,8 +348,9 @@ def format_differences(verdicts: list[EngineVerdict]) -> str:
     lines = []
     for v in verdicts:
         for role, diffs in v.differences().items():
-            lines.append(f"{v.case.id} {role} run ({v.engine.spec(role)}, outputs in {v.runs[role]['out']}): "
-                         f"the verdict fails")
+            store = (v.runs[role].get("pieces", {}).get("store") or {}).get("store")
+            lines.append(f"{v.case.id} {role} run ({v.engine.spec(role)}, outputs in {v.runs[role]['out']}"
+                         f"{f'; the store: {store}' if store else ''}): the verdict fails")
             lines += [f"  {d}" for d in diffs]
     return "\n".join(lines)
 

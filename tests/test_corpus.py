@@ -251,14 +251,16 @@ def test_a_failing_engine_verdict_says_per_backend_what_was_expected_and_seen():
     sides = {"triton/target": {"release_forwards": 70, "model_forwards": 36},
              "triton/draft": {"release_forwards": 10, "model_forwards": 0}}
     runs = {"buggy": {"out": "/o/B4-buggy", "pieces": {}},
-            "fixed": {"out": "/o/B4-fixed", "pieces": {"backends": sides}}}
+            "fixed": {"out": "/o/B4-fixed",
+                      "pieces": {"backends": sides, "store": {"store": "JIT store_cache kernel"}}}}
     v = EngineVerdict(case, eng, "", {"buggy": buggy, "fixed": fixed}, runs)
     assert buggy.holds and not fixed.holds and not v.holds
     line = ("triton: expected clean, saw 384 stale_read, 5 design_error; 80 forwards through the release's code, "
             "36 through the model's")
     assert v.differences() == {"fixed": [line]} and v.to_json()["differs"] == {"fixed": [line]}
     text = format_differences([v])
-    assert text.splitlines() == [f"B4 fixed run ({eng.spec('fixed')}, outputs in /o/B4-fixed): the verdict fails",
+    assert text.splitlines() == [f"B4 fixed run ({eng.spec('fixed')}, outputs in /o/B4-fixed; the store: JIT "
+                                 f"store_cache kernel): the verdict fails",
                                  f"  {line}"]
     runs["fixed"]["pieces"] = {}
     assert v.differences()["fixed"][0].endswith("; no engine pieces for it")
