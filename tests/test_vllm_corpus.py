@@ -184,12 +184,12 @@ def test_minimize_shrinks_a_vllm_run_through_the_release_and_its_patch(warm_vllm
 
 
 @pytest.mark.vllm
-def test_fuzz_counts_the_release_raising_in_its_own_code_as_its_failure(vllm_release, tmp_path):
+def test_fuzz_counts_the_release_raising_in_its_own_code_as_its_failure(warm_vllm, tmp_path):
     """A patched vLLM that raises inside its block pool (a crash, no finding): the search stops at the first draw
     that raises where vLLM as released runs clean, writes found.toml, run/ (stopped with the release's words) and
     fuzz.json naming the exception and where; nothing to minimize, and no internal error of slotscope."""
     out = tmp_path / "fz"
-    r = slotscope_cli("fuzz", "--design", "sglang-0.5.23", "--engine", "vllm==0.34.0", "--engine-patch",
+    r = warm_vllm.cli("fuzz", "--design", "sglang-0.5.23", "--engine", "vllm==0.34.0", "--engine-patch",
                       "tests/engine_patches/vllm/pool-cannot-get-blocks.yaml", "--budget", "2m", "--seed", "1",
                       "--out", str(out), "-q")
     assert r.returncode == 1, r.stdout + r.stderr

@@ -8,8 +8,6 @@ import json
 import pytest
 import torch
 
-from helpers import slotscope_cli
-
 GRAPH_PAD = "scenarios/vllm-graph-pad.toml"
 
 
@@ -66,13 +64,14 @@ def test_a_pointer_the_models_were_not_told_of_hands_the_launch_to_the_kernel():
 
 
 @pytest.mark.vllm
-def test_a_run_is_the_same_with_the_kernels_interpreted(vllm_release, tmp_path):
+def test_a_run_is_the_same_with_the_kernels_interpreted(warm_vllm, tmp_path):
     """vllm-graph-pad's first 12 forwards (padded graphs, both groups) with the stand-ins and with
-    SLOTSCOPE_INTERPRET_KERNELS=1: the same findings and counts; run.json says which kernels were stood in."""
+    SLOTSCOPE_INTERPRET_KERNELS=1 (each run forked from the warm import: its worker installs the stand-ins, or not,
+    when it starts): the same findings and counts; run.json says which kernels were stood in."""
     outs = {}
     for mode, env in (("stood in", {}), ("interpreted", {"SLOTSCOPE_INTERPRET_KERNELS": "1"})):
         out = tmp_path / mode.replace(" ", "-")
-        r = slotscope_cli("run", GRAPH_PAD, "--engine", "vllm==0.34.0", "--max-steps", "12", "--out", str(out),
+        r = warm_vllm.cli("run", GRAPH_PAD, "--engine", "vllm==0.34.0", "--max-steps", "12", "--out", str(out),
                           "-q", "--no-report", "--trace-level", "off", env=env)
         assert r.returncode == 5, r.stdout + r.stderr          # incomplete: cut at --max-steps
         run = json.loads((out / "run.json").read_text())
