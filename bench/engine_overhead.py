@@ -4,7 +4,9 @@ Why: `slotscope run --engine sglang==X` swaps the modelled allocator, translatio
 for the release's own (engine_path/); the target (issue 26 point 7) is at most 10x the model run's time on a
 CPU and 3x on CUDA (``--device``), and the release's import at most 10 s warm: ``import_warm_s`` is a second
 import in a fresh process, after the first has left its byte code (the first, ``import_s``, is excluded from
-the ratios). Then, per scenario (``--scenarios``, default B1, B2 and scale; B4 on request), model and engine
+the ratios; ``bytecode_cached`` is false where none is written, PYTHONDONTWRITEBYTECODE, as on the lent GPU
+machines: scripts/gpu-check gives byte code a cache of its own there). Then, per scenario (``--scenarios``,
+default B1, B2 and scale; B4 on request), model and engine
 runs alternate in this one process (same CPU state for both), best of ``--repeat``, each the whole
 in-memory ``run_scenario`` (no trace, no report) on the device. Two model runs per scenario: the scenario's
 own design (what ``slotscope run SCENARIO`` runs; B1's and B2's are buggy, so they also find and record
@@ -89,8 +91,13 @@ def main(argv=None) -> int:
     warm_s = _warm_import_s(str(args.engine), args.device)
     print(f"engine: sglang {api.info.version} ({api.info.path}); import {import_s:.1f} s (excluded), warm import "
           f"in a fresh process {warm_s:.1f} s (target <= {IMPORT_TARGET_S:.0f} s)")
+    if sys.dont_write_bytecode:
+        print("  (byte code is not written here, PYTHONDONTWRITEBYTECODE: each process compiles again every module "
+              "without cached byte code; unset it, with PYTHONPYCACHEPREFIX=DIR, for what a machine that keeps byte "
+              "code pays)")
     figures = {"engine": api.info.to_json(), "device": args.device, "import_s": round(import_s, 2),
-               "import_warm_s": round(warm_s, 2), "import_target_s": IMPORT_TARGET_S, "repeat": args.repeat,
+               "import_warm_s": round(warm_s, 2), "bytecode_cached": not sys.dont_write_bytecode,
+               "import_target_s": IMPORT_TARGET_S, "repeat": args.repeat,
                "scheduler": args.scheduler,
                "target_ratio": TARGET, "scenarios": {}}
     release_model = _release_model(api.info.version)
