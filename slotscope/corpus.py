@@ -187,16 +187,16 @@ class Outcome:
     def holds(self) -> bool:
         return all(self.holds_on(b) for b in self.backends)
 
-    def differences(self) -> list[str]:
-        """One line per backend where the verdict fails: what the case expects there and what the run saw."""
-        out = []
+    def differences(self) -> dict[str, str]:
+        """Per backend where the verdict fails: what the case expects there and what the run saw."""
+        out = {}
         for b in self.backends:
             if self.holds_on(b):
                 continue
             want = self.expected(b)
             also = f" (also allowed: {', '.join(self.case.also)})" if want != CLEAN and self.case.also else ""
             seen = ", ".join(f"{n} {c}" for c, n in self.counts(b).items()) or CLEAN
-            out.append(f"{b}: expected {want}{also}, saw {seen}")
+            out[b] = f"expected {want}{also}, saw {seen}"
         return out
 
     def observed_cell(self, backend: str) -> str:

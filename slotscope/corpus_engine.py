@@ -244,7 +244,7 @@ class EngineVerdict:
     def differences(self) -> dict[str, list[str]]:
         """Per run that finished but whose verdict fails: one line per backend where it fails, with what the case
         expects, what the run saw and how many of that backend's forwards went through the release's code."""
-        return {role: [f"{line}; {_forwards(self.runs[role], line.split(':', 1)[0])}" for line in o.differences()]
+        return {role: [f"{b}: {text}; {_forwards(self.runs[role], b)}" for b, text in o.differences().items()]
                 for role, o in self.outcomes.items() if o is not None and not o.holds}
 
     def to_json(self) -> dict:
