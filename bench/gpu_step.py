@@ -19,8 +19,15 @@ has been captured). With ``--compare-cpu`` the summary and findings are compared
 same scenario (compact geometry, torch store; several minutes on a laptop-class CPU).
 Ends with one line holding a JSON object of the figures.
 
+``--phases-on-cpu N`` needs no CUDA: the GPU step runner takes the steps of a CPU run (around the eager executor,
+metadata on host copies as on a GPU), its host phases timed over N runs beside the run's own CPU step, their
+findings checked equal. Its scheduler, truth and plan phases are the host code a CUDA run runs (scale, 2026-12-07:
+plan 710, truth 245, scheduler 344 us a step on the 2-core CPU machine, 855, 212 and 265 on an H100's host); its
+write and verdict phases take the CPU branches and say nothing of a GPU.
+
     python bench/gpu_step.py                      # scenarios/scale.toml
     python bench/gpu_step.py --quick              # 200 requests
+    python bench/gpu_step.py --phases-on-cpu 2    # the host phases, on a machine without CUDA
 """
 from __future__ import annotations
 
@@ -249,10 +256,11 @@ def _timed_steps(fn, acc: list):
     return wrapper
 
 
-def time_phases(sc, runs: int) -> tuple[list, dict, dict]:
+def time_phases(sc, runs: int, run=None) -> tuple[list, dict, dict]:
     """``runs`` warm runs with the host phases timed by perf_counter wrappers (a few hundred ns each, unlike
     cProfile's per-call cost, which inflates Python-heavy code): the runs' seconds, per phase its (seconds,
-    calls) per run, and the last run's steps by graph path (seconds, steps). The caller has warmed up."""
+    calls) per run, and the last run's steps by graph path (seconds, steps). ``run``: one run, returning (its
+    output, seconds); default a CUDA run. The caller has warmed up."""
     import importlib
 
     from simulator.core.pipeline import StepPipeline
@@ -291,7 +299,7 @@ def time_phases(sc, runs: int) -> tuple[list, dict, dict]:
             for acc in accs.values():
                 acc[0], acc[1] = 0.0, 0
             by_graph.clear()
-            _, secs = one_run(sc, "cuda")
+            _, secs = one_run(sc, "cuda") if run is None else run()
             totals.append(secs)
             for k, acc in accs.items():
                 per[k].append((acc[0], acc[1]))
@@ -329,6 +337,48 @@ def _phases(sc, runs: int) -> int:
         print(f"{k:42s} {secs:7.3f} s  {100 * secs / total:5.1f}%  {v[0][1]:7d} calls   (runs {runs_s})")
     print(json.dumps({"bench": "gpu_step_phases", "run_s": round(total, 3),
                       "phases_s": {k: round(statistics.median(x[0] for x in v), 4) for k, v in per.items()}}))
+    return 0
+
+
+def stepwise_cpu_run(sc):
+    """One run of ``sc`` on this CPU with the GPU step runner taking its steps (cuda_path.step.StepwiseExecutor around
+    the eager executor, metadata on host copies as on a GPU; compact CPU pools): (its result, seconds)."""
+    from cuda_path.pool import TaggedKVPool
+    from cuda_path.step import StepwiseExecutor
+    from simulator.core.eager import EagerExecutor
+    from simulator.designs import load_design
+    from simulator.run import run_simulation
+
+    ex = StepwiseExecutor(EagerExecutor())
+    ex.runner.host_metadata = True
+    t0 = time.perf_counter()
+    res = run_simulation(sc, load_design(sc.design), lambda f, sw, skip: TaggedKVPool(
+        sc.model, f, sw, geometry="compact", skip_index=skip), executor=ex)
+    return res, time.perf_counter() - t0
+
+
+def _phases_on_cpu(sc, runs: int) -> int:
+    """The GPU step runner's host phases on this CPU (no CUDA needed): a warm-up, then ``runs`` timed runs, beside
+    the run's own CPU step (SharedStep) on the same scenario; their findings must agree. The truth, plan and
+    scheduler phases are the host code a CUDA run runs (staging and the verdict take their CPU branches)."""
+    res, _ = stepwise_cpu_run(sc)
+    own, own_s = one_run(sc, "cpu")
+    if res.total_findings != own.result.total_findings or len(res.steps) != len(own.result.steps):
+        print(f"the step runner's run differs from the run's own step: {res.total_findings} against "
+              f"{own.result.total_findings} findings, {len(res.steps)} against {len(own.result.steps)} steps",
+              file=sys.stderr)
+        return 1
+    totals, per, _ = time_phases(sc, runs, run=lambda: stepwise_cpu_run(sc))
+    total, steps = statistics.median(totals), len(res.steps)
+    split = phase_split(totals, per)
+    print(f"# {sc.name}: {steps} steps, {res.total_findings} findings; the GPU step runner on this CPU "
+          f"{total:.2f} s (median of {runs}), the run's own CPU step {own_s:.2f} s: ratio {total / own_s:.2f}")
+    for name, secs in split.items():
+        print(f"{name:36s} {secs:7.3f} s  {1e6 * secs / steps:7.0f} us a step")
+    print(json.dumps({"bench": "gpu_step_host_on_cpu", "scenario": sc.name, "steps": steps,
+                      "findings": res.total_findings, "runner_run_s": round(total, 3),
+                      "own_step_run_s": round(own_s, 3), "ratio": round(total / own_s, 3),
+                      "host_us_per_step": {k: round(1e6 * v / steps) for k, v in split.items()}}))
     return 0
 
 
@@ -464,7 +514,12 @@ def main() -> int:
     ap.add_argument("--sample", type=int, metavar="N", default=0,
                     help="instead: one warm-up run, then one with the main thread's stack sampled every 0.2 ms; print "
                          "the top N lines (self) and functions (inclusive) of this repository by share of the run")
+    ap.add_argument("--phases-on-cpu", type=int, metavar="N", default=0,
+                    help="instead (no CUDA needed): the GPU step runner's host phases on this CPU, N timed runs "
+                         "beside the run's own CPU step; each phase's seconds and microseconds a step")
     args = ap.parse_args()
+    if args.phases_on_cpu:
+        return _phases_on_cpu(cuda_scenario(args, "bench/gpu_step.py", need_cuda=False), args.phases_on_cpu)
     if args.cpu_digest:
         cpu_sc = cuda_scenario(args, "bench/gpu_step.py", need_cuda=False)
         out, secs = one_run(cpu_sc, "cpu")

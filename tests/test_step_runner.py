@@ -341,3 +341,21 @@ def test_twins_leading_their_own_groups_give_the_runs_own_outputs(name, design):
     assert obs.events == own_events
     assert ex.made > 0 and ex.runner.twin_plans > 0
     assert len(_classes(ex.runner)) == len(fast.backends)     # (no class merges back)
+
+
+def test_the_gpu_benchs_host_phases_run_on_a_cpu():
+    """bench/gpu_step.py --phases-on-cpu: the GPU step runner's host phases timed on a machine without CUDA, its run's
+    findings checked equal to the run's own step (B2's 4,992 under its buggy design) before any figure prints."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    r = subprocess.run([sys.executable, "bench/gpu_step.py", "--phases-on-cpu", "1", "--scenario",
+                        "scenarios/b2-decode-stale-tail.toml"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (got["bench"], got["steps"], got["findings"]) == ("gpu_step_host_on_cpu", 61, 4992)
+    assert {"truth (oracle)", "plan (metadata, read tables)", "scheduler (next batch)"} <= set(got["host_us_per_step"])
+    assert all(v >= 0 for v in got["host_us_per_step"].values()) and got["runner_run_s"] > 0
