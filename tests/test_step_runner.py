@@ -3,6 +3,10 @@ where a verdict is not zero) gives the run's own findings, counts and observatio
 On the CPU it runs around the eager executor; tests/test_gpu.py runs it on CUDA through the graphs."""
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -13,7 +17,7 @@ from simulator.core.eager import EagerExecutor
 from simulator.core.observe import NullObserver
 from simulator.run import run_simulation
 
-from helpers import scenario
+from helpers import ROOT, scenario
 
 
 class _Recorder(NullObserver):
@@ -346,12 +350,6 @@ def test_twins_leading_their_own_groups_give_the_runs_own_outputs(name, design):
 def test_the_gpu_benchs_host_phases_run_on_a_cpu():
     """bench/gpu_step.py --phases-on-cpu: the GPU step runner's host phases timed on a machine without CUDA, its run's
     findings checked equal to the run's own step (B2's 4,992 under its buggy design) before any figure prints."""
-    import json
-    import subprocess
-    import sys
-
-    from helpers import ROOT
-
     r = subprocess.run([sys.executable, "bench/gpu_step.py", "--phases-on-cpu", "1", "--scenario",
                         "scenarios/b2-decode-stale-tail.toml"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
