@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 
-from ..stand_in_kernels import KernelModel, StandIn, StandInSet, Stores, load_at, runs, tdiv
+from ..stand_in_kernels import I64, KernelModel, StandIn, StandInSet, Stores, load_at, runs, tdiv
 from .draft_kernels import draft_decode_kv_indices, draft_decode_window_kv_indices, draft_extend_metadata
 
-I64 = torch.int64
 I32 = torch.int32
 
 
