@@ -56,6 +56,7 @@ class EngineCase:
     why: str = ""
     also: Optional[tuple[str, ...]] = None
     stops: str = ""                    # the buggy run must stop with a message holding this text (a hang, a crash)
+    hits: str = ""                     # "lost": the buggy run must hit fewer prefix tokens than the fixed run
 
     @property
     def engine(self) -> str:
@@ -80,7 +81,7 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
     if not isinstance(raw, dict):
         raise ScenarioError(f"{where}: must be a table or a '{MODEL_ONLY} why' string")
     known = {"buggy", "fixed", "buggy_patches", "fixed_patches", "mechanism", "expect", "expect_fixed", "also", "why",
-             "stops"}
+             "stops", "hits"}
     bad = sorted(set(raw) - known)
     if bad:
         raise ScenarioError(f"{where}.{bad[0]}: unknown key (known: {', '.join(sorted(known))})")
@@ -91,6 +92,9 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         raise ScenarioError(f"{where}.fixed: {raw['fixed']!r} is another engine than buggy's {raw['buggy']!r}")
     if not isinstance(raw.get("stops", ""), str):
         raise ScenarioError(f"{where}.stops: must be the text the buggy run's stop message holds")
+    if raw.get("hits", "lost") != "lost":
+        raise ScenarioError(f"{where}.hits: must be \"lost\" (the buggy run hits fewer prefix tokens than the "
+                            f"fixed run), not {raw['hits']!r}")
 
     def paths(key: str) -> tuple[Path, ...]:
         got = raw.get(key, [])
@@ -111,7 +115,7 @@ def engine_of(case: Case, source: str = "corpus") -> EngineCase | str:
         raise ScenarioError(f"{where}.also: must list finding classes (allowed: {', '.join(FINDING_CLASSES)})")
     return EngineCase(raw["buggy"], raw["fixed"], paths("buggy_patches"), paths("fixed_patches"), tuple(mech),
                       exp.get("expect"), exp.get("expect_fixed"), str(raw.get("why", "")),
-                      None if also is None else tuple(also), raw.get("stops", ""))
+                      None if also is None else tuple(also), raw.get("stops", ""), raw.get("hits", ""))
 
 
 def engine_scenario(case: Case, spec: str):
@@ -225,6 +229,23 @@ def _missing(eng: EngineCase, runs: dict) -> list[str]:
     return out
 
 
+def _hit_tokens(run: dict) -> Optional[int]:
+    """The prefix-cache hit tokens a run's release scheduler counted (run.json ``engine_pieces.scheduler.did``), or
+    None where it counts none."""
+    n = (((run.get("pieces") or {}).get("scheduler") or {}).get("did") or {}).get("prefix_hit_tokens")
+    return None if n is None else int(n)
+
+
+def lost_hits(runs: dict) -> tuple[bool, str]:
+    """A case with ``hits = "lost"`` (a bug whose symptom is prefix-cache hits not taken, class P): whether the
+    buggy run hit fewer prefix tokens than the fixed run on the same workload, and the counts in words."""
+    buggy, fixed = (_hit_tokens(runs[r]) for r in ROLES)
+    if buggy is None or fixed is None:
+        return False, "the runs count no prefix-hit tokens, so lost hits cannot be told"
+    ok = buggy < fixed
+    return ok, f"prefix-hit tokens: {buggy} buggy against {fixed} fixed" + ("" if ok else ", no hits lost")
+
+
 @dataclass
 class EngineVerdict:
     case: Case
@@ -232,10 +253,12 @@ class EngineVerdict:
     why: str
     outcomes: dict                     # role -> Outcome (or None: the run failed)
     runs: dict
+    hits_lost: Optional[bool] = None   # a case with hits = "lost": whether the buggy run lost hits (None: no check)
 
     @property
     def holds(self) -> bool:
-        return self.engine is not None and all(o is not None and o.holds for o in self.outcomes.values())
+        return (self.engine is not None and all(o is not None and o.holds for o in self.outcomes.values())
+                and self.hits_lost is not False)
 
     @property
     def real(self) -> bool:
@@ -254,7 +277,9 @@ class EngineVerdict:
                 "holds": self.holds, "why": self.why,
                 "mechanism": [] if e is None else list(e.mechanism),
                 "missing": [] if e is None else _missing(e, self.runs) if self.runs else [],
-                "differs": self.differences()}
+                "differs": self.differences(),
+                **({"prefix_hit_tokens": {r: _hit_tokens(self.runs[r]) for r in ROLES if r in self.runs}}
+                   if e is not None and e.hits else {})}
 
 
 def _forwards(run: dict, backend: str) -> str:
@@ -311,7 +336,7 @@ def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu
     outcomes, notes = {}, {}
     for role, r in runs.items():
         outcomes[role], notes[role] = _outcome(seen, eng, role, r)
-    why = eng.why
+    why, hits = eng.why, None
     if on_cpu_here(eng):
         why += "; run on the CPU: the release's scheduler is not driven on CUDA runs yet"
     failed = [role for role, o in outcomes.items() if o is None]
@@ -323,8 +348,11 @@ def run_engine_case(case: Case, out_dir: Path, backends, vllm_device: str = "cpu
     else:
         missing = _missing(eng, runs)
         gap = "model-only: " + ", ".join(missing) + " did not run as the release's code" if missing else ""
-        why = "; ".join(w for w in (why, stop_note, gap) if w)
-    return EngineVerdict(case, eng, why, outcomes, runs)
+        hit_note = ""
+        if eng.hits:
+            hits, hit_note = lost_hits(runs)
+        why = "; ".join(w for w in (why, stop_note, hit_note, gap) if w)
+    return EngineVerdict(case, eng, why, outcomes, runs, hits)
 
 
 def format_engine_table(verdicts: list[EngineVerdict]) -> str:
@@ -334,7 +362,8 @@ def format_engine_table(verdicts: list[EngineVerdict]) -> str:
         cells = []
         for role in ROLES:
             o = v.outcomes.get(role)
-            cells.append("-" if v.engine is None else "error" if o is None else "holds" if o.holds else "FAILS")
+            held = o is not None and o.holds and (role == "fixed" or v.hits_lost is not False)
+            cells.append("-" if v.engine is None else "error" if o is None else "holds" if held else "FAILS")
         j = v.to_json()
         rows.append([v.case.id, v.case.issue, "real" if v.real else "model", j["buggy"] or "-", j["fixed"] or "-",
                      *cells, v.why[:100]])

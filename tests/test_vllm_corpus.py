@@ -8,12 +8,14 @@ window) reads the null block inside the window; V4 (#35219, fixed by #44490: the
 taken only where blocks are zeroed) ends the run with the managers' list undrained; V5 (#33775, fixed by #44409: the
 groups' blocks for a KV connector's tokens taken before every group's hit is touched) reads a system prompt the
 offload tier's load overwrote; V6 (#47282, fixed by #47728: sliding-window frees on the optimistic count under async
-scheduling) reads a block an async load was given while the forward still read it. The corpus file's validation
-runs without vLLM.
+scheduling) reads a block an async load was given while the forward still read it; V7 (#32802: EAGLE's block
+dropped on every pass of the hybrid hit search) writes and reads nothing wrong but hits no prefix token where the
+release as released hits 720. The corpus file's validation runs without vLLM.
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6", "V7"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
@@ -49,6 +51,7 @@ def _corpus(tmp_path: Path, engine: str) -> Path:
     ('{ buggy = "vllm==0.34.0", fixed = "sglang==0.5.23" }', "case X.engine.fixed"),
     ('{ buggy = "trtllm==1.0", fixed = "vllm==0.34.0" }', "case X.engine.buggy"),
     ('{ buggy = "vllm==0.34.0", fixed = "vllm==0.34.0", stops = 3 }', "case X.engine.stops"),
+    ('{ buggy = "vllm==0.34.0", fixed = "vllm==0.34.0", hits = "fewer" }', "case X.engine.hits"),
 ])
 def test_bad_engine_entries_name_their_field(tmp_path, engine, field):
     case = load_corpus(_corpus(tmp_path, engine))[0]
@@ -104,7 +107,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    cases = ("V1", "V2", "V3", "V4", "V5", "V6")
+    cases = ("V1", "V2", "V3", "V4", "V5", "V6", "V7")
     assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in cases}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["buggy"] == "vllm==0.34.0 + revert-17398-eagle-swa-hit.yaml"
@@ -124,6 +127,9 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     assert findings("V5", "buggy") == {"stale_read": 32}
     assert findings("V6", "buggy") == {"stale_read": 10}
     assert all(findings(c, "fixed") == {} for c in cases)
+    # V7: nothing written or read wrong; the hits the fixed release takes on the same workload, lost
+    assert findings("V7", "buggy") == {} and got["V7"]["prefix_hit_tokens"] == {"buggy": 0, "fixed": 720}
+    assert "prefix-hit tokens: 0 buggy against 720 fixed" in got["V7"]["why"]
 
 
 def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_path):
@@ -133,6 +139,35 @@ def test_a_stop_the_buggy_run_does_not_make_fails_the_verdict(vllm_release, tmp_
     r = slotscope_cli("bugs", "--engine", "vllm", "--corpus", str(path), "-q")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the buggy run should stop with 'scheduled nothing'; it finished" in r.stdout
+
+
+@pytest.mark.parametrize("buggy, fixed, holds, said", [
+    (0, 720, True, "prefix-hit tokens: 0 buggy against 720 fixed"),
+    (720, 720, False, "prefix-hit tokens: 720 buggy against 720 fixed, no hits lost"),
+    (None, 720, False, "the runs count no prefix-hit tokens, so lost hits cannot be told"),
+])
+def test_a_lost_hits_case_holds_only_where_the_buggy_run_hit_fewer_tokens(buggy, fixed, holds, said):
+    """V7's kind of case (hits = "lost"): clean on both runs, it holds only where the buggy run's prefix-hit tokens
+    (vLLM's scheduler's count in run.json) are fewer than the fixed run's; the table marks the buggy verdict."""
+    from slotscope.corpus import Outcome
+    from slotscope.corpus_engine import EngineVerdict, format_engine_table, lost_hits
+
+    case = next(c for c in load_corpus(CORPUS_VLLM) if c.id == "V7")
+    eng = engine_of(case, str(CORPUS_VLLM))
+    assert eng.hits == "lost"
+    clean = {"backends": {"vllm": {"findings": {"stale_read": 0}}}}
+    outcomes = {r: Outcome(case, r, eng.spec(r), case.load(), clean, {}, 0.0) for r in ("buggy", "fixed")}
+    did = {"buggy": buggy, "fixed": fixed}
+    runs = {r: {"out": f"/o/{r}", "pieces": {"scheduler": {"did": {} if n is None else {"prefix_hit_tokens": n}}}}
+            for r, n in did.items()}
+    ok, text = lost_hits(runs)
+    assert (ok, text) == (holds, said)
+    v = EngineVerdict(case, eng, text, outcomes, runs, ok)
+    assert all(o.holds for o in outcomes.values()) and v.holds == holds
+    assert v.to_json()["prefix_hit_tokens"] == did
+    head, row = (re.split(r"\s{2,}", line) for line in format_engine_table([v]).splitlines())
+    assert head[5:7] == ["buggy verdict", "fixed verdict"]
+    assert row[5:7] == ["holds" if holds else "FAILS", "holds"]
 
 
 def test_fuzz_on_a_patched_vllm_finds_its_bug_against_vllm_as_released(warm_vllm, tmp_path):
