@@ -82,8 +82,12 @@ class ReleaseGraphs:
         cc.max_cudagraph_capture_size = max(cc.decode_cudagraph_capture_request_sizes
                                             + cc.prefill_cudagraph_capture_token_sizes, default=0)
         self.mode = mode.name
+        # the model runner's decode query lengths: a uniform decode is one new token per request and, with
+        # speculative decoding, its drafts (a verify): its FULL decode graphs are captured at that length
+        self.decode_query_len = 1 + vc.num_speculative_tokens
         with self._single_rank():
-            self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode, {1: self.max_reqs})
+            self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode,
+                                                      vc.get_decode_cudagraph_query_lens(self.decode_query_len))
         self.manager._graphs_captured = True        # STAND_INS: the descriptors as captured
         descs = self.manager._capture_descs
         # (a PIECEWISE decode mode's descriptors have no request count: no FULL decode graph holds requests)
@@ -128,8 +132,9 @@ class ReleaseGraphs:
         for r, n in enumerate(np.asarray(drawn, dtype=np.int64).tolist(), start=1):
             if decoding:
                 n = max(1, min(n, max(self.largest, ours), self.max_reqs))     # a decode; an idle rank's dummy: 1
-                desc = self.manager.dispatch(n, n, 1, 0, max_query_len=1)
-                t[:, r] = torch.tensor([n, desc.cg_mode.value, 1, 1, 0, n, 0], dtype=torch.int32)
+                q = self.decode_query_len
+                desc = self.manager.dispatch(n, n * q, q, 0, max_query_len=q)
+                t[:, r] = torch.tensor([n * q, desc.cg_mode.value, q, q, 0, n, 0], dtype=torch.int32)
             else:
                 n = max(1, n)                   # a prefill of n tokens: a piecewise graph where one holds it
                 desc = self.manager.dispatch(1, n, None, 0)
