@@ -62,6 +62,10 @@ def make_scheduler(scenario: Scenario, alloc, release: Release, rng: np.random.G
     if scenario.engine.kv_offload:
         raise ScenarioError(f"{scenario.source}: engine.kv_offload: slotscope has no model of an offload tier; it "
                             f"is driven as vLLM's KV connector (run with --engine vllm)")
+    spec = scenario.engine.speculative
+    if spec.enabled and spec.algorithm != "eagle":
+        raise ScenarioError(f"{scenario.source}: engine.speculative.algorithm: {spec.algorithm} is vLLM's "
+                            f"speculator; slotscope has no model of it (run with --engine vllm)")
     kind = kind or scheduler_kind(scenario)
     requests = make_requests(scenario.workload, rng)
     kw = dict(pad_value=pad_value, pad_to_capture=pad_to_capture, release=release.behaviour)

@@ -38,6 +38,7 @@ RUNS = {          # key: (scenario, patch, extra arguments); a patched worker ke
     "dp_zero": ("scenarios/vllm-dp-decode.toml", "dp-dummy-slots-zero.yaml", ()),
     "eagle": ("scenarios/vllm-eagle.toml", None, ()),
     "eagle_rollback": ("scenarios/vllm-eagle.toml", "spec-rejection-not-rolled-back.yaml", ()),
+    "null_block": ("scenarios/vllm-hidden-states-null-block.toml", None, ()),
     "smoke": ("scenarios/smoke.toml", None, ()),
     "smoke_v1": ("scenarios/smoke.toml", ROOT / "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml",
                  ()),
@@ -506,10 +507,36 @@ def test_eagle_runs_clean_with_the_drafter_in_the_targets_group_and_a_rollback_b
     modes = collections.Counter(s["mode"] for s in steps)
     target = modes["extend"] + modes["decode"] + modes["mixed"]
     assert modes["draft_extend"] == target == sched["did"]["forwards"] and modes["draft_decode"] > target
+    # a verify of the same number of drafts per request replays a FULL decode graph captured at that query length
+    # (the model runner's decode_query_len, 1 + 3), as the release captures them with speculative decoding
+    assert any(s["mode"] == "decode" and s["graph"] == "decode_graph" for s in steps)
     proc, summary, run, out = runs["eagle_rollback"]
     assert proc.returncode == 1 and set(_found(summary)) == {"stale_read"}
     layers = {json.loads(line)["layer"] >= 8 for line in (out / "findings.jsonl").read_text().splitlines()}
     assert layers == {True, False}         # the target's layers (0-7) and the drafter's (8)
+
+
+@pytest.mark.vllm
+def test_extract_hidden_states_stores_padded_rows_in_the_null_block_as_released(runs):
+    """vLLM's extract_hidden_states on 0.34.0 as released: its cache-only layer is a KV-cache group of its own, and
+    the store's clamp (#43869) puts the padded rows of a verify replayed in a decode graph (one request of 2 tokens in
+    the graph of 2 requests) in slot 0 of the null block: one finding, at the cache-only layer (2, after S and F),
+    the store's piece the release's and named in run.json."""
+    proc, summary, run, out = runs["null_block"]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    sched = run["engine_pieces"]["scheduler"]
+    assert [g["kind"] for g in sched["groups"]] == ["swa", "full", "hidden"]
+    assert sched["speculative"]["method"] == "extract_hidden_states"
+    assert sched["speculative"]["drafter_layers"]["hidden"] == ["draft.cache_only_layers.0"]
+    whose = {r["piece"].split(" (")[0]: r["whose"] for r in run["engine_pieces"]["rows"]}
+    assert whose["extract_hidden_states' store"] == "engine"
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert [(s["mode"], s["graph"], s["real_tokens"], s["padded_tokens"]) for s in steps] == [
+        ("extend", "eager", 1, 1), ("draft_extend", "eager", 1, 1),
+        ("decode", "decode_graph", 2, 4), ("draft_extend", "eager", 2, 4)]
+    found = [json.loads(line) for line in (out / "findings.jsonl").read_text().splitlines()]
+    assert [(f["step"], f["layer"], f["class"], f["slot"]) for f in found] == [(3, 2, "evicted_slot", 0)]
+    assert found[0]["message"] == "write in vLLM's null block (block 0), which nothing may write"
 
 
 @pytest.mark.vllm

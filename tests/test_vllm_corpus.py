@@ -10,7 +10,9 @@ groups' blocks for a KV connector's tokens taken before every group's hit is tou
 offload tier's load overwrote; V6 (#47282, fixed by #47728: sliding-window frees on the optimistic count under async
 scheduling) reads a block an async load was given while the forward still read it; V7 (#32802: EAGLE's block
 dropped on every pass of the hybrid hit search) writes and reads nothing wrong but hits no prefix token where the
-release as released hits 720. The corpus file's validation runs without vLLM.
+release as released hits 720; V8 (#43810, fixed by #43869: extract_hidden_states' store took a padded row's -1
+as a Python index) writes the pool's last slot, read by the request holding it, where 0.34.0 writes the null block
+(still a finding: live). The corpus file's validation runs without vLLM.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6", "V7"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
@@ -107,7 +109,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    cases = ("V1", "V2", "V3", "V4", "V5", "V6", "V7")
+    cases = ("V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8")
     assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in cases}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["buggy"] == "vllm==0.34.0 + revert-17398-eagle-swa-hit.yaml"
@@ -126,7 +128,19 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     assert findings("V3", "buggy") == {"stale_read": 150}       # the target's SWA layers and the drafter's
     assert findings("V5", "buggy") == {"stale_read": 32}
     assert findings("V6", "buggy") == {"stale_read": 10}
-    assert all(findings(c, "fixed") == {} for c in cases)
+    assert all(findings(c, "fixed") == {} for c in cases if c != "V8")
+    # V8: each of the 9 padded verifies stores its padded rows' hidden states; as released (#43869's clamp) in the
+    # null block's slot 0 (on the cache-only layer, 4), reverted in the pool's last slot (25 blocks of 16), whose
+    # block a request holds: its sliding-window reads find them
+    assert findings("V8", "fixed") == {"evicted_slot": 9}
+    assert findings("V8", "buggy") == {"evicted_slot": 9, "stale_read": 16}
+
+    def where(case, role, cls):
+        rows = (tmp_path / "runs" / case / f"{case}-{role}" / "findings.jsonl").read_text().splitlines()
+        return {(f["layer"], f["slot"]) for f in map(json.loads, rows) if f["class"] == cls}
+
+    assert where("V8", "fixed", "evicted_slot") == {(4, 0)} and where("V8", "buggy", "evicted_slot") == {(4, 399)}
+    assert {slot for _, slot in where("V8", "buggy", "stale_read")} == {399}
     # V7: nothing written or read wrong; the hits the fixed release takes on the same workload, lost
     assert findings("V7", "buggy") == {} and got["V7"]["prefix_hit_tokens"] == {"buggy": 0, "fixed": 720}
     assert "prefix-hit tokens: 0 buggy against 720 fixed" in got["V7"]["why"]

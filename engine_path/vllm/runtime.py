@@ -26,7 +26,7 @@ from simulator.memory.allocator import HybridAllocator
 
 from ..errors import AdapterLacks
 from ..releases import EngineInfo
-from . import connector, kernels
+from . import connector, hidden_states, kernels
 from .release import DEFAULT_VERSION
 
 #: the run's one backend boundary
@@ -155,6 +155,9 @@ class VllmRuntime:
                                 if whose == "model" and self.device != "cuda"]}
         if self.schedule_source is not None and self.schedule_source.driver.tier is not None:
             d["model_pieces"].append(connector.STAND_IN)
+        if self.schedule_source is not None and self.schedule_source.g_hidden is not None:
+            d["engine_pieces"].append(hidden_states.ENGINE_PIECE)
+            d["model_pieces"].append(hidden_states.MODEL_PIECE)
         if self.schedule_source is not None:
             d["scheduler"] = self.schedule_source.describe()
             d["scheduler"]["release"] = f"vllm {v}"

@@ -51,9 +51,10 @@ STAND_INS = {
     "UvaBuffer": "on a CPU the host tensor itself (a device view of pinned host memory needs CUDA); on CUDA the "
                  "release's own NonUvaBuffer (explicit host-to-device copies: the view needs vllm._C, not used), "
                  "on the platform vLLM resolves without its compiled extensions, its device type set to cuda",
-    "SpeculativeConfig": "engine.speculative: the release's own class for an EAGLE-3 drafter, its checkpoint-reading "
-                         "__post_init__ left out (no draft model is loaded); the drafter's layers join the KV-cache "
-                         "groups by the release's own get_global_kv_cache_groups",
+    "SpeculativeConfig": "engine.speculative: the release's own class for an EAGLE-3 drafter (or, with algorithm "
+                         "extract_hidden_states, that speculator: one speculative token, one aux hidden state), its "
+                         "checkpoint-reading __post_init__ left out (no draft model is loaded); the drafter's layers "
+                         "join the KV-cache groups by the release's own get_global_kv_cache_groups",
     "the drafter's forwards": "its prefill writes at the target forward's own slot mappings; its decode steps, over "
                               "every request of the batch, at the position after its last valid token and on, "
                               "clamped to max_model_len - 1 (as the speculator's input kernels set them), their "
@@ -99,6 +100,9 @@ def _mod(name: str):
     return importlib.import_module(name)
 
 
+#: extract_hidden_states' cache-only layer (ExtractHiddenStatesModel names it after the target's layer count)
+HIDDEN_LAYER = "draft.cache_only_layers.0"
+
 #: with DP, the most dummy forwards one idle gap of this rank runs (the rest of a longer gap is jumped)
 DUMMY_GAP = 8
 
@@ -122,6 +126,9 @@ class VllmScheduler(EngineCoreLoop):
         self.max_steps = max_steps
         #: engine.speculative: EAGLE (the release's speculative config, a drafter's layers in the KV-cache groups)
         self.drafting = bool(scenario.engine.speculative.enabled)
+        #: engine.speculative.algorithm = "extract_hidden_states": vLLM's speculator caching the target's hidden
+        #: states in one cache-only layer, a KV-cache group of its own (HiddenStateCacheSpec)
+        self.hidden_states = self.drafting and scenario.engine.speculative.algorithm == "extract_hidden_states"
         self.accept_rng = np.random.default_rng([scenario.seed, 0xEA61E])
         #: engine.overlap: the engine core's async scheduling (a batch queue of two: schedules run one ahead)
         self.async_ = bool(scenario.engine.overlap)
@@ -186,11 +193,13 @@ class VllmScheduler(EngineCoreLoop):
         them off, and a hit then drops its last block: EAGLE's block drop)."""
         spec_mod = _mod("vllm.config.speculative")
         spec = object.__new__(spec_mod.SpeculativeConfig)
-        fields = dict(method="eagle3", custom_method=None, num_speculative_tokens=self.sc.engine.speculative.num_steps,
+        method = "extract_hidden_states" if self.hidden_states else "eagle3"
+        hf = SimpleNamespace(eagle_config={}, eagle_aux_hidden_state_layer_ids=[0])
+        fields = dict(method=method, custom_method=None, num_speculative_tokens=self.sc.engine.speculative.num_steps,
                       num_speculative_tokens_per_batch_size=None, disable_eagle_block_drop=False,
                       disable_lookahead_block_hashes=not self.sc.engine.speculative.lookahead_block_hashes,
-                      draft_model_config=SimpleNamespace(speculator_config_class=None, model="slotscope-eagle3",
-                                                         hf_config=SimpleNamespace(eagle_config={})))
+                      draft_model_config=SimpleNamespace(speculator_config_class=None, model=f"slotscope-{method}",
+                                                         hf_config=hf))
         for k, v in fields.items():
             object.__setattr__(spec, k, v)
         object.__setattr__(vc, "speculative_config", spec)
@@ -213,7 +222,10 @@ class VllmScheduler(EngineCoreLoop):
         for layer in self.sc.model.layers():
             spec[f"layers.{layer.layer}"] = layer_spec(layer.kind)
         drafting = self.sc.engine.speculative.enabled
-        if drafting:      # the drafter's layers (is_draft: the speculator marks them), the target's K/V geometry
+        if self.hidden_states:      # ExtractHiddenStatesModel's one cache-only layer (STAND_INS: its geometry)
+            spec[HIDDEN_LAYER] = kci.HiddenStateCacheSpec(block_size=self.block_size, num_kv_heads=1, head_size=32,
+                                                          dtype=torch.float16)
+        elif drafting:    # the drafter's layers (is_draft: the speculator marks them), the target's K/V geometry
             for i, kind in enumerate(self.sc.engine.speculative.draft_layers):
                 spec[f"draft.layers.{i}"] = layer_spec(kind, is_draft=True)
         # the engine core resolves one layout from what the workers' backends support (STAND_INS: flash attention's)
@@ -221,8 +233,9 @@ class VllmScheduler(EngineCoreLoop):
                                                                          spec.values())
         groups = (planning.get_global_kv_cache_groups(self.vllm_config, [spec]) if drafting
                   else planning.get_kv_cache_groups(self.vllm_config, spec))
-        kinds = ["swa" if isinstance(g.kv_cache_spec, kci.SlidingWindowSpec) else "full" for g in groups]
-        if sorted(kinds) != ["full", "swa"]:
+        kinds = [("hidden" if isinstance(g.kv_cache_spec, kci.HiddenStateCacheSpec) else
+                  "swa" if isinstance(g.kv_cache_spec, kci.SlidingWindowSpec) else "full") for g in groups]
+        if sorted(kinds) != sorted(["full", "swa"] + (["hidden"] if self.hidden_states else [])):
             raise AdapterLacks(f"vLLM groups this model's {len(spec)} layers into {len(groups)} KV-cache groups "
                               f"({', '.join(kinds)}); slotscope drives one full and one sliding-window group so far "
                               f"(a model whose full and SWA layers come in equal numbers, e.g. gpt-oss)")

@@ -43,7 +43,8 @@ from simulator.scheduling.batch_making import BatchMaking
 from simulator.scheduling.content_tags import ContentTags
 from simulator.scheduling.workload import make_requests
 
-from ..errors import raised_in
+from ..errors import AdapterLacks, raised_in
+from . import hidden_states
 from .graphs import Dispatch, ReleaseGraphs
 from .scheduler import VllmScheduler
 from .worker import WorkerTables, slots_of
@@ -92,6 +93,11 @@ class VllmStepSource(BatchMaking):
         self.driver = VllmScheduler(scenario, self.specs, self._tag_row, max_steps=scenario.max_steps)
         self.g_full, self.g_swa = self.driver.groups.index("full"), self.driver.groups.index("swa")
         self.bs = self.driver.block_size
+        #: extract_hidden_states: its cache-only layer's group (written after each target forward), else None
+        self.g_hidden = self.driver.groups.index("hidden") if self.driver.hidden_states else None
+        if self.g_hidden is not None and self.driver.kv_groups[self.g_hidden].kv_cache_spec.block_size != self.bs:
+            raise AdapterLacks("vLLM gave the hidden-state layer's group another block size than the attention "
+                               "groups'; slotscope drives one block size")
         self.window = scenario.model.window
         self.worker = WorkerTables(self.driver, device)
         self.graphs = ReleaseGraphs(self.driver, scenario, rng)
@@ -112,6 +118,8 @@ class VllmStepSource(BatchMaking):
                        "evicted_swa_slots": 0}
         if scenario.engine.kv_offload:
             self.counts["offload_loaded_slots"] = 0
+        if self.g_hidden is not None:
+            self.counts["freed_hidden_slots"] = 0
 
     @property
     def source(self) -> str:
@@ -164,8 +172,10 @@ class VllmStepSource(BatchMaking):
             tr = self._loaded(loads) if loads else rejected
             yield batch, (truth if tr is None else dataclasses.replace(truth, transferred=tr))
             k += 1
-            if step.drafts is not None:           # EAGLE: the drafter's forwards, before the output is processed
-                for draft in self._draft_forwards(k, step):
+            if step.drafts is not None:           # the speculator's forwards, before the output is processed
+                drafts = [self._hidden_state_write(k, step)] if self.g_hidden is not None else \
+                    self._draft_forwards(k, step)
+                for draft in drafts:
                     yield draft
                     k += 1
                 self._rejected = self._rejected_of(step)
@@ -189,8 +199,9 @@ class VllmStepSource(BatchMaking):
             return
         groups = self._block_group[freed]
         self._block_group[freed] = -1
+        hidden = ((self.g_hidden, self._freed_full, "freed_hidden_slots"),) if self.g_hidden is not None else ()
         for g, out, key in ((self.g_full, self._freed_full, "freed_full_slots"),
-                            (self.g_swa, self._freed_swa, "freed_swa_slots")):
+                            (self.g_swa, self._freed_swa, "freed_swa_slots"), *hidden):
             b = freed[groups == g]
             if not b.size:
                 continue
@@ -199,7 +210,7 @@ class VllmStepSource(BatchMaking):
             self.counts[key] += int(slots.size)
             if g == self.g_full:
                 self._held_full[slots] = False
-            else:
+            elif g == self.g_swa:
                 evicted = slots[self._held_full[self._full_of_swa[slots]]]
                 if evicted.size:
                     self._evicted_swa.append(evicted)
@@ -232,6 +243,7 @@ class VllmStepSource(BatchMaking):
         batch, truth = self._make_batch(k, mode, nreq, tags, locs, swas)
         batch = self._padded_by_release(batch, slot_map, q)
         self._written = (tags, locs, swas, truth_full, tables)
+        self._ran = (slot_map, q, d.tokens)          # the slot mappings and the rows the forward ran (real, padded)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
 
     def _request_part(self, parts: "_Parts", rid: str, tables: list, i: int, c: int, end: int,
@@ -333,6 +345,31 @@ class VllmStepSource(BatchMaking):
         self._dispatch = Dispatch("eager", n)
         batch, truth = self._make_batch(k, "draft_decode", n, tags, locs, swas)
         return batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
+
+    # ------------------------------------------------------------------ extract_hidden_states
+
+    def _hidden_state_write(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
+        """extract_hidden_states after a target forward: its cache-only layer (the draft side's one layer, eager)
+        stores one hidden state per row the forward ran, at the hidden-state group's slot mapping sliced to that
+        count (a graph's padded rows -1), where the release's own ``basic_cache`` puts each
+        (engine_path/vllm/hidden_states.py). The real rows' tags are the target's, owned where the release's
+        manager holds the request's hidden-state blocks; it reads nothing."""
+        tags = self._written[0]
+        slot_map, real, rows = self._ran
+        loc = raised_in("vllm", f"vLLM {self.release_version}'s extract_hidden_states store (basic_cache)",
+                        hidden_states.stored_at, slot_map[self.g_hidden, :max(rows, real)], self.driver.num_blocks,
+                        self.bs)
+        owned = [slots_of(self.driver.manager_blocks(rid)[self.g_hidden], self.bs, c, c + n)
+                 for rid, c, n in zip(step.req_ids, step.starts.tolist(), step.counts.tolist())]
+        held = np.concatenate(owned)
+        self._block_group[held // self.bs] = self.g_hidden
+        empty = np.zeros(0, dtype=np.int64)
+        self._requests = BatchRequests(rids=empty, seq_lens=empty, extend_lens=empty, slots=(), tag_bases=empty)
+        self._dispatch = Dispatch("eager", loc.shape[0])
+        batch, truth = self._make_batch(k, "draft_extend", 0, tags, [loc[:real]], [loc[:real]])
+        batch = dataclasses.replace(batch, out_cache_loc=loc)         # the padded rows where basic_cache put them
+        return batch, dataclasses.replace(truth, full_slots=held, swa_slots=held,
+                                          transferred=hidden_states.in_target_views(self.content, loc, real, step))
 
     def _take_loads(self, step) -> list:
         """The offload tier's loads that land by ``step``'s forward (engine.kv_offload; ``step`` None: the async

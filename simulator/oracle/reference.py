@@ -101,9 +101,11 @@ class ReferencePool:
         self.apply_frees(truth)
         self.apply_writes(truth)
 
-    def apply_frees(self, truth: BatchTruth) -> None:
+    def apply_frees(self, truth: BatchTruth, transfer: bool = True) -> None:
         """The slots freed before the step. With speculative decoding the draft's reference takes every
-        step's frees too: target and draft share one allocator, so a freed index is free in both."""
+        step's frees too: target and draft share one allocator, so a freed index is free in both. ``transfer``:
+        whether the step's KV transfer reaches this reference too (not a draft's, for one the target's
+        reference alone takes: ``Transfer.target_reference_only``)."""
         self.epoch += 1
         self.live["full"][truth.freed_full] = False
         self.live["swa"][truth.freed_swa] = False
@@ -111,7 +113,7 @@ class ReferencePool:
         self.live_tag["swa"][truth.freed_swa] = 0
         self.evicted[truth.freed_swa] = False
         self.evicted[truth.evicted_swa] = True
-        if truth.transferred is not None:
+        if truth.transferred is not None and transfer:
             self._adopt(truth.transferred)
 
     def _adopt(self, tr) -> None:

@@ -25,7 +25,8 @@ BACKENDS: tuple[str, ...] = (
     "flashinfer", "triton", "flashattention", "trtllm_mha", "aiter", "xpu", "torch_native", "musa",
 )
 ARRIVALS = ("all_at_once", "poisson")
-SPEC_ALGORITHMS = ("eagle",)
+#: "extract_hidden_states": vLLM's speculator that caches the target's hidden states (vLLM runs only)
+SPEC_ALGORITHMS = ("eagle", "extract_hidden_states")
 DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "choice")
 MAX_SEED = 2**63 - 1
 

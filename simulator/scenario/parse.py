@@ -225,6 +225,12 @@ def _speculative(t: TomlTable, pool: PoolConfig) -> SpeculativeConfig:
         raise t.fail("draft_layers", str(e)) from None
     if not draft_layers:
         raise t.fail("draft_layers", "must hold at least one layer (an EAGLE draft has one: \"F\")")
+    if algorithm == "extract_hidden_states":
+        if num_draft_tokens != 2:
+            raise t.fail("num_draft_tokens", "must be 2 with extract_hidden_states (vLLM asks "
+                                             "num_speculative_tokens = 1)")
+        if draft_layers != ("full",):
+            raise t.fail("draft_layers", "must be \"F\" with extract_hidden_states (its one cache-only layer)")
     page = pool.page_size
     draft_full = t.get("draft_full_size", int, None, minimum=page * 2)
     if draft_full is not None and draft_full % page:

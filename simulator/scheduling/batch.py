@@ -95,6 +95,11 @@ class Transfer:
     #: the rows land in the target's pools only (what the target's own forward left there, e.g. a verify's K/V of
     #: drafts the target rejected), not in a draft model's
     target_only: bool = False
+    #: which references take the rows: every side's (the default: also where they land in the target's pools only,
+    #: a verify's rejected drafts being speculative K/V in the drafter's layers too until recomputed), or, with
+    #: ``target_reference_only``, the target's alone (the draft side holds its own writes there: what vLLM's
+    #: extract_hidden_states store leaves in the target groups' views)
+    target_reference_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)
