@@ -554,6 +554,50 @@ def test_dp_with_piecewise_graphs_only_runs(warm_vllm, tmp_path):
     assert {s["graph"] for s in steps} <= {"piecewise", "eager"} and any(s["graph"] == "piecewise" for s in steps)
 
 
+#: a fuzz draw (seed 11) whose other DP rank voted a decode of 64 requests of 2 tokens (a verify) under a token budget
+#: of 64: slotscope padded the forward to 128 rows, past the release's slot mappings (an internal error)
+DP_VERIFY = """name = "dp-verify"
+seed = 319477262
+design = "sglang-0.5.23"
+max_steps = 200
+[model]
+layers = "SFSFSF"
+window = 8192
+[pool]
+full_size = 848
+swa_ratio = 0.25
+page_size = 16
+[workload]
+requests = 5
+arrival = "poisson"
+rate = 0.5
+prompt_len = { dist = "uniform", min = 9, max = 76 }
+output_len = { dist = "uniform", min = 2, max = 12 }
+[engine]
+chunked_prefill_size = 64
+dp_size = 2
+dp_other_tokens = { dist = "choice", values = [0, 64] }
+piecewise_cuda_graph = true
+piecewise_max_tokens = 64
+[engine.speculative]
+num_draft_tokens = 2
+accept_rate = 0.5
+"""
+
+
+@pytest.mark.vllm
+def test_the_other_dp_ranks_verifies_stay_in_the_token_budget(warm_vllm, tmp_path):
+    """With speculative decoding the other ranks' decodes are verifies (2 tokens a request): their votes are bounded by
+    the token budget, as every rank's batch is, so no forward is padded past the release's slot mappings."""
+    sc = tmp_path / "dp-verify.toml"
+    sc.write_text(DP_VERIFY)
+    proc = warm_vllm.cli("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(tmp_path / "out"), "--no-report",
+                         "-q")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
+    assert max(s["padded_tokens"] for s in steps) == 64 and any(s["graph"] == "decode_graph" for s in steps)
+
+
 def test_only_the_releases_own_frames_make_an_exception_the_releases():
     """engine_path.errors.raised_in: an exception with a frame in the release's package ends the run as ReleaseBroke
     naming that frame; one raised in slotscope's own adapter (engine_path/vllm/, whose path also holds "/vllm/")

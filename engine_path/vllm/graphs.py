@@ -73,7 +73,7 @@ class ReleaseGraphs:
         modes = {(True, True): "FULL_AND_PIECEWISE", (True, False): "FULL_DECODE_ONLY", (False, True): "PIECEWISE",
                  (False, False): "NONE"}
         mode = cfg.CUDAGraphMode[modes[bool(eng.cuda_graph), bool(eng.piecewise_cuda_graph)]]
-        budget = vc.scheduler_config.max_num_batched_tokens
+        budget = self.budget = vc.scheduler_config.max_num_batched_tokens
         # what a CUDA platform's config resolution sets (a CPU platform resolves no graphs)
         cc.cudagraph_mode = mode
         cc.decode_cudagraph_capture_request_sizes = sorted(eng.cuda_graph_bs) if eng.cuda_graph else []
@@ -131,8 +131,8 @@ class ReleaseGraphs:
         drawn = self.others_dist.sample(self.rng, self.dp_size - 1)
         for r, n in enumerate(np.asarray(drawn, dtype=np.int64).tolist(), start=1):
             if decoding:
-                n = max(1, min(n, max(self.largest, ours), self.max_reqs))     # a decode; an idle rank's dummy: 1
-                q = self.decode_query_len
+                q = self.decode_query_len             # a decode (of n requests, q tokens each, in the token budget)
+                n = max(1, min(n, max(self.largest, ours // q), self.max_reqs, self.budget // q))  # idle rank's: 1
                 desc = self.manager.dispatch(n, n * q, q, 0, max_query_len=q)
                 t[:, r] = torch.tensor([n * q, desc.cg_mode.value, q, q, 0, n, 0], dtype=torch.int32)
             else:
