@@ -554,6 +554,27 @@ def test_dp_with_piecewise_graphs_only_runs(warm_vllm, tmp_path):
     assert {s["graph"] for s in steps} <= {"piecewise", "eager"} and any(s["graph"] == "piecewise" for s in steps)
 
 
+@pytest.mark.vllm
+def test_the_drafters_prefill_runs_on_the_targets_padded_rows(warm_vllm, tmp_path):
+    """EAGLE's draft prefill runs on the target's batch, its padded rows included (the speculator's
+    num_tokens_padded), at the target's slot mappings: with V1's revert (#36580: a graph's padded rows keep earlier
+    forwards' slots) the drafter's layers write there too (layers 6+; before 2026-12-07 the drafter's prefill ran
+    unpadded and only the target's 268 findings showed)."""
+    text = (ROOT / "scenarios" / "vllm-hidden-states-pad.toml").read_text()
+    sc = tmp_path / "eagle-pad.toml"
+    sc.write_text(text.replace('algorithm = "extract_hidden_states"', 'algorithm = "eagle"')
+                  .replace("num_layers = 4", "num_layers = 6"))
+    out = tmp_path / "out"
+    proc = warm_vllm.cli("run", str(sc), "--engine", "vllm==0.34.0", "--engine-patch",
+                         str(ROOT / "examples/engine-patches/vllm/revert-36580-pad-from-padded-count.yaml"),
+                         "--out", str(out), "--no-report", "--trace-level", "off", "-q")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    found = collections.Counter((f["layer"] >= 6, f["class"]) for f in map(
+        json.loads, (out / "findings.jsonl").read_text().splitlines()))
+    assert found == {(False, "clobbered"): 189, (False, "evicted_slot"): 75, (False, "missed"): 3,
+                     (False, "stale_read"): 1, (True, "clobbered"): 37, (True, "evicted_slot"): 7}
+
+
 #: a fuzz draw (seed 11) whose other DP rank voted a decode of 64 requests of 2 tokens (a verify) under a token budget
 #: of 64: slotscope padded the forward to 128 rows, past the release's slot mappings (an internal error)
 DP_VERIFY = """name = "dp-verify"

@@ -55,7 +55,8 @@ STAND_INS = {
                          "extract_hidden_states, that speculator: one speculative token, one aux hidden state), its "
                          "checkpoint-reading __post_init__ left out (no draft model is loaded); the drafter's layers "
                          "join the KV-cache groups by the release's own get_global_kv_cache_groups",
-    "the drafter's forwards": "its prefill writes at the target forward's own slot mappings; its decode steps, over "
+    "the drafter's forwards": "its prefill writes at the target forward's own slot mappings (its padded rows "
+                              "too); its decode steps, over "
                               "every request of the batch, at the position after its last valid token and on, "
                               "clamped to max_model_len - 1 (as the speculator's input kernels set them), their "
                               "slots the release's compute_slot_mappings; drafts are the workload's next tokens, the "

@@ -273,16 +273,18 @@ class VllmStepSource(BatchMaking):
 
     def _draft_forwards(self, k: int, step) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
         """The drafter's forwards after a target forward (its layers are in the target's KV-cache groups, each
-        writing its group's slots; eager): its prefill over every token the target's forward took (the target's own
-        slot mappings, a verify's rejected drafts included), then ``num_speculative_tokens - 1`` decode steps over
+        writing its group's slots; eager): its prefill over every row the target's forward ran (the target's own
+        slot mappings, a verify's rejected drafts and a graph's padded rows included), then ``num_speculative_tokens - 1`` decode steps over
         every request of the batch (as the speculator runs them), step ``j`` writing position ``last valid + j``
         (after a verify its last accepted token, after a prefill chunk its last token; clamped to
         ``max_model_len - 1``, as the speculator's input kernels set them: ``_prepare_decode_inputs``, then
         ``update_draft_inputs`` one on per step), through its persistent block-table row (``compute_slot_mappings``,
         as its decode steps call it). Past a request's last token the tags are its own (the content rows' room)."""
         tags, locs, swas, truth_full, tables = self._written
-        self._dispatch = Dispatch("eager", int(sum(x.shape[0] for x in locs)))
+        slot_map, real, rows = self._ran
+        self._dispatch = Dispatch("eager", max(rows, real))      # on the target's batch, its padded rows included
         batch, truth = self._make_batch(k, "draft_extend", len(step.req_ids), tags, locs, swas)
+        batch = self._padded_by_release(batch, slot_map, real)
         yield batch, dataclasses.replace(truth, full_slots=np.concatenate(truth_full))
         last = step.sample_at() + step.kept() - 1                 # per request: its last position with valid KV
         limit = self.driver.vllm_config.model_config.max_model_len - 1
@@ -350,10 +352,9 @@ class VllmStepSource(BatchMaking):
 
     def _hidden_state_write(self, k: int, step) -> tuple[ForwardBatch, BatchTruth]:
         """extract_hidden_states after a target forward: its cache-only layer (the draft side's one layer, eager)
-        stores one hidden state per row the forward ran, at the hidden-state group's slot mapping sliced to that
-        count (a graph's padded rows -1), where the release's own ``basic_cache`` puts each
-        (engine_path/vllm/hidden_states.py). The real rows' tags are the target's, owned where the release's
-        manager holds the request's hidden-state blocks; it reads nothing."""
+        stores one hidden state per row the forward ran, at its group's slot mapping (padded rows -1), where the
+        release's ``basic_cache`` puts each (hidden_states.py); the real rows' tags the target's, owned where the
+        release's manager holds the request's hidden-state blocks. It reads nothing."""
         tags = self._written[0]
         slot_map, real, rows = self._ran
         loc = raised_in("vllm", f"vLLM {self.release_version}'s extract_hidden_states store (basic_cache)",
