@@ -154,8 +154,10 @@ class IncrementalReads:
         # (one cut per kind over all its touched slots: the same entries end the same ranges at the same minimum)
         if tr is None:
             cut_f, cut_s = truth.freed_full, truth.freed_swa
-        else:
-            cut_f, cut_s = _joined([truth.freed_full, tr.full_slots]), _joined([truth.freed_swa, tr.swa_slots])
+        else:           # (its rows written over other tokens' slots too: a group's load in every group's view)
+            wf, ws = (tr.written[0], tr.written[2]) if tr.written is not None else (tr.full_slots[:0], tr.swa_slots[:0])
+            cut_f = _joined([truth.freed_full, tr.full_slots, wf])
+            cut_s = _joined([truth.freed_swa, tr.swa_slots, ws])
         step = None
         mapping = truth.mapping_changed
         for st in self._states.values():

@@ -240,3 +240,27 @@ def test_extend_clean_finds_stale_entries_on_both_paths():
             ends, ok = IncrementalReads(fast=fast)._extend_clean(k, ref, "full", g, first, idx, None, 100)
             got.append((ends.tolist(), ok, k.own.tolist()))
         assert got[0] == got[1], idx
+
+
+def test_a_transfers_rows_written_over_other_slots_end_clean_ranges():
+    """A transfer whose rows land where it does not own (vLLM's groups share memory: a load or extract_hidden_states'
+    store writes a block's rows in every group's view) ends the clean range of the token read there, as a free
+    does: its next read is checked again."""
+    from cuda_path.read_cache import _State
+    from simulator.oracle.reference import ReferencePool
+    from simulator.scheduling.batch import BatchTruth, Transfer
+
+    E = np.zeros(0, dtype=np.int64)
+    ref = ReferencePool(64, 64)
+    reads = IncrementalReads()
+    st = reads._states[(id(ref), 8)] = _State(ref, np.arange(64))
+    st.grow(4)
+    for k in (st.full, st.swa):
+        _set_owners(k, np.full(64, -1), np.zeros(64, dtype=np.int64))
+        k.own[5] = (3 << 32) | 10            # request 3's position 10 at slot 5, clean up to position 40
+        k.dlo[3], k.dhi[3] = 0, 40
+    rows = (np.array([5]), np.array([-1]), np.array([5]), np.array([-1]))
+    reads.note_step(ReferencePool(64, 64), BatchTruth(E, E, E, E, E, E, E, transferred=Transfer(
+        E, E, E, E, written=rows, target_only=True)))
+    assert (st.full.dhi[3], st.full.own[5]) == (10, -1)
+    assert (st.swa.dhi[3], st.swa.own[5]) == (10, -1)
