@@ -64,7 +64,8 @@ def test_section_defaults_and_speculative_capture_sizes():
 
 @pytest.mark.parametrize("spec,engine,needle", [
     ("num_draft_tokens = 1", "", "engine.speculative.num_draft_tokens: must be >= 2"),
-    ('algorithm = "medusa"', "", "engine.speculative.algorithm: 'medusa' is not allowed (allowed: eagle, extract_hidden_states)"),
+    ('algorithm = "medusa"', "",
+     "engine.speculative.algorithm: 'medusa' is not allowed (allowed: eagle, extract_hidden_states)"),
     ('draft_layers = "FX"', "", "engine.speculative.draft_layers: layer pattern may hold only"),
     ('draft_layers = ""', "", "engine.speculative.draft_layers: must hold at least one layer"),
     ("draft_full_size = 1000", "", "engine.speculative.draft_full_size: must be a multiple of pool.page_size 16"),

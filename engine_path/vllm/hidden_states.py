@@ -13,7 +13,6 @@ numbers, so the write locations the oracle checks are the release's, whatever it
 from __future__ import annotations
 
 import importlib
-
 from typing import Optional
 
 import numpy as np
@@ -32,7 +31,7 @@ ENGINE_PIECE = ("extract_hidden_states' store (basic_cache: where each row of a 
 MODEL_PIECE = ("extract_hidden_states' forward after each target forward: one row per row the target ran (its padded "
                "count), the hidden states as tags of their own; the cache-only layer's geometry (one head of 32: a "
                "block of the attention groups' size); what its store leaves in the target groups' views (vLLM's "
-               "groups share each KV tensor: the same block's rows, landing with the next target forward)")
+               "groups share each KV tensor: the same block's rows, with the store's own step)")
 
 
 def stored_at(slot_mapping: np.ndarray, num_blocks: int, block_size: int) -> np.ndarray:

@@ -272,14 +272,13 @@ class VllmStepSource(BatchMaking):
     # ------------------------------------------------------------------ EAGLE's drafter
 
     def _draft_forwards(self, k: int, step) -> Iterator[tuple[ForwardBatch, BatchTruth]]:
-        """The drafter's forwards after a target forward (its layers are in the target's KV-cache groups, each
-        writing its group's slots; eager): its prefill over every row the target's forward ran (the target's own
-        slot mappings, a verify's rejected drafts and a graph's padded rows included), then ``num_speculative_tokens - 1`` decode steps over
-        every request of the batch (as the speculator runs them), step ``j`` writing position ``last valid + j``
-        (after a verify its last accepted token, after a prefill chunk its last token; clamped to
-        ``max_model_len - 1``, as the speculator's input kernels set them: ``_prepare_decode_inputs``, then
-        ``update_draft_inputs`` one on per step), through its persistent block-table row (``compute_slot_mappings``,
-        as its decode steps call it). Past a request's last token the tags are its own (the content rows' room)."""
+        """The drafter's forwards after a target forward (its layers in the target's KV-cache groups, each writing
+        its group's slots; eager): its prefill over every row the target's forward ran (the target's own slot
+        mappings, a verify's rejected drafts and a graph's padded rows included), then ``num_speculative_tokens - 1``
+        decode steps over every request of the batch (as the speculator runs them), step ``j`` at position ``last
+        valid + j`` (after a verify its last accepted token, after a prefill chunk its last token; clamped to
+        ``max_model_len - 1``, as ``_prepare_decode_inputs`` and ``update_draft_inputs`` set them), through its
+        persistent block-table row (``compute_slot_mappings``). Past a request's last token its tags are its own."""
         tags, locs, swas, truth_full, tables = self._written
         slot_map, real, rows = self._ran
         self._dispatch = Dispatch("eager", max(rows, real))      # on the target's batch, its padded rows included

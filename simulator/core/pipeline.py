@@ -61,12 +61,12 @@ class StepExecutor(Protocol):
 
 
 def apply_truth(ctx: StepContext) -> None:
-    """The oracle first: every step's frees reach both references, a KV transfer's rows every pool, the
-    step's writes the side that runs it."""
+    """The oracle first: every step's frees reach both references, a KV transfer's rows every pool (and every
+    reference, but for one the target's reference alone takes), the step's writes the side that runs it."""
     run, truth = ctx.run, ctx.truth
-    mine = truth.transferred is not None and truth.transferred.target_reference_only
+    target_ref_only = truth.transferred is not None and truth.transferred.target_reference_only
     for m in run.sides:
-        m.reference.apply_frees(truth, transfer=not mine or m is run.target)
+        m.reference.apply_frees(truth, transfer=not target_ref_only or m is run.target)
     if truth.transferred is not None:
         run.write_transfer(truth.transferred)
     ctx.side.reference.apply_writes(truth)
