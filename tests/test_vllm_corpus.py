@@ -12,7 +12,8 @@ scheduling) reads a block an async load was given while the forward still read i
 dropped on every pass of the hybrid hit search) writes and reads nothing wrong but hits no prefix token where the
 release as released hits 720; V8 (#43810, fixed by #43869: extract_hidden_states' store took a padded row's -1
 as a Python index) writes the pool's last slot, read by the request holding it, where 0.34.0 writes the null block
-(still a finding: live). The corpus file's validation runs without vLLM.
+(still a finding: live, V9: V8's minimal scenario on 0.34.0 as released, clean with a fix patch of slotscope's
+that skips padded rows). The corpus file's validation runs without vLLM.
 """
 from __future__ import annotations
 
@@ -33,12 +34,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_every_vllm_case_runs_on_vllm_as_release_code_only():
     cases = load_corpus(CORPUS_VLLM)
-    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8"]
+    assert [c.id for c in cases] == ["V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9"]
     for c in cases:
         assert c.engine_only and not c.buggy and not c.fixed
         eng = engine_of(c, str(CORPUS_VLLM))
         assert eng.engine == "vllm" and eng.buggy == eng.fixed == "vllm==0.34.0"
-        assert eng.buggy_patches and all(p.is_file() for p in eng.buggy_patches + eng.fixed_patches)
+        # a fix reverted on the buggy run, or (a bug live in 0.34.0) a fix of slotscope's on the fixed run
+        assert bool(eng.buggy_patches) != bool(eng.fixed_patches), c.id
+        assert all(p.is_file() for p in eng.buggy_patches + eng.fixed_patches)
         assert c.issue.startswith("vllm#")
 
 
@@ -109,7 +112,7 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
     r = slotscope_cli("bugs", "--engine", "vllm", "--json", str(out), "--out", str(tmp_path / "runs"), "-q")
     assert r.returncode == 0, r.stdout + r.stderr
     got = {v["case"]: v for v in json.loads(out.read_text())}
-    cases = ("V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8")
+    cases = ("V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8", "V9")
     assert {k: (v["real"], v["holds"]) for k, v in got.items()} == {c: (True, True) for c in cases}
     assert got["V1"]["buggy"] == "vllm==0.34.0 + revert-36580-pad-from-padded-count.yaml"
     assert got["V3"]["buggy"] == "vllm==0.34.0 + revert-17398-eagle-swa-hit.yaml"
@@ -141,6 +144,10 @@ def test_the_vllm_corpus_reproduces_every_case_as_release_code(vllm_release, tmp
 
     assert where("V8", "fixed", "evicted_slot") == {(4, 0)} and where("V8", "buggy", "evicted_slot") == {(4, 399)}
     assert {slot for _, slot in where("V8", "buggy", "stale_read")} == {399}
+    # V9: live in 0.34.0, V8's minimal scenario: one padded verify, one write in the null block; the store skipping
+    # padded rows (slotscope's fix patch) runs clean
+    assert got["V9"]["buggy"] == "vllm==0.34.0" and got["V9"]["fixed"].endswith("fix-43869-skip-padded-rows.yaml")
+    assert findings("V9", "buggy") == {"evicted_slot": 1} and where("V9", "buggy", "evicted_slot") == {(2, 0)}
     # V7: nothing written or read wrong; the hits the fixed release takes on the same workload, lost
     assert findings("V7", "buggy") == {} and got["V7"]["prefix_hit_tokens"] == {"buggy": 0, "fixed": 720}
     assert "prefix-hit tokens: 0 buggy against 720 fixed" in got["V7"]["why"]
