@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
                     "that had the bug and the design that fixed it, on every backend, and print bug, design, "
                     "expected and observed outcome per backend, and verdict. Exit 0 when every verdict holds. "
                     "With --engine vllm: the vLLM cases V1, V2, ... (scenarios/corpus-vllm.toml), each on a vLLM "
-                    "release with the bug (or its fix reverted by a shipped patch) and on the release with the fix.",
+                    "release with the bug (or its fix reverted by a shipped patch) and on the release with the fix "
+                    "(a bug live in the release: as released, and with a fix patch of slotscope's).",
         epilog="exit codes: 0 every verdict holds, 1 some verdict fails, 2 bad input\n"
                "cells: the finding class seen (oor = out_of_range, len_mism = length_mismatch, ...), +k when k "
                "other classes were seen too, ' !' where the expectation does not hold. docs/CORPUS.md explains "
