@@ -393,7 +393,7 @@ def for_engine(data: dict[str, Any], engine: str) -> dict[str, Any]:
     kept, and a pool of whole blocks; EAGLE without async scheduling, an offload tier or SGLang's draft-pool
     sizes, half of its draws (by the draw's seed) with lookahead block hashes off (EAGLE's block drop on prefix
     hits). vLLM's extract_hidden_states is not drawn: its padded rows in the null block are a finding live in 0.34.0
-    (V8), which would end every search of the release as released."""
+    (V9), which would end every search of the release as released."""
     drop = NOT_DRIVEN.get(engine)
     if drop is None:
         return data
