@@ -606,17 +606,27 @@ accept_rate = 0.5
 """
 
 
+#: a fuzz draw (seed 20261208) with 2 drafts a request and a budget of 128: its decode graphs were captured up to
+#: the largest request count (the recorded max taken in requests), so a graph of 44 verifies ran 132 rows
+DP_VERIFY_3 = DP_VERIFY.replace("chunked_prefill_size = 64", "chunked_prefill_size = 128").replace(
+    "values = [0, 64]", "values = [0, 200, 1500]").replace("piecewise_cuda_graph = true\npiecewise_max_tokens = 64\n",
+                                                          "").replace("num_draft_tokens = 2", "num_draft_tokens = 3")
+
+
 @pytest.mark.vllm
-def test_the_other_dp_ranks_verifies_stay_in_the_token_budget(warm_vllm, tmp_path):
-    """With speculative decoding the other ranks' decodes are verifies (2 tokens a request): their votes are bounded by
-    the token budget, as every rank's batch is, so no forward is padded past the release's slot mappings."""
+@pytest.mark.parametrize("text, widest", [(DP_VERIFY, 64), (DP_VERIFY_3, 126)])     # budgets 64 and 128
+def test_the_other_dp_ranks_verifies_stay_in_the_token_budget(warm_vllm, tmp_path, text, widest):
+    """With speculative decoding a uniform decode is a verify (1 + drafts tokens a request): the decode graphs are
+    captured within the token budget (the recorded max in tokens, as vLLM's config resolution makes it) and the
+    other ranks' votes are bounded by it, as every rank's batch is, so no forward is padded past the release's slot
+    mappings."""
     sc = tmp_path / "dp-verify.toml"
-    sc.write_text(DP_VERIFY)
+    sc.write_text(text)
     proc = warm_vllm.cli("run", str(sc), "--engine", "vllm==0.34.0", "--out", str(tmp_path / "out"), "--no-report",
                          "-q")
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [json.loads(line) for line in (tmp_path / "out" / "steps.jsonl").read_text().splitlines()]
-    assert max(s["padded_tokens"] for s in steps) == 64 and any(s["graph"] == "decode_graph" for s in steps)
+    assert max(s["padded_tokens"] for s in steps) == widest and any(s["graph"] == "decode_graph" for s in steps)
 
 
 def test_only_the_releases_own_frames_make_an_exception_the_releases():

@@ -79,15 +79,19 @@ class ReleaseGraphs:
         cc.decode_cudagraph_capture_request_sizes = sorted(eng.cuda_graph_bs) if eng.cuda_graph else []
         cc.prefill_cudagraph_capture_token_sizes = (sorted(s for s in eng.piecewise_capture_sizes if s <= budget)
                                                     if eng.piecewise_cuda_graph else [])
-        cc.max_cudagraph_capture_size = max(cc.decode_cudagraph_capture_request_sizes
-                                            + cc.prefill_cudagraph_capture_token_sizes, default=0)
         self.mode = mode.name
         # the model runner's decode query lengths: a uniform decode is one new token per request and, with
         # speculative decoding, its drafts (a verify): its FULL decode graphs are captured at that length
         self.decode_query_len = 1 + vc.num_speculative_tokens
+        lens = vc.get_decode_cudagraph_query_lens(self.decode_query_len)
+        # the recorded max as the config's resolution makes it: the largest graph's tokens, a decode graph's (its
+        # requests times their query length) within the token budget, by the release's own shapes
+        shapes = _mod("vllm.config.compilation").decode_cudagraph_capture_shapes(
+            cc.decode_cudagraph_capture_request_sizes, lens, budget)
+        cc.max_cudagraph_capture_size = max([n * q for n, q in shapes] + cc.prefill_cudagraph_capture_token_sizes,
+                                            default=0)
         with self._single_rank():
-            self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode,
-                                                      vc.get_decode_cudagraph_query_lens(self.decode_query_len))
+            self.manager = self._cgu.CudaGraphManager(vc, torch.device("cpu"), mode, lens)
         self.manager._graphs_captured = True        # STAND_INS: the descriptors as captured
         descs = self.manager._capture_descs
         # (a PIECEWISE decode mode's descriptors have no request count: no FULL decode graph holds requests)
